@@ -1,0 +1,1 @@
+"""Benchmarks callable from tasks: GEMM, collectives, kernels, training throughput."""

@@ -1,0 +1,1 @@
+"""GPU detection and layered environment profiles."""

@@ -1,0 +1,1 @@
+"""Fused Triton kernels for Llama training."""

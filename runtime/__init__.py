@@ -1,0 +1,1 @@
+"""Anvil runtime: the inv program, launchers, fan-out, hooks, run directories, logging."""

@@ -1,0 +1,30 @@
+"""The `inv` program: Invoke's task runner with Fabric's host flags.
+
+A "superset" Fabric program (reference/invoke_fabric_slurm.md §1.6): no
+bundled namespace, so it discovers tasks.py and reads invoke.yaml exactly as
+stock Invoke does, and adds -H/-i/-S/-t.
+"""
+from fabric import Config as FabricConfig
+from fabric.main import Fab
+from invoke import Executor
+
+
+class AnvilConfig(FabricConfig):
+    # invoke.yaml / INVOKE_* like stock Invoke, plus Fabric's connection settings.
+    prefix = "invoke"
+    file_prefix = "invoke"
+    env_prefix = "INVOKE"
+
+
+program = Fab(
+    name="Anvil",
+    version="0.1.0",
+    executor_class=Executor,
+    config_class=AnvilConfig,
+    binary="inv",
+    binary_names=["inv", "anvil"],
+)
+
+
+def main():
+    program.run()

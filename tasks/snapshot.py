@@ -1,0 +1,4 @@
+"""inv snapshot.*: placeholder, filled in by its issue."""
+from invoke import Collection
+
+ns = Collection("snapshot")

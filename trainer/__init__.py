@@ -1,0 +1,1 @@
+"""Anvil's Llama-family pretraining trainer (never imports Invoke or Fabric)."""
