@@ -15,6 +15,13 @@ class AnvilConfig(FabricConfig):
     file_prefix = "invoke"
     env_prefix = "INVOKE"
 
+    @staticmethod
+    def global_defaults():
+        defaults = FabricConfig.global_defaults()
+        # Fabric looks for fabfile.py; we are an Invoke task runner first.
+        defaults["tasks"]["collection_name"] = "tasks"
+        return defaults
+
 
 program = Fab(
     name="Anvil",
