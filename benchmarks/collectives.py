@@ -1,0 +1,152 @@
+"""Collective bandwidth in the nccl-tests convention (algbw and busbw).
+
+Run one process per GPU (or per CPU rank with gloo) under torchrun:
+
+    torchrun --nproc-per-node 8 -m benchmarks.collectives --op all_reduce --sizes 1M,64M,1G
+
+algbw = bytes / time; busbw = algbw x factor, where the factor makes the
+figure comparable to the link speed whatever the rank count
+(nccl-tests doc/PERFORMANCE.md): all_reduce 2(n-1)/n, all_gather and
+reduce_scatter (n-1)/n with the full array as the size, broadcast 1.
+Rank 0 prints one JSON object per size (or a table); every rank checks the
+reduced values so a broken fabric fails loudly instead of looking fast.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """'64M' -> 67108864; plain integers are bytes."""
+    t = text.strip().upper().rstrip("B")
+    unit = t[-1] if t and t[-1] in _UNITS else ""
+    number = t[: -1] if unit else t
+    try:
+        value = int(float(number) * _UNITS[unit])
+    except ValueError:
+        raise ValueError(f"bad size {text!r}: use bytes or a K/M/G suffix, e.g. 64M") from None
+    if value <= 0:
+        raise ValueError(f"bad size {text!r}: must be positive")
+    return value
+
+
+def bus_factor(op: str, n: int) -> float:
+    if op == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter"):
+        return (n - 1) / n
+    if op == "broadcast":
+        return 1.0
+    raise ValueError(f"unknown collective {op!r}; choose one of {', '.join(OPS)}")
+
+
+def _run_op(op, dist, buf, chunks, out):
+    if op == "all_reduce":
+        dist.all_reduce(buf)
+    elif op == "all_gather":
+        dist.all_gather_into_tensor(out, chunks)
+    elif op == "reduce_scatter":
+        dist.reduce_scatter_tensor(chunks, buf)
+    else:
+        dist.broadcast(buf, src=0)
+
+
+def measure(op: str, sizes: list[int], warmup: int = 5, iters: int = 20) -> list[dict]:
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gpu = dist.get_backend() != "gloo" and torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if gpu else torch.device("cpu")
+    dtype = torch.bfloat16 if gpu else torch.float32
+    rows = []
+    for size in sizes:
+        numel = max(world, size // torch.tensor([], dtype=dtype).element_size())
+        numel -= numel % world  # reduce_scatter / all_gather need equal shards
+        buf = torch.full((numel,), float(rank + 1), device=device, dtype=dtype)
+        chunk = torch.empty(numel // world, device=device, dtype=dtype)
+        out = torch.empty(numel, device=device, dtype=dtype)
+        times = []
+        for i in range(warmup + iters):
+            if op == "all_reduce":
+                buf.fill_(float(rank + 1))
+            elif op == "all_gather":
+                chunk.fill_(float(rank + 1))
+            if gpu:
+                torch.cuda.synchronize(device)
+            dist.barrier()
+            t0 = time.perf_counter()
+            _run_op(op, dist, buf, chunk, out)
+            if gpu:
+                torch.cuda.synchronize(device)
+            if i >= warmup:
+                times.append(time.perf_counter() - t0)
+        _check(op, buf, chunk, out, rank, world)
+        t = statistics.median(times)
+        nbytes = numel * buf.element_size()
+        algbw = nbytes / t / 1e9
+        rows.append({"op": op, "bytes": nbytes, "ranks": world, "time_us": t * 1e6,
+                     "algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(op, world)})
+    return rows
+
+
+def _check(op, buf, chunk, out, rank, world):
+    """Every rank verifies the collective's result: speed means nothing if the sums are wrong."""
+    import torch
+
+    total = world * (world + 1) / 2
+    if op == "all_reduce":
+        ok = torch.all(buf == total)
+    elif op == "all_gather":
+        expected = torch.arange(1, world + 1, dtype=out.dtype, device=out.device)
+        ok = torch.equal(out.view(world, -1)[:, 0], expected)
+    elif op == "reduce_scatter":
+        ok = torch.all(chunk == total)
+    else:
+        ok = torch.all(buf == 1.0)
+    if not bool(ok):
+        raise RuntimeError(f"{op} returned wrong values on rank {rank}: the fabric or library is broken")
+
+
+def main(argv=None) -> int:
+    import torch
+    import torch.distributed as dist
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--op", default="all_reduce", choices=OPS)
+    p.add_argument("--sizes", default="1M,16M,64M")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    sizes = [parse_size(s) for s in a.sizes.split(",") if s.strip()]
+    backend = "nccl" if torch.cuda.is_available() else "gloo"  # nccl is RCCL on ROCm builds
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend)
+    try:
+        rows = measure(a.op, sizes, a.warmup, a.iters)
+    finally:
+        dist.destroy_process_group()
+    if int(os.environ.get("RANK", 0)) == 0:
+        if a.json:
+            print(json.dumps({"backend": backend, "results": rows}))
+        else:
+            from tabulate import tabulate
+
+            print(tabulate([[r["op"], r["bytes"], r["ranks"], f"{r['time_us']:.1f}",
+                             f"{r['algbw_GBps']:.2f}", f"{r['busbw_GBps']:.2f}"] for r in rows],
+                           headers=["op", "bytes", "ranks", "time us", "algbw GB/s", "busbw GB/s"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
