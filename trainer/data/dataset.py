@@ -1,0 +1,119 @@
+"""Reading a prepared dataset directory: its manifest and its token shards as memmaps.
+
+Layout (written by prepare.py):
+    manifest.json            what is here and how it was made
+    train/000000.bin ...     the token stream of the split, cut into shards (raw uint16/uint32)
+    train/documents.bin      uint64 start offset of every document in that stream
+    val/...                  the same for the held-out documents
+    tokenizer.json           when a BPE or tokenizer.json tokenizer was used
+A document is BOS, its tokens, EOS; documents follow each other without padding.
+"""
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from .errors import DataError
+
+FORMAT = "anvil-tokens/1"
+MANIFEST = "manifest.json"
+
+
+def dtype_for_vocab(vocab_size: int) -> np.dtype:
+    """uint16 while every id fits (ids 0..65535), else uint32."""
+    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+
+
+def read_manifest(path: Path) -> dict:
+    path = Path(path)
+    manifest_path = path / MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except FileNotFoundError:
+        hint = ("run `inv data.prepare` to build it" if not path.exists()
+                else "it is not a finished dataset; run `inv data.prepare` again")
+        raise DataError(f"no prepared dataset at {path} (no {MANIFEST}); {hint}") from None
+    except (OSError, ValueError) as exc:
+        raise DataError(f"cannot read {manifest_path}: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise DataError(f"{manifest_path} is not an Anvil dataset manifest (format {FORMAT!r} expected)")
+    return manifest
+
+
+class SplitStream:
+    """One split's token stream, seen as a single array across its shard files."""
+
+    def __init__(self, root: Path, name: str, info: dict, dtype: np.dtype):
+        self.name = name
+        self.info = info
+        self.documents = int(info["documents"])
+        self._shards, starts = [], [0]
+        for shard in info["shards"]:
+            file = root / shard["file"]
+            expected = int(shard["tokens"]) * dtype.itemsize
+            try:
+                size = file.stat().st_size
+            except FileNotFoundError:
+                raise DataError(f"dataset {root} is incomplete: {file} is missing; "
+                                f"prepare it again with --force") from None
+            if size != expected:
+                raise DataError(f"dataset {root} is damaged: {file} has {size} bytes, "
+                                f"the manifest says {expected}; prepare it again with --force")
+            if expected:
+                self._shards.append(np.memmap(file, dtype=dtype, mode="r"))
+                starts.append(starts[-1] + int(shard["tokens"]))
+        self._starts = np.asarray(starts, dtype=np.int64)
+        self.tokens = int(self._starts[-1])
+        self._index_file = root / info["doc_index"]["file"] if info.get("doc_index") else None
+
+    def read(self, start: int, length: int) -> np.ndarray:
+        """Tokens [start, start+length) of the split, copied out of the shards."""
+        if start < 0 or start + length > self.tokens:
+            raise IndexError(f"{self.name}: tokens [{start}, {start + length}) outside [0, {self.tokens})")
+        shard = int(np.searchsorted(self._starts, start, side="right")) - 1
+        offset = start - int(self._starts[shard])
+        first = self._shards[shard][offset:offset + length]
+        if len(first) == length:
+            return np.array(first)
+        parts, need = [first], length - len(first)
+        while need:
+            shard += 1
+            part = self._shards[shard][:need]
+            parts.append(part)
+            need -= len(part)
+        return np.concatenate(parts)
+
+    @cached_property
+    def doc_starts(self) -> np.ndarray:
+        """Start offset of every document (uint64), from documents.bin."""
+        if self._index_file is None:
+            return np.zeros(0, dtype=np.uint64)
+        return np.fromfile(self._index_file, dtype=np.uint64)
+
+    def doc_lengths(self) -> np.ndarray:
+        starts = self.doc_starts.astype(np.int64)
+        return np.diff(np.append(starts, self.tokens))
+
+    def document(self, i: int) -> np.ndarray:
+        starts = self.doc_starts
+        end = int(starts[i + 1]) if i + 1 < len(starts) else self.tokens
+        return self.read(int(starts[i]), end - int(starts[i]))
+
+
+class Dataset:
+    """A prepared dataset directory (manifest.json + shards)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.manifest = read_manifest(self.path)
+        self.dtype = np.dtype(self.manifest["dtype"])
+        self.vocab_size = int(self.manifest["tokenizer"]["vocab_size"])
+
+    def split(self, name: str) -> SplitStream:
+        splits = self.manifest["splits"]
+        if name not in splits:
+            raise DataError(f"dataset {self.path} has no split {name!r} (it has {', '.join(splits)})")
+        return SplitStream(self.path, name, splits[name], self.dtype)
