@@ -1,0 +1,101 @@
+"""Stop cleanly on SIGTERM / SIGUSR2: finish the step, checkpoint on every rank, exit 3.
+
+Slurm sends SIGUSR2 (with `--signal=USR2@120`) before a time limit or preemption and SIGTERM
+at it; torchrun forwards SIGTERM to its workers (and SIGUSR2 only when started with
+`--signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2`, then waits `--shutdown-timeout`
+seconds, default 30, before SIGKILL). The handler only sets a flag; the loop asks
+`should_stop(step)` at step boundaries, and the ranks all-reduce the flag (MAX) so that all
+of them checkpoint and exit together even when the signal reached only some of them.
+
+EXIT_REQUEUE (3) is the trainer's exit status for "stopped on a signal after checkpointing,
+requeue me" (CONTRACTS.md).
+"""
+from __future__ import annotations
+
+import os
+import signal
+
+EXIT_REQUEUE = 3
+DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR2")
+
+
+class Stopper:
+    """Flag set by the signal handler; collective agreement on it at step boundaries."""
+
+    def __init__(self, signals=DEFAULT_SIGNALS, check_every: int | None = None):
+        self.signals = [getattr(signal, s) if isinstance(s, str) else signal.Signals(s) for s in signals]
+        env_every = os.environ.get("ANVIL_SIGNAL_CHECK_EVERY")
+        self.check_every = max(1, int(check_every or env_every or 1))
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+        self._group = None
+        self._group_ready = False
+
+    # -- handler
+    def _handle(self, signum, frame) -> None:
+        if self.signum is None:  # keep the first one: it is the reason
+            self.signum = signum
+
+    def install(self) -> "Stopper":
+        for sig in self.signals:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        self._cpu_group()  # collective: create now, while every rank runs the same code
+        return self
+
+    def restore(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()
+
+    def __enter__(self) -> "Stopper":
+        return self.install()
+
+    def __exit__(self, *exc) -> None:
+        self.restore()
+
+    # -- state
+    @property
+    def requested(self) -> bool:
+        """This process received a stop signal (local view, no communication)."""
+        return self.signum is not None
+
+    @property
+    def reason(self) -> str | None:
+        if self.signum is None:
+            return None
+        return "signal on another rank" if self.signum < 0 else signal.Signals(self.signum).name
+
+    def _cpu_group(self):
+        """A gloo group for the flag, so agreeing never waits on the GPU stream (no host<->GPU
+        sync); the default group when that is already gloo."""
+        import torch.distributed as dist
+
+        if self._group_ready or not (dist.is_available() and dist.is_initialized()):
+            return self._group
+        if dist.get_backend() == "gloo":
+            self._group = None
+        else:
+            self._group = dist.new_group(backend="gloo")
+        self._group_ready = True
+        return self._group
+
+    def should_stop(self, step: int) -> bool:
+        """Same answer on every rank. Every rank must call it at every step (it is a
+        collective on steps divisible by check_every)."""
+        import torch
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return self.requested
+        if step % self.check_every:
+            return False
+        flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._cpu_group())
+        if flag.item() and self.signum is None:
+            self.signum = -1  # a peer was signalled; stop with it
+        return bool(flag.item())
+
+
+def install(signals=DEFAULT_SIGNALS, check_every: int | None = None) -> Stopper:
+    """Install the handlers (call after init_process_group, before the loop)."""
+    return Stopper(signals, check_every).install()
