@@ -1,4 +1,151 @@
-"""inv data.*: placeholder, filled in by its issue."""
-from invoke import Collection
+"""inv data.*: prepare a corpus into token shards, train a BPE tokenizer, inspect a dataset."""
+import json
+
+from invoke import Collection, task
+from invoke.exceptions import Exit
+
+DEFAULT_DATASET = "data/stdlib"
+
+
+def _paths(values) -> list[str] | None:
+    """--input may repeat and may hold comma-separated paths."""
+    paths = [p for v in values or () for p in v.split(",") if p]
+    return paths or None
+
+
+@task(iterable=["input"], help={
+    "input": "text/JSONL file or directory (.gz too); repeat or comma-separate. Default: the Python stdlib",
+    "out": f"dataset directory to write (default {DEFAULT_DATASET})",
+    "tokenizer": "byte (default), bpe (trained on the inputs), or a tokenizer.json path",
+    "vocab_size": "vocabulary size when --tokenizer bpe (default 8192)",
+    "val_fraction": "share of documents held out for validation (default 0.01)",
+    "text_field": "JSONL field holding the text (default text)",
+    "workers": "worker processes (default: all cores)",
+    "shard_tokens": "tokens per shard file (default 134217728)",
+    "max_docs": "stop after this many documents",
+    "max_tokens": "stop once this many tokens are written",
+    "pattern": "file-name glob inside directories (default * ; *.py for the stdlib)",
+    "seed": "seed of the validation split",
+    "force": "rebuild even if the dataset is up to date",
+    "quiet": "no progress display",
+    "json": "print the result as JSON",
+})
+def prepare(c, input=None, out=DEFAULT_DATASET, tokenizer="byte", vocab_size=8192, val_fraction="0.01",
+            text_field="text", workers=0, shard_tokens=1 << 27, max_docs=0, max_tokens=0, pattern=None,
+            seed=0, force=False, quiet=False, json_=False):
+    """Tokenize a corpus into train/val token shards with a manifest (atomic, parallel)."""
+    from trainer.data import DataError, prepare as prepare_dataset
+
+    try:
+        val_fraction = float(val_fraction)
+    except ValueError:
+        raise Exit(f"data.prepare: --val-fraction wants a number in [0, 1), got {val_fraction!r}", code=1)
+    try:
+        result = prepare_dataset(_paths(input), out, tokenizer, val_fraction=val_fraction,
+                                 text_field=text_field, workers=workers or None,
+                                 shard_tokens=shard_tokens, max_docs=max_docs or None,
+                                 max_tokens=max_tokens or None, vocab_size=vocab_size, seed=seed,
+                                 pattern=pattern, force=force, progress=not quiet)
+    except DataError as exc:
+        raise Exit(f"data.prepare: {exc}", code=1)
+    if json_:
+        print(json.dumps(result, indent=1))
+        return
+    from tabulate import tabulate
+
+    m = result["manifest"]
+    notes = result["notes"]
+    for note in notes[:10]:
+        print(f"  note: {note}")
+    if len(notes) > 10:
+        print(f"  note: ... and {len(notes) - 10} more in {result['path']}/manifest.json")
+    if result["status"] == "up-to-date":
+        print(f"{result['path']} is up to date ({m['documents']:,} documents, {m['tokens']:,} tokens; "
+              f"--force rebuilds)")
+        return
+    rows = [[name, s["documents"], s["tokens"], len(s["shards"])] for name, s in m["splits"].items()]
+    print(tabulate(rows, headers=["split", "documents", "tokens", "shards"], intfmt=","))
+    skipped = m["source"]["skipped"]
+    print(f"tokenizer {m['tokenizer']['kind']} (vocab {m['tokenizer']['vocab_size']:,}, {m['dtype']}); "
+          f"{m['source']['files_used']:,}/{m['source']['files']:,} files used; skipped: "
+          + (", ".join(f"{n} {r}" for r, n in sorted(skipped.items())) or "none")
+          + (" (stopped at --max-docs/--max-tokens)" if m["source"]["truncated"] else ""))
+    print(f"wrote {result['path']} in {result['seconds']:.1f}s")
+
+
+@task(iterable=["input"], help={
+    "vocab_size": "vocabulary size including the 3 special tokens",
+    "input": "corpus files/directories as for data.prepare (default: the Python stdlib)",
+    "out": "where to write tokenizer.json (default data/tokenizer-bpe<N>.json)",
+    "text_field": "JSONL field holding the text",
+    "max_docs": "train on at most this many documents",
+    "pattern": "file-name glob inside directories",
+    "json": "print the result as JSON",
+})
+def tokenizer(c, vocab_size=8192, input=None, out=None, text_field="text", max_docs=0, pattern=None,
+              json_=False):
+    """Train a byte-level BPE tokenizer (Hugging Face tokenizers) and save tokenizer.json."""
+    from trainer.data import DataError, train_tokenizer
+
+    out = out or f"data/tokenizer-bpe{vocab_size}.json"
+    try:
+        result = train_tokenizer(_paths(input), out, vocab_size, text_field=text_field,
+                                 max_docs=max_docs or None, pattern=pattern)
+    except DataError as exc:
+        raise Exit(f"data.tokenizer: {exc}", code=1)
+    if json_:
+        print(json.dumps(result, indent=1))
+        return
+    print(f"trained BPE (vocab {result['vocab_size']:,}) on {result['files']:,} files in "
+          f"{result['seconds']:.1f}s -> {result['path']}")
+    print(f"use it: inv data.prepare --tokenizer {out}")
+
+
+@task(name="inspect", help={
+    "path": f"dataset directory (default {DEFAULT_DATASET})",
+    "samples": "decoded sample documents to show (default 3)",
+    "chars": "characters per sample (default 400)",
+    "split": "split to sample from (default train)",
+    "verify": "recompute every shard's sha256 against the manifest",
+    "json": "print the report as JSON",
+})
+def inspect_(c, path=DEFAULT_DATASET, samples=3, chars=400, split="train", verify=False, json_=False):
+    """Token counts, document length histogram, decoded samples and tokenizer of a dataset."""
+    from trainer.data import DataError, inspect_dataset
+    from trainer.data.inspect import text_bars
+
+    try:
+        report = inspect_dataset(path, samples=samples, sample_chars=chars, split=split, check=verify)
+    except DataError as exc:
+        raise Exit(f"data.inspect: {exc}", code=1)
+    if json_:
+        print(json.dumps(report, indent=1))
+    else:
+        from tabulate import tabulate
+
+        tok = report["tokenizer"]
+        print(f"{report['path']}: {report['documents']:,} documents, {report['tokens']:,} tokens "
+              f"({report['dtype']}), made {report['created']} by anvil {report['anvil_version']}")
+        print(f"tokenizer: {tok['kind']}, vocab {tok['vocab_size']:,}, bos {tok['bos_id']}, "
+              f"eos {tok['eos_id']}, pad {tok['pad_id']}" + (f", {tok['path']}" if tok.get("path") else ""))
+        src = report["source"]
+        print(f"source: {', '.join(src['inputs'])} ({src['files_used']:,}/{src['files']:,} files used, "
+              f"skipped {src['skipped'] or 'none'})")
+        cols = ["documents", "tokens", "shards", "min_len", "median_len", "mean_len", "max_len"]
+        rows = [[name] + [s.get(k, "") for k in cols] for name, s in report["splits"].items()]
+        print(tabulate(rows, headers=["split"] + cols, intfmt=","))
+        for name, s in report["splits"].items():
+            print(f"\ndocument length ({name}, tokens):\n{text_bars(s['histogram'])}")
+        for sample in report["samples"]:
+            print(f"\n--- {sample['split']} document {sample['document']} ({sample['tokens']:,} tokens) ---")
+            print(sample["text"])
+    if verify and report["checksums_bad"]:
+        raise Exit(f"data.inspect: checksum mismatch in {', '.join(report['checksums_bad'])}", code=1)
+    if verify and not json_:
+        print("\nchecksums: all shards match the manifest")
+
 
 ns = Collection("data")
+ns.add_task(prepare)
+ns.add_task(tokenizer)
+ns.add_task(inspect_)

@@ -1,16 +1,19 @@
 """Anvil's data pipeline: prepare token shards, read them back in batches, inspect them.
 
     prepare(inputs, out, tokenizer="byte", ...)   corpus -> dataset dir (prepare.py)
+    train_tokenizer(inputs, out, vocab_size)       byte-level BPE on a corpus -> tokenizer.json
     TokenLoader(path, split, seq_len, batch_size, rank, world_size, seed)
     SyntheticLoader(vocab_size, seq_len, batch_size, rank, world_size, seed)
     load_tokenizer(dataset_dir)                    the tokenizer a dataset was made with
+    inspect_dataset(dataset_dir)                   counts, length histogram, decoded samples
     DataError                                      problems a user can fix
 """
 from .dataset import Dataset, read_manifest
 from .errors import DataError
+from .inspect import inspect_dataset
 from .loader import SyntheticLoader, TokenLoader
+from .prepare import prepare, train_tokenizer
 from .tokenizers import ByteTokenizer, get_tokenizer, load_tokenizer
 
-__all__ = ["ByteTokenizer", "DataError", "Dataset", "SyntheticLoader", "TokenLoader",
-           "get_tokenizer", "load_tokenizer", "read_manifest"]
-
+__all__ = ["ByteTokenizer", "DataError", "Dataset", "SyntheticLoader", "TokenLoader", "get_tokenizer",
+           "inspect_dataset", "load_tokenizer", "prepare", "read_manifest", "train_tokenizer"]

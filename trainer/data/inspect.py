@@ -1,0 +1,77 @@
+"""What the model will read: token counts, document lengths, decoded samples."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from .dataset import Dataset
+from .errors import DataError
+from .tokenizers import load_tokenizer, sha256_file
+
+
+def length_histogram(lengths: np.ndarray) -> list[dict]:
+    """Document lengths in power-of-two buckets [2^k, 2^(k+1))."""
+    if not len(lengths):
+        return []
+    buckets = np.floor(np.log2(np.maximum(lengths, 1))).astype(int)
+    counts = np.bincount(buckets)
+    return [{"from": 1 << k, "to": (1 << (k + 1)) - 1, "documents": int(c)}
+            for k, c in enumerate(counts) if c or (1 << k) >= lengths.min()]
+
+
+def text_bars(histogram: list[dict], width: int = 40) -> str:
+    peak = max((h["documents"] for h in histogram), default=0) or 1
+    lines = []
+    for h in histogram:
+        bar = "#" * round(h["documents"] / peak * width)
+        lines.append(f"{h['from']:>10,} - {h['to']:<10,} {h['documents']:>8,} {bar}")
+    return "\n".join(lines)
+
+
+def verify(dataset: Dataset) -> list[str]:
+    """Recompute every shard's sha256; returns the files that do not match."""
+    bad = []
+    for split in dataset.manifest["splits"].values():
+        for item in [*split["shards"], *([split["doc_index"]] if split.get("doc_index") else [])]:
+            if sha256_file(dataset.path / item["file"]) != item["sha256"]:
+                bad.append(item["file"])
+    return bad
+
+
+def inspect_dataset(path, samples: int = 3, sample_chars: int = 400, split: str = "train",
+                    seed: int = 0, check: bool = False) -> dict:
+    """A report on a prepared dataset (plain data; the task prints it)."""
+    ds = Dataset(path)
+    tok = load_tokenizer(path)
+    m = ds.manifest
+    report = {"path": str(ds.path), "created": m.get("created"), "anvil_version": m.get("anvil_version"),
+              "dtype": m["dtype"], "documents": m["documents"], "tokens": m["tokens"],
+              "tokenizer": m["tokenizer"], "source": {k: v for k, v in m["source"].items()
+                                                      if k != "skipped_examples"},
+              "splits": {}, "samples": []}
+    for name in m["splits"]:
+        stream = ds.split(name)
+        lengths = stream.doc_lengths()
+        stats = {"documents": stream.documents, "tokens": stream.tokens,
+                 "shards": len(m["splits"][name]["shards"])}
+        if len(lengths):
+            stats |= {"min_len": int(lengths.min()), "median_len": int(np.median(lengths)),
+                      "mean_len": round(float(lengths.mean()), 1), "max_len": int(lengths.max())}
+        stats["histogram"] = length_histogram(lengths)
+        report["splits"][name] = stats
+    if split not in m["splits"]:
+        raise DataError(f"dataset {ds.path} has no split {split!r}")
+    stream = ds.split(split)
+    if samples and stream.documents:
+        # a seeded, evenly spread choice of documents, the same on every call
+        rng = np.random.default_rng(int.from_bytes(hashlib.sha256(f"{seed}".encode()).digest()[:4], "big"))
+        picks = sorted(rng.choice(stream.documents, size=min(samples, stream.documents), replace=False))
+        for i in picks:
+            doc = stream.document(int(i))
+            text = tok.decode(doc[: sample_chars * 2].tolist())
+            report["samples"].append({"split": split, "document": int(i), "tokens": len(doc),
+                                      "text": text[:sample_chars]})
+    if check:
+        report["checksums_bad"] = verify(ds)
+    return report

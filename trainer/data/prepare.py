@@ -1,0 +1,414 @@
+"""Corpus -> prepared dataset directory (token shards + manifest), built atomically.
+
+The dataset is built in OUT.tmp-XXXX next to OUT and renamed into place only when it
+is complete, so an existing dataset is never damaged by a failed or killed run. A lock
+file (.OUT.lock, flock) keeps two runs apart; while holding it, leftovers of killed runs
+are stale and are removed. Files are read and tokenized by a pool of worker processes
+with ordered results, so the output is the same for any worker count.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+import tempfile
+import time
+from array import array
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from . import sources
+from .dataset import FORMAT, MANIFEST, dtype_for_vocab, read_manifest
+from .errors import DataError
+from .tokenizers import ByteTokenizer, get_tokenizer, sha256_file, train_bpe
+
+DEFAULT_OUT = Path("data/stdlib")
+DEFAULT_SHARD_TOKENS = 1 << 27
+DEFAULT_BPE_VOCAB = 8192
+_DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
+
+
+def anvil_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("anvil")
+    except Exception:  # not installed as a distribution: report it, do not fail
+        return "unknown"
+
+
+# ---------------------------------------------------------------- worker side
+
+_worker_tokenizer = None
+
+
+def _init_worker(tokenizer_name: str) -> None:
+    global _worker_tokenizer
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the pool is the parallelism
+    _worker_tokenizer = get_tokenizer(tokenizer_name)
+
+
+def _tokenize_file(job) -> dict:
+    """Read one file and tokenize its documents: BOS + tokens + EOS each, concatenated."""
+    source, text_field, dtype, seed, val_fraction = job
+    tok = _worker_tokenizer
+    read = sources.read_documents(source, text_field)
+    texts = [text for _, text in read.documents]
+    if isinstance(tok, ByteTokenizer):
+        encoded = [tok.encode_array(t) for t in texts]
+    else:
+        encoded = tok.encode_batch(texts) if texts else []
+    lengths = np.fromiter((len(e) + 2 for e in encoded), dtype=np.int64, count=len(encoded))
+    tokens = np.empty(int(lengths.sum()), dtype=dtype)
+    pos = 0
+    for e in encoded:
+        tokens[pos] = tok.bos_id
+        tokens[pos + 1:pos + 1 + len(e)] = e
+        tokens[pos + 1 + len(e)] = tok.eos_id
+        pos += len(e) + 2
+    to_val = np.array([_is_val(key, seed, val_fraction) for key, _ in read.documents], dtype=bool)
+    return {"tokens": tokens, "lengths": lengths, "to_val": to_val, "skipped": read.skipped,
+            "notes": read.notes, "bytes": read.bytes_read}
+
+
+def _is_val(key: str, seed: int, val_fraction: float) -> bool:
+    """Held-out by a hash of the document's name: stable across runs, orders, workers."""
+    h = int.from_bytes(hashlib.sha1(f"{seed}:{key}".encode()).digest()[:8], "big")
+    return h / 2.0**64 < val_fraction
+
+
+# ---------------------------------------------------------------- main side
+
+class ShardWriter:
+    """Appends documents to one split's stream: fixed-size shard files, sha256 and a doc index."""
+
+    def __init__(self, root: Path, split: str, dtype: np.dtype, shard_tokens: int):
+        self.root, self.split, self.dtype, self.shard_tokens = root, split, dtype, shard_tokens
+        (root / split).mkdir()
+        self.tokens = 0
+        self.doc_starts = array("Q")
+        self.shards: list[dict] = []
+        self._file = None
+
+    def add(self, doc: np.ndarray) -> None:
+        self.doc_starts.append(self.tokens)
+        while len(doc):
+            if self._file is None or self.shards[-1]["tokens"] >= self.shard_tokens:
+                self._open_next()
+            room = self.shard_tokens - self.shards[-1]["tokens"]
+            part, doc = doc[:room], doc[room:]
+            data = part.tobytes()
+            self._file.write(data)
+            self._hash.update(data)
+            self.shards[-1]["tokens"] += len(part)
+            self.tokens += len(part)
+
+    def _open_next(self) -> None:
+        self._close_current()
+        name = f"{self.split}/{len(self.shards):06d}.bin"
+        self._file = open(self.root / name, "wb")
+        self._hash = hashlib.sha256()
+        self.shards.append({"file": name, "tokens": 0, "sha256": None})
+
+    def _close_current(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            self._file = None
+            self.shards[-1]["sha256"] = self._hash.hexdigest()
+
+    def close(self) -> dict:
+        self._close_current()
+        index = f"{self.split}/documents.bin"
+        data = self.doc_starts.tobytes()
+        with open(self.root / index, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        return {"documents": len(self.doc_starts), "tokens": self.tokens, "shards": self.shards,
+                "doc_index": {"file": index, "sha256": hashlib.sha256(data).hexdigest()}}
+
+    def abort(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class Progress:
+    """A live line on a terminal; a plain line every `interval` seconds otherwise."""
+
+    def __init__(self, total_bytes: int, enabled: bool = True, stream=None, interval: float = 5.0):
+        self.stream = stream or sys.stderr
+        self.enabled = enabled
+        self.tty = enabled and self.stream.isatty()
+        self.total = max(total_bytes, 1)
+        self.interval = 0.1 if self.tty else interval
+        self.start = self.last = time.monotonic()
+
+    def update(self, files: int, docs: int, tokens: int, done_bytes: int, final: bool = False) -> None:
+        now = time.monotonic()
+        if not self.enabled or (not final and now - self.last < self.interval):
+            return
+        self.last = now
+        elapsed = now - self.start
+        frac = min(done_bytes / self.total, 1.0)
+        rate = done_bytes / elapsed / 1e6 if elapsed > 0 else 0.0
+        eta = f"eta {elapsed / frac - elapsed:4.0f}s" if 0 < frac < 1 else f"{elapsed:.1f}s"
+        text = (f"prepare {frac:6.1%} | {files:,} files | {docs:,} docs | {tokens:,} tokens "
+                f"| {rate:.1f} MB/s | {eta}")
+        if self.tty:
+            bar = "#" * int(frac * 20)
+            self.stream.write(f"\r[{bar:<20}] {text}" + ("\n" if final else ""))
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+@contextmanager
+def _locked(out: Path):
+    lock_path = out.parent / f".{out.name}.lock"
+    with open(lock_path, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DataError(f"another data.prepare is writing {out} right now "
+                            f"(lock {lock_path}); wait for it to finish") from None
+        yield
+
+
+def _recover(out: Path) -> list[str]:
+    """Under the lock: finish or undo what a killed run left next to `out`."""
+    actions = []
+    olds = sorted(out.parent.glob(f"{out.name}.old-*"))
+    if not out.exists():
+        for old in olds:
+            if (old / MANIFEST).is_file():  # killed between the two renames of a swap
+                old.rename(out)
+                actions.append(f"restored {out} from {old.name}")
+                break
+    for leftover in [*out.parent.glob(f"{out.name}.tmp-*"), *out.parent.glob(f"{out.name}.old-*")]:
+        shutil.rmtree(leftover, ignore_errors=True)
+        actions.append(f"removed stale {leftover.name}")
+    return actions
+
+
+def _fingerprint(files, settings: dict, tokenizer_id: str) -> str:
+    digest = hashlib.sha256(json.dumps({"settings": settings, "tokenizer": tokenizer_id},
+                                       sort_keys=True).encode())
+    for f in files:
+        digest.update(f"{f.path}\0{f.key}\0{f.size}\0{f.mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def _is_intact(out: Path, manifest: dict) -> bool:
+    """Cheap check (sizes, not hashes) that the files a manifest names are all there."""
+    itemsize = np.dtype(manifest["dtype"]).itemsize
+    for split in manifest["splits"].values():
+        for shard in split["shards"]:
+            f = out / shard["file"]
+            if not f.is_file() or f.stat().st_size != shard["tokens"] * itemsize:
+                return False
+    return True
+
+
+def prepare(inputs: list[Path] | None = None, out: Path = DEFAULT_OUT, tokenizer: str = "byte", *,
+            val_fraction: float = 0.01, text_field: str = "text", workers: int | None = None,
+            shard_tokens: int = DEFAULT_SHARD_TOKENS, max_docs: int | None = None,
+            max_tokens: int | None = None, vocab_size: int = DEFAULT_BPE_VOCAB, seed: int = 0,
+            pattern: str | None = None, force: bool = False, progress: bool = True) -> dict:
+    """Build (or find up to date) the dataset at `out`. Returns a summary dict with
+    "status" ("built" | "up-to-date"), "path", "seconds", "manifest", "notes"."""
+    started = time.monotonic()
+    out = Path(out).absolute()
+    if not 0 <= val_fraction < 1:
+        raise DataError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+    if shard_tokens < 1:
+        raise DataError(f"--shard-tokens must be positive, got {shard_tokens}")
+    for name, value in (("--max-docs", max_docs), ("--max-tokens", max_tokens)):
+        if value is not None and value < 1:
+            raise DataError(f"{name} must be positive, got {value}")
+    files, input_names, is_default = sources.resolve_inputs(inputs, pattern)
+
+    settings = {"val_fraction": val_fraction, "text_field": text_field, "shard_tokens": shard_tokens,
+                "max_docs": max_docs, "max_tokens": max_tokens, "seed": seed, "pattern": pattern}
+    if tokenizer == "bpe":
+        tokenizer_id = f"bpe:{vocab_size}"
+        settings["vocab_size"] = vocab_size
+    elif tokenizer == "byte":
+        tokenizer_id = "byte"
+    else:
+        tok_path = Path(tokenizer)
+        tok_path = tok_path / "tokenizer.json" if tok_path.is_dir() else tok_path
+        if not tok_path.is_file():
+            raise DataError(f"--tokenizer: {tokenizer} is not 'byte', 'bpe' or a tokenizer.json file")
+        tokenizer_id = "json:" + sha256_file(tok_path)
+    fingerprint = _fingerprint(files, settings, tokenizer_id)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(out):
+        notes = _recover(out)
+        if not force and (out / MANIFEST).is_file():
+            try:
+                existing = read_manifest(out)
+            except DataError:
+                existing = None
+            if existing and existing.get("fingerprint") == fingerprint and _is_intact(out, existing):
+                return {"status": "up-to-date", "path": str(out), "manifest": existing,
+                        "seconds": time.monotonic() - started, "notes": notes}
+        tmp = Path(tempfile.mkdtemp(prefix=f"{out.name}.tmp-", dir=out.parent))
+        try:
+            manifest = _build(files, tmp, tokenizer, settings, workers, progress, input_names,
+                              is_default, vocab_size)
+            manifest["fingerprint"] = fingerprint
+            _write_json(tmp / MANIFEST, manifest)
+            _swap_into_place(tmp, out)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if exc.errno in _DISK_FULL:
+                raise DataError(f"disk full while writing the dataset next to {out} "
+                                f"({os.strerror(exc.errno)}); the partial output was removed and "
+                                f"any earlier dataset at {out} is unchanged") from None
+            raise DataError(f"cannot write the dataset at {out}: {exc}") from None
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return {"status": "built", "path": str(out), "manifest": manifest,
+            "seconds": time.monotonic() - started, "notes": notes + manifest["source"]["skipped_examples"]}
+
+
+def _write_json(path: Path, obj) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _swap_into_place(tmp: Path, out: Path) -> None:
+    """tmp -> out. With an existing out: out -> out.old-X, tmp -> out, drop old; a kill
+    between the renames is repaired by _recover on the next run."""
+    if not out.exists():
+        tmp.rename(out)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f"{out.name}.old-", dir=out.parent))
+    old.rmdir()
+    out.rename(old)
+    tmp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _build(files, tmp: Path, tokenizer: str, settings: dict, workers, progress: bool,
+           input_names: list[str], is_default: bool, vocab_size: int) -> dict:
+    max_docs, max_tokens = settings["max_docs"], settings["max_tokens"]
+    if tokenizer == "bpe":
+        texts = sources.iter_texts(files, settings["text_field"], max_docs)
+        tok = train_bpe(texts, vocab_size, tmp / "tokenizer.json")
+    else:
+        tok = get_tokenizer(tokenizer)
+        if tok.kind != "byte":
+            shutil.copyfile(tok.path, tmp / "tokenizer.json")
+    tok_name = "byte" if tok.kind == "byte" else str(tmp / "tokenizer.json")
+    dtype = dtype_for_vocab(tok.vocab_size)
+    writers = {s: ShardWriter(tmp, s, dtype, settings["shard_tokens"]) for s in ("train", "val")}
+    skipped: dict[str, int] = {}
+    examples: list[str] = []
+    docs = files_used = total_tokens = done_bytes = 0
+    pending = None  # the latest document, held back so val or train can be made non-empty
+    truncated = False
+    meter = Progress(sum(f.size for f in files), enabled=progress)
+    jobs = ((f, settings["text_field"], dtype, settings["seed"], settings["val_fraction"]) for f in files)
+    workers = max(1, min(workers or len(os.sched_getaffinity(0)), len(files)))
+    try:
+        with _results(jobs, tok_name, workers) as results:
+            for count, res in enumerate(results, start=1):
+                done_bytes += res["bytes"]
+                for reason, n in res["skipped"].items():
+                    skipped[reason] = skipped.get(reason, 0) + n
+                examples.extend(res["notes"][: max(0, 50 - len(examples))])
+                files_used += bool(len(res["lengths"]))
+                pos = 0
+                for length, to_val in zip(res["lengths"].tolist(), res["to_val"].tolist()):
+                    if pending is not None:
+                        writers[pending[0]].add(pending[1])
+                    pending = ("val" if to_val else "train", res["tokens"][pos:pos + length])
+                    pos += length
+                    docs += 1
+                    total_tokens += length
+                    if (max_docs and docs >= max_docs) or (max_tokens and total_tokens >= max_tokens):
+                        truncated = True
+                        break
+                meter.update(count, docs, total_tokens, done_bytes)
+                if truncated:
+                    break
+        if pending is not None:
+            split = pending[0]
+            if settings["val_fraction"] > 0 and not writers["val"].doc_starts and writers["train"].doc_starts:
+                split = "val"
+            elif not writers["train"].doc_starts:
+                split = "train"
+            writers[split].add(pending[1])
+        meter.update(count if files else 0, docs, total_tokens, done_bytes, final=True)
+        splits = {name: w.close() for name, w in writers.items()}
+    except BaseException:
+        for w in writers.values():
+            w.abort()
+        raise
+    if not docs:
+        detail = ", ".join(f"{n} {r}" for r, n in sorted(skipped.items())) or "nothing readable"
+        raise DataError(f"no usable documents in {', '.join(input_names)} ({len(files)} files; "
+                        f"skipped: {detail})")
+    return {
+        "format": FORMAT,
+        "anvil_version": anvil_version(),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "documents": docs,
+        "tokens": total_tokens,
+        "dtype": dtype.name,
+        "tokenizer": tok.spec() | ({"source": str(tok.path)} if tok.kind == "json" else {}),
+        "source": {"inputs": input_names, "default_corpus": is_default, "files": len(files),
+                   "files_used": files_used, "bytes_read": done_bytes, "skipped": skipped,
+                   "skipped_examples": examples, "truncated": truncated},
+        "settings": settings,
+        "splits": splits,
+    }
+
+
+@contextmanager
+def _results(jobs, tok_name: str, workers: int):
+    """Ordered per-file results, from a process pool when workers > 1."""
+    if workers == 1:
+        _init_worker(tok_name)
+        yield map(_tokenize_file, jobs)
+        return
+    # spawn: a fork after tokenizers' thread pool has run (e.g. BPE just trained) can deadlock
+    ctx = multiprocessing.get_context("spawn")
+    pool = ctx.Pool(workers, initializer=_init_worker, initargs=(tok_name,))
+    try:
+        yield pool.imap(_tokenize_file, jobs, chunksize=4)
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def train_tokenizer(inputs: list[Path] | None, out: Path, vocab_size: int = DEFAULT_BPE_VOCAB, *,
+                    text_field: str = "text", max_docs: int | None = None,
+                    pattern: str | None = None) -> dict:
+    """Train a byte-level BPE tokenizer on a corpus (default: the stdlib) and save it."""
+    started = time.monotonic()
+    files, input_names, _ = sources.resolve_inputs(inputs, pattern)
+    texts = sources.iter_texts(files, text_field, max_docs)
+    try:
+        tok = train_bpe(texts, vocab_size, Path(out))
+    except OSError as exc:
+        raise DataError(f"cannot write {out}: {exc}") from None
+    return {"path": str(Path(out).absolute()), "vocab_size": tok.vocab_size, "inputs": input_names,
+            "files": len(files), "sha256": tok.sha256, "seconds": time.monotonic() - started}
