@@ -323,6 +323,7 @@ def load(path: Path, *, model, optimizer=None, scheduler=None, loader=None,
     TokenLoader.load_state_dict) and ranks keep their freshly seeded RNGs.
     Returns {"step": int, "extra": dict, "world_size": saved world size, "path": Path}."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
                                                            set_model_state_dict, set_state_dict)
 
@@ -343,8 +344,8 @@ def load(path: Path, *, model, optimizer=None, scheduler=None, loader=None,
     try:
         with _quiet_single_process():
             dcp.load(state, checkpoint_id=str(path), no_dist=not _dist_on())
-    except Exception as exc:  # DCP wraps per-rank failures in CheckpointException
-        raise CheckpointError(f"cannot load {path} into this model/optimizer: {exc}") from None
+    except (Exception, CheckpointException) as exc:  # the latter is a BaseException
+        raise CheckpointError(f"cannot load {path} into this model/optimizer: {_dcp_reason(exc)}") from None
     if optimizer is not None:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     else:
@@ -363,6 +364,17 @@ def load(path: Path, *, model, optimizer=None, scheduler=None, loader=None,
     _barrier()
     return {"step": int(trainer_state["step"]), "extra": dict(trainer_state.get("extra") or {}),
             "world_size": saved_world, "path": path}
+
+
+def _dcp_reason(exc: BaseException) -> str:
+    """DCP's CheckpointException carries each rank's exception with a full traceback; the
+    first rank's message is the useful part."""
+    failures = getattr(exc, "failures", None)
+    if failures:
+        rank, failure = sorted(failures.items())[0]
+        error = failure[0] if isinstance(failure, tuple) else failure
+        return f"rank {rank}: {error}"
+    return str(exc)
 
 
 def load_model_state(path: Path) -> dict[str, torch.Tensor]:
