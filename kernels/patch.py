@@ -1,0 +1,154 @@
+"""`kernels.patch(model)`: swap the fused kernels into a built Llama, in place.
+
+Two model families are recognised:
+
+- our trainer's `trainer.model.Transformer` (by its documented hook points,
+  /work/notes/TRAINER_API.md): every RMSNorm instance gets a kernel forward,
+  every `Attention.rotary_fn` becomes `apply_rope`, every `MLP.act_fn` becomes
+  `swiglu`, and `Transformer.loss_fn` becomes the fused linear cross-entropy
+  (sum reduction, as the trainer expects);
+- transformers' LlamaForCausalLM / LlamaModel (like Liger's
+  apply_liger_kernel_to_llama): every LlamaRMSNorm and LlamaMLP instance gets
+  a kernel forward, `modeling_llama.apply_rotary_pos_emb` is rebound (a
+  module global: it then applies to every Llama in the process), and
+  LlamaForCausalLM.forward skips the logits when training with labels and
+  computes the loss with the fused linear cross-entropy.
+
+Parameters are never renamed or replaced, so state_dicts, optimizers and
+checkpoints are unaffected. Call it after building and initialising the
+model, before activation checkpointing, torch.compile and DDP/FSDP wrapping.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+from torch import nn
+
+from kernels.rms_norm import rms_norm
+from kernels.rope import apply_rope
+from kernels.swiglu import swiglu
+
+
+# --- trainer.model.Transformer ------------------------------------------------------------------
+
+def _trainer_rms_norm_forward(self, x: torch.Tensor) -> torch.Tensor:
+    # trainer.model.RMSNorm returns x's dtype: the weight is cast to it first.
+    return rms_norm(x, self.weight.to(x.dtype), self.eps)
+
+
+def _trainer_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    from kernels.fused_linear_cross_entropy import fused_linear_cross_entropy
+
+    return fused_linear_cross_entropy(hidden, weight, labels, reduction="sum").float()
+
+
+def _is_trainer_llama(model: nn.Module) -> bool:
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    return (hasattr(model, "loss_fn") and layers is not None and len(layers) > 0
+            and hasattr(layers[0].self_attn, "rotary_fn") and hasattr(layers[0].mlp, "act_fn"))
+
+
+def _patch_trainer(model: nn.Module, rms: bool, rope: bool, mlp: bool, loss: bool) -> list[str]:
+    done = []
+    for module in model.modules():
+        if rms and type(module).__name__ == "RMSNorm" and hasattr(module, "eps"):
+            module.forward = types.MethodType(_trainer_rms_norm_forward, module)
+            done.append("rms_norm")
+        if rope and hasattr(module, "rotary_fn"):
+            module.rotary_fn = apply_rope
+            done.append("rope")
+        if mlp and hasattr(module, "act_fn") and hasattr(module, "gate_proj"):
+            module.act_fn = swiglu
+            done.append("swiglu")
+    if loss:
+        model.loss_fn = _trainer_loss
+        done.append("fused_linear_cross_entropy")
+    return done
+
+
+# --- transformers' LlamaForCausalLM -------------------------------------------------------------
+
+def _hf_rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    return rms_norm(hidden_states, self.weight, self.variance_epsilon)
+
+
+def _hf_mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
+    return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+def hf_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    """transformers' apply_rotary_pos_emb signature: q, k [B, H, S, D] (unsqueeze_dim=1) or [B, S, H, D] (2)."""
+    if unsqueeze_dim == 2:
+        return apply_rope(q, k, cos, sin)
+    if unsqueeze_dim != 1:
+        raise ValueError(f"hf_apply_rotary_pos_emb: unsqueeze_dim must be 1 or 2, got {unsqueeze_dim}")
+    q_rot, k_rot = apply_rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+    return q_rot.transpose(1, 2), k_rot.transpose(1, 2)
+
+
+def _hf_causal_lm_forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                          inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
+    """LlamaForCausalLM.forward, but training with labels never builds the logits (fused linear CE)."""
+    if labels is None or not self.training:
+        return type(self).forward(self, input_ids=input_ids, attention_mask=attention_mask,
+                                  position_ids=position_ids, past_key_values=past_key_values,
+                                  inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache,
+                                  logits_to_keep=logits_to_keep, **kwargs)
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    from kernels.loss_modules import causal_lm_loss
+
+    outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                         **kwargs)
+    loss = causal_lm_loss(outputs.last_hidden_state, self.lm_head.weight, labels,
+                          num_items_in_batch=kwargs.get("num_items_in_batch"))
+    return CausalLMOutputWithPast(loss=loss, logits=None, past_key_values=outputs.past_key_values,
+                                  hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+
+
+def _is_hf_llama(model: nn.Module) -> bool:
+    return getattr(getattr(model, "config", None), "model_type", None) == "llama"
+
+
+def _patch_hf(model: nn.Module, rms: bool, rope: bool, mlp: bool, loss: bool) -> list[str]:
+    from transformers.models.llama import modeling_llama
+
+    done = []
+    if rope:
+        modeling_llama.apply_rotary_pos_emb = hf_apply_rotary_pos_emb
+        done.append("rope")
+    silu = model.config.hidden_act in ("silu", "swish")
+    for module in model.modules():
+        if rms and isinstance(module, modeling_llama.LlamaRMSNorm):
+            module.forward = types.MethodType(_hf_rms_norm_forward, module)
+            done.append("rms_norm")
+        if mlp and silu and isinstance(module, modeling_llama.LlamaMLP):
+            module.forward = types.MethodType(_hf_mlp_forward, module)
+            done.append("swiglu")
+    if loss and isinstance(model, modeling_llama.LlamaForCausalLM):
+        model.forward = types.MethodType(_hf_causal_lm_forward, model)
+        done.append("fused_linear_cross_entropy")
+    return done
+
+
+def patch(model: nn.Module, *, rms_norm: bool = True, rope: bool = True, swiglu: bool = True,
+          fused_linear_cross_entropy: bool = True) -> nn.Module:
+    """Swap the fused kernels into `model` in place and return it.
+
+    `model._anvil_kernels` lists what was patched (one entry per patched site).
+    Raises TypeError for a model that is neither our trainer's Llama nor a
+    transformers Llama.
+    """
+    flags = (rms_norm, rope, swiglu, fused_linear_cross_entropy)
+    if _is_trainer_llama(model):
+        done = _patch_trainer(model, *flags)
+    elif _is_hf_llama(model):
+        done = _patch_hf(model, *flags)
+    else:
+        raise TypeError(f"kernels.patch: {type(model).__name__} is neither trainer.model.Transformer "
+                        "nor a transformers Llama model")
+    model._anvil_kernels = done
+    return model
