@@ -1,0 +1,18 @@
+"""AMD Instinct MI250X (CDNA2): two GCDs per module; torch and ROCm see each GCD as one GPU.
+
+MI250 and MI250X share PCI id 0x740c and rocm-smi calls both "MI250 (MCM)";
+they differ in compute units per GCD (110 vs 104), which is checked where a
+probe reports it. LUMI-G and Frontier nodes have 4 modules = 8 GCDs."""
+from envs.profiles import refs
+from envs.spec import GpuModel, model_profile
+
+MODEL = GpuModel(
+    key="mi250x", name="MI250X", vendor="amd", arch="gfx90a", memory_gib=64,
+    peak_tflops=191.5,
+    peak_ref=("AMD Instinct MI250X datasheet (amd.com): 383 TFLOP/s bf16 per module = 2 GCDs, so 191.5 per device; "
+              + refs.TORCHTITAN_PEAK),
+    patterns=(r"MI250X?\b",), device_ids=(0x740C, 0x7408), default_count=8,
+    compute_units=110,
+)
+
+PROFILE = model_profile(MODEL)

@@ -1,0 +1,17 @@
+"""AMD Instinct MI355X (CDNA4, gfx950, liquid-cooled, higher clocks than MI350X)."""
+from envs.profiles import refs, rocm
+from envs.spec import GpuModel, model_profile, setting
+
+# gfx950 (MI350X and MI355X): Primus's only MI355X setting.
+GFX950 = (
+    setting("RCCL_WARP_SPEED_AUTO", "0", "RCCL's warp-speed auto-tuning misbehaves on gfx950", refs.PRIMUS_MI355X),
+)
+
+MODEL = GpuModel(
+    key="mi355x", name="MI355X", vendor="amd", arch="gfx950", memory_gib=288,
+    peak_tflops=2500,
+    peak_ref="AMD Instinct MI355X datasheet (amd.com): 2.5 PFLOP/s dense bf16; torchtitan uses 2500",
+    patterns=(r"MI355X",), device_ids=(0x75A3,), default_count=8,
+)
+
+PROFILE = model_profile(MODEL, *rocm.CDNA3_PLUS, *GFX950)

@@ -1,0 +1,105 @@
+"""The data a profile is made of: settings with a reason and a public source.
+
+A profile is a list of entries. `Setting` is a fixed value (or `None`: unset
+what an earlier layer set); `Computed` is a function of the machine it runs on
+(`envs.resolve.Context`), returning a value, `(value, detail)` or `None` (not
+set here). Every entry carries a one-line reason and the public document it
+comes from, so `inv env.explain VAR` can say why a value is what it is.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Union
+
+ComputeResult = Union[None, str, "tuple[str, str]"]
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    value: Optional[str]  # None: unset a value an earlier layer set
+    reason: str
+    ref: str
+
+
+@dataclass(frozen=True)
+class Computed:
+    name: str
+    compute: Callable[..., ComputeResult]  # compute(ctx) -> value | (value, detail) | None
+    reason: str
+    ref: str
+
+
+Entry = Union[Setting, Computed]
+
+
+@dataclass(frozen=True)
+class Profile:
+    key: str  # "mi300x", "rocm", "lumi", ...
+    layer: str  # "base" | "vendor" | "model" | "site"
+    title: str
+    entries: tuple = ()
+
+    @property
+    def label(self) -> str:
+        """How a layer is named in sources: "model:mi300x", "site:lumi", "base"."""
+        return self.layer if self.layer == self.key else f"{self.layer}:{self.key}"
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    """What Anvil knows about one GPU model: how to recognise it and its peak.
+
+    `peak_tflops` is the dense bf16 peak of ONE device as torch sees it (one
+    GCD for MI250X), the MFU denominator. `peak_variants` are (substring of
+    the reported product name, TFLOP/s) for form factors with other clocks.
+    """
+
+    key: str
+    name: str  # canonical, as users type it: "MI300X"
+    vendor: str  # "amd" | "nvidia"
+    arch: str  # "gfx942", "sm_90"
+    memory_gib: float
+    peak_tflops: float
+    peak_ref: str
+    patterns: tuple  # regexes (case-insensitive) over the reported product name
+    device_ids: tuple = ()  # PCI device ids (AMD sysfs fallback)
+    default_count: int = 8
+    compute_units: Optional[int] = None  # set only where it tells two models apart
+    peak_variants: tuple = ()
+    aliases: tuple = field(default=())
+
+    @property
+    def runtime(self) -> str:
+        return "rocm" if self.vendor == "amd" else "cuda"
+
+
+def setting(name: str, value: Optional[str], reason: str, ref: str) -> Setting:
+    return Setting(name, value, reason, ref)
+
+
+def computed(name: str, compute: Callable[..., ComputeResult], reason: str, ref: str) -> Computed:
+    return Computed(name, compute, reason, ref)
+
+
+def model_profile(model: GpuModel, *entries: Entry) -> Profile:
+    """The model layer: ANVIL_GPU_ARCH and ANVIL_GPU_PEAK_TFLOPS from the spec, then extras."""
+
+    def peak(ctx) -> ComputeResult:
+        reported = (ctx.machine.name or "") if ctx.machine.model == model.name else ""
+        for needle, tflops in model.peak_variants:
+            if needle.lower() in reported.lower():
+                return _fmt(tflops), f"{needle} form factor ({reported})"
+        return _fmt(model.peak_tflops)
+
+    base = (
+        setting("ANVIL_GPU_ARCH", model.arch, f"{model.name} is {model.arch}; kernels and caches key on it",
+                "vendor ISA/compute-capability tables (ROCm GPU specs; CUDA compute capabilities)"),
+        computed("ANVIL_GPU_PEAK_TFLOPS", peak,
+                 f"dense bf16 peak of one {model.name} device, the MFU denominator", model.peak_ref),
+    )
+    return Profile(model.key, "model", f"{model.name} ({model.arch})", base + tuple(entries))
+
+
+def _fmt(number: float) -> str:
+    return f"{number:g}"
