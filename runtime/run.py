@@ -1,0 +1,391 @@
+"""One run, end to end: run directory, snapshot, hooks, body, outcome.
+
+    from runtime.run import RunSpec, execute, run_task
+
+    @run_task(help={"config": "training config"})
+    def pretrain(c, config=DEFAULT, run_options=None):
+        cfg = trainer.config.load(config)
+        env = envs.resolve(config_env=cfg.env, overrides=run_options.env)
+        spec = run_options.spec("train.pretrain", configs={"train.yaml": cfg.to_dict()},
+                                config_sources={"train.yaml": config}, env=env)
+        result = execute(c, spec, body=lambda run: launch(..., env=run.env, run_dir=run.path))
+
+`run_task` gives every run-creating task the same ``--name``, ``--env
+KEY=VALUE`` (repeatable), ``--no-hooks`` and ``--patch FILE`` options; the
+task receives them as ``run_options`` (a RunOptions).
+
+`execute` creates runs/<stamp>_<task>[_<name>]/, writes the snapshot (masked),
+runs --patch and the pre hooks (which may extend the env), calls body(run),
+runs the post hooks (also after a failure, told the outcome), finishes
+metadata.json and returns body's result. On failure it reads the logs for
+known signatures (runtime.diagnose) and raises invoke.exceptions.Exit with
+one clear message and the process's exit code.
+
+Replays (runtime.replay) start the task again with ANVIL_REPLAY_OF=<old run>:
+execute then lays the recorded environment over the resolved one (source
+"replay") and links the new run to the old one.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import shlex
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from invoke import task as invoke_task
+from invoke.exceptions import Exit, UnexpectedExit
+
+from runtime import diagnose, hooks as hooks_mod, ranklog, rundir, settings as settings_mod, snapshot
+from runtime.secrets import MASK, Masker
+
+REPLAY_ENV = "ANVIL_REPLAY_OF"
+
+
+@dataclass
+class RunSpec:
+    task: str                                   # dotted task name, e.g. "train.pretrain"
+    name: str | None = None                     # run directory suffix
+    configs: dict[str, Any] = field(default_factory=dict)  # file name -> dict (as used) or a Path to copy
+    env: Any = None                             # envs.ResolvedEnv, a {name: value} dict, or None
+    hooks: bool = True
+    patch: str | Path | None = None             # one-off hook file run before the pre hooks
+    config_sources: dict[str, str] = field(default_factory=dict)  # file name -> path given on the CLI
+    argv: list[str] | None = None               # default: sys.argv
+    world_size: int = 1
+    extra: dict = field(default_factory=dict)   # more metadata.json entries
+
+
+@dataclass
+class RunOptions:
+    """The options `run_task` adds to a task, handed to it as ``run_options``."""
+    name: str | None = None
+    env: list[str] = field(default_factory=list)
+    no_hooks: bool = False
+    patch: str | None = None
+
+    def spec(self, task: str, **fields) -> RunSpec:
+        fields.setdefault("name", self.name or None)
+        return RunSpec(task=task, hooks=not self.no_hooks, patch=self.patch or None, **fields)
+
+
+RUN_OPTION_HELP = {
+    "name": "Suffix for the run directory name (runs/<time>_<task>_<name>)",
+    "env": "Extra environment variable KEY=VALUE, the top layer (repeatable)",
+    "no-hooks": "Skip the hooks in hooks/<collection>/<task>/{pre,post}/",
+    "patch": "One-off hook file (.py with def hook(ctx), or .sh) run before the pre hooks",
+}
+_RUN_OPTION_NAMES = ("name", "env", "no_hooks", "patch")
+
+
+def run_task(*args, **task_kwargs):
+    """@task for run-creating tasks: adds --name, --env (iterable), --no-hooks, --patch.
+
+    The task function takes ``run_options`` (a RunOptions) instead of those
+    four. Auto short flags are off unless asked for, so no option can take
+    -h from --help (reference §1.7).
+    """
+    def decorate(func: Callable) -> Any:
+        signature = inspect.signature(func)
+        if "run_options" not in signature.parameters:
+            raise TypeError(f"{func.__name__}: a @run_task task takes a `run_options` parameter")
+        clash = [n for n in _RUN_OPTION_NAMES if n in signature.parameters]
+        if clash:
+            raise TypeError(f"{func.__name__}: parameter(s) {clash} clash with the run options")
+        params = [p for p in signature.parameters.values()
+                  if p.name != "run_options" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        added = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=d)
+                 for n, d in (("name", ""), ("env", None), ("no_hooks", False), ("patch", ""))]
+
+        @functools.wraps(func)
+        def wrapper(c, *a, **kw):
+            options = RunOptions(name=kw.pop("name", "") or None, env=list(kw.pop("env", None) or []),
+                                 no_hooks=bool(kw.pop("no_hooks", False)), patch=kw.pop("patch", "") or None)
+            return func(c, *a, run_options=options, **kw)
+
+        wrapper.__signature__ = signature.replace(parameters=params + added)
+        kwargs = dict(task_kwargs)
+        kwargs["iterable"] = list(kwargs.get("iterable") or []) + ["env"]
+        kwargs["help"] = {**RUN_OPTION_HELP, **(kwargs.get("help") or {})}
+        kwargs.setdefault("auto_shortflags", False)
+        return invoke_task(**kwargs)(wrapper)
+
+    if len(args) == 1 and callable(args[0]) and not task_kwargs:
+        return decorate(args[0])
+    return decorate
+
+
+class Run:
+    """A live run directory; what `execute` hands to the body."""
+
+    def __init__(self, path: Path, spec: RunSpec, settings: settings_mod.Settings, env: dict[str, str],
+                 sources: dict[str, dict], masker: Masker, metadata: dict):
+        self.path = path
+        self.spec = spec
+        self.settings = settings
+        self.env = env                 # full environment for child processes
+        self.env_sources = sources     # name -> {value, source, reason, ref, history}
+        self.masker = masker
+        self.metadata = metadata
+        self.env_warnings: list[str] = []
+        self.log = ranklog.setup(path, name="anvil.run", file_name="runner.log")
+
+    @property
+    def config(self) -> Any:
+        """The first (primary) config of the run, or None."""
+        return next(iter(self.spec.configs.values()), None) if self.spec.configs else None
+
+    def write_text(self, rel: str | Path, text: str) -> Path:
+        target = self._inside(rel)
+        return rundir.write_text(target, self.masker.text(text))
+
+    def write_json(self, rel: str | Path, obj: Any) -> Path:
+        return rundir.write_text(self._inside(rel), rundir.to_json(self.masker.mapping(obj)))
+
+    def update_metadata(self, **entries) -> None:
+        self.metadata.update(entries)
+        self.write_json(rundir.METADATA, self.metadata)
+
+    def _inside(self, rel: str | Path) -> Path:
+        target = (self.path / rel).resolve()
+        if not target.is_relative_to(self.path.resolve()):
+            raise ValueError(f"{rel}: outside the run directory")
+        return target
+
+
+def _env_layers(env: Any) -> tuple[dict[str, str], dict[str, dict], list[str]]:
+    """(values, per-variable records, warnings) from a ResolvedEnv or a plain dict."""
+    if env is None:
+        return {}, {}, []
+    if hasattr(env, "vars") and hasattr(env, "environ"):
+        values = {k: str(v) for k, v in env.environ().items()}
+        records = {}
+        for name, var in env.vars.items():
+            records[name] = {"value": getattr(var, "value", values.get(name)),
+                             "source": getattr(var, "source", None), "reason": getattr(var, "reason", None),
+                             "ref": getattr(var, "ref", None),
+                             "history": [list(h) for h in getattr(var, "history", []) or []]}
+        return values, records, list(getattr(env, "warnings", []) or [])
+    if isinstance(env, Mapping):
+        values = {str(k): str(v) for k, v in env.items()}
+        return values, {k: {"value": v, "source": "task"} for k, v in values.items()}, []
+    raise TypeError(f"RunSpec.env must be a ResolvedEnv or a dict, not {type(env).__name__}")
+
+
+def _replay_layer(replay_of: str) -> tuple[Path | None, dict[str, str]]:
+    try:
+        original = rundir.resolve(replay_of)
+    except rundir.RunDirError as exc:
+        raise Exit(f"replay: {exc}", 2)
+    recorded = rundir.read_json(original / "env.json", {}) or {}
+    values = {name: rec.get("value") for name, rec in (recorded.get("vars") or {}).items()
+              if isinstance(rec, dict) and rec.get("value") not in (None, MASK)}
+    return original, {k: str(v) for k, v in values.items()}
+
+
+def _write_snapshot(run: Run, argv: list[str], warnings: list[str]) -> None:
+    spec = run.spec
+    run.write_text("command.txt", shlex.join(run.masker.argv(argv)) + "\n")
+    run.env_warnings = list(warnings)
+    run.write_json("env.json", {"vars": run.env_sources, "warnings": run.env_warnings})
+    run.write_json("environ.json", run.masker.env(dict(os.environ)))
+    machine = snapshot.machine()
+    run.write_json("machine.json", machine)
+    git, diff = snapshot.git_info()
+    run.write_json("git.json", git)
+    if diff:
+        run.write_text("git.diff", diff)
+    run.write_json("versions.json", snapshot.versions(git, machine.get("gpu")))
+    run.write_text("pip-freeze.txt", snapshot.pip_freeze())
+    for file_name, config in spec.configs.items():
+        _write_config(run, file_name, config)
+    run.metadata["anvil_commit"] = git.get("commit")
+    run.metadata["dirty"] = git.get("dirty")
+
+
+def _write_config(run: Run, file_name: str, config: Any) -> None:
+    rel = Path("configs") / rundir.slug(Path(file_name).name)
+    if isinstance(config, (str, Path)):
+        source = Path(config)
+        try:
+            text = source.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise Exit(f"config {source}: {exc.strerror or exc}", 2)
+        run.write_text(rel, text)
+        run.spec.config_sources.setdefault(file_name, str(config))
+        return
+    import yaml  # lazily: keeps `inv --list` lean
+    masked = run.masker.mapping(config)
+    if rel.suffix == ".json":
+        run.write_text(rel, rundir.to_json(masked))
+    else:
+        run.write_text(rel, yaml.safe_dump(masked, sort_keys=False, default_flow_style=False))
+
+
+def _hook_context(run: Run, phase: str, outcome: dict | None = None) -> hooks_mod.HookContext:
+    return hooks_mod.HookContext(
+        task=run.spec.task, phase=phase, config=run.config, env=run.env, run_dir=run.path,
+        host=run.metadata.get("host", ""), rank=int(os.environ.get("RANK", 0) or 0),
+        local_rank=int(os.environ.get("LOCAL_RANK", 0) or 0), world_size=run.spec.world_size,
+        outcome=outcome, log=run.log, configs=dict(run.spec.configs))
+
+
+def _record_hooks(run: Run, phase: str, records: list) -> None:
+    if not records:
+        return
+    run.masker.add_env({k: v for rec in records for k, v in rec.env_added.items()})
+    lines = []
+    for rec in records:
+        lines.append(f"== {rec.path} ({'ok' if rec.ok else 'FAILED'})")
+        lines.append(rec.output.rstrip())
+        for key, value in rec.env_added.items():
+            run.env_sources[key] = {"value": value, "source": f"hook:{rec.path.name}",
+                                    "reason": f"set by {phase} hook {rec.path}"}
+    run.write_text(Path("hooks") / f"{phase}.log", "\n".join(lines) + "\n")
+    if any(rec.env_added for rec in records):
+        run.write_json("env.json", {"vars": run.env_sources, "warnings": run.env_warnings})
+
+
+def _run_pre(run: Run) -> None:
+    spec = run.spec
+    ctx = _hook_context(run, "pre")
+    records: list = []
+    try:
+        if spec.patch:
+            patch = Path(spec.patch).expanduser()
+            if not patch.is_file():
+                raise Exit(f"--patch {spec.patch}: no such file", 2)
+            run.write_text(Path("hooks") / f"patch_{patch.name}", patch.read_text(errors="replace"))
+            records.append(hooks_mod.run_file(patch.resolve(), ctx, cwd=run.settings.root))
+        records += hooks_mod.run_phase(run.settings.hooks_dir, ctx, cwd=run.settings.root)
+    except hooks_mod.HookError as exc:
+        phase_records = getattr(exc, "records", None)
+        if phase_records is None:   # the patch (or the hook folder itself) failed
+            phase_records = [hooks_mod.HookRecord(exc.path, "pre", False, exc.output + exc.detail, {})]
+        _record_hooks(run, "pre", records + phase_records)
+        raise
+    _record_hooks(run, "pre", records)
+
+
+def _run_post(run: Run, outcome: dict) -> str | None:
+    """Post hooks, all of them; returns the first failure's message (or None)."""
+    ctx = _hook_context(run, "post", outcome)
+    try:
+        records = hooks_mod.run_phase(run.settings.hooks_dir, ctx, cwd=run.settings.root, keep_going=True)
+    except hooks_mod.HookError as exc:
+        _record_hooks(run, "post", getattr(exc, "records", []))
+        return str(exc)
+    _record_hooks(run, "post", records)
+    return None
+
+
+def _exit_code(exc: BaseException) -> int:
+    if isinstance(exc, Exit):
+        return exc.code or 1
+    if isinstance(exc, UnexpectedExit):
+        return exc.result.exited or 1
+    if isinstance(exc, KeyboardInterrupt):
+        return 130
+    if isinstance(exc, SystemExit):
+        return exc.code if isinstance(exc.code, int) and exc.code else 1
+    return getattr(exc, "exit_code", None) or 1
+
+
+def _error_text(exc: BaseException) -> str:
+    if isinstance(exc, Exit):
+        return exc.message or f"exit status {exc.code}"
+    if isinstance(exc, UnexpectedExit):
+        return f"command failed with exit status {exc.result.exited}: {exc.result.command}"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def create(ctx, spec: RunSpec) -> Run:
+    """Make the run directory and write the snapshot (no hooks, no body)."""
+    settings = settings_mod.load(ctx)
+    argv = list(spec.argv if spec.argv is not None else sys.argv)
+    host = os.environ.get("ANVIL_HOST") or socket.gethostname()
+    values, sources, warnings = _env_layers(spec.env)
+    replay_of = os.environ.get(REPLAY_ENV)
+    original = None
+    if replay_of:
+        original, recorded = _replay_layer(replay_of)
+        for name, value in recorded.items():
+            values[name] = value
+            sources[name] = {**sources.get(name, {}), "value": value, "source": f"replay:{original.name}",
+                             "reason": "recorded in the replayed run"}
+    masker = Masker.from_environ(values)
+    try:
+        path = rundir.create(settings.runs_dir, spec.task, spec.name, host=host)
+    except OSError as exc:
+        raise Exit(f"cannot create a run directory under {settings.runs_dir}: {exc.strerror or exc}", 2)
+    started = time.time()
+    metadata = {
+        "task": spec.task, "name": spec.name, "status": "running",
+        "start": datetime.fromtimestamp(started).astimezone().isoformat(timespec="seconds"),
+        "start_ts": started, "end": None, "duration_s": None,
+        "host": host, "hosts": [host], "world_size": spec.world_size,
+        "argv": masker.argv(argv), "cwd": os.getcwd(), "project_root": str(settings.root),
+        "configs": sorted(spec.configs), "config_sources": dict(spec.config_sources),
+        "replay_of": str(original) if original else None, "pid": os.getpid(),
+        **spec.extra,
+    }
+    run = Run(path, spec, settings, {**os.environ, **values}, sources, masker, metadata)
+    run.update_metadata()
+    if original is not None:
+        try:
+            (path / "replay_of").symlink_to(original)
+        except OSError:
+            pass  # file systems without symlinks: metadata.json has replay_of anyway
+    _write_snapshot(run, argv, warnings)
+    run.metadata["config_sources"] = dict(spec.config_sources)
+    run.update_metadata()
+    run.log.info("run directory %s", path)
+    return run
+
+
+def finish(run: Run, status: str, error: str | None = None, exit_code: int = 0, result: Any = None,
+           diagnosis: list | None = None) -> None:
+    ended = time.time()
+    if result is not None:
+        run.write_json("result.json", result)
+    run.update_metadata(status=status, error=run.masker.text(error) if error else None, exit_code=exit_code,
+                        end=datetime.fromtimestamp(ended).astimezone().isoformat(timespec="seconds"),
+                        duration_s=round(ended - run.metadata["start_ts"], 3),
+                        diagnosis=[{"problem": f.signature, "advice": f.advice, "source": f.source, "line": f.line}
+                                   for f in diagnosis or []])
+
+
+def execute(ctx, spec: RunSpec, body: Callable[[Run], Any]) -> Any:
+    """Create the run, run hooks and body, record the outcome; see the module doc."""
+    run = create(ctx, spec)
+    result, failure = None, None
+    try:
+        if spec.hooks:
+            _run_pre(run)
+        result = body(run)
+    except BaseException as exc:  # noqa: BLE001 - recorded, post hooks told, then re-raised as Exit
+        failure = exc
+    outcome = {"status": "failed" if failure else "ok", "error": _error_text(failure) if failure else None}
+    post_error = _run_post(run, outcome) if spec.hooks and not isinstance(failure, hooks_mod.HookError) else None
+
+    if failure is None and post_error is None:
+        finish(run, "ok", result=result)
+        return result
+
+    error = outcome["error"] if failure is not None else post_error
+    code = _exit_code(failure) if failure is not None else 1
+    status = "interrupted" if isinstance(failure, KeyboardInterrupt) else "failed"
+    if failure is not None and post_error:
+        error += f"\n(also: {post_error})"
+    findings = diagnose.scan(diagnose.log_files(run.path), extra_text=error)
+    finish(run, status, error=error, exit_code=code, result=result, diagnosis=findings)
+    message = [f"{spec.task} {status}: {run.masker.text(error)}", f"run directory: {run.path}"]
+    for finding in findings:
+        message.append(f"known problem [{finding.signature}]: {finding.advice}")
+    raise Exit("\n".join(message), code)

@@ -1,0 +1,124 @@
+"""Run directories: naming, creation, atomic writes, reading back.
+
+    runs/<YYYY-mm-ddTHH-MM-SS>_<task>[_<name>]/
+        metadata.json   task, name, argv, start, end, status, hosts, replay_of, ...
+        command.txt     the exact command line (masked)
+        env.json        resolved environment with sources (masked)
+        environ.json    the whole process environment (masked)
+        machine.json    GPU / system info (envs.detect)
+        versions.json   python, torch, triton, driver, ROCm/CUDA, anvil commit
+        git.json, git.diff, pip-freeze.txt
+        configs/        configs as used
+        hooks/          hook outputs
+        logs/           runner.log, rank{R}.log
+        result.json     what the task returned
+
+Everything goes through `write_text` (temp file + os.replace), so a reader
+never sees half a file.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Iterator
+
+TIME_FORMAT = "%Y-%m-%dT%H-%M-%S"
+METADATA = "metadata.json"
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class RunDirError(ValueError):
+    """A path that is not a usable run directory."""
+
+
+def slug(text: str) -> str:
+    return _UNSAFE.sub("-", text).strip("-.")[:80] or "run"
+
+
+def dir_name(task: str, name: str | None = None, when: datetime | None = None) -> str:
+    stamp = (when or datetime.now()).strftime(TIME_FORMAT)
+    return f"{stamp}_{slug(task)}" + (f"_{slug(name)}" if name else "")
+
+
+def create(runs_dir: Path, task: str, name: str | None = None, host: str | None = None,
+           when: datetime | None = None) -> Path:
+    """Make a fresh run directory; never reuses one (hosts share runs/ over NFS)."""
+    runs_dir = Path(runs_dir)
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    base = dir_name(task, name, when)
+    candidates = [base] + ([f"{base}@{slug(host)}"] if host else [])
+    candidates += [f"{base}-{i}" for i in range(2, 1000)]
+    for candidate in candidates:
+        path = runs_dir / candidate
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
+    raise RunDirError(f"could not create a new run directory under {runs_dir}")
+
+
+def write_text(path: Path, text: str) -> Path:
+    """Atomic write: temp file in the same folder, then os.replace."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def to_json(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n"
+
+
+def read_json(path: Path, default: Any = None) -> Any:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return default
+    except json.JSONDecodeError as exc:
+        raise RunDirError(f"{path}: not valid JSON ({exc})") from None
+
+
+def resolve(path: str | Path, runs_dir: Path | None = None) -> Path:
+    """A run directory given as a path, or as a name under runs_dir."""
+    candidate = Path(path)
+    if not candidate.is_dir() and runs_dir is not None and (Path(runs_dir) / path).is_dir():
+        candidate = Path(runs_dir) / path
+    if not candidate.is_dir():
+        raise RunDirError(f"{path}: no such run directory")
+    if not (candidate / METADATA).is_file():
+        raise RunDirError(f"{path}: not a run directory (no {METADATA})")
+    return candidate.resolve()
+
+
+def metadata(run_dir: Path) -> dict:
+    data = read_json(Path(run_dir) / METADATA, default=None)
+    if not isinstance(data, dict):
+        raise RunDirError(f"{run_dir}: missing or malformed {METADATA}")
+    return data
+
+
+def iter_runs(runs_dir: Path) -> Iterator[tuple[Path, dict]]:
+    """(path, metadata) of every run under runs_dir, oldest first; broken ones skipped."""
+    runs_dir = Path(runs_dir)
+    if not runs_dir.is_dir():
+        return
+    for path in sorted(p for p in runs_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        try:
+            yield path, metadata(path)
+        except RunDirError:
+            continue

@@ -1,0 +1,128 @@
+"""Runner settings: the `anvil:` section of invoke.yaml.
+
+The defaults are declared in the program's config class (runtime.cli) as well
+as here, because Invoke only lets environment variables override keys that
+already exist (reference §1.3): with them declared, ``INVOKE_ANVIL_RUNS_DIR=/x``
+and ``-f other.yaml`` both work as Invoke users expect.
+
+Lists travel as comma-separated strings (Invoke cannot cast an env var into a
+list), e.g. ``hosts: "node1,node2"``.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+#: Checkout root: the folder holding tasks.py, found from this package's location.
+CHECKOUT = Path(__file__).resolve().parent.parent
+
+DEFAULTS: dict[str, Any] = {
+    "runs_dir": "runs",          # run directories go here (relative: to the project root)
+    "hosts": "",                 # default host list for `inv -H @ TASK`
+    "user": "",                  # SSH user for fan-out ("" = ssh config / current user)
+    "key_filename": "",          # SSH private key(s), comma-separated; -i adds to these
+    "remote_path": "",           # checkout path on the remote hosts ("" = same as here)
+    "remote_inv": ".venv/bin/inv",  # the inv to run there (relative: to remote_path)
+    "runtime": "direct",         # default launcher: direct | slurm | container | slurm+container
+    "container_engine": "",      # docker | podman | apptainer (runtime=container)
+    "container_image": "",
+    "hooks_dir": "hooks",        # the only folder hooks are taken from
+    "connect_timeout": 10,       # seconds, SSH connect
+    "command_timeout": 0,        # seconds per remote command, 0 = no limit
+}
+
+
+class SettingsError(ValueError):
+    """A runner setting has a value that cannot work."""
+
+
+@dataclass
+class Settings:
+    root: Path                   # project root (where tasks.py / invoke.yaml live)
+    runs_dir: Path
+    hosts: list[str] = field(default_factory=list)
+    user: str = ""
+    key_filename: list[str] = field(default_factory=list)
+    remote_path: str = ""
+    remote_inv: str = ".venv/bin/inv"
+    runtime: str = "direct"
+    container_engine: str = ""
+    container_image: str = ""
+    hooks_dir: Path = Path("hooks")
+    connect_timeout: float = 10.0
+    command_timeout: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
+
+
+def split_list(value: Any) -> list[str]:
+    """'a, b' or ['a', 'b'] -> ['a', 'b']."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        items = value.split(",")
+    else:
+        items = [str(v) for v in value]
+    return [v.strip() for v in items if v and v.strip()]
+
+
+def project_root(ctx=None) -> Path:
+    """Where the loaded tasks.py lives; else the checkout this package is in."""
+    config = getattr(ctx, "config", None)
+    prefix = getattr(config, "_project_prefix", None) if config is not None else None
+    if prefix:
+        return Path(prefix).resolve()
+    return CHECKOUT
+
+
+def _number(name: str, value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise SettingsError(f"anvil.{name} must be a number of seconds, got {value!r}") from None
+    if number < 0:
+        raise SettingsError(f"anvil.{name} must be >= 0, got {value!r}")
+    return number
+
+
+def from_mapping(values: Mapping[str, Any] | None, root: Path) -> Settings:
+    raw = dict(DEFAULTS)
+    raw.update({k: v for k, v in (values or {}).items()})
+    unknown = sorted(set(raw) - set(DEFAULTS))
+    if unknown:
+        raise SettingsError(f"unknown anvil setting(s): {', '.join(unknown)} "
+                            f"(known: {', '.join(sorted(DEFAULTS))})")
+
+    def under_root(p: Any) -> Path:
+        path = Path(os.path.expanduser(str(p)))
+        return path if path.is_absolute() else root / path
+
+    return Settings(
+        root=root,
+        runs_dir=under_root(raw["runs_dir"] or "runs"),
+        hosts=split_list(raw["hosts"]),
+        user=str(raw["user"] or ""),
+        key_filename=[os.path.expanduser(k) for k in split_list(raw["key_filename"])],
+        remote_path=str(raw["remote_path"] or ""),
+        remote_inv=str(raw["remote_inv"] or ".venv/bin/inv"),
+        runtime=str(raw["runtime"] or "direct"),
+        container_engine=str(raw["container_engine"] or ""),
+        container_image=str(raw["container_image"] or ""),
+        hooks_dir=under_root(raw["hooks_dir"] or "hooks"),
+        connect_timeout=_number("connect_timeout", raw["connect_timeout"]),
+        command_timeout=_number("command_timeout", raw["command_timeout"]),
+    )
+
+
+def load(ctx=None) -> Settings:
+    """Settings from ``ctx.config.anvil`` (invoke.yaml, -f FILE, INVOKE_ANVIL_* env)."""
+    config = getattr(ctx, "config", None)
+    values = {}
+    if config is not None:
+        section = config.get("anvil", None) if hasattr(config, "get") else None
+        if section is not None:
+            values = {k: section[k] for k in section}
+    return from_mapping(values, project_root(ctx))
