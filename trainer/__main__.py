@@ -1,0 +1,55 @@
+"""python -m trainer --config CONFIG.yaml --run-dir RUN_DIR [--set k=v ...] [--resume auto|PATH]
+                    [--compile] [--kernels]
+
+What torchrun, srun or a container starts on every rank. Exit status: 0 ok,
+1 failure, 3 stopped on SIGTERM/SIGUSR2 after checkpointing (requeue).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.splitlines()[0])
+    p.add_argument("--config", type=Path, default=None, help="training config YAML (default: tiny)")
+    p.add_argument("--run-dir", type=Path, required=True, help="where logs, metrics, checkpoints go")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="dotted config override, e.g. optim.lr=3e-4 (repeatable)")
+    p.add_argument("--resume", default=None, help="auto (newest checkpoint in the run dir) or a path")
+    p.add_argument("--compile", action="store_true", help="torch.compile the decoder blocks")
+    p.add_argument("--kernels", action="store_true", help="patch in the fused Triton kernels")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from runtime import ranklog
+    from trainer import config, train
+
+    overrides = list(args.overrides)
+    if args.compile:
+        overrides.append("train.compile=true")
+    if args.kernels:
+        overrides.append("train.kernels=true")
+    log = ranklog.setup(args.run_dir, name="anvil.trainer")
+    try:
+        cfg = config.load(args.config, overrides)
+        return train.run(cfg, args.run_dir, resume=args.resume, log=log)
+    except train.user_errors() as exc:
+        log.error(f"error: {exc}")
+        return train.EXIT_FAILED
+    except Exception as exc:
+        import torch
+        if isinstance(exc, torch.OutOfMemoryError):
+            log.error(f"out of memory: {str(exc).splitlines()[0]} -- lower data.batch_size (raise "
+                      "data.grad_accum to keep the global batch), or set "
+                      "train.activation_checkpoint=selective|full, or parallel.strategy=fsdp")
+        else:
+            log.exception(f"training failed: {exc}")
+        return train.EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,347 @@
+"""Training configuration: typed dataclasses loaded from YAML and validated.
+
+One TrainConfig per run, in sections (torchtitan style). `load(path, overrides)`
+reads the YAML, applies dotted overrides ("optim.lr=3e-4"), checks every key,
+type and value, and raises ConfigError naming the file, the key and what was
+expected, before anything starts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Optional
+
+import yaml
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
+SYNTHETIC = "synthetic"  # data.path value: random tokens, for throughput measurements
+
+
+class ConfigError(ValueError):
+    """A user error in a training config (message names file, key, expectation)."""
+
+
+@dataclass
+class RopeScaling:
+    """Llama 3.1 RoPE frequency scaling (HF rope_type "llama3")."""
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny"
+    dim: int = 256
+    n_layers: int = 4
+    n_heads: int = 8
+    n_kv_heads: int = 4
+    ffn_dim: int = 768
+    vocab_size: int = 512
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[RopeScaling] = None
+    max_seq_len: int = 2048
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+
+@dataclass
+class DataConfig:
+    path: str = "data/stdlib"      # prepared dataset dir (inv data.prepare), or "synthetic"
+    seq_len: int = 256
+    batch_size: int = 8            # micro batch per rank
+    grad_accum: int = 1            # micro batches per optimizer step
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3e-4
+    weight_decay: float = 0.1
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    grad_clip: float = 1.0         # max global grad norm; 0 disables clipping
+    fused: bool = True             # fused AdamW where the device supports it
+
+
+@dataclass
+class ScheduleConfig:
+    warmup_steps: int = 100
+    decay: Literal["cosine", "linear", "constant"] = "cosine"
+    min_lr_ratio: float = 0.1      # final lr = lr * min_lr_ratio
+
+
+@dataclass
+class TrainSection:
+    steps: int = 1000
+    seed: int = 1234
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    log_interval: int = 10
+    val_interval: int = 100        # 0 = only at the end
+    val_batches: int = 8
+    activation_checkpoint: Literal["none", "selective", "full"] = "none"
+    compile: bool = False
+    kernels: bool = False
+
+
+@dataclass
+class ParallelConfig:
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    reshard_after_forward: bool = True
+    meta_init: bool = False        # build on the meta device, shard, then init (models > 1 GPU)
+    timeout_minutes: int = 30
+
+
+@dataclass
+class PrecisionConfig:
+    compute: Literal["auto", "bf16", "fp32"] = "auto"   # auto: bf16 on GPU, fp32 on CPU
+    params: Literal["fp32", "bf16"] = "fp32"            # bf16 = pure bf16 weights + optimizer
+
+
+@dataclass
+class CheckpointConfig:
+    interval: int = 0              # steps between checkpoints; 0 = only at the end / on signal
+    keep_last: int = 3
+    dir: str = "checkpoints"       # relative to the run dir
+    save_final: bool = True
+
+
+@dataclass
+class LoggingConfig:
+    tensorboard: bool = True       # when tensorboard is installed
+    progress: bool = True          # progress bar on a terminal (rank 0)
+    gpu_stats: bool = True         # utilisation via nvidia-ml-py / pyrsmi
+
+
+@dataclass
+class TrainConfig:
+    name: str = "run"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    train: TrainSection = field(default_factory=TrainSection)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    env: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# --------------------------------------------------------------------------- loading
+
+def load(path: str | Path | None = None, overrides: typing.Iterable[str] = ()) -> TrainConfig:
+    """Read, override and validate a config. Raises ConfigError."""
+    path = Path(path) if path is not None else DEFAULT_CONFIG
+    src = str(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{src}: no such config file") from None
+    except OSError as e:
+        raise ConfigError(f"{src}: cannot read: {e.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{src}: invalid YAML{where}: {problem}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{src}: expected a mapping of sections at the top level, "
+                          f"got {type(raw).__name__}")
+    for item in overrides:
+        _apply_override(raw, item, src)
+    cfg = _build(TrainConfig, raw, "", src)
+    _check_values(cfg, src)
+    return cfg
+
+
+def from_dict(raw: dict, source: str = "<dict>") -> TrainConfig:
+    cfg = _build(TrainConfig, raw, "", source)
+    _check_values(cfg, source)
+    return cfg
+
+
+def _apply_override(raw: dict, item: str, src: str) -> None:
+    key, sep, value = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"{src}: override {item!r}: expected KEY=VALUE, e.g. optim.lr=3e-4")
+    parts = key.split(".")
+    node = raw
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"{src}: override {key}: {part!r} is not a section")
+        node = child
+    try:
+        node[parts[-1]] = yaml.safe_load(value) if value.strip() else ""
+    except yaml.YAMLError:
+        node[parts[-1]] = value
+
+
+def _describe(tp) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return " or ".join(_describe(a) for a in args) + " or null"
+    if origin is list:
+        return f"a list of {_describe(typing.get_args(tp)[0])}"
+    if origin is dict:
+        return "a mapping of NAME: string"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping with keys " + ", ".join(f.name for f in dataclasses.fields(tp))
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[tp]
+
+
+def _convert(tp, value, key: str, src: str):
+    def bad():
+        return ConfigError(f"{src}: {key}: expected {_describe(tp)}, got {value!r}")
+
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _convert(inner, value, key, src)
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            raise bad()
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise bad()
+        (inner,) = typing.get_args(tp)
+        return [_convert(inner, v, f"{key}[{i}]", src) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise bad()
+        out = {}
+        for k, v in value.items():
+            # env values are strings; numbers are accepted and written as strings.
+            if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+                raise ConfigError(f"{src}: {key}.{k}: expected a string (quote it), got {v!r}")
+            out[str(k)] = str(v)
+        return out
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise bad()
+        return _build(tp, value, key + ".", src)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise bad()
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad()
+        return value
+    if tp is float:
+        if isinstance(value, bool):
+            raise bad()
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):  # PyYAML reads "3e-4" as a string
+            try:
+                return float(value)
+            except ValueError:
+                raise bad() from None
+        raise bad()
+    if tp is str:
+        if not isinstance(value, str):
+            raise bad()
+        return value
+    raise TypeError(f"unsupported config type {tp!r}")
+
+
+def _build(cls, raw: dict, prefix: str, src: str):
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for k, v in raw.items():
+        key = f"{prefix}{k}"
+        if k not in fields:
+            raise ConfigError(f"{src}: unknown key {key!r}; expected one of: "
+                              + ", ".join(prefix + name for name in fields))
+        kwargs[k] = _convert(hints[k], v, key, src)
+    return cls(**kwargs)
+
+
+def _check_values(cfg: TrainConfig, src: str) -> None:
+    def need(ok: bool, key: str, expected: str):
+        if not ok:
+            value = cfg
+            for part in key.split("."):
+                value = getattr(value, part)
+            raise ConfigError(f"{src}: {key}: expected {expected}, got {value!r}")
+
+    m = cfg.model
+    for key in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "max_seq_len"):
+        need(getattr(m, key) > 0, f"model.{key}", "a positive integer")
+    need(m.dim % m.n_heads == 0, "model.dim", f"a multiple of model.n_heads ({m.n_heads})")
+    need(m.head_dim % 2 == 0, "model.n_heads", "a head count giving an even head_dim (dim / n_heads)")
+    need(m.n_heads % m.n_kv_heads == 0, "model.n_kv_heads", f"a divisor of model.n_heads ({m.n_heads})")
+    need(m.norm_eps > 0, "model.norm_eps", "a positive number")
+    need(m.rope_theta > 0, "model.rope_theta", "a positive number")
+    need(m.init_std > 0, "model.init_std", "a positive number")
+    if m.rope_scaling is not None:
+        rs = m.rope_scaling
+        need(rs.factor >= 1, "model.rope_scaling.factor", "a number >= 1")
+        need(rs.high_freq_factor > rs.low_freq_factor > 0, "model.rope_scaling.high_freq_factor",
+             "a number above model.rope_scaling.low_freq_factor (> 0)")
+        need(rs.original_max_position_embeddings > 0,
+             "model.rope_scaling.original_max_position_embeddings", "a positive integer")
+    d = cfg.data
+    need(bool(d.path.strip()), "data.path", "a prepared dataset directory or 'synthetic'")
+    need(d.seq_len > 0, "data.seq_len", "a positive integer")
+    need(d.seq_len <= m.max_seq_len, "data.seq_len", f"at most model.max_seq_len ({m.max_seq_len})")
+    need(d.batch_size > 0, "data.batch_size", "a positive integer")
+    need(d.grad_accum > 0, "data.grad_accum", "a positive integer")
+    o = cfg.optim
+    need(o.lr > 0, "optim.lr", "a positive number")
+    need(o.weight_decay >= 0, "optim.weight_decay", "a number >= 0")
+    need(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), "optim.betas",
+         "two numbers in [0, 1), e.g. [0.9, 0.95]")
+    need(o.eps > 0, "optim.eps", "a positive number")
+    need(o.grad_clip >= 0, "optim.grad_clip", "a number >= 0 (0 disables clipping)")
+    s = cfg.schedule
+    need(s.warmup_steps >= 0, "schedule.warmup_steps", "an integer >= 0")
+    need(0 <= s.min_lr_ratio <= 1, "schedule.min_lr_ratio", "a number in [0, 1]")
+    t = cfg.train
+    need(t.steps > 0, "train.steps", "a positive integer")
+    need(t.log_interval > 0, "train.log_interval", "a positive integer")
+    need(t.val_interval >= 0, "train.val_interval", "an integer >= 0 (0 = only at the end)")
+    need(t.val_batches >= 0, "train.val_batches", "an integer >= 0 (0 disables validation)")
+    need(cfg.parallel.timeout_minutes > 0, "parallel.timeout_minutes", "a positive integer")
+    c = cfg.checkpoint
+    need(c.interval >= 0, "checkpoint.interval", "an integer >= 0 (0 = only at the end)")
+    need(c.keep_last > 0, "checkpoint.keep_last", "a positive integer")
+    need(bool(c.dir.strip()), "checkpoint.dir", "a directory name")
+    for name in cfg.env:
+        if not name or not (name[0].isalpha() or name[0] == "_") or not all(
+                ch.isalnum() or ch == "_" for ch in name):
+            raise ConfigError(f"{src}: env.{name}: expected an environment variable name "
+                              "(letters, digits, _)")
+
+
+def dump(cfg: TrainConfig) -> str:
+    """YAML text of the config as used (load() reads it back to an equal config)."""
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)

@@ -1,0 +1,150 @@
+"""Process group, device and model wrapping (DDP or FSDP2).
+
+Reads the rank layout that torchrun (RANK, WORLD_SIZE, LOCAL_RANK) or srun
+(SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID) put in the environment; started
+directly it runs as a single process without a process group.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainer.config import TrainConfig
+
+
+class DistributedError(RuntimeError):
+    """A launch/environment problem the user can fix (no GPU, missing MASTER_ADDR, ...)."""
+
+
+@dataclass
+class DistInfo:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    backend: str | None      # None when no process group was created
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.backend is not None
+
+
+def _env_int(*names: str, default: int | None = None) -> int | None:
+    for name in names:
+        value = os.environ.get(name)
+        if value not in (None, ""):
+            try:
+                return int(value)
+            except ValueError:
+                raise DistributedError(f"{name}={value!r} is not an integer") from None
+    return default
+
+
+def rank_layout() -> tuple[int, int, int]:
+    """(rank, local_rank, world_size) from torchrun's or Slurm's environment."""
+    world = _env_int("WORLD_SIZE", "SLURM_NTASKS", default=1)
+    rank = _env_int("RANK", "SLURM_PROCID", default=0)
+    local = _env_int("LOCAL_RANK", "SLURM_LOCALID", default=0)
+    return rank, local, world
+
+
+def select_device(requested: str, local_rank: int) -> torch.device:
+    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise DistributedError("train.device is 'cuda' but no GPU is visible to torch "
+                               f"(torch {torch.__version__}); use train.device=cpu or auto")
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        raise DistributedError(f"local rank {local_rank} but only {count} GPU(s) visible; "
+                               "start at most one process per GPU")
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def init(cfg: TrainConfig) -> DistInfo:
+    rank, local_rank, world = rank_layout()
+    device = select_device(cfg.train.device, local_rank)
+    if world == 1:
+        return DistInfo(rank, local_rank, world, device, None)
+    backend = cfg.parallel.backend
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "nccl" and device.type != "cuda":
+        raise DistributedError("parallel.backend nccl needs GPUs; use gloo (or auto) on CPU")
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        if not os.environ.get(name):
+            raise DistributedError(f"{world} processes but {name} is not set; start through "
+                                   "torchrun or set it (srun: the runner exports it)")
+    os.environ.setdefault("RANK", str(rank))
+    os.environ.setdefault("WORLD_SIZE", str(world))
+    os.environ.setdefault("LOCAL_RANK", str(local_rank))
+    dist.init_process_group(
+        backend=backend, rank=rank, world_size=world,
+        timeout=datetime.timedelta(minutes=cfg.parallel.timeout_minutes),
+        device_id=device if device.type == "cuda" else None)
+    return DistInfo(rank, local_rank, world, device, backend)
+
+
+def shutdown(info: DistInfo) -> None:
+    if info.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def compute_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype:
+    choice = cfg.precision.compute
+    if choice == "auto":
+        choice = "bf16" if device.type == "cuda" else "fp32"
+    return torch.bfloat16 if choice == "bf16" else torch.float32
+
+
+def param_dtype(cfg: TrainConfig) -> torch.dtype:
+    return torch.bfloat16 if cfg.precision.params == "bf16" else torch.float32
+
+
+def wrap(model: nn.Module, cfg: TrainConfig, info: DistInfo) -> nn.Module:
+    """Returns the module to call for forward/backward. FSDP2 shards `model` in place;
+    DDP returns a wrapper (checkpoints always use the plain `model`)."""
+    if cfg.parallel.strategy == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        mesh = None
+        if info.distributed:
+            from torch.distributed.device_mesh import init_device_mesh
+            mesh = init_device_mesh(info.device.type, (info.world_size,))
+        # Gradients are reduced in fp32 so the sum over ranks does not lose bits.
+        mp = MixedPrecisionPolicy(param_dtype=compute_dtype(cfg, info.device),
+                                  reduce_dtype=torch.float32)
+        layers = list(model.model.layers)
+        for i, layer in enumerate(layers):
+            # The last layer's params are needed again at once by backward: keep them gathered.
+            reshard = cfg.parallel.reshard_after_forward and i < len(layers) - 1
+            fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=cfg.parallel.reshard_after_forward)
+        return model
+    if info.distributed:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        ids = [info.device.index] if info.device.type == "cuda" else None
+        return DDP(model, device_ids=ids)
+    return model
+
+
+def all_reduce_mean(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    if info.distributed:
+        t = t.clone()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        t /= info.world_size
+    return t
+
+
+def barrier(info: DistInfo) -> None:
+    if info.distributed:
+        dist.barrier()

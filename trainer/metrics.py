@@ -1,0 +1,268 @@
+"""What a run measures and where it goes: metrics.jsonl, TensorBoard, console, summary.
+
+Per log interval (the only host sync the loop makes): loss, lr, grad norm,
+tokens/s, step time, MFU (torchtitan's FLOP count against ANVIL_GPU_PEAK_TFLOPS),
+GPU memory and utilisation, CPU and process memory.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+GIB = 1024 ** 3
+
+
+def peak_tflops_from_env() -> float | None:
+    value = os.environ.get("ANVIL_GPU_PEAK_TFLOPS", "").strip()
+    try:
+        peak = float(value)
+    except ValueError:
+        return None
+    return peak if peak > 0 else None
+
+
+class GpuMonitor:
+    """GPU utilisation through nvidia-ml-py (NVIDIA) or pyrsmi (AMD); None when neither works."""
+
+    def __init__(self, device: torch.device, enabled: bool = True):
+        self._read = None
+        if not enabled or device.type != "cuda":
+            return
+        index = device.index or 0
+        try:
+            if torch.version.hip:
+                from pyrsmi import rocml
+                rocml.smi_initialize()
+                self._read = lambda: float(rocml.smi_get_device_utilization(index))
+            else:
+                import pynvml
+                pynvml.nvmlInit()
+                # NVML counts all GPUs; map the torch index through CUDA_VISIBLE_DEVICES.
+                visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+                ids = [v.strip() for v in visible.split(",") if v.strip()]
+                if ids and ids[index].isdigit():
+                    handle = pynvml.nvmlDeviceGetHandleByIndex(int(ids[index]))
+                elif ids:
+                    handle = pynvml.nvmlDeviceGetHandleByUUID(ids[index])
+                else:
+                    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                self._read = lambda: float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            self._read()
+        except Exception:  # no library, no driver, odd device naming: utilisation is optional
+            self._read = None
+
+    def utilization(self) -> float | None:
+        if self._read is None:
+            return None
+        try:
+            return self._read()
+        except Exception:
+            return None
+
+
+class ProgressBar:
+    """One self-overwriting line on a terminal (rank 0); log lines are printed above it."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total = total
+        self.enabled = enabled and sys.stderr.isatty()
+        self.start = time.perf_counter()
+        self.first_step = None
+
+    def update(self, step: int, text: str = "") -> None:
+        if not self.enabled:
+            return
+        if self.first_step is None:
+            self.first_step, self.start = step, time.perf_counter()
+        frac = step / self.total
+        width = 30
+        filled = int(width * frac)
+        done = step - self.first_step
+        eta = ""
+        if done > 0:
+            left = (time.perf_counter() - self.start) / done * (self.total - step)
+            eta = f" eta {int(left // 60)}m{int(left % 60):02d}s"
+        sys.stderr.write(f"\r\033[K[{'#' * filled}{'.' * (width - filled)}] "
+                         f"{step}/{self.total} {frac:4.0%}{eta} {text}")
+        sys.stderr.flush()
+
+    def clear(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+class Metrics:
+    """Rank 0 writes metrics.jsonl / TensorBoard and the console line; every rank may call."""
+
+    def __init__(self, run_dir: Path | None, *, is_main: bool, log, device: torch.device,
+                 world_size: int, total_steps: int, flops_per_token: int, tensorboard: bool = True,
+                 progress: bool = True, gpu_stats: bool = True):
+        self.is_main, self.log, self.device = is_main, log, device
+        self.world_size, self.total_steps = world_size, total_steps
+        self.flops_per_token = flops_per_token
+        self.peak_tflops = peak_tflops_from_env()
+        self.gpu = GpuMonitor(device, gpu_stats)
+        self.history: list[dict] = []
+        self.val_history: list[dict] = []
+        self.bar = ProgressBar(total_steps, progress and is_main)
+        self._file = None
+        self._tb = None
+        try:
+            import psutil
+            self._proc = psutil.Process()
+            psutil.cpu_percent(None)  # first call primes the counter
+        except ImportError:
+            self._proc = None
+        if is_main and run_dir is not None:
+            self._file = open(Path(run_dir) / "metrics.jsonl", "a", encoding="utf-8")
+            if tensorboard:
+                try:
+                    from torch.utils.tensorboard import SummaryWriter
+                    self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+                except Exception:  # tensorboard not installed: the JSONL has everything
+                    self._tb = None
+
+    # -- measurements
+
+    def _memory(self) -> dict:
+        out = {"gpu_mem_gib": None, "gpu_mem_reserved_gib": None}
+        if self.device.type == "cuda":
+            out["gpu_mem_gib"] = torch.cuda.max_memory_allocated(self.device) / GIB
+            out["gpu_mem_reserved_gib"] = torch.cuda.max_memory_reserved(self.device) / GIB
+            torch.cuda.reset_peak_memory_stats(self.device)
+        out["gpu_util"] = self.gpu.utilization()
+        if self._proc is not None:
+            import psutil
+            out["cpu_percent"] = psutil.cpu_percent(None)
+            out["rss_gib"] = self._proc.memory_info().rss / GIB
+        else:
+            out["cpu_percent"] = out["rss_gib"] = None
+        return out
+
+    def train_step(self, step: int, *, loss: float, lr: float, grad_norm: float, tokens: int,
+                   interval_tokens: int, interval_steps: int, interval_s: float) -> dict:
+        """Record one log interval (interval_tokens over all ranks, interval_s wall seconds)."""
+        tps = interval_tokens / interval_s if interval_s > 0 else 0.0
+        tps_device = tps / self.world_size
+        tflops = self.flops_per_token * tps_device / 1e12
+        record = {"kind": "train", "step": step, "time": time.time(), "loss": loss, "lr": lr,
+                  "grad_norm": grad_norm, "tokens": tokens, "tokens_per_s": tps,
+                  "tokens_per_s_per_device": tps_device,
+                  "step_time_s": interval_s / max(1, interval_steps),
+                  "tflops": tflops if self.device.type == "cuda" else None,
+                  "mfu": tflops / self.peak_tflops if self.peak_tflops and self.device.type == "cuda"
+                  else None}
+        record.update(self._memory())
+        self.history.append(record)
+        if self.is_main:
+            self._write(record)
+            self.bar.clear()
+            self.log.info(self._console_line(record))
+        return record
+
+    def val_step(self, step: int, val_loss: float) -> dict:
+        record = {"kind": "val", "step": step, "time": time.time(), "val_loss": val_loss}
+        self.val_history.append(record)
+        if self.is_main:
+            self._write(record)
+            self.bar.clear()
+            self.log.info(f"step {step}/{self.total_steps} | val_loss {val_loss:.4f}")
+        return record
+
+    def progress(self, step: int) -> None:
+        if self.is_main:
+            last = self.history[-1]["loss"] if self.history else None
+            self.bar.update(step, f"loss {last:.4f}" if last is not None else "")
+
+    def _console_line(self, r: dict) -> str:
+        parts = [f"step {r['step']}/{self.total_steps}", f"loss {r['loss']:.4f}",
+                 f"lr {r['lr']:.2e}", f"gnorm {r['grad_norm']:.3f}",
+                 f"{_si(r['tokens_per_s'])} tok/s", f"{r['step_time_s'] * 1000:.0f} ms/step"]
+        if r["mfu"] is not None:
+            parts.append(f"mfu {r['mfu']:.1%}")
+        if r["gpu_mem_gib"] is not None:
+            parts.append(f"mem {r['gpu_mem_gib']:.1f} GiB")
+        if r["gpu_util"] is not None:
+            parts.append(f"util {r['gpu_util']:.0f}%")
+        if r["rss_gib"] is not None and r["gpu_mem_gib"] is None:
+            parts.append(f"rss {r['rss_gib']:.2f} GiB")
+        return " | ".join(parts)
+
+    def _write(self, record: dict) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+        if self._tb is not None:
+            for key, value in record.items():
+                if key not in ("kind", "step", "time") and isinstance(value, (int, float)):
+                    self._tb.add_scalar(f"{record['kind']}/{key}", value, record["step"])
+
+    # -- end of run
+
+    def summary(self, **extra) -> dict:
+        """Final figures: throughput and MFU are medians over the intervals after the first
+        (the first holds compilation and warm-up)."""
+        steady = self.history[1:] or self.history
+
+        def med(key):
+            values = [r[key] for r in steady if r.get(key) is not None]
+            return statistics.median(values) if values else None
+
+        peaks = [r["gpu_mem_gib"] for r in self.history if r.get("gpu_mem_gib") is not None]
+        last = self.history[-1] if self.history else {}
+        out = {"steps": last.get("step"), "final_loss": last.get("loss"),
+               "val_loss": self.val_history[-1]["val_loss"] if self.val_history else None,
+               "tokens": last.get("tokens"), "tokens_per_s": med("tokens_per_s"),
+               "tokens_per_s_per_device": med("tokens_per_s_per_device"),
+               "step_time_s": med("step_time_s"), "mfu": med("mfu"), "tflops": med("tflops"),
+               "peak_mem_gib": max(peaks) if peaks else None,
+               "peak_rss_gib": max((r["rss_gib"] for r in self.history if r.get("rss_gib")),
+                                   default=None)}
+        out.update(extra)
+        return out
+
+    def close(self) -> None:
+        self.bar.clear()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def _si(x: float) -> str:
+    for unit, scale in (("M", 1e6), ("k", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.1f}{unit}"
+    return f"{x:.0f}"
+
+
+def summary_table(summary: dict) -> str:
+    """Two-column tabulate table of a summary dict (None shown as n/a)."""
+    from tabulate import tabulate
+
+    labels = [("status", "status", "{}"), ("steps", "steps", "{}"),
+              ("final_loss", "final train loss", "{:.4f}"), ("val_loss", "val loss", "{:.4f}"),
+              ("tokens", "tokens", "{:,}"), ("tokens_per_s", "tokens/s", "{:,.0f}"),
+              ("tokens_per_s_per_device", "tokens/s per device", "{:,.0f}"),
+              ("step_time_s", "step time", "{:.3f} s"), ("tflops", "TFLOP/s per device", "{:.1f}"),
+              ("mfu", "MFU", "{:.1%}"), ("peak_mem_gib", "peak GPU memory", "{:.2f} GiB"),
+              ("peak_rss_gib", "peak process RSS", "{:.2f} GiB"), ("params", "parameters", "{:,}"),
+              ("world_size", "processes", "{}"), ("device", "device", "{}"),
+              ("data", "data", "{}"), ("wall_s", "wall time", "{:.1f} s"),
+              ("checkpoint", "last checkpoint", "{}")]
+    rows = []
+    for key, label, fmt in labels:
+        if key not in summary:
+            continue
+        value = summary[key]
+        rows.append([label, "n/a" if value is None else fmt.format(value)])
+    return tabulate(rows, tablefmt="simple_outline")

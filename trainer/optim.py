@@ -1,0 +1,58 @@
+"""AdamW (fused where the device has it), warmup + decay schedule, gradient clipping."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from trainer.config import OptimConfig, ScheduleConfig
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
+    # No weight decay on norms (1-D weights), as in Llama/nanoGPT; embeddings and matrices decay.
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    kwargs = {}
+    if cfg.fused and device.type == "cuda":
+        kwargs["fused"] = True
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, **kwargs)
+
+
+def lr_factor(step: int, total_steps: int, cfg: ScheduleConfig) -> float:
+    """Multiplier of the base lr after `step` optimizer steps (LambdaLR calls it with 0, 1, ...)."""
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.decay == "constant":
+        return 1.0
+    span = max(1, total_steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    if cfg.decay == "cosine":
+        shape = 0.5 * (1.0 + math.cos(math.pi * progress))
+    else:
+        shape = 1.0 - progress
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
+
+
+def build_scheduler(optimizer, cfg: ScheduleConfig, total_steps: int):
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, total_steps, cfg))
+
+
+def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
+    """Global grad norm (clipped in place when max_norm > 0); a device tensor, no host sync.
+
+    Works for plain tensors and FSDP2's DTensors (the norm is reduced over the mesh)."""
+    params = [p for p in parameters if p.grad is not None]
+    grads = [p.grad for p in params]
+    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=None)
+    from torch.distributed.tensor import DTensor
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=None)
+    return total

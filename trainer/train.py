@@ -1,0 +1,306 @@
+"""The training loop: build, (resume,) train, validate, checkpoint, summarise.
+
+    run(cfg, run_dir, resume=None) -> exit code (0 ok, 1 failure, 3 stopped on a signal)
+
+Order of model construction (torchtitan's): build (on the meta device for very
+large FSDP models) -> kernels.patch -> activation checkpointing -> torch.compile
+of the blocks -> DDP / FSDP2 -> materialise and init. The loop makes no host
+sync per step except at the log interval (loss and grad norm fetched there).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from trainer import distributed, metrics, optim
+from trainer.config import SYNTHETIC, TrainConfig, dump
+from trainer.model import IGNORE_INDEX, Transformer, flops_per_token, linear_cross_entropy
+
+
+class TrainError(RuntimeError):
+    """A problem the user can fix (missing kernels package, data that does not fit, ...)."""
+
+
+EXIT_OK, EXIT_FAILED = 0, 1
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Exception types whose message is the whole story (no traceback for the user)."""
+    from trainer.checkpoint import CheckpointError
+    from trainer.config import ConfigError
+    from trainer.data import DataError
+    return (ConfigError, DataError, CheckpointError, distributed.DistributedError, TrainError)
+
+
+# --------------------------------------------------------------------------- data
+
+def check_data(cfg: TrainConfig) -> str:
+    """Fail early (before any process starts) when data.path is not usable; returns a label."""
+    if cfg.data.path == SYNTHETIC:
+        return f"SYNTHETIC random tokens (vocab {cfg.model.vocab_size})"
+    from trainer.data import DataError, load_tokenizer
+    path = Path(cfg.data.path)
+    if not (path / "manifest.json").is_file():
+        if cfg.model.vocab_size > 65536:
+            hint = (f"prepare it with Llama 3's tokenizer (vocab {cfg.model.vocab_size}): "
+                    f"`inv data.prepare INPUT... --tokenizer PATH/TO/tokenizer.json --out {path}`; "
+                    "for throughput runs use --set data.path=synthetic")
+        else:
+            hint = f"prepare it with `inv data.prepare --out {path}`"
+        raise DataError(f"data.path {str(path)!r}: no prepared dataset there (manifest.json "
+                        f"missing); {hint}")
+    tok = load_tokenizer(path)
+    if tok.vocab_size > cfg.model.vocab_size:
+        raise DataError(f"data.path {str(path)!r}: its tokenizer has {tok.vocab_size} tokens but "
+                        f"model.vocab_size is {cfg.model.vocab_size}; set model.vocab_size >= "
+                        f"{tok.vocab_size}")
+    return f"{path} ({getattr(tok, 'kind', type(tok).__name__)} tokenizer, vocab {tok.vocab_size})"
+
+
+def make_loader(cfg: TrainConfig, split: str, info: distributed.DistInfo, shuffle: bool = True):
+    from trainer.data import TokenLoader
+    return TokenLoader(cfg.data.path, split, cfg.data.seq_len, cfg.data.batch_size,
+                       info.rank, info.world_size, cfg.train.seed, shuffle=shuffle,
+                       vocab_size=cfg.model.vocab_size)
+
+
+# --------------------------------------------------------------------------- model
+
+def apply_kernels(model: Transformer) -> Transformer:
+    try:
+        import kernels
+        patch = kernels.patch
+    except (ImportError, AttributeError) as exc:
+        raise TrainError(f"--kernels: the fused kernels are not available ({exc}); "
+                         "install the kernels package with Triton, or run without --kernels") from None
+    return patch(model) or model
+
+
+def build_model(cfg: TrainConfig, info: distributed.DistInfo, log):
+    """Returns (model, train_model): the plain module (checkpoints, eval) and what to call."""
+    use_fsdp = cfg.parallel.strategy == "fsdp" and info.distributed
+    meta = use_fsdp and cfg.parallel.meta_init
+    torch.manual_seed(cfg.train.seed)  # same initial weights on every rank
+    with torch.device("meta" if meta else info.device):
+        model = Transformer(cfg.model)
+    if cfg.precision.params == "bf16":
+        model.to(torch.bfloat16)
+        model.model.rotary_emb.reset_parameters()  # RoPE frequencies stay fp32
+    if cfg.train.kernels:
+        model = apply_kernels(model)
+        log.info("kernels: fused kernels patched in (kernels.patch)")
+    for layer in model.model.layers:
+        layer.activation_checkpoint = cfg.train.activation_checkpoint
+    if cfg.train.compile:
+        for layer in model.model.layers:
+            layer.compile()  # in place: parameter names keep no _orig_mod prefix
+        if model.loss_fn is linear_cross_entropy:  # fuses the fp32 upcast into the CE
+            model.loss_fn = torch.compile(linear_cross_entropy)
+        log.info("torch.compile: decoder blocks and loss compiled")
+    train_model = distributed.wrap(model, cfg, info) if (use_fsdp or info.distributed) else model
+    if meta:
+        model.to_empty(device=info.device)
+        model.init_weights()
+    return model, train_model
+
+
+def autocast_context(cfg: TrainConfig, info: distributed.DistInfo):
+    """bf16 autocast unless FSDP's mixed-precision policy or bf16 weights already cover it."""
+    dtype = distributed.compute_dtype(cfg, info.device)
+    fsdp = cfg.parallel.strategy == "fsdp" and info.distributed
+    if dtype == torch.float32 or fsdp or cfg.precision.params == "bf16":
+        return contextlib.nullcontext
+    return lambda: torch.autocast(info.device.type, dtype=dtype)
+
+
+# --------------------------------------------------------------------------- eval
+
+@torch.no_grad()
+def evaluate(model, cfg: TrainConfig, info, autocast) -> float:
+    """Mean token loss over the first val_batches batches of the val split (all ranks)."""
+    loader = make_loader(cfg, "val", info, shuffle=False)
+    n_batches = min(cfg.train.val_batches, max(1, len(loader)))
+    total = torch.zeros(2, dtype=torch.float64, device=info.device)
+    model.eval()
+    for _ in range(n_batches):
+        x, y = next(loader)
+        x, y = x.to(info.device), y.to(info.device)
+        with autocast():
+            total[0] += model(x, y).double()
+        total[1] += (y != IGNORE_INDEX).sum()
+    model.train()
+    if info.distributed:
+        torch.distributed.all_reduce(total)
+    return (total[0] / total[1]).item()
+
+
+# --------------------------------------------------------------------------- loop
+
+def _write_json_atomic(path: Path, obj: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def run(cfg: TrainConfig, run_dir: Path | str, resume: str | None = None, log=None) -> int:
+    from runtime import ranklog
+    from trainer import checkpoint, signals
+
+    run_dir = Path(run_dir)
+    started = time.time()
+    rank, local_rank, _ = distributed.rank_layout()
+    if log is None:
+        log = ranklog.setup(run_dir, rank=rank, local_rank=local_rank, name="anvil.trainer")
+    info = distributed.init(cfg)
+    try:
+        return _train(cfg, run_dir, resume, info, log, started, checkpoint, signals)
+    finally:
+        distributed.shutdown(info)
+
+
+def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int:
+    data_label = check_data(cfg)
+    if info.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        config_path = run_dir / "config.yaml"
+        if not config_path.exists():
+            config_path.write_text(dump(cfg))
+    log.info(f"rank {info.rank}/{info.world_size} on {info.device}"
+             + (f" ({torch.cuda.get_device_name(info.device)})" if info.device.type == "cuda" else "")
+             + f", backend {info.backend or 'none'}, torch {torch.__version__}")
+
+    model, train_model = build_model(cfg, info, log)
+    n_params = model.num_params()
+    fpt = flops_per_token(cfg.model, model.num_params(exclude_embedding=True), cfg.data.seq_len)
+    strategy = cfg.parallel.strategy if info.distributed else "single process"
+    log.info(f"model {cfg.model.name}: {n_params:,} parameters, {fpt / 1e9:.3f} GFLOP/token; "
+             f"{strategy}, compute {distributed.compute_dtype(cfg, info.device)}, "
+             f"params {cfg.precision.params}, activation checkpointing "
+             f"{cfg.train.activation_checkpoint}")
+
+    optimizer = optim.build_optimizer(model, cfg.optim, info.device)
+    scheduler = optim.build_scheduler(optimizer, cfg.schedule, cfg.train.steps)
+    loader = make_loader(cfg, "train", info)
+    if cfg.data.path == SYNTHETIC:
+        log.warning("data: SYNTHETIC random tokens: throughput figures only, the loss means nothing")
+    log.info(f"data: {data_label}; {loader.describe()}; micro batch {cfg.data.batch_size} x "
+             f"{cfg.data.seq_len}, grad accum {cfg.data.grad_accum}, global batch "
+             f"{cfg.data.batch_size * cfg.data.grad_accum * info.world_size * cfg.data.seq_len:,} tokens")
+
+    ckpt_dir = run_dir / cfg.checkpoint.dir
+    config_dict = cfg.to_dict()
+    step, tokens_seen, prior_wall = 0, 0, 0.0
+    resume_from = checkpoint.resolve(resume, ckpt_dir)
+    if resume_from is not None:
+        state = checkpoint.load(resume_from, model=model, optimizer=optimizer, scheduler=scheduler,
+                                loader=loader, config=config_dict)
+        step = state["step"]
+        tokens_seen = int(state["extra"].get("tokens_seen", 0))
+        prior_wall = float(state["extra"].get("wall_s", 0.0))
+        log.info(f"resumed from {resume_from} at step {step}")
+    elif resume == "auto":
+        log.info("resume auto: no checkpoint yet, starting fresh")
+
+    def save(at_step: int) -> Path:
+        path = checkpoint.save(ckpt_dir, at_step, model=model, optimizer=optimizer,
+                               scheduler=scheduler, loader=loader, keep_last=cfg.checkpoint.keep_last,
+                               config=config_dict,
+                               extra={"tokens_seen": tokens_seen,
+                                      "wall_s": prior_wall + time.time() - started})
+        log.info(f"checkpoint saved: {path}")
+        return path
+
+    met = metrics.Metrics(run_dir, is_main=info.is_main, log=log, device=info.device,
+                          world_size=info.world_size, total_steps=cfg.train.steps,
+                          flops_per_token=fpt, tensorboard=cfg.logging.tensorboard,
+                          progress=cfg.logging.progress, gpu_stats=cfg.logging.gpu_stats)
+    if met.peak_tflops is None and info.device.type == "cuda":
+        log.info("MFU: n/a (ANVIL_GPU_PEAK_TFLOPS not set by the environment profile)")
+    stopper = signals.install()
+    autocast = autocast_context(cfg, info)
+    fsdp = cfg.parallel.strategy == "fsdp" and info.distributed
+    ddp = info.distributed and not fsdp
+    accum = cfg.data.grad_accum
+    status, last_ckpt = "ok", None
+    train_model.train()
+    if info.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(info.device)
+
+    interval_start, interval_tokens, interval_steps = time.perf_counter(), 0, 0
+    try:
+        while step < cfg.train.steps:
+            micro = [next(loader) for _ in range(accum)]
+            # Scale by the step's token count so accumulation equals one big batch.
+            step_tokens = sum(int((y != IGNORE_INDEX).sum()) for _, y in micro)
+            loss_sum = torch.zeros((), device=info.device)
+            for i, (x, y) in enumerate(micro):
+                last = i == accum - 1
+                x = x.to(info.device, non_blocking=True)
+                y = y.to(info.device, non_blocking=True)
+                if fsdp:
+                    model.set_requires_gradient_sync(last)
+                sync = train_model.no_sync() if ddp and not last else contextlib.nullcontext()
+                with sync:
+                    with autocast():
+                        loss = train_model(x, y)
+                    (loss / step_tokens).backward()
+                loss_sum += loss.detach()
+            grad_norm = optim.clip_grad_norm(model.parameters(), cfg.optim.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            lr = scheduler.get_last_lr()[0]
+            scheduler.step()
+            step += 1
+            tokens_seen += step_tokens * info.world_size
+            interval_tokens += step_tokens * info.world_size
+            interval_steps += 1
+            met.progress(step)
+
+            if step % cfg.train.log_interval == 0 or step == cfg.train.steps:
+                mean_loss = distributed.all_reduce_mean(loss_sum / step_tokens, info).item()
+                gnorm = grad_norm.item()
+                now = time.perf_counter()
+                met.train_step(step, loss=mean_loss, lr=lr, grad_norm=gnorm, tokens=tokens_seen,
+                               interval_tokens=interval_tokens, interval_steps=interval_steps,
+                               interval_s=now - interval_start)
+                if mean_loss != mean_loss:  # NaN: stop rather than burn GPU hours
+                    raise TrainError(f"loss is NaN at step {step}; lower optim.lr or check the data")
+                interval_start, interval_tokens, interval_steps = time.perf_counter(), 0, 0
+
+            if (cfg.train.val_interval and cfg.train.val_batches and step < cfg.train.steps
+                    and step % cfg.train.val_interval == 0):
+                met.val_step(step, evaluate(model, cfg, info, autocast))
+                interval_start = time.perf_counter()  # eval time is not training time
+            if stopper.should_stop(step):
+                log.warning(f"{stopper.reason}: stopping after step {step}, checkpointing")
+                last_ckpt = save(step)
+                status = "preempted"
+                break
+            if cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0 and step < cfg.train.steps:
+                last_ckpt = save(step)
+                interval_start = time.perf_counter()
+
+        if status == "ok":
+            if cfg.train.val_batches:
+                met.val_step(step, evaluate(model, cfg, info, autocast))
+            if cfg.checkpoint.save_final:
+                last_ckpt = save(step)
+    finally:
+        stopper.restore()
+        met.close()
+
+    summary = met.summary(status=status, params=n_params, world_size=info.world_size,
+                          device=str(info.device) if info.device.type == "cpu"
+                          else torch.cuda.get_device_name(info.device),
+                          data=data_label, wall_s=prior_wall + time.time() - started,
+                          checkpoint=str(last_ckpt) if last_ckpt else None,
+                          flops_per_token=fpt, config=cfg.name)
+    if info.is_main:
+        _write_json_atomic(run_dir / "summary.json", summary)
+        log.info("summary\n" + metrics.summary_table(summary))
+    return signals.EXIT_REQUEUE if status == "preempted" else EXIT_OK
