@@ -1,4 +1,189 @@
-"""inv env.*: placeholder, filled in by its issue."""
-from invoke import Collection
+"""inv env.*: what GPU this is and which environment Anvil gives it, with the source of every value."""
+from __future__ import annotations
+
+import json as jsonlib
+import sys
+
+from invoke import Collection, task
+from invoke.exceptions import Exit
+
+COMMON_HELP = {
+    "gpu": "Show another machine's profile: MI300X, H100, MI250X:8 ... (default: detect; env ANVIL_GPU)",
+    "site": "Site overlay: lumi, or none (default: auto-detect)",
+    "config": "Training config whose env: block is a layer",
+    "env": "KEY=VALUE on top of every layer (repeatable)",
+    "json": "Print JSON instead of a table",
+}
+
+
+def resolved_env(gpu=None, site=None, config=None, env=None):
+    """Resolve as the task options say; user errors become one message and exit code 2."""
+    import envs
+    try:
+        config_env = envs.load_config_env(config) if config else None
+        return envs.resolve(gpu=gpu or None, site=site or None, config_env=config_env, overrides=env or (),
+                            config_ref=f"{config} (env:)" if config else "the training config's env: block")
+    except envs.EnvError as exc:
+        raise Exit(f"env: {exc}", 2)
+
+
+def print_warnings(warnings) -> None:
+    for warning in warnings:
+        print(f"WARNING: {warning}", file=sys.stderr)
+
+
+def _table(rows, headers=()) -> str:
+    from tabulate import tabulate
+    return tabulate(rows, headers=headers, tablefmt="simple" if headers else "plain", disable_numparse=True,
+                    missingval="-")
+
+
+@task(auto_shortflags=False, help={"gpu": COMMON_HELP["gpu"], "json": COMMON_HELP["json"]})
+def detect(c, gpu="", json=False):
+    """Detect the GPUs: vendor, model, architecture, count, memory, driver, ROCm/CUDA version."""
+    import envs
+    try:
+        machine = envs.detect(gpu or None)
+    except envs.EnvError as exc:
+        raise Exit(f"env.detect: {exc}", 2)
+    if json:
+        print(jsonlib.dumps(machine.to_dict(), indent=2))
+        return
+    if not machine.has_gpu:
+        print("no GPU on this machine (no AMD KFD device, no NVIDIA driver answered): CPU only")
+        return
+    rows = [("vendor", machine.vendor), ("model", machine.model or f"UNKNOWN ({machine.name})"),
+            ("product name", machine.name), ("architecture", machine.arch), ("count", machine.count),
+            ("memory per GPU", f"{machine.memory_gib} GiB" if machine.memory_gib else "?"),
+            ("driver", machine.driver), ({"rocm": "ROCm", "cuda": "CUDA"}.get(machine.runtime, "runtime"),
+                                         machine.runtime_version), ("detected by", machine.source)]
+    print(_table(rows))
+    for note in machine.notes:
+        print(f"note: {note}")
+    if machine.unknown_gpu:
+        from envs.resolve import unknown_gpu_message
+        print_warnings([unknown_gpu_message(machine)])
+
+
+@task(auto_shortflags=False, iterable=["env"], help=COMMON_HELP)
+def show(c, gpu="", site="", config="", env=None, json=False):
+    """The resolved environment: every variable, its value and the layer that set it."""
+    resolved = resolved_env(gpu, site, config, env)
+    if json:
+        print(jsonlib.dumps(resolved.to_json(), indent=2))
+        print_warnings(resolved.warnings)
+        return
+    print(f"{resolved.machine.summary()}; layers: {' -> '.join(resolved.layers)}")
+    rows = [(name, "(unset)" if var.value is None else var.value, var.source)
+            for name, var in sorted(resolved.vars.items())]
+    print(_table(rows, ("variable", "value", "source")))
+    print("why a value is what it is: inv env.explain VARIABLE")
+    print_warnings(resolved.warnings)
+
+
+@task(auto_shortflags=False, iterable=["env"], help={"var": "Variable name, e.g. NCCL_SOCKET_IFNAME",
+                                                     **COMMON_HELP})
+def explain(c, var, gpu="", site="", config="", env=None, json=False):
+    """Every layer that touched VAR, in order, with its reason and public source."""
+    resolved = resolved_env(gpu, site, config, env)
+    entry = resolved.vars.get(var)
+    if entry is None:
+        raise Exit(f"env.explain: no layer sets {var} for {resolved.machine.summary()} "
+                   f"(layers: {' -> '.join(resolved.layers)}); inv env.show lists what is set", 1)
+    if json:
+        print(jsonlib.dumps(entry.to_dict(), indent=2))
+        return
+    final = "(unset)" if entry.value is None else entry.value
+    print(f"{var}={final}  [{entry.source}]  for {resolved.machine.summary()}")
+    for step, change in enumerate(entry.history, 1):
+        value = "(unset)" if change.value is None else change.value
+        print(f"{step}. {change.layer}: {value}\n   why: {change.reason}\n   source: {change.ref}")
+
+
+@task(auto_shortflags=False, iterable=["env"],
+      help={**{k: v for k, v in COMMON_HELP.items() if k != "json"},
+            "output": "Write to this file (atomically) instead of stdout"})
+def export(c, gpu="", site="", config="", env=None, output=""):
+    """A shell file to `source`: export lines with quoted values, each naming its layer."""
+    import envs
+    resolved = resolved_env(gpu, site, config, env)
+    text = envs.shell_script(resolved)
+    print_warnings(resolved.warnings)
+    if not output:
+        sys.stdout.write(text)
+        return
+    from runtime.rundir import write_text
+    try:
+        write_text(output, text)
+    except OSError as exc:
+        raise Exit(f"env.export: cannot write {output}: {exc.strerror or exc}", 2)
+    print(f"wrote {output} ({len(resolved.environ())} variables); use: source {output}")
+
+
+@task(auto_shortflags=False, help={
+    "a": "First GPU model (e.g. MI300X)", "b": "Second GPU model (e.g. H100)",
+    "hosts": "Two hosts a,b: compare what each resolves (runs inv env.show --json there)",
+    "site": COMMON_HELP["site"], "all": "Also list variables that are the same", "json": COMMON_HELP["json"]})
+def diff(c, a="", b="", hosts="", site="", all=False, json=False):
+    """Two profiles (-a MI300X -b H100) or two hosts (--hosts a,b) side by side."""
+    import envs
+    if hosts:
+        left_name, right_name, left, right = _host_envs(c, hosts)
+    elif a and b:
+        left_name, right_name = a, b
+        left, right = resolved_env(a, site), resolved_env(b, site)
+    else:
+        raise Exit("env.diff: give -a MODEL -b MODEL, or --hosts HOST1,HOST2", 2)
+    rows = envs.diff(left, right, all_vars=all)
+    if json:
+        print(jsonlib.dumps({"a": left_name, "b": right_name, "rows": rows}, indent=2))
+        return
+    print(f"{left_name}: {left.machine.summary()}   vs   {right_name}: {right.machine.summary()}")
+    if not rows:
+        print("no differences")
+        return
+    print(_table([(r["name"], _cell(r["a"], r["a_source"]), _cell(r["b"], r["b_source"]),
+                   "" if r["same"] else "*") for r in rows], ("variable", left_name, right_name, "differs")))
+
+
+def _cell(value, source) -> str:
+    if source is None:
+        return "-"
+    return f"{'(unset)' if value is None else value}  [{source}]"
+
+
+def _host_envs(c, hosts):
+    """Resolve on two hosts through the runner's fan-out (each runs `inv env.show --json`)."""
+    names = [h.strip() for h in hosts.split(",") if h.strip()]
+    if len(names) != 2:
+        raise Exit("env.diff --hosts takes exactly two hosts: --hosts a,b", 2)
+    try:
+        from runtime import fanout
+    except ImportError:
+        raise Exit("env.diff --hosts needs the runner's fan-out (runtime/fanout.py), not in this checkout", 2)
+    results = fanout.run_json(c, names, "env.show", ["--json"])
+    resolved = []
+    for name in names:
+        outcome = results[name]
+        if not outcome.ok:
+            raise Exit(f"env.diff: {name}: {outcome.error}", 1)
+        resolved.append(_from_json(outcome.data))
+    return names[0], names[1], resolved[0], resolved[1]
+
+
+def _from_json(data):
+    """A ResolvedEnv rebuilt from `inv env.show --json` output of another host."""
+    from envs.machine import Machine
+    from envs.resolve import Change, ResolvedEnv, Var
+    fields = set(Machine.__dataclass_fields__)
+    machine = Machine(**{k: v for k, v in data["machine"].items() if k in fields})
+    resolved = ResolvedEnv(machine, data.get("site"), data.get("layers", []), warnings=data.get("warnings", []))
+    for name, var in data.get("vars", {}).items():
+        history = [Change(**h) for h in var.get("history", [])]
+        resolved.vars[name] = Var(name, var["value"], var["source"], var["reason"], var["ref"], history)
+    return resolved
+
 
 ns = Collection("env")
+for _task in (detect, show, explain, export, diff):
+    ns.add_task(_task)
