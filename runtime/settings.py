@@ -24,7 +24,7 @@ DEFAULTS: dict[str, Any] = {
     "user": "",                  # SSH user for fan-out ("" = ssh config / current user)
     "key_filename": "",          # SSH private key(s), comma-separated; -i adds to these
     "remote_path": "",           # checkout path on the remote hosts ("" = same as here)
-    "remote_inv": ".venv/bin/inv",  # the inv to run there (relative: to remote_path)
+    "remote_inv": "",            # the inv to run there ("" = the same path as this one; relative: to remote_path)
     "runtime": "direct",         # default launcher: direct | slurm | container | slurm+container
     "container_engine": "",      # docker | podman | apptainer (runtime=container)
     "container_image": "",
@@ -46,7 +46,7 @@ class Settings:
     user: str = ""
     key_filename: list[str] = field(default_factory=list)
     remote_path: str = ""
-    remote_inv: str = ".venv/bin/inv"
+    remote_inv: str = ""
     runtime: str = "direct"
     container_engine: str = ""
     container_image: str = ""
@@ -107,7 +107,7 @@ def from_mapping(values: Mapping[str, Any] | None, root: Path) -> Settings:
         user=str(raw["user"] or ""),
         key_filename=[os.path.expanduser(k) for k in split_list(raw["key_filename"])],
         remote_path=str(raw["remote_path"] or ""),
-        remote_inv=str(raw["remote_inv"] or ".venv/bin/inv"),
+        remote_inv=str(raw["remote_inv"] or ""),
         runtime=str(raw["runtime"] or "direct"),
         container_engine=str(raw["container_engine"] or ""),
         container_image=str(raw["container_image"] or ""),
