@@ -1,0 +1,59 @@
+"""Shared pytest fixtures. Keep it small: one section per concern, fixtures that
+more than one test file uses. Helpers for a single file live in that file.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # tests/cluster.py as `cluster`
+
+from cluster import Cluster, ClusterUnavailable, missing_prerequisites  # noqa: E402
+
+
+# ---- the installed program ----------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def repo() -> Path:
+    """The checkout under test."""
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def inv_bin() -> Path:
+    """The installed `inv` of this checkout's .venv (what ./bootstrap made)."""
+    path = REPO / ".venv" / "bin" / "inv"
+    if not path.exists():
+        pytest.fail(f"{path} missing: run ./bootstrap first")
+    return path
+
+
+# ---- network-namespace SSH hosts (tests/cluster.py) ----------------------------------------
+
+def _unavailable(reason: str):
+    # CI installs iproute2 and openssh-server and runs as root: there the
+    # cluster must come up, and a skip would hide a broken setup.
+    if os.environ.get("CI"):
+        pytest.fail(f"namespace cluster unavailable in CI: {reason}")
+    pytest.skip(f"namespace cluster unavailable: {reason}")
+
+
+@pytest.fixture(scope="session")
+def netns_cluster(tmp_path_factory):
+    """Two SSH hosts (cluster.hosts) and one down host (cluster.down_hosts),
+    each in its own network namespace, for the whole session."""
+    reason = missing_prerequisites()
+    if reason:
+        _unavailable(reason)
+    try:
+        cluster = Cluster.start(tmp_path_factory.mktemp("netns"), n_hosts=2, n_down=1)
+    except ClusterUnavailable as exc:
+        _unavailable(str(exc))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
