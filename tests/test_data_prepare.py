@@ -1,0 +1,239 @@
+"""data.prepare on real files: counts, checksums, exact roundtrip, split, bad inputs,
+full disk, a SIGKILL mid-way, reruns."""
+import gzip
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trainer.data import DataError, Dataset, load_tokenizer, prepare
+from trainer.data.inspect import verify
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+STDLIB_FILES = ["bisect.py", "colorsys.py", "keyword.py", "this.py", "abc.py", "fnmatch.py",
+                "glob.py", "shlex.py"]
+JSONL_TEXTS = ["first JSONL document\nwith two lines", "second: unicode ✓ 日本語", "third"]
+
+
+def make_corpus(root: Path) -> tuple[Path, set[str]]:
+    """A small real corpus with every kind of bad file; returns (dir, expected texts)."""
+    corpus = root / "corpus"
+    (corpus / "py").mkdir(parents=True)
+    expected = set()
+    for name in STDLIB_FILES:
+        text = (STDLIB / name).read_text(encoding="utf-8")
+        (corpus / "py" / name).write_text(text, encoding="utf-8")
+        expected.add(text)
+    (corpus / "empty.txt").write_bytes(b"")
+    (corpus / "blank.txt").write_bytes(b" \n\n")
+    (corpus / "latin1.txt").write_bytes("caf\u00e9 cr\u00e8me".encode("latin-1"))
+    (corpus / "junk.bin").write_bytes(bytes(range(256)) * 4)
+    (corpus / "corrupt.txt.gz").write_bytes(b"\x1f\x8b\x08\x00garbage, not deflate")
+    gz_text = "a gzipped text document\n" * 3
+    (corpus / "plain.txt.gz").write_bytes(gzip.compress(gz_text.encode()))
+    expected.add(gz_text)
+    lines = [json.dumps({"text": JSONL_TEXTS[0], "id": 1}), "{not json", json.dumps({"body": "x"}),
+             "", json.dumps({"text": ""}), json.dumps({"text": JSONL_TEXTS[1]}), json.dumps([1, 2])]
+    (corpus / "docs.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (corpus / "more.jsonl.gz").write_bytes(gzip.compress((json.dumps({"text": JSONL_TEXTS[2]}) + "\n").encode()))
+    expected.update(JSONL_TEXTS)
+    return corpus, expected
+
+
+def decoded_documents(path: Path) -> dict[str, list[str]]:
+    ds, tok = Dataset(path), load_tokenizer(path)
+    out = {}
+    for name in ds.manifest["splits"]:
+        stream = ds.split(name)
+        docs = []
+        for i in range(stream.documents):
+            doc = stream.document(i)
+            assert doc[0] == tok.bos_id and doc[-1] == tok.eos_id
+            docs.append(tok.decode(doc[1:-1].tolist()))
+        out[name] = docs
+    return out
+
+
+def tree_digest(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_prepare_counts_checksums_roundtrip(tmp_path):
+    corpus, expected = make_corpus(tmp_path)
+    out = tmp_path / "ds"
+    result = prepare([corpus], out, val_fraction=0.3, shard_tokens=4000, workers=1, progress=False)
+    m = result["manifest"]
+    assert result["status"] == "built"
+    assert m["documents"] == len(expected) == m["splits"]["train"]["documents"] + m["splits"]["val"]["documents"]
+    assert m["source"]["skipped"] == {"empty": 3, "invalid_utf8": 1, "binary": 1, "bad_gzip": 1,
+                                      "bad_json_line": 1, "missing_text_field": 2}
+    notes = "\n".join(m["source"]["skipped_examples"])
+    assert "docs.jsonl:2: invalid JSON" in notes and "docs.jsonl:3: no string field 'text'" in notes
+    assert m["dtype"] == "uint16" and m["tokenizer"]["kind"] == "byte"
+    assert len(m["splits"]["train"]["shards"]) > 1  # shard_tokens forces several
+    assert verify(Dataset(out)) == []
+    docs = decoded_documents(out)
+    assert sorted(docs["train"] + docs["val"]) == sorted(expected)  # byte roundtrip is exact
+    assert docs["val"] and not set(docs["val"]) & set(docs["train"])
+    assert m["tokens"] == sum(len(t.encode()) + 2 for t in expected)
+    assert not list(tmp_path.glob("ds.tmp-*")) and not list(tmp_path.glob("ds.old-*"))
+
+
+def test_parallel_output_identical_and_rerun_up_to_date(tmp_path):
+    corpus, _ = make_corpus(tmp_path)
+    serial = prepare([corpus], tmp_path / "a", workers=1, progress=False)
+    parallel = prepare([corpus], tmp_path / "b", workers=2, progress=False)
+    for split in ("train", "val"):
+        assert serial["manifest"]["splits"][split] == parallel["manifest"]["splits"][split]
+    again = prepare([corpus], tmp_path / "a", workers=1, progress=False)
+    assert again["status"] == "up-to-date"
+    (corpus / "py" / "this.py").write_text("changed\n")
+    assert prepare([corpus], tmp_path / "a", workers=1, progress=False)["status"] == "built"
+    forced = prepare([corpus], tmp_path / "a", workers=1, progress=False, force=True)
+    assert forced["status"] == "built"
+
+
+def test_val_split_never_empty_and_limits(tmp_path):
+    corpus, _ = make_corpus(tmp_path)
+    m = prepare([corpus / "py"], tmp_path / "ds", val_fraction=0.001, workers=1, progress=False)["manifest"]
+    assert m["splits"]["val"]["documents"] == 1 and m["splits"]["train"]["documents"] == len(STDLIB_FILES) - 1
+    m = prepare([corpus / "py"], tmp_path / "ds", max_docs=3, workers=1, progress=False)["manifest"]
+    assert m["documents"] == 3 and m["source"]["truncated"]
+    m = prepare(None, tmp_path / "std", max_docs=5, workers=1, progress=False)["manifest"]
+    assert m["source"]["default_corpus"] and m["documents"] == 5
+
+
+def test_bad_inputs_are_clear_errors(tmp_path):
+    corpus, _ = make_corpus(tmp_path)
+    with pytest.raises(DataError, match="input not found: .*nope"):
+        prepare([tmp_path / "nope"], tmp_path / "ds", progress=False)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for name in ("empty.txt", "junk.bin", "latin1.txt", "corrupt.txt.gz"):
+        shutil.copy(corpus / name, bad / name)
+    good = tmp_path / "ds"
+    prepare([corpus / "py"], good, workers=1, progress=False)
+    before = tree_digest(good)
+    with pytest.raises(DataError, match="no usable documents.*1 bad_gzip, 1 binary, 1 empty, 1 invalid_utf8"):
+        prepare([bad], good, workers=1, progress=False)
+    assert tree_digest(good) == before
+    with pytest.raises(DataError, match="val-fraction"):
+        prepare([corpus], good, val_fraction=1.5, progress=False)
+    with pytest.raises(DataError, match="not 'byte', 'bpe' or a tokenizer.json"):
+        prepare([corpus], good, tokenizer="gpt2", progress=False)
+    assert not list(tmp_path.glob("ds.tmp-*"))
+
+
+def _prepare_in_subprocess(args: str, preexec=None, wait=True):
+    code = f"from pathlib import Path\nfrom trainer.data import prepare, DataError\n" \
+           f"try:\n    prepare({args}, progress=False)\nexcept DataError as e:\n    print('DataError:', e)\n"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=preexec)
+    if wait:
+        out, err = proc.communicate(timeout=120)
+        return proc.returncode, out, err
+    return proc
+
+
+def test_file_size_limit_is_disk_full_and_keeps_old_dataset(tmp_path):
+    """RLIMIT_FSIZE makes writes fail with EFBIG, as a full disk fails them with ENOSPC."""
+    import resource
+
+    corpus, _ = make_corpus(tmp_path)
+    out = tmp_path / "ds"
+    prepare([corpus / "py"], out, workers=1, progress=False)
+    before = tree_digest(out)
+    limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))  # noqa: E731
+    rc, stdout, stderr = _prepare_in_subprocess(
+        f"None, Path({str(out)!r}), max_docs=50, workers=1", preexec=limit)
+    assert rc == 0 and "Traceback" not in stderr
+    assert "DataError: disk full" in stdout and "unchanged" in stdout
+    assert tree_digest(out) == before
+    assert not list(tmp_path.glob("ds.tmp-*"))
+
+
+def test_full_tmpfs_is_clear_error(tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(disk)],
+                      capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        corpus, _ = make_corpus(tmp_path)
+        out = disk / "ds"
+        prepare([corpus / "py"], out, workers=1, progress=False)
+        before = tree_digest(out)
+        with pytest.raises(DataError, match="disk full.*No space left.*unchanged"):
+            prepare(None, out, max_docs=60, workers=1, progress=False)
+        assert tree_digest(out) == before
+        assert sorted(p.name for p in disk.iterdir()) == [".ds.lock", "ds"]
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_sigkill_midway_keeps_dataset_and_rerun_is_clean(tmp_path):
+    corpus, _ = make_corpus(tmp_path)
+    out = tmp_path / "ds"
+    prepare([corpus / "py"], out, workers=1, progress=False)
+    before = tree_digest(out)
+    # the default corpus (the stdlib) in 20k-token shards, each fsynced: long enough to be caught
+    proc = _prepare_in_subprocess(f"None, Path({str(out)!r}), shard_tokens=20_000, "
+                                  f"workers=1, force=True", wait=False)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        tmps = list(tmp_path.glob("ds.tmp-*"))
+        if tmps and len(list(tmps[0].glob("train/*.bin"))) >= 3:
+            break
+        time.sleep(0.002)
+    assert proc.poll() is None, "prepare finished before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert list(tmp_path.glob("ds.tmp-*")), "the killed run left its temp dir"
+    assert tree_digest(out) == before  # the dataset in place is untouched
+    result = prepare([corpus / "py"], out, workers=1, progress=False)
+    assert result["status"] == "up-to-date" and any("removed stale ds.tmp-" in n for n in result["notes"])
+    assert not list(tmp_path.glob("ds.tmp-*"))
+
+
+def test_interrupted_swap_is_repaired(tmp_path):
+    """A kill between 'out -> out.old' and 'tmp -> out' leaves only out.old: restored."""
+    corpus, _ = make_corpus(tmp_path)
+    out = tmp_path / "ds"
+    prepare([corpus / "py"], out, workers=1, progress=False)
+    before = tree_digest(out)
+    out.rename(tmp_path / "ds.old-abc123")
+    (tmp_path / "ds.tmp-xyz").mkdir()
+    result = prepare([corpus / "py"], out, workers=1, progress=False)
+    assert result["status"] == "up-to-date"
+    assert tree_digest(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".ds.lock", "corpus", "ds"]
+
+
+def test_large_vocab_tokenizer_json_gives_uint32(tmp_path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    vocab.update({f"tok{i}": len(alphabet) + i for i in range(70_000)})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|begin_of_text|>", "<|end_of_text|>"])
+    path = tmp_path / "big.json"
+    tok.save(str(path))
+    corpus, expected = make_corpus(tmp_path)
+    out = tmp_path / "ds"
+    m = prepare([corpus], out, tokenizer=str(path), workers=1, progress=False)["manifest"]
+    assert m["dtype"] == "uint32" and m["tokenizer"]["vocab_size"] > 65536
+    assert m["tokenizer"]["kind"] == "json" and (out / "tokenizer.json").read_bytes() == path.read_bytes()
+    docs = decoded_documents(out)
+    assert sorted(docs["train"] + docs["val"]) == sorted(expected)
+    assert np.fromfile(out / m["splits"]["train"]["shards"][0]["file"], dtype=np.uint32).max() > 65535
