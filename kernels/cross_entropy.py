@@ -1,0 +1,286 @@
+"""Cross-entropy over a large vocabulary, loss and gradient in one kernel.
+
+One program per row walks the vocabulary twice: an online softmax (per-lane
+running max and sum, reduced once at the end, so no cross-warp reduction per
+block) gives the log-sum-exp, then a second walk writes the gradient
+softmax - onehot (plus the label-smoothing and z-loss terms), already scaled
+by 1/normalizer. The second walk runs backwards so the blocks read last in
+the first walk, the ones most likely still in L2, are re-read first. Math is
+fp32 in registers; no fp32 copy of the logits is ever made.
+
+Backward is then only a scale by the incoming gradient, and a kernel that
+returns at once when that gradient is 1.0 (the usual `loss.backward()`), read
+from device memory so there is no host sync.
+
+Where the gradient goes:
+- default (`inplace_grad=False`): a new buffer the size of the logits, made
+  in forward; the logits are untouched. Always safe.
+- `inplace_grad=True`: the gradient overwrites the logits' storage (Liger's
+  trick, no extra memory). The caller gives the logits up: it must not read
+  them after the call. The version counter is bumped, so any autograd node
+  that saved the logits fails loudly in backward instead of using gradients
+  as logits. Under torch.compile the safe path is used (the compiler owns the
+  buffers and would clone a mutated input anyway).
+
+Loss semantics are F.cross_entropy's: mean over the non-ignored rows (an
+all-ignored batch gives nan, and zero gradients), "sum", "none" (per-row,
+0 for ignored rows); the loss has the logits' dtype. Extras: z_loss adds
+z_loss * lse**2 per non-ignored row; label_smoothing as torch defines it.
+Targets must lie in [0, V) or equal ignore_index (not checked on the device).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import arch
+
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+@triton.jit
+def ce_row_kernel(
+    X, stride_x, T, G, stride_g, LOSS, NORM, n_cols, ignore_index, z_loss, smoothing,
+    COMPUTE_GRAD: tl.constexpr, SCALE_BY_NORM: tl.constexpr, HAS_Z: tl.constexpr,
+    HAS_SMOOTHING: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Row loss into LOSS[row]; with COMPUTE_GRAD the gradient into G (G may be X)."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = X + row * stride_x
+    g_row = G + row * stride_g
+    cols = tl.arange(0, BLOCK)
+    target = tl.load(T + row).to(tl.int64)
+    if target == ignore_index:
+        tl.store(LOSS + row, 0.0)
+        if COMPUTE_GRAD:
+            for start in range(0, n_cols, BLOCK):
+                tl.store(g_row + start + cols, tl.zeros([BLOCK], G.dtype.element_ty), mask=start + cols < n_cols)
+        return
+
+    # Pass 1: per-lane online softmax. Finite start so an all -inf lane gives 0, not nan.
+    m = tl.full([BLOCK], -1.0e30, tl.float32)
+    s = tl.zeros([BLOCK], tl.float32)
+    x_sum = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        mask = start + cols < n_cols
+        x = tl.load(x_row + start + cols, mask=mask, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, x)
+        s = s * tl.exp(m - m_new) + tl.exp(x - m_new)
+        m = m_new
+        if HAS_SMOOTHING:
+            x_sum += tl.where(mask, x, 0.0)
+    m_row = tl.max(m, axis=0)
+    lse = m_row + tl.log(tl.sum(s * tl.exp(m - m_row), axis=0))
+
+    x_target = tl.load(x_row + target).to(tl.float32)
+    if HAS_SMOOTHING:
+        loss = lse - (1.0 - smoothing) * x_target - smoothing / n_cols * tl.sum(x_sum, axis=0)
+    else:
+        loss = lse - x_target
+    if HAS_Z:
+        loss += z_loss * lse * lse
+    tl.store(LOSS + row, loss)
+
+    if COMPUTE_GRAD:
+        scale = 1.0
+        if SCALE_BY_NORM:
+            scale = 1.0 / tl.load(NORM).to(tl.float32)
+        # d/dx [lse + z*lse^2] = (1 + 2 z lse) * softmax
+        p_scale = scale
+        if HAS_Z:
+            p_scale = scale * (1.0 + 2.0 * z_loss * lse)
+        target_term = scale
+        if HAS_SMOOTHING:
+            target_term = scale * (1.0 - smoothing)
+        n_blocks = tl.cdiv(n_cols, BLOCK)
+        # Pass 2, last block first: those are the freshest in L2.
+        for i in range(0, n_blocks):
+            start = (n_blocks - 1 - i) * BLOCK
+            offs = start + cols
+            mask = offs < n_cols
+            x = tl.load(x_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
+            g = tl.exp(x - lse) * p_scale
+            if HAS_SMOOTHING:
+                g -= scale * smoothing / n_cols
+            g = tl.where(offs == target, g - target_term, g)
+            tl.store(g_row + offs, g.to(G.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _scale_kernel(X, n, S, BLOCK: tl.constexpr):
+    """X *= S[0] over a flat contiguous buffer; nothing to do (no traffic) when S[0] == 1."""
+    s = tl.load(S).to(tl.float32)
+    if s != 1.0:
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        x = tl.load(X + offs, mask=mask).to(tl.float32)
+        tl.store(X + offs, (x * s).to(X.dtype.element_ty), mask=mask)
+
+
+def ce_config(device: torch.device, n_cols: int) -> tuple[int, int]:
+    """(BLOCK, num_warps) for ce_row_kernel: 16 elements per thread, capped per arch."""
+    a = arch.detect(device)
+    if a.vendor == "cpu":
+        return min(1024, arch.next_pow2(n_cols)), 4
+    block = min(_CE_BLOCK, arch.next_pow2(n_cols))
+    warps = _CE_WARPS or max(1, block // (16 * a.params.warp_size))  # ~16 elements per thread
+    return block, arch.clamp_warps(a, warps)
+
+
+# Chosen on an H200 from the sweep in benchmarks/cases_loss.py (`--sweep`); _CE_WARPS None = derived.
+_CE_BLOCK = 8192
+_CE_WARPS: int | None = None
+
+
+def launch_ce(logits2d: torch.Tensor, target: torch.Tensor, grad: torch.Tensor | None, row_loss: torch.Tensor,
+              normalizer: torch.Tensor | None, ignore_index: int, z_loss: float, label_smoothing: float,
+              block: int | None = None, num_warps: int | None = None) -> None:
+    """Run ce_row_kernel on a [N, V] view (unit stride in V). grad may be logits2d itself."""
+    n_rows, n_cols = logits2d.shape
+    if n_rows == 0:
+        return
+    b, w = ce_config(logits2d.device, n_cols)
+    g = grad if grad is not None else logits2d
+    ce_row_kernel[(n_rows,)](
+        logits2d, logits2d.stride(0), target, g, g.stride(0), row_loss,
+        normalizer if normalizer is not None else row_loss, n_cols, ignore_index, z_loss, label_smoothing,
+        COMPUTE_GRAD=grad is not None, SCALE_BY_NORM=normalizer is not None, HAS_Z=z_loss != 0.0,
+        HAS_SMOOTHING=label_smoothing != 0.0, BLOCK=block or b, num_warps=num_warps or w,
+    )
+
+
+def scale_inplace(x: torch.Tensor, s: torch.Tensor) -> None:
+    """x *= s for a scalar tensor s on x's device; free when s == 1."""
+    assert x.is_contiguous()
+    n = x.numel()
+    if n == 0:
+        return
+    block = 4096
+    scale_kernel_grid = (triton.cdiv(n, block),)
+    _scale_kernel[scale_kernel_grid](x, n, s.reshape(1).to(x.device), BLOCK=block, num_warps=4)
+
+
+# ---- custom ops: opaque to torch.compile, so it traces without graph breaks ----
+
+@torch.library.custom_op("anvil::cross_entropy_fwd", mutates_args=())
+def _ce_fwd(logits: torch.Tensor, target: torch.Tensor, normalizer: torch.Tensor, ignore_index: int,
+            z_loss: float, label_smoothing: float, scale_by_norm: bool, compute_grad: bool
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    row_loss = torch.empty(logits.shape[0], device=logits.device, dtype=torch.float32)
+    grad = torch.empty_like(logits) if compute_grad else logits.new_empty(0)
+    launch_ce(logits, target, grad if compute_grad else None, row_loss, normalizer if scale_by_norm else None,
+              ignore_index, z_loss, label_smoothing)
+    return row_loss, grad
+
+
+@_ce_fwd.register_fake
+def _(logits, target, normalizer, ignore_index, z_loss, label_smoothing, scale_by_norm, compute_grad):
+    row_loss = logits.new_empty(logits.shape[0], dtype=torch.float32)
+    return row_loss, (torch.empty_like(logits) if compute_grad else logits.new_empty(0))
+
+
+@torch.library.custom_op("anvil::cross_entropy_fwd_inplace", mutates_args=("logits",))
+def _ce_fwd_inplace(logits: torch.Tensor, target: torch.Tensor, normalizer: torch.Tensor, ignore_index: int,
+                    z_loss: float, label_smoothing: float, scale_by_norm: bool) -> torch.Tensor:
+    row_loss = torch.empty(logits.shape[0], device=logits.device, dtype=torch.float32)
+    launch_ce(logits, target, logits, row_loss, normalizer if scale_by_norm else None,
+              ignore_index, z_loss, label_smoothing)
+    return row_loss
+
+
+@_ce_fwd_inplace.register_fake
+def _(logits, target, normalizer, ignore_index, z_loss, label_smoothing, scale_by_norm):
+    return logits.new_empty(logits.shape[0], dtype=torch.float32)
+
+
+@torch.library.custom_op("anvil::scale_", mutates_args=("x",))
+def _scale_(x: torch.Tensor, s: torch.Tensor) -> None:
+    """x *= s (s a 0-d tensor); no memory traffic when s == 1."""
+    scale_inplace(x, s)
+
+
+@_scale_.register_fake
+def _(x, s):
+    return None
+
+
+def scale_grad(grad: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
+    """grad * grad_output, in place: scalar via the early-exit kernel, per-row by broadcasting."""
+    if grad_output.numel() == 1:
+        torch.ops.anvil.scale_(grad, grad_output.reshape(()))
+        return grad
+    return grad.mul_(grad_output.reshape(grad_output.numel(), 1).to(grad.dtype))
+
+
+class _CrossEntropy(torch.autograd.Function):
+    """Returns the reduced loss (fp32); the gradient is made in forward, backward only scales it."""
+
+    @staticmethod
+    def forward(ctx, logits2d, target, normalizer, ignore_index, z_loss, label_smoothing, reduction, inplace):
+        mean = reduction == "mean"
+        if inplace:
+            row_loss = torch.ops.anvil.cross_entropy_fwd_inplace(
+                logits2d, target, normalizer, ignore_index, z_loss, label_smoothing, mean)
+            grad = logits2d
+        else:
+            row_loss, grad = torch.ops.anvil.cross_entropy_fwd(
+                logits2d, target, normalizer, ignore_index, z_loss, label_smoothing, mean, True)
+        ctx.save_for_backward(grad)
+        return _reduce(row_loss, normalizer, reduction)
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        (grad,) = ctx.saved_tensors
+        return scale_grad(grad, grad_loss), None, None, None, None, None, None, None
+
+
+def _reduce(row_loss: torch.Tensor, normalizer: torch.Tensor, reduction: str) -> torch.Tensor:
+    if reduction == "none":
+        return row_loss
+    total = row_loss.sum()
+    return total / normalizer if reduction == "mean" else total
+
+
+def _flatten(logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if logits.dim() < 1 or logits.shape[:-1] != target.shape:
+        raise ValueError(f"cross_entropy: logits {tuple(logits.shape)} need target {tuple(logits.shape[:-1])}, "
+                         f"got {tuple(target.shape)}")
+    if target.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"cross_entropy: target must be int64 or int32, got {target.dtype}")
+    logits2d = logits.reshape(-1, logits.shape[-1])
+    if logits2d.stride(-1) != 1:
+        logits2d = logits2d.contiguous()
+    return logits2d, target.reshape(-1).contiguous()
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, reduction: str = "mean",
+                  z_loss: float = 0.0, label_smoothing: float = 0.0, inplace_grad: bool = False,
+                  num_items: torch.Tensor | int | None = None) -> torch.Tensor:
+    """F.cross_entropy(logits [..., V], target [...]) with fp32 math and the gradient made in forward.
+
+    num_items: with reduction="mean", divide by this count instead of the number of non-ignored
+    targets (transformers' num_items_in_batch for gradient accumulation).
+    """
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"cross_entropy: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+    logits2d, target1d = _flatten(logits, target)
+    if num_items is None:
+        normalizer = (target1d != ignore_index).sum().to(torch.float32)
+    else:
+        normalizer = torch.as_tensor(num_items, device=logits.device).to(torch.float32)
+    needs_grad = torch.is_grad_enabled() and logits.requires_grad
+    args = (target1d, normalizer, ignore_index, float(z_loss), float(label_smoothing))
+    if needs_grad:
+        # Overwrite only the caller's own storage (not a copy made by _flatten), never under compile.
+        inplace = (inplace_grad and not torch.compiler.is_compiling()
+                   and logits2d.data_ptr() == logits.data_ptr() and logits2d.is_contiguous())
+        loss = _CrossEntropy.apply(logits2d, *args, reduction, inplace)
+    else:
+        row_loss, _ = torch.ops.anvil.cross_entropy_fwd(logits2d, *args, reduction == "mean", False)
+        loss = _reduce(row_loss, normalizer, reduction)
+    if reduction == "none":
+        loss = loss.reshape(target.shape)
+    return loss.to(logits.dtype)

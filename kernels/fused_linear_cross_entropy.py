@@ -1,0 +1,131 @@
+"""LM head matmul + cross-entropy, chunked over tokens: the [tokens, vocab] logits never exist.
+
+Per chunk of C tokens (all in forward, as Liger does):
+    logits_c = x_c @ W^T              cuBLAS, into one reused [C, V] buffer
+    ce_row_kernel in place            loss rows, and the gradient over logits_c, scaled by 1/n
+    gx_c     = grad_c @ W             cuBLAS, straight into grad_hidden[c]
+    gW      += grad_c^T @ x_c         cuBLAS addmm (fp32 accumulate inside, bf16 sum across chunks)
+Backward only scales gx and gW by the incoming gradient (no traffic when it is 1.0).
+
+Memory above the inputs: grad_hidden + grad_weight (what any method returns) + the C x V chunk.
+The chunk trades speed for memory: the gW update reads and writes all of gW once per chunk,
+so small chunks make it memory-bound. `chunk_size=None` takes the size that keeps the chunk
+buffer at about `_CHUNK_BYTES_PER_HIDDEN` times the hidden states' bytes (see
+benchmarks/cases_loss.py for the measured trade-off).
+"""
+from __future__ import annotations
+
+import torch
+
+from kernels import arch
+from kernels.cross_entropy import launch_ce, scale_grad
+
+# chunk buffer bytes ~= this x hidden bytes; 1 is Liger's choice (C = N*H/V rounded to a power of two).
+_CHUNK_FACTOR = 1
+
+
+def default_chunk(n_tokens: int, hidden: int, vocab: int) -> int:
+    base = arch.next_pow2(max(1, -(-n_tokens * hidden // vocab)))
+    return max(16, min(base * _CHUNK_FACTOR, arch.next_pow2(max(1, n_tokens))))
+
+
+def _flce(hidden, weight, target, normalizer, ignore_index, z_loss, label_smoothing, scale_by_norm, chunk,
+          need_gx, need_gw):
+    n, _ = hidden.shape
+    vocab = weight.shape[0]
+    row_loss = torch.empty(n, device=hidden.device, dtype=torch.float32)
+    gx = torch.empty_like(hidden) if need_gx else hidden.new_empty(0)
+    gw = torch.zeros_like(weight) if need_gw and n == 0 else (torch.empty_like(weight) if need_gw else
+                                                              weight.new_empty(0))
+    grads = need_gx or need_gw
+    buf = torch.empty(min(chunk, n), vocab, device=hidden.device, dtype=hidden.dtype) if n else None
+    for c0 in range(0, n, chunk):
+        c1 = min(n, c0 + chunk)
+        x_c = hidden[c0:c1]
+        logits = buf[: c1 - c0]
+        torch.mm(x_c, weight.t(), out=logits)
+        launch_ce(logits, target[c0:c1], logits if grads else None, row_loss[c0:c1],
+                  normalizer if scale_by_norm else None, ignore_index, z_loss, label_smoothing)
+        if need_gx:
+            torch.mm(logits, weight, out=gx[c0:c1])
+        if need_gw:
+            if c0 == 0:
+                torch.mm(logits.t(), x_c, out=gw)
+            else:
+                gw.addmm_(logits.t(), x_c)
+    return row_loss, gx, gw
+
+
+@torch.library.custom_op("anvil::fused_linear_cross_entropy_fwd", mutates_args=())
+def _flce_fwd(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, normalizer: torch.Tensor,
+              ignore_index: int, z_loss: float, label_smoothing: float, scale_by_norm: bool, chunk: int,
+              need_gx: bool, need_gw: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _flce(hidden, weight, target, normalizer, ignore_index, z_loss, label_smoothing, scale_by_norm,
+                 chunk, need_gx, need_gw)
+
+
+@_flce_fwd.register_fake
+def _(hidden, weight, target, normalizer, ignore_index, z_loss, label_smoothing, scale_by_norm, chunk,
+      need_gx, need_gw):
+    return (hidden.new_empty(hidden.shape[0], dtype=torch.float32),
+            torch.empty_like(hidden) if need_gx else hidden.new_empty(0),
+            torch.empty_like(weight) if need_gw else weight.new_empty(0))
+
+
+class _FusedLinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, target, normalizer, ignore_index, z_loss, label_smoothing, reduction, chunk,
+                need_gx, need_gw):
+        row_loss, gx, gw = torch.ops.anvil.fused_linear_cross_entropy_fwd(
+            hidden, weight, target, normalizer, ignore_index, z_loss, label_smoothing, reduction == "mean", chunk,
+            need_gx, need_gw)
+        ctx.save_for_backward(gx, gw)
+        ctx.needs = (need_gx, need_gw)
+        total = row_loss.sum()
+        return total / normalizer if reduction == "mean" else total
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        gx, gw = ctx.saved_tensors
+        need_gx, need_gw = ctx.needs
+        gx = scale_grad(gx, grad_loss) if need_gx else None
+        gw = scale_grad(gw, grad_loss) if need_gw else None
+        return gx, gw, None, None, None, None, None, None, None, None, None
+
+
+def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                               ignore_index: int = -100, reduction: str = "mean", z_loss: float = 0.0,
+                               label_smoothing: float = 0.0, num_items: torch.Tensor | int | None = None,
+                               chunk_size: int | None = None, loss_dtype: torch.dtype | None = None
+                               ) -> torch.Tensor:
+    """cross_entropy(hidden @ weight.T, target) without the full logits.
+
+    The loss is computed in fp32 and returned in loss_dtype (default: hidden's dtype, as
+    F.cross_entropy on those logits would; pass torch.float32 for training logs).
+
+    hidden [..., H], weight [V, H] (an LM head's weight), target [...] (already shifted).
+    reduction "mean" (over non-ignored targets, or over num_items when given) or "sum".
+    """
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"fused_linear_cross_entropy: reduction must be 'mean' or 'sum', got {reduction!r}")
+    if weight.dim() != 2 or hidden.shape[-1] != weight.shape[1]:
+        raise ValueError(f"fused_linear_cross_entropy: hidden {tuple(hidden.shape)} and weight "
+                         f"{tuple(weight.shape)} do not fit (weight must be [V, H])")
+    if hidden.shape[:-1] != target.shape:
+        raise ValueError(f"fused_linear_cross_entropy: target {tuple(target.shape)} must be hidden's leading "
+                         f"shape {tuple(hidden.shape[:-1])}")
+    if hidden.dtype != weight.dtype:
+        raise TypeError(f"fused_linear_cross_entropy: hidden {hidden.dtype} and weight {weight.dtype} differ")
+    hidden2d = hidden.reshape(-1, hidden.shape[-1]).contiguous()
+    weight = weight.contiguous()
+    target1d = target.reshape(-1).contiguous()
+    if num_items is None:
+        normalizer = (target1d != ignore_index).sum().to(torch.float32)
+    else:
+        normalizer = torch.as_tensor(num_items, device=hidden.device).to(torch.float32)
+    chunk = chunk_size or default_chunk(hidden2d.shape[0], weight.shape[1], weight.shape[0])
+    grad_on = torch.is_grad_enabled()
+    need_gx, need_gw = grad_on and hidden.requires_grad, grad_on and weight.requires_grad
+    loss = _FusedLinearCrossEntropy.apply(hidden2d, weight, target1d, normalizer, ignore_index, float(z_loss),
+                                          float(label_smoothing), reduction, int(chunk), need_gx, need_gw)
+    return loss.to(loss_dtype or hidden.dtype)

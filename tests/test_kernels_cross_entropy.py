@@ -1,0 +1,191 @@
+"""kernels.cross_entropy against F.cross_entropy in fp64: loss and gradient, every option.
+
+CPU: TRITON_INTERPRET=1 on small shapes. GPU: the same tests at real sizes.
+Outputs are poisoned: torch.empty returns NaN-filled memory here (deterministic mode's
+fill_uninitialized_memory), so an element the kernel never writes shows up as NaN.
+"""
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+
+import pytest  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from kernels.cross_entropy import cross_entropy  # noqa: E402
+
+GPU = torch.cuda.is_available()
+DEV = "cuda" if GPU else "cpu"
+ROWS = 512 if GPU else 5
+VOCABS = (32003, 128256) if GPU else (1003, 32003)
+# ||out - ref|| / ||ref|| against fp64 (grad rounding to the dtype dominates).
+REL_TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+
+
+@pytest.fixture(autouse=True)
+def poisoned_empty():
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    yield
+    torch.use_deterministic_algorithms(False)
+
+
+def rel_err(out, ref):
+    out, ref = out.double(), ref.double()
+    assert not torch.isnan(out).any(), "NaN: an element was never written"
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def make(rows, vocab, dtype, ignore_every=3):
+    logits = (torch.randn(rows, vocab, device=DEV) * 4).to(dtype)
+    target = torch.randint(0, vocab, (rows,), device=DEV)
+    target[::ignore_every] = -100
+    return logits, target
+
+
+def run_both(logits, target, **kw):
+    ref_kw = {k: v for k, v in kw.items() if k in ("reduction", "label_smoothing", "ignore_index")}
+    a = logits.clone().requires_grad_()
+    b = logits.detach().double().requires_grad_()
+    out = cross_entropy(a, target, **kw)
+    ref = F.cross_entropy(b, target, **ref_kw)
+    (out.sum() if out.dim() else out).backward()
+    (ref.sum() if ref.dim() else ref).backward()
+    return out, ref, a.grad, b.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("vocab", VOCABS)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_matches_torch(dtype, vocab, reduction):
+    logits, target = make(ROWS, vocab, dtype)
+    out, ref, g, g_ref = run_both(logits, target, reduction=reduction)
+    assert out.dtype == dtype and out.shape == ref.shape
+    assert rel_err(out, ref) < REL_TOL[dtype]
+    assert rel_err(g, g_ref) < REL_TOL[dtype]
+    assert g.dtype == dtype
+    assert (g[target == -100] == 0).all()
+
+
+def test_label_smoothing_matches_torch():
+    logits, target = make(ROWS, VOCABS[0], torch.float32)
+    out, ref, g, g_ref = run_both(logits, target, label_smoothing=0.1)
+    assert rel_err(out, ref) < 1e-5 and rel_err(g, g_ref) < 1e-5
+
+
+def test_z_loss_matches_formula():
+    logits, target = make(ROWS, VOCABS[0], torch.float32)
+    z = 1e-3
+    a = logits.clone().requires_grad_()
+    b = logits.double().requires_grad_()
+    cross_entropy(a, target, z_loss=z, label_smoothing=0.05).backward()
+    valid = target != -100
+    lse = torch.logsumexp(b, dim=-1)
+    ce = F.cross_entropy(b, target, reduction="none", label_smoothing=0.05)
+    ref = ((ce + z * lse**2) * valid).sum() / valid.sum()
+    ref.backward()
+    out = cross_entropy(logits.clone(), target, z_loss=z, label_smoothing=0.05)
+    assert rel_err(out, ref) < 1e-5 and rel_err(a.grad, b.grad) < 1e-5
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_all_ignored_matches_torch(reduction):
+    logits, _ = make(ROWS, VOCABS[0], torch.float32)
+    target = torch.full((ROWS,), -100, device=DEV)
+    a = logits.clone().requires_grad_()
+    b = logits.clone().requires_grad_()
+    out = cross_entropy(a, target, reduction=reduction)
+    ref = F.cross_entropy(b, target, reduction=reduction)
+    out.backward()
+    ref.backward()
+    assert torch.equal(out.isnan(), ref.isnan())  # mean: 0/0 -> nan, like torch
+    if reduction == "sum":
+        assert out.item() == 0.0
+    assert torch.equal(a.grad, b.grad) and (a.grad == 0).all()
+
+
+def test_upstream_gradient_scales():
+    logits, target = make(ROWS, VOCABS[0], torch.float32)
+    a, b = logits.clone().requires_grad_(), logits.double().requires_grad_()
+    (cross_entropy(a, target) * 2.5).backward()
+    (F.cross_entropy(b, target) * 2.5).backward()
+    assert rel_err(a.grad, b.grad) < 1e-5
+    a.grad, b.grad = None, None
+    w = torch.rand(ROWS, device=DEV)
+    (cross_entropy(a, target, reduction="none") * w).sum().backward()
+    (F.cross_entropy(b, target, reduction="none") * w.double()).sum().backward()
+    assert rel_err(a.grad, b.grad) < 1e-5
+
+
+def test_inplace_grad_overwrites_logits_and_is_guarded():
+    logits, target = make(ROWS, VOCABS[0], torch.bfloat16)
+    ref_out, _, _, g_ref = run_both(logits, target)
+    x = logits.clone().requires_grad_()
+    h = x * 1.0  # non-leaf, as logits from an LM head are
+    version = h._version
+    out = cross_entropy(h, target, inplace_grad=True)
+    assert h._version > version  # the storage now holds the gradient
+    out.backward()
+    assert torch.equal(h.detach(), x.grad)  # the gradient lives in the logits' own storage
+    assert rel_err(out, ref_out) < 1e-2 and rel_err(x.grad, g_ref) < 1e-2
+    # Something that saved the logits for its own backward fails loudly, not silently.
+    w = torch.ones((), device=DEV, requires_grad=True)
+    h2 = logits.clone().requires_grad_() * 1.0
+    saved_it = (h2 * w).sum()  # mul saves h2 to compute w's gradient
+    loss = cross_entropy(h2, target, inplace_grad=True) + saved_it
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+def test_default_leaves_logits_untouched_and_no_grad_path():
+    logits, target = make(ROWS, VOCABS[0], torch.float32)
+    x = logits.clone().requires_grad_()
+    cross_entropy(x, target).backward()
+    assert torch.equal(x.detach(), logits)
+    with torch.no_grad():
+        out = cross_entropy(logits, target)
+    assert rel_err(out, F.cross_entropy(logits.double(), target)) < 1e-5
+
+
+def test_3d_noncontiguous_and_int32_targets():
+    b, s, v = 2, (ROWS + 1) // 2 + 1, VOCABS[0]
+    base = (torch.randn(b, v, s, device=DEV) * 3)
+    logits = base.transpose(1, 2)  # [b, s, v] with stride(-1) != 1
+    target = torch.randint(0, v, (b, s), device=DEV, dtype=torch.int32)
+    target[0, 0] = -100
+    a = logits.clone().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()  # same non-contiguous layout
+    ref = F.cross_entropy(logits.double().reshape(-1, v), target.long().reshape(-1))
+    out = cross_entropy(a, target)
+    out.backward()
+    assert rel_err(out, ref) < 1e-5
+    assert a.grad.shape == a.shape and not torch.isnan(a.grad).any()
+
+
+def test_num_items_divides_the_sum():
+    logits, target = make(ROWS, VOCABS[0], torch.float32)
+    out = cross_entropy(logits, target, num_items=7)
+    ref = F.cross_entropy(logits.double(), target, reduction="sum") / 7
+    assert rel_err(out, ref) < 1e-5
+
+
+def test_compiles_without_graph_breaks():
+    logits, target = make(ROWS, VOCABS[0], torch.float32)
+    fn = torch.compile(lambda x, t: cross_entropy(x * 1.0, t, inplace_grad=True), backend="aot_eager",
+                       fullgraph=True)
+    a, b = logits.clone().requires_grad_(), logits.double().requires_grad_()
+    out = fn(a, target)
+    out.backward()
+    F.cross_entropy(b, target).backward()
+    assert rel_err(a.grad, b.grad) < 1e-5
+
+
+def test_bad_arguments_raise_clear_errors():
+    logits, target = make(4, 100, torch.float32)
+    with pytest.raises(ValueError, match="reduction"):
+        cross_entropy(logits, target, reduction="avg")
+    with pytest.raises(ValueError, match="target"):
+        cross_entropy(logits, target[:3])
+    with pytest.raises(TypeError, match="int64"):
+        cross_entropy(logits, target.float())
