@@ -157,17 +157,20 @@ def _host_envs(c, hosts):
     names = [h.strip() for h in hosts.split(",") if h.strip()]
     if len(names) != 2:
         raise Exit("env.diff --hosts takes exactly two hosts: --hosts a,b", 2)
-    try:
-        from runtime import fanout
-    except ImportError:
-        raise Exit("env.diff --hosts needs the runner's fan-out (runtime/fanout.py), not in this checkout", 2)
-    results = fanout.run_json(c, names, "env.show", ["--json"])
+    from runtime import fanout, settings as settings_mod
+    settings = settings_mod.load(c)
+    options = fanout.FanoutOptions(
+        remote_path=settings.remote_path or str(settings.root), remote_inv=settings.remote_inv,
+        user=settings.user or None, key_filename=list(settings.key_filename),
+        connect_timeout=float(settings.connect_timeout), command_timeout=settings.command_timeout or None)
+    results = dict(zip(names, fanout.run_on_hosts(names, ["env.show", "--json"], options)))
     resolved = []
     for name in names:
         outcome = results[name]
-        if not outcome.ok:
-            raise Exit(f"env.diff: {name}: {outcome.error}", 1)
-        resolved.append(_from_json(outcome.data))
+        if not outcome.ok or not isinstance(outcome.payload, dict):
+            why = outcome.error or (outcome.stderr.strip().splitlines() or [f"exit status {outcome.exit_code}"])[-1]
+            raise Exit(f"env.diff: {name}: {why}", 1)
+        resolved.append(_from_json(outcome.payload))
     return names[0], names[1], resolved[0], resolved[1]
 
 

@@ -1,4 +1,94 @@
-"""inv preflight.*: placeholder, filled in by its issue."""
+"""inv preflight.*: is this node ready to train? PASS / WARN / FAIL per check, with reason and fix.
+
+Every task creates a run directory (runs/<time>_preflight.<check>/) holding
+preflight.json beside the usual snapshot, prints one table (or --json in the
+shape the fan-out merges: `inv -H a,b preflight.all`), and exits 1 on any FAIL.
+
+Why preflight.all is not `@task(pre=[gpu, host, ...])`: Invoke runs pre-tasks
+without the caller's arguments (--gpu, --env, --json would be lost, invoke
+#229), each would print its own table and make its own run directory, and
+under -H Fabric runs pre-tasks once locally instead of on each host. The
+checks do not depend on each other; they are parts of one report, so
+preflight.all runs the same check functions the single tasks run, into one
+table and one JSON document.
+"""
+from __future__ import annotations
+
+import json as jsonlib
+import os
+import socket
+
 from invoke import Collection
+from invoke.exceptions import Exit
+
+from runtime.run import run_task
+from tasks.env import print_warnings, resolved_env
+
+HELP = {
+    "gpu": "Validate the environment another GPU model's profile gives (default: this node's)",
+    "site": "Site overlay: lumi, or none (default: auto-detect)",
+    "json": "Print JSON ({host, status, checks: [{name, status, value, reason, fix}]})",
+    "require-gpu": "No GPU is a FAIL (default: a WARN, so CPU machines pass)",
+    "allow-unknown-gpu": "A GPU without an Anvil profile is a WARN, not a FAIL (env ANVIL_ALLOW_UNKNOWN_GPU=1)",
+}
+ALL = ("gpu", "host", "software", "network", "affinity")
+
+
+def run_preflight(c, task_name, names, gpu, site, json, require_gpu, allow_unknown_gpu, run_options):
+    import envs
+    from runtime import settings as settings_mod
+    from runtime.checks import FAIL, CheckInputs, run_checks, table, worst
+    from runtime.run import execute
+
+    env = resolved_env(gpu, site, None, run_options.env)
+    machine = envs.detect() if gpu else env.machine  # the checks look at this node, whatever --gpu says
+    runs_dir = settings_mod.load(c).runs_dir
+    host = os.environ.get("ANVIL_HOST") or socket.gethostname()
+
+    def body(run):
+        inputs = CheckInputs(machine, env, runs_dir, require_gpu=require_gpu, allow_unknown_gpu=allow_unknown_gpu)
+        results = run_checks(names, inputs)
+        payload = {"host": host, "status": worst(results), "checks": [r.to_dict() for r in results],
+                   "machine": machine.to_dict(), "run_dir": str(run.path)}
+        run.write_json("preflight.json", payload)
+        if json:
+            print(jsonlib.dumps(payload, indent=2))
+        else:
+            print(f"preflight on {host}: {machine.summary()}")
+            print(table(results))
+            counts = {s: sum(r.status == s for r in results) for s in ("PASS", "WARN", "FAIL")}
+            print(f"{counts['PASS']} PASS, {counts['WARN']} WARN, {counts['FAIL']} FAIL   (details: {run.path})")
+        print_warnings(env.warnings)
+        failed = [r.name for r in results if r.status == FAIL]
+        if failed:
+            raise Exit(f"{task_name}: {len(failed)} check(s) FAIL: {', '.join(failed)}", 1)
+        return {"status": payload["status"], "checks": len(results)}
+
+    return execute(c, run_options.spec(task_name, env=env, extra={"checks": list(names)}), body)
+
+
+def _check_task(check_names, doc):
+    """A preflight task running `check_names`; the same options on every one."""
+
+    def check(c, gpu="", site="", json=False, require_gpu=False, allow_unknown_gpu=False, run_options=None):
+        name = "all" if check_names == ALL else check_names[0]
+        run_preflight(c, f"preflight.{name}", check_names, gpu, site, json, require_gpu, allow_unknown_gpu,
+                      run_options)
+
+    check.__doc__ = doc
+    check.__name__ = "all" if check_names == ALL else check_names[0]
+    return run_task(help=HELP)(check)
+
+
+gpu = _check_task(("gpu",), "GPUs: count, model has a profile, free memory, idle (no processes), temperature, ECC.")
+host = _check_task(("host",), "Host: memory, /dev/shm size, memlock limit, NUMA, disk space for runs.")
+software = _check_task(("software",), "Versions: driver, ROCm/CUDA, torch build, triton, python, Anvil commit.")
+network = _check_task(("network",), "Network: interfaces, RDMA ports, NCCL_SOCKET_IFNAME / NCCL_IB_HCA exist, "
+                                    "route to MASTER_ADDR.")
+affinity = _check_task(("affinity",), "GPU to NUMA/CPU mapping; warns where ranks would run on the far socket.")
+all_checks = _check_task(ALL, "All checks in one table (gpu, host, software, network, affinity); exit 1 on FAIL.")
 
 ns = Collection("preflight")
+for _name, _task in (("gpu", gpu), ("host", host), ("software", software), ("network", network),
+                     ("affinity", affinity), ("all", all_checks)):
+    ns.add_task(_task, name=_name)

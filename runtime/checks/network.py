@@ -32,7 +32,7 @@ def _socket_ifname(inp, names: dict, check: str, var: str, nccl_rules: bool) -> 
     if not spec:
         return CheckResult(check, PASS, None, f"{var} unset: the library picks an interface")
     known = sorted(names)
-    fix = f"use one of: {', '.join(known)} (e.g. inv ... --env {var}={_suggest(names)})"
+    fix = f"use one of: {', '.join(known)} (e.g. inv ... --env {var}={_suggest(names, inp.root)})"
     if nccl_rules:
         selected, unmatched = netinfo.match_ifname_list(spec, known)
     else:  # gloo takes exact names, comma-separated
@@ -46,7 +46,10 @@ def _socket_ifname(inp, names: dict, check: str, var: str, nccl_rules: bool) -> 
     return CheckResult(check, PASS, spec, f"{var} selects {', '.join(selected)}")
 
 
-def _suggest(names: dict) -> str:
+def _suggest(names: dict, root) -> str:
+    default = netinfo.default_route_iface(root)
+    if default and names.get(default):
+        return default
     up = [n for n, is_up in sorted(names.items()) if is_up and n != "lo"]
     return up[0] if up else "lo"
 
