@@ -1,0 +1,146 @@
+"""Checkpoint -> Hugging Face directory that transformers' LlamaForCausalLM loads.
+
+    export_hf(run_or_checkpoint, out_dir=None, dtype="bfloat16") -> Path
+
+writes config.json (from trainer.model.hf_config), model.safetensors (tied lm_head kept once,
+as transformers expects), generation_config.json, anvil_export.json (which checkpoint, which
+training config), and the dataset's tokenizer.json (+ tokenizer_config.json) when it was made
+with one. The directory appears atomically: it is
+built under a temporary name next to out_dir and renamed into place.
+
+Our parameter names are LlamaForCausalLM's and RoPE uses its rotate-half layout, so the
+weights go over unchanged (TRAINER_API.md).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from trainer import checkpoint as ck
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32",
+                  "float": "float32"}
+
+
+class ExportError(ValueError):
+    """No checkpoint, no config to rebuild the model shape, or an existing output dir."""
+
+
+def _training_config(checkpoint: Path):
+    """The TrainConfig the checkpoint was made with: meta.json's copy, else RUN/config.yaml."""
+    from trainer import config as config_mod
+
+    raw = ck.read_meta(checkpoint).get("config")
+    if raw:
+        try:
+            return config_mod.from_dict(raw, source=f"{checkpoint}/meta.json")
+        except config_mod.ConfigError as exc:
+            raise ExportError(str(exc)) from None
+    run_dir = checkpoint.parent.parent
+    yaml_path = run_dir / "config.yaml"
+    if yaml_path.is_file():
+        try:
+            return config_mod.load(yaml_path)
+        except config_mod.ConfigError as exc:
+            raise ExportError(str(exc)) from None
+    raise ExportError(f"{checkpoint}: no training config (neither meta.json's 'config' nor "
+                      f"{yaml_path}); cannot tell the model shape")
+
+
+def _dataset_dir(cfg, checkpoint: Path) -> Path | None:
+    path = Path(cfg.data.path)
+    if str(cfg.data.path) == "synthetic":
+        return None
+    if not path.is_absolute():  # relative to the directory training ran in
+        path = Path(ck.read_meta(checkpoint).get("cwd") or os.getcwd()) / path
+    return path if (path / "manifest.json").is_file() else None
+
+
+def _tokenizer_files(dataset: Path | None, staging: Path) -> dict:
+    """Copy tokenizer.json (if the dataset has one); return bos/eos ids for config.json."""
+    if dataset is None:
+        return {}
+    from trainer.data import DataError, load_tokenizer
+
+    try:
+        tok = load_tokenizer(dataset)
+    except DataError:
+        return {}
+    ids = {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "pad_token_id": tok.pad_id}
+    source = dataset / "tokenizer.json"
+    if source.is_file():
+        shutil.copyfile(source, staging / "tokenizer.json")
+        names = {}
+        for role, token_id in (("bos_token", tok.bos_id), ("eos_token", tok.eos_id),
+                               ("pad_token", tok.pad_id)):
+            if token_id is not None:
+                names[role] = tok.decode([token_id])
+        (staging / "tokenizer_config.json").write_text(json.dumps(
+            {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": None, **names},
+            indent=2) + "\n")
+    return ids
+
+
+def export_hf(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike | None = None,
+              dtype: str = "bfloat16", overwrite: bool = False) -> Path:
+    """Export the newest complete checkpoint of a run dir (or the named step_N) to out_dir
+    (default RUN_DIR/export/hf-step_N). Returns out_dir."""
+    from safetensors.torch import save_file
+
+    from trainer.model import hf_config
+
+    source = Path(run_or_checkpoint).expanduser()
+    if not source.exists():
+        raise ExportError(f"{source}: no such run or checkpoint directory")
+    dtype = _DTYPE_ALIASES.get(dtype, dtype)
+    if dtype not in DTYPES:
+        raise ExportError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+    try:
+        checkpoint = ck.resolve(str(source), source)
+    except ck.CheckpointError as exc:
+        raise ExportError(str(exc)) from None
+    cfg = _training_config(checkpoint)
+    out = Path(out_dir) if out_dir else checkpoint.parent.parent / "export" / f"hf-{checkpoint.name}"
+    if out.exists() and not overwrite:
+        raise ExportError(f"{out} exists; choose another output dir or overwrite it explicitly")
+
+    try:
+        weights = ck.load_model_state(checkpoint)
+    except ck.CheckpointError as exc:
+        raise ExportError(str(exc)) from None
+    if cfg.model.tie_embeddings:
+        # one tensor on disk; transformers re-ties lm_head to the embedding on load
+        weights.pop("lm_head.weight", None)
+    tensors = {name: t.to(DTYPES[dtype]).contiguous() for name, t in sorted(weights.items())}
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp", dir=out.parent))
+    try:
+        save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
+        config = hf_config(cfg.model, torch_dtype=dtype)
+        config.update(_tokenizer_files(_dataset_dir(cfg, checkpoint), staging))
+        (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        provenance = {"checkpoint": str(checkpoint.resolve()), "step": ck.read_meta(checkpoint)["step"],
+                      "config": cfg.to_dict(), "dtype": dtype}
+        (staging / "anvil_export.json").write_text(json.dumps(provenance, indent=2) + "\n")
+        generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+                      if config.get(k) is not None}
+        (staging / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+        if out.exists():  # overwrite: swap, so a failure never leaves half of each
+            old = out.with_name(f".{out.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(out, old)
+            os.replace(staging, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out
