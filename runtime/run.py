@@ -46,6 +46,9 @@ from runtime import diagnose, hooks as hooks_mod, ranklog, rundir, settings as s
 from runtime.secrets import MASK, Masker
 
 REPLAY_ENV = "ANVIL_REPLAY_OF"
+# Recorded variables that name the machine rather than configure the job: a
+# replay keeps this machine's own.
+MACHINE_IDENTITY = frozenset({"ANVIL_HOST"})
 
 
 @dataclass
@@ -167,10 +170,13 @@ def _env_layers(env: Any) -> tuple[dict[str, str], dict[str, dict], list[str]]:
         values = {k: str(v) for k, v in env.environ().items()}
         records = {}
         for name, var in env.vars.items():
-            records[name] = {"value": getattr(var, "value", values.get(name)),
-                             "source": getattr(var, "source", None), "reason": getattr(var, "reason", None),
-                             "ref": getattr(var, "ref", None),
-                             "history": [list(h) for h in getattr(var, "history", []) or []]}
+            if hasattr(var, "to_dict"):
+                record = dict(var.to_dict())
+                record.pop("name", None)
+            else:
+                record = {"value": getattr(var, "value", values.get(name)), "source": getattr(var, "source", None),
+                          "reason": getattr(var, "reason", None), "ref": getattr(var, "ref", None)}
+            records[name] = record
         return values, records, list(getattr(env, "warnings", []) or [])
     if isinstance(env, Mapping):
         values = {str(k): str(v) for k, v in env.items()}
@@ -185,7 +191,7 @@ def _replay_layer(replay_of: str) -> tuple[Path | None, dict[str, str]]:
         raise Exit(f"replay: {exc}", 2)
     recorded = rundir.read_json(original / "env.json", {}) or {}
     values = {name: rec.get("value") for name, rec in (recorded.get("vars") or {}).items()
-              if isinstance(rec, dict) and rec.get("value") not in (None, MASK)}
+              if isinstance(rec, dict) and rec.get("value") not in (None, MASK) and name not in MACHINE_IDENTITY}
     return original, {k: str(v) for k, v in values.items()}
 
 

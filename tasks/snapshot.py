@@ -1,4 +1,124 @@
-"""inv snapshot.*: placeholder, filled in by its issue."""
-from invoke import Collection
+"""inv snapshot.*: recorded runs - list, show, diff, replay."""
+import json as jsonlib
+
+from invoke import Collection, task
+from invoke.exceptions import Exit
+from tabulate import tabulate
+
+from runtime import history, replay as replay_mod, rundir, settings as settings_mod
+
+
+def _settings(c):
+    try:
+        return settings_mod.load(c)
+    except settings_mod.SettingsError as exc:
+        raise Exit(str(exc), 2)
+
+
+def _load(c, path):
+    try:
+        return history.load(path, _settings(c).runs_dir)
+    except rundir.RunDirError as exc:
+        raise Exit(str(exc), 2)
+
+
+@task(auto_shortflags=False, help={"limit": "Show only the newest N runs", "json": "Print JSON"})
+def list_(c, limit=0, json=False):
+    """Table of recorded runs: time, task, name, status, hosts."""
+    runs_dir = _settings(c).runs_dir
+    rows = history.list_rows(runs_dir, limit or None)
+    if json:
+        print(jsonlib.dumps(rows, indent=2))
+        return
+    if not rows:
+        print(f"no runs under {runs_dir}")
+        return
+    print(tabulate([[r["start"], r["task"], r["name"], r["status"], r["hosts"], r["seconds"],
+                     r["replay_of"], r["dir"]] for r in rows],
+                   headers=["start", "task", "name", "status", "hosts", "seconds", "replay of", "directory"]))
+
+
+@task(auto_shortflags=False, help={"run": "Run directory (path, or name under the runs folder)",
+                                   "json": "Print JSON"})
+def show(c, run, json=False):
+    """What a run recorded: outcome, machine, versions, environment with sources, configs."""
+    rec = _load(c, run)
+    if json:
+        print(jsonlib.dumps({"path": str(rec.path), "metadata": rec.metadata, "machine": rec.machine,
+                             "versions": rec.versions, "env": rec.env, "git": rec.git,
+                             "configs": rec.configs}, indent=2, default=str))
+        return
+    md = rec.metadata
+    print(f"{rec.path}\n")
+    print(tabulate([["task", md.get("task")], ["name", md.get("name") or ""], ["status", md.get("status")],
+                    ["error", md.get("error") or ""], ["start", md.get("start")], ["end", md.get("end")],
+                    ["seconds", md.get("duration_s")], ["hosts", ",".join(md.get("hosts") or [])],
+                    ["command", " ".join(md.get("argv") or [])], ["replay of", md.get("replay_of") or ""],
+                    ["git", f"{rec.git.get('commit')}{' (dirty)' if rec.git.get('dirty') else ''}"]],
+                   tablefmt="plain"))
+    print("\nmachine and versions")
+    summary = history.machine_summary(rec)
+    for key in ("python", "torch", "triton"):
+        summary[key] = rec.versions.get(key)
+    print(tabulate(sorted(summary.items()), tablefmt="plain"))
+    if rec.env:
+        print("\nenvironment")
+        print(tabulate([[name, v.get("value"), v.get("source")] for name, v in sorted(rec.env.items())],
+                       headers=["variable", "value", "source"]))
+    if rec.configs:
+        print("\nconfigs: " + ", ".join(sorted(rec.configs)))
+    for finding in md.get("diagnosis") or []:
+        print(f"\nknown problem [{finding.get('problem')}]: {finding.get('advice')}")
+
+
+@task(auto_shortflags=False, help={"a": "First run directory", "b": "Second run directory",
+                                   "json": "Print JSON"})
+def diff(c, a, b, json=False):
+    """Environment, config, version and machine differences between two runs."""
+    rows = history.diff(_load(c, a), _load(c, b))
+    if json:
+        print(jsonlib.dumps(rows, indent=2))
+        return
+    if not rows:
+        print("no differences")
+        return
+    print(tabulate([[r["kind"], r["key"], r["a"], r["b"]] for r in rows],
+                   headers=["kind", "item", f"A ({a})", f"B ({b})"], maxcolwidths=[None, 40, 40, 40]))
+
+
+@task(auto_shortflags=False, help={"run": "Run directory to replay",
+                                   "force": "Replay even on an incompatible machine",
+                                   "dry-run": "Show the plan and the command, run nothing"})
+def replay(c, run, force=False, dry_run=False):
+    """Run a recorded task again with its recorded config and environment, into a new run."""
+    try:
+        plan = replay_mod.plan(run, _settings(c).runs_dir)
+    except replay_mod.ReplayError as exc:
+        raise Exit(f"replay: {exc}", 2)
+    differences = replay_mod.check_machine(plan.recorded)
+    if differences:
+        print(tabulate([[d.item, d.recorded, d.here, "yes" if d.blocking else ""] for d in differences],
+                       headers=["differs", "recorded", "this machine", "incompatible"]))
+    else:
+        print("this machine matches the recorded one (GPU model, count, driver, torch)")
+    for note in plan.dropped:
+        print(f"note: {note}")
+    blocking = [d.item for d in differences if d.blocking]
+    print("replaying: inv " + " ".join(plan.argv))
+    if dry_run:
+        return
+    if blocking and not force:
+        raise Exit(f"replay refused: this machine differs in {', '.join(blocking)}; "
+                   f"use --force to replay anyway", 3)
+    code, new_run = replay_mod.run(plan)
+    if new_run is not None:
+        print(f"new run: {new_run} (replay of {plan.recorded.path.name})")
+    if code:
+        raise Exit(code=code)
+
 
 ns = Collection("snapshot")
+ns.add_task(list_, name="list")
+ns.add_task(show)
+ns.add_task(diff)
+ns.add_task(replay)

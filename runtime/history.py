@@ -1,0 +1,123 @@
+"""Reading recorded runs back: listing, one run's record, and differences.
+
+The files are the ones runtime.run writes (see runtime/rundir.py).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runtime import rundir
+
+
+@dataclass
+class Recorded:
+    path: Path
+    metadata: dict
+    env: dict          # name -> {value, source, ...}
+    machine: dict
+    versions: dict
+    configs: dict      # file name -> parsed content (or text)
+    git: dict
+
+    @property
+    def gpu(self) -> dict:
+        return self.machine.get("gpu") or {}
+
+
+def _parse_config(path: Path) -> Any:
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if path.suffix == ".json":
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError:
+            return text
+    return text
+
+
+def load(path: str | Path, runs_dir: Path | None = None) -> Recorded:
+    run_dir = rundir.resolve(path, runs_dir)
+    configs = {}
+    config_dir = run_dir / "configs"
+    if config_dir.is_dir():
+        for item in sorted(config_dir.iterdir()):
+            if item.is_file():
+                configs[item.name] = _parse_config(item)
+    env = rundir.read_json(run_dir / "env.json", {}) or {}
+    return Recorded(run_dir, rundir.metadata(run_dir), env.get("vars") or {},
+                    rundir.read_json(run_dir / "machine.json", {}) or {},
+                    rundir.read_json(run_dir / "versions.json", {}) or {}, configs,
+                    rundir.read_json(run_dir / "git.json", {}) or {})
+
+
+def list_rows(runs_dir: Path, limit: int | None = None) -> list[dict]:
+    rows = []
+    for path, md in rundir.iter_runs(runs_dir):
+        rows.append({"start": md.get("start"), "task": md.get("task"), "name": md.get("name") or "",
+                     "status": md.get("status"), "hosts": ",".join(md.get("hosts") or []),
+                     "seconds": md.get("duration_s"), "replay_of": Path(md["replay_of"]).name
+                     if md.get("replay_of") else "", "dir": path.name})
+    return rows[-limit:] if limit else rows
+
+
+def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists stay values."""
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {}
+        for key, value in obj.items():
+            out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: obj}
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "(unset)"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+def _compare(kind: str, a: dict, b: dict) -> list[dict]:
+    rows = []
+    for key in sorted(set(a) | set(b)):
+        va, vb = a.get(key), b.get(key)
+        if _cell(va) != _cell(vb):
+            rows.append({"kind": kind, "key": key, "a": _cell(va), "b": _cell(vb)})
+    return rows
+
+
+def machine_summary(rec: Recorded) -> dict:
+    gpu = rec.gpu
+    return {"gpu.vendor": gpu.get("vendor"), "gpu.model": gpu.get("model"), "gpu.arch": gpu.get("arch"),
+            "gpu.count": gpu.get("count"), "gpu.driver": gpu.get("driver"),
+            "gpu.runtime_version": gpu.get("runtime_version"), "host": rec.machine.get("host"),
+            "cpu_count": rec.machine.get("cpu_count")}
+
+
+def diff(a: Recorded, b: Recorded) -> list[dict]:
+    """Rows {kind, key, a, b} for every difference: env, config, versions, machine, run."""
+    env_a = {k: v.get("value") for k, v in a.env.items() if isinstance(v, dict)}
+    env_b = {k: v.get("value") for k, v in b.env.items() if isinstance(v, dict)}
+    rows = _compare("env", env_a, env_b)
+    for name in sorted(set(a.configs) | set(b.configs)):
+        ca, cb = a.configs.get(name), b.configs.get(name)
+        rows += [dict(r, key=f"{name}:{r['key']}") for r in _compare("config", flatten(ca), flatten(cb))]
+    versions_a = {k: v for k, v in flatten(a.versions).items() if k != "executable"}
+    versions_b = {k: v for k, v in flatten(b.versions).items() if k != "executable"}
+    rows += _compare("version", versions_a, versions_b)
+    rows += _compare("machine", machine_summary(a), machine_summary(b))
+    run_a = {"task": a.metadata.get("task"), "argv": " ".join(a.metadata.get("argv", [])[1:]),
+             "status": a.metadata.get("status"), "git": a.git.get("commit"), "dirty": a.git.get("dirty")}
+    run_b = {"task": b.metadata.get("task"), "argv": " ".join(b.metadata.get("argv", [])[1:]),
+             "status": b.metadata.get("status"), "git": b.git.get("commit"), "dirty": b.git.get("dirty")}
+    rows += _compare("run", run_a, run_b)
+    return rows

@@ -1,0 +1,151 @@
+"""Run a recorded task again: same task, same arguments, recorded config and env.
+
+    plan = replay.plan("runs/2026-11-22T10-31-05_preflight.all")
+    problems = replay.check_machine(plan.recorded)   # differences with this machine
+    code = replay.run(plan)                          # a new run dir, linked to the old one
+
+The recorded command line is replayed without its fan-out flags (-H, -i, ...),
+with every config path that the run recorded (config_sources) swapped for the
+copy inside the run directory. The child gets the recorded environment over
+this one, and ANVIL_REPLAY_OF, so runtime.run lays that environment over the
+task's own resolution (source "replay:<run>") and links the new run to the old.
+
+Incompatible (refused unless forced): another GPU vendor, model or count, or
+another torch major.minor. Other differences (driver, ROCm/CUDA, triton,
+python) are shown but do not block.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from runtime import history, rundir, snapshot
+from runtime.run import MACHINE_IDENTITY, REPLAY_ENV
+from runtime.secrets import MASK
+
+# Core flags of the recorded command line that a local replay drops (name -> takes a value).
+_DROPPED_FLAGS = {"-H": True, "--hosts": True, "-i": True, "--identity": True, "-t": True,
+                  "--connect-timeout": True, "-S": True, "--ssh-config": True,
+                  "--prompt-for-login-password": False, "--prompt-for-passphrase": False}
+
+
+class ReplayError(ValueError):
+    """The run cannot be replayed as recorded."""
+
+
+@dataclass
+class Difference:
+    item: str
+    recorded: str
+    here: str
+    blocking: bool
+
+
+@dataclass
+class ReplayPlan:
+    recorded: history.Recorded
+    argv: list[str]                 # inv arguments (no program name)
+    env: dict[str, str]             # recorded variables laid over this environment
+    cwd: Path
+    dropped: list[str] = field(default_factory=list)   # notes on what was not replayed
+
+
+def _major_minor(version: str | None) -> str | None:
+    if not version:
+        return None
+    parts = version.split("+")[0].split(".")
+    return ".".join(parts[:2])
+
+
+def check_machine(recorded: history.Recorded, current_machine: dict | None = None,
+                  current_versions: dict | None = None) -> list[Difference]:
+    """Differences between the recorded machine/versions and this one."""
+    machine = current_machine if current_machine is not None else snapshot.machine()
+    versions = current_versions if current_versions is not None else snapshot.versions(gpu=machine.get("gpu"))
+    was, now = recorded.gpu, machine.get("gpu") or {}
+    out = []
+    for key in ("vendor", "model", "count", "driver", "runtime_version", "arch"):
+        a, b = was.get(key), now.get(key)
+        if str(a) != str(b):
+            out.append(Difference(f"gpu.{key}", str(a), str(b), key in ("vendor", "model", "count")))
+    for key in ("torch", "triton", "python"):
+        a, b = recorded.versions.get(key), versions.get(key)
+        if str(a) != str(b):
+            blocking = key == "torch" and _major_minor(a) != _major_minor(b)
+            out.append(Difference(key, str(a), str(b), blocking))
+    return out
+
+
+def _replay_argv(metadata: dict, run_dir: Path) -> tuple[list[str], list[str]]:
+    argv = list(metadata.get("argv") or [])[1:]
+    if not argv:
+        raise ReplayError(f"{run_dir}: no recorded command line")
+    swaps = {}
+    for name, source in (metadata.get("config_sources") or {}).items():
+        copy = run_dir / "configs" / rundir.slug(Path(name).name)
+        if copy.is_file() and source:
+            swaps[str(source)] = str(copy)
+    out, notes, skip = [], [], False
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        flag = token.split("=", 1)[0]
+        if flag in _DROPPED_FLAGS:
+            takes_value = _DROPPED_FLAGS[flag] and "=" not in token
+            notes.append(f"dropped {token}{' ' + argv[i + 1] if takes_value and i + 1 < len(argv) else ''}")
+            i += 2 if takes_value else 1
+            continue
+        if token == "--env" and i + 1 < len(argv) and MASK in argv[i + 1]:
+            notes.append(f"dropped --env {argv[i + 1]} (a secret: this environment's value is used)")
+            i += 2
+            continue
+        if MASK in token:
+            raise ReplayError(f"the recorded command line has a masked secret ({token}); "
+                              f"give it through the environment and run the task by hand")
+        if token in swaps:
+            token = swaps[token]
+        elif flag != token and token.split("=", 1)[1] in swaps:
+            token = f"{flag}={swaps[token.split('=', 1)[1]]}"
+        out.append(token)
+        i += 1
+    return out, notes
+
+
+def plan(path: str | Path, runs_dir: Path | None = None) -> ReplayPlan:
+    try:
+        recorded = history.load(path, runs_dir)
+    except rundir.RunDirError as exc:
+        raise ReplayError(str(exc)) from None
+    argv, notes = _replay_argv(recorded.metadata, recorded.path)
+    env = {name: str(rec["value"]) for name, rec in recorded.env.items()
+           if isinstance(rec, dict) and rec.get("value") not in (None, MASK) and name not in MACHINE_IDENTITY}
+    cwd = Path(recorded.metadata.get("cwd") or recorded.metadata.get("project_root") or ".")
+    if not cwd.is_dir():
+        cwd = Path(recorded.metadata.get("project_root") or ".")
+    return ReplayPlan(recorded, argv, env, cwd, notes)
+
+
+def command(plan: ReplayPlan) -> list[str]:
+    return [sys.executable, "-m", "runtime.cli", *plan.argv]
+
+
+def run(plan: ReplayPlan) -> tuple[int, Path | None]:
+    """Run the replay; (exit code, the new run directory if one was made)."""
+    started = time.time()
+    env = {**os.environ, **plan.env, REPLAY_ENV: str(plan.recorded.path)}
+    code = subprocess.call(command(plan), cwd=plan.cwd, env=env)
+    return code, find_replay(plan.recorded.path, started)
+
+
+def find_replay(original: Path, since: float) -> Path | None:
+    """The newest run made after `since` that says it replays `original`."""
+    root = Path(original).parent
+    newest = None
+    for path, md in rundir.iter_runs(root):
+        if md.get("replay_of") == str(original) and (md.get("start_ts") or 0) >= since - 1:
+            newest = path
+    return newest
