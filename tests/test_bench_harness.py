@@ -1,0 +1,105 @@
+"""benchmarks.kernels on the CPU with real (tiny) timings: ceilings, floors, ratios, the table."""
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from benchmarks import kernels as kb  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tiny_case():
+    import torch.nn.functional as F
+
+    def setup(device):
+        return {"x": torch.randn(64, 2000, device=device).requires_grad_(),
+                "t": torch.randint(0, 2000, (64,), device=device)}
+
+    def eager(s):
+        return lambda: F.cross_entropy(s["x"], s["t"]).backward()
+
+    def slow(s):  # the same work three times: must come out slower than eager
+        return lambda: [F.cross_entropy(s["x"], s["t"]).backward() for _ in range(3)]
+
+    def missing(s):
+        raise kb.Unavailable("not installed here")
+
+    return kb.Case(op="cross_entropy", shape="64x2000", setup=setup,
+                   providers={"eager": eager, "compile": slow, "liger": missing},
+                   bytes_moved=2 * 64 * 2000 * 4, grad_to_none=lambda s: [s["x"]])
+
+
+@pytest.fixture(scope="module")
+def ceilings():
+    return kb.measure_ceilings("cpu", quick=True)
+
+
+def test_ceilings_are_measured(ceilings):
+    assert 0.001 < ceilings.copy_tbps < 10  # TB/s of a CPU copy
+    assert 1e-4 < ceilings.matmul_tflops < 100
+
+
+def test_rows_ratios_and_floor(ceilings):
+    rows = kb.measure_case(tiny_case(), "cpu", ceilings, quick=True)
+    by = {r["provider"]: r for r in rows}
+    assert [r["provider"] for r in rows] == list(kb.PROVIDERS)
+    assert by["anvil"]["note"].startswith("n/a") and by["anvil"]["ms"] is None
+    assert by["liger"]["note"] == "n/a: not installed here"
+    eager, slow = by["eager"], by["compile"]
+    assert eager["ms"] > 0 and slow["ms"] > eager["ms"]
+    assert eager["ratio"] == pytest.approx(slow["ms"] / eager["ms"]) and eager["ratio"] > 1
+    assert slow["ratio"] == pytest.approx(eager["ms"] / slow["ms"]) and slow["ratio"] < 1
+    floor = 2 * 64 * 2000 * 4 / (ceilings.copy_tbps * 1e12) * 1e3
+    assert eager["floor_ms"] == pytest.approx(floor)
+    assert eager["throughput"] == pytest.approx(2 * 64 * 2000 * 4 / (eager["ms"] * 1e-3) / 1e12)
+    assert eager["pct_ceiling"] == pytest.approx(100 * eager["throughput"] / ceilings.copy_tbps)
+    assert eager["peak_gib"] is None  # only measured on a GPU
+
+
+def test_flop_case_uses_matmul_ceiling(ceilings):
+    case = tiny_case()
+    case.bytes_moved, case.flops = None, 10**9
+    assert ceilings.floor_ms(case) == pytest.approx(1e9 / (ceilings.matmul_tflops * 1e12) * 1e3)
+
+
+def test_report_renders_and_writes(tmp_path):
+    report = kb.run(device="cpu", quick=True, cases=[tiny_case()])
+    text = kb.render(report)
+    for header in kb.HEADERS:
+        assert header in text
+    assert "n/a: not installed here" in text
+    out = tmp_path / "table.json"
+    kb.write_atomic(str(out), json.dumps(report))
+    assert json.loads(out.read_text())["rows"][1]["provider"] == "eager"
+
+
+def test_unknown_op_is_a_clear_error():
+    with pytest.raises(kb.KernelBenchError, match="unknown op"):
+        kb.load_cases("layernorm")
+
+
+def test_loss_cases_are_registered():
+    cases, _ = kb.load_cases("all")
+    ops = {c.op for c in cases}
+    assert {"cross_entropy", "flce"} <= ops
+    assert all(set(c.providers) == set(kb.PROVIDERS) for c in cases if c.op in ("cross_entropy", "flce"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_no_gpu_says_so_and_fails():
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.kernels", "--op", "cross_entropy"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "needs a CUDA or ROCm GPU" in proc.stderr and "Traceback" not in proc.stderr
+    inv = os.path.join(os.path.dirname(sys.executable), "inv")
+    proc = subprocess.run([inv, "bench.kernels", "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "needs a CUDA or ROCm GPU" in proc.stderr + proc.stdout and "Traceback" not in proc.stderr

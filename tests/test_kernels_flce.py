@@ -1,0 +1,157 @@
+"""kernels.fused_linear_cross_entropy against matmul + F.cross_entropy in fp64.
+
+CPU: TRITON_INTERPRET=1, small shapes, chunks that do not divide the tokens. GPU: real
+sizes, and the memory test (peak grows with the chunk, not with the tokens).
+Poisoned outputs: torch.empty is NaN-filled here, so unwritten elements show.
+"""
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+
+import pytest  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from kernels.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
+from kernels.loss_modules import FusedLinearCrossEntropy, causal_lm_loss  # noqa: E402
+
+GPU = torch.cuda.is_available()
+DEV = "cuda" if GPU else "cpu"
+# (tokens, hidden, vocab, chunk)
+SHAPES = [(1000, 1024, 32003, 256), (2048, 4096, 128256, None)] if GPU else [(37, 32, 1003, 16), (9, 16, 32003, 4)]
+REL_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+@pytest.fixture(autouse=True)
+def poisoned_empty():
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    yield
+    torch.use_deterministic_algorithms(False)
+
+
+def rel_err(out, ref):
+    out, ref = out.double(), ref.double()
+    assert not torch.isnan(out).any(), "NaN: an element was never written"
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def make(n, h, v, dtype):
+    x = torch.randn(n, h, device=DEV).to(dtype)
+    w = (torch.randn(v, h, device=DEV) / h**0.5).to(dtype)
+    t = torch.randint(0, v, (n,), device=DEV)
+    t[::4] = -100
+    return x, w, t
+
+
+def check(x, w, t, dtype, chunk=None, scale=1.0, **kw):
+    xa, wa = x.clone().requires_grad_(), w.clone().requires_grad_()
+    xb, wb = x.double().requires_grad_(), w.double().requires_grad_()
+    out = fused_linear_cross_entropy(xa, wa, t, chunk_size=chunk, **kw)
+    ref = F.cross_entropy(xb @ wb.t(), t, reduction=kw.get("reduction", "mean"))
+    (out * scale).backward()
+    (ref * scale).backward()
+    tol = REL_TOL[dtype]
+    assert out.dtype == dtype
+    assert rel_err(out, ref) < tol
+    assert rel_err(xa.grad, xb.grad) < tol
+    assert rel_err(wa.grad, wb.grad) < tol
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_matches_reference(dtype, shape):
+    n, h, v, chunk = shape
+    check(*make(n, h, v, dtype), dtype, chunk)
+
+
+def test_sum_reduction_and_upstream_scale():
+    n, h, v, chunk = SHAPES[0]
+    check(*make(n, h, v, torch.float32), torch.float32, chunk, scale=0.3, reduction="sum")
+
+
+def test_only_hidden_or_only_weight_needs_grad():
+    n, h, v, chunk = SHAPES[0]
+    x, w, t = make(n, h, v, torch.float32)
+    xa = x.clone().requires_grad_()
+    fused_linear_cross_entropy(xa, w, t, chunk_size=chunk).backward()
+    xb = x.double().requires_grad_()
+    F.cross_entropy(xb @ w.double().t(), t).backward()
+    assert rel_err(xa.grad, xb.grad) < 1e-5
+    wa = w.clone().requires_grad_()
+    fused_linear_cross_entropy(x, wa, t, chunk_size=chunk).backward()
+    wb = w.double().requires_grad_()
+    F.cross_entropy(x.double() @ wb.t(), t).backward()
+    assert rel_err(wa.grad, wb.grad) < 1e-5
+
+
+def test_all_ignored_is_nan_with_zero_grads_like_torch():
+    n, h, v, chunk = SHAPES[0]
+    x, w, _ = make(n, h, v, torch.float32)
+    t = torch.full((n,), -100, device=DEV)
+    xa, wa = x.clone().requires_grad_(), w.clone().requires_grad_()
+    out = fused_linear_cross_entropy(xa, wa, t, chunk_size=chunk)
+    out.backward()
+    assert out.isnan() and F.cross_entropy(x @ w.t(), t).isnan()
+    assert (xa.grad == 0).all() and (wa.grad == 0).all()
+
+
+def test_causal_lm_loss_matches_transformers_shift():
+    n, h, v, chunk = SHAPES[0]
+    b, s = 2, max(2, n // 2)
+    x = torch.randn(b, s, h, device=DEV)
+    w = torch.randn(v, h, device=DEV) / h**0.5
+    labels = torch.randint(0, v, (b, s), device=DEV)
+    labels[0, :2] = -100
+    logits = (x.double() @ w.double().t())[:, :-1].reshape(-1, v)
+    ref = F.cross_entropy(logits, labels[:, 1:].reshape(-1), reduction="sum") / 5
+    out = causal_lm_loss(x, w, labels, num_items_in_batch=5)
+    assert out.dtype == torch.float32 and rel_err(out, ref) < 1e-5
+    mod = FusedLinearCrossEntropy()
+    assert rel_err(mod(x[:, :-1], w, labels[:, 1:]), F.cross_entropy(logits, labels[:, 1:].reshape(-1))) < 1e-5
+
+
+def test_compiles_without_graph_breaks():
+    n, h, v, chunk = SHAPES[0]
+    x, w, t = make(n, h, v, torch.float32)
+    fn = torch.compile(lambda x, w, t: fused_linear_cross_entropy(x * 1.0, w, t, chunk_size=chunk),
+                       backend="aot_eager", fullgraph=True)
+    xa, wa = x.clone().requires_grad_(), w.clone().requires_grad_()
+    fn(xa, wa, t).backward()
+    xb, wb = x.double().requires_grad_(), w.double().requires_grad_()
+    F.cross_entropy(xb @ wb.t(), t).backward()
+    assert rel_err(xa.grad, xb.grad) < 1e-5 and rel_err(wa.grad, wb.grad) < 1e-5
+
+
+def test_bad_arguments_raise_clear_errors():
+    x, w, t = make(4, 8, 50, torch.float32)
+    with pytest.raises(ValueError, match="weight must be"):
+        fused_linear_cross_entropy(x, w.t(), t)
+    with pytest.raises(ValueError, match="reduction"):
+        fused_linear_cross_entropy(x, w, t, reduction="none")
+    with pytest.raises(TypeError, match="differ"):
+        fused_linear_cross_entropy(x, w.double(), t)
+
+
+@pytest.mark.skipif(not GPU, reason="memory is measured on the GPU")
+def test_peak_memory_grows_with_chunk_not_tokens():
+    h, v = 1024, 32003
+
+    def extra_peak(n, chunk):
+        x, w, t = make(n, h, v, torch.bfloat16)
+        x.requires_grad_(), w.requires_grad_()
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fused_linear_cross_entropy(x, w, t, chunk_size=chunk).backward()
+        torch.cuda.synchronize()
+        grads = x.numel() * 2 + w.numel() * 2  # gx and gW, which any method returns
+        return torch.cuda.max_memory_allocated() - base - grads
+
+    chunk_bytes = 512 * v * 2
+    small, large = extra_peak(4096, 512), extra_peak(32768, 512)
+    assert large - small < chunk_bytes / 4  # 8x the tokens, the same scratch
+    assert small < 1.5 * chunk_bytes
+    assert extra_peak(4096, 2048) > 3 * chunk_bytes  # 4x the chunk, ~4x the scratch
