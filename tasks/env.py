@@ -100,7 +100,7 @@ def explain(c, var, gpu="", site="", config="", env=None, json=False):
         print(f"{step}. {change.layer}: {value}\n   why: {change.reason}\n   source: {change.ref}")
 
 
-@task(auto_shortflags=False, iterable=["env"],
+@task(iterable=["env"],  # auto short flags for -o FILE; no parameter starts with h
       help={**{k: v for k, v in COMMON_HELP.items() if k != "json"},
             "output": "Write to this file (atomically) instead of stdout"})
 def export(c, gpu="", site="", config="", env=None, output=""):
