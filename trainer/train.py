@@ -195,7 +195,9 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
     ckpt_dir = run_dir / cfg.checkpoint.dir
     config_dict = cfg.to_dict()
     step, tokens_seen, prior_wall = 0, 0, 0.0
-    resume_from = checkpoint.resolve(resume, ckpt_dir)
+    # A requeued job restarts with the same --resume: its own newer checkpoints come first.
+    own = checkpoint.find_latest(ckpt_dir) if resume else None
+    resume_from = own or checkpoint.resolve(resume, ckpt_dir)
     if resume_from is not None:
         state = checkpoint.load(resume_from, model=model, optimizer=optimizer, scheduler=scheduler,
                                 loader=loader, config=config_dict)
