@@ -63,7 +63,7 @@ def run(inp) -> list[CheckResult]:
 
 
 def _binding(inp, known: dict, numa_nodes: int) -> CheckResult:
-    allowed = os.sched_getaffinity(0) if inp.root == Path("/") else set()
+    allowed = set(inp.cpus) if inp.cpus is not None else os.sched_getaffinity(0)
     every = set().union(*(node_cpus(inp.root, n) for n in set(known.values())), set())
     local_rank = inp.environ.get("LOCAL_RANK") or inp.environ.get("SLURM_LOCALID")
     if local_rank is not None and local_rank.isdigit() and int(local_rank) in known:

@@ -33,6 +33,7 @@ class CheckInputs:
     allow_unknown_gpu: bool = False
     root: Path = Path("/")  # stands in for "/" when reading /sys and /proc
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    cpus: Optional[set] = None  # CPUs ranks started from here may use (default: this process's affinity)
 
     def var(self, name: str) -> Optional[str]:
         """The value a launched process sees: the resolved environment over the shell's."""
