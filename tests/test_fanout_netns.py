@@ -84,3 +84,88 @@ def test_unreachable_host_is_reported_and_the_others_finish(fanout):
     for host in fanout.up:      # their own output still came back, each with exit 0
         assert f"=== {host} (exit 0) ===" in result.stdout, explain(result)
     assert "Traceback" not in result.stdout + result.stderr
+
+
+# ---- preflight.all: one merged table -------------------------------------------------------
+
+def test_preflight_all_on_two_hosts_merges_one_table(fanout):
+    result = fanout.run(fanout.up, "preflight.all")
+    assert result.returncode == 0, explain(result)
+    assert listed(result, "passing") == fanout.up and listed(result, "failing") == [], explain(result)
+    table = result.stdout.split("passing hosts:")[0]
+    header = next(line for line in table.splitlines() if line.startswith("check "))
+    assert header.split() == ["check", "host", "status", "value", "reason", "/", "fix"]
+    # Check by check, host by host: each check's row, then the next host's row under it.
+    lines = table.splitlines()
+    for check in ("gpu.present", "host.memory", "software.torch", "network.interfaces"):
+        at = next(i for i, line in enumerate(lines) if line.startswith(check + " "))
+        assert lines[at].split()[1] == fanout.up[0], lines[at:at + 2]
+        assert lines[at + 1].split()[0] == fanout.up[1], lines[at:at + 2]
+    assert "gpu.present" in table and "no GPU" in table    # says plainly there is no GPU
+
+
+def test_preflight_all_json_has_every_check_from_both_hosts(fanout):
+    result = fanout.run(fanout.up, "preflight.all", "--json")
+    assert result.returncode == 0, explain(result)
+    report = json.loads(result.stdout)
+    assert report["passing"] == fanout.up and report["failing"] == []
+    names = [c["name"] for c in report["checks"]]
+    assert {"gpu.present", "host.memory", "software.torch", "network.interfaces"} <= set(names)
+    for check in report["checks"]:
+        assert set(check["hosts"]) == set(fanout.up)
+        assert all(check["hosts"][h]["status"] in ("PASS", "WARN") for h in fanout.up), check
+    by_name = {c["name"]: c for c in report["checks"]}
+    # Same checkout, same torch on both: the software fingerprint must not differ.
+    assert by_name["software.torch"]["differs"] is False
+    # Each host ran in its own namespace: it saw its own eth0 address, not this machine's.
+    for host in fanout.up:
+        assert report["hosts"][host]["output"]["host"] == host
+
+
+def test_preflight_all_with_a_down_host_reports_it_and_fails(fanout):
+    hosts = [fanout.up[0], fanout.down, fanout.up[1]]
+    result = fanout.run(hosts, "preflight.all")
+    assert result.returncode == 1, explain(result)
+    assert listed(result, "passing") == fanout.up, explain(result)
+    assert listed(result, "failing") == [fanout.down], explain(result)
+    assert f"srun --exclude={fanout.down}" in result.stdout
+    down_row = next(line for line in result.stdout.splitlines() if line.startswith(fanout.down + " "))
+    assert "UNREACHABLE" in down_row and "Unable to connect to port 22" in down_row, down_row
+    # The reachable hosts still finished their checks: their rows are in the merged table.
+    table = result.stdout.split("passing hosts:")[0]
+    assert sum(line.split()[:2] == ["software.torch", fanout.up[0]] for line in table.splitlines()) == 1
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+BARRIER = """\
+# Fan-out test barrier (a --patch file): record arrival, then wait until every
+# host has arrived. Hosts run one after another -> the first waits alone and fails.
+dir={dir}
+me=$(hostname)-$$
+date +%s.%N > "$dir/$me.arrived"
+for _ in $(seq 600); do
+    [ "$(ls "$dir" | grep -c '\\.arrived$')" -ge {count} ] && {{ date +%s.%N > "$dir/$me.left"; exit 0; }}
+    sleep 0.1
+done
+echo "barrier: still alone after 60+ s; arrived: $(ls "$dir")"
+exit 1
+"""
+
+
+def test_hosts_run_at_the_same_time(fanout):
+    """Evidence, not a stopwatch: each host's pre-run barrier lets it through only
+    once every host has arrived, which serial execution can never satisfy."""
+    barrier = fanout.work / "barrier"
+    barrier.mkdir()
+    patch = fanout.work / "barrier.sh"
+    patch.write_text(BARRIER.format(dir=barrier, count=len(fanout.up)))
+    result = fanout.run(fanout.up, "preflight.all", "--json", "--patch", str(patch))
+    assert result.returncode == 0, explain(result)
+    arrived = {p.stem: float(p.read_text()) for p in barrier.glob("*.arrived")}
+    left = {p.stem: float(p.read_text()) for p in barrier.glob("*.left")}
+    assert len(arrived) == len(left) == len(fanout.up), (arrived, left)
+    assert {name.split("-")[0] for name in arrived} == {"node1", "node2"}   # one per namespace host
+    # Every host was inside its run while every other host had already started.
+    assert max(arrived.values()) <= min(left.values())
+    spread = max(arrived.values()) - min(arrived.values())
+    print(f"\nhosts arrived within {spread:.2f} s of each other: {arrived}")
