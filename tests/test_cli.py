@@ -1,0 +1,140 @@
+"""The installed `inv` program: Invoke users' expectations plus -H (runtime/cli.py, runtime/shim.py)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from runner_project import INV, REPO, clean_env, explain, inv, make_project
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    return make_project(tmp_path_factory.mktemp("project"))
+
+
+def test_list_has_all_seven_collections_without_torch_or_paramiko():
+    env = clean_env(PYTHONPROFILEIMPORTTIME="1")
+    result = inv(["--list", "--list-format", "json"], REPO, env)
+    assert result.returncode == 0, explain(result)
+    names = {c["name"] for c in json.loads(result.stdout)["collections"]}
+    assert {"env", "preflight", "data", "train", "bench", "profile", "snapshot"} <= names
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in result.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "invoke" in imported                       # the profile really was taken
+    assert not imported & {"torch", "paramiko", "fabric"}, sorted(imported & {"torch", "paramiko", "fabric"})
+
+
+def test_help_of_a_task_and_h_not_shadowed(project):
+    helped = inv(["--help", "demo.shape"], project)
+    assert helped.returncode == 0, explain(helped)
+    assert "--hidden-size" in helped.stdout and "--heads" in helped.stdout
+    # hidden_size's auto short flag would have been -h: it must print help instead.
+    short = inv(["demo.shape", "-h"], project)
+    assert short.returncode == 0, explain(short)
+    assert "Usage: inv" in short.stdout and "hidden_size=" not in short.stdout
+    assert "-h INT" not in helped.stdout
+    ran = inv(["demo.shape", "--hidden-size", "7"], project)
+    assert "hidden_size=7" in ran.stdout, explain(ran)
+
+
+def test_complete_and_completion_script(project):
+    done = inv(["--complete", "--", "inv", "snapshot."], project)
+    assert {"snapshot.list", "snapshot.replay"} <= set(done.stdout.split()), explain(done)
+    script = inv(["--print-completion-script", "bash"], project)
+    assert "complete -F" in script.stdout and " inv" in script.stdout and "anvil" in script.stdout
+
+
+def test_settings_from_invoke_yaml_f_file_and_env(project, tmp_path):
+    base = json.loads(inv(["demo.settings"], project).stdout)
+    assert base["runs_dir"] == str(project / "runs") and base["connect_timeout"] == 3.0
+    override = tmp_path / "other.yaml"
+    override.write_text("anvil:\n  runs_dir: /srv/runs\n  user: alice\n")
+    from_file = json.loads(inv(["-f", str(override), "demo.settings"], project).stdout)
+    assert from_file["runs_dir"] == "/srv/runs" and from_file["user"] == "alice"
+    from_env = json.loads(inv(["demo.settings"], project,
+                              clean_env(INVOKE_ANVIL_RUNS_DIR="/env/runs", INVOKE_ANVIL_CONNECT_TIMEOUT="7")).stdout)
+    assert from_env["runs_dir"] == "/env/runs" and from_env["connect_timeout"] == 7.0
+
+
+def test_config_after_a_task_without_that_option_is_an_error(project, tmp_path):
+    cfg = tmp_path / "x.yaml"
+    cfg.write_text("anvil:\n  user: bob\n")
+    result = inv(["demo.settings", "--config", str(cfg)], project)
+    assert result.returncode == 2, explain(result)
+    assert "has no --config option" in result.stderr and "Traceback" not in result.stderr
+    # A task that has --config keeps it.
+    ok = inv(["demo.hello", "--config", str(cfg), "--no-hooks"], project)
+    assert ok.returncode == 0, explain(ok)
+
+
+def test_anvil_works_from_any_directory(tmp_path):
+    result = inv(["--list"], tmp_path, program=INV.with_name("anvil"))
+    assert result.returncode == 0, explain(result)
+    assert "snapshot.list" in result.stdout
+
+
+def test_fanout_to_an_unreachable_host_fails_cleanly(project):
+    result = inv(["-H", "127.0.0.1:1", "-t", "2", "demo.checks"], project, timeout=60)
+    assert result.returncode == 1, explain(result)
+    assert "UNREACHABLE" in result.stdout and "failing hosts: 127.0.0.1:1" in result.stdout
+    assert "passing hosts: (none)" in result.stdout
+    assert "Traceback" not in result.stderr
+
+
+def _repack_installed_invoke(dest: Path) -> Path:
+    """A wheel of the installed invoke, from its RECORD (offline, what pip would install)."""
+    from importlib import metadata
+    dist = metadata.distribution("invoke")
+    wheel = dest / f"invoke-{dist.version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for file in dist.files:
+            path = Path(dist.locate_file(file))
+            if str(file).startswith("..") or "__pycache__" in str(file) or not path.is_file():
+                continue
+            zf.write(path, str(file))
+    return wheel
+
+
+@pytest.mark.slow
+def test_inv_survives_a_forced_reinstall_of_invoke(tmp_path):
+    """pip rewrites bin/inv to Invoke's script; the .pth shim keeps it Anvil's."""
+    venv = tmp_path / "venv"
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True)
+    purelib = subprocess.run([str(venv / "bin" / "python"), "-c",
+                              "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    # Our code and the main environment's packages as plain path entries (their .pth files,
+    # including the main venv's own shim, are NOT processed: this venv stands alone).
+    (Path(purelib) / "paths.pth").write_text(f"{REPO}\n{sysconfig.get_paths()['purelib']}\n")
+    wheel = _repack_installed_invoke(tmp_path)
+    python = str(venv / "bin" / "python")
+    subprocess.run([python, "-c", "import runtime.shim as s; assert s.ensure_installed()"], check=True, cwd=tmp_path)
+    subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", "--no-index",
+                    "--force-reinstall", str(wheel)], check=True, capture_output=True)
+    venv_inv = venv / "bin" / "inv"
+    assert "from invoke.main import program" in venv_inv.read_text()   # pip wrote Invoke's script
+
+    helped = subprocess.run([str(venv_inv), "-H", "127.0.0.1:1", "--help", "snapshot.list"],
+                            capture_output=True, text=True, cwd=REPO)
+    assert helped.returncode == 0, helped.stderr
+    assert "Usage: inv" in helped.stdout and "snapshot.list" in helped.stdout
+    version = subprocess.run([str(venv_inv), "--version"], capture_output=True, text=True, cwd=REPO)
+    assert version.stdout.startswith("Anvil")
+    top = subprocess.run([str(venv_inv), "--help"], capture_output=True, text=True, cwd=REPO)
+    assert "-H STRING, --hosts=STRING" in top.stdout
+    # Without the shim the same script is stock Invoke: the .pth is what keeps `inv` ours.
+    subprocess.run([python, "-c", "import runtime.shim as s; s.remove()"], check=True, cwd=tmp_path)
+    stock = subprocess.run([str(venv_inv), "--version"], capture_output=True, text=True, cwd=REPO)
+    assert stock.returncode == 0 and "Anvil" not in stock.stdout
+    # Other programs in that environment are untouched by the shim.
+    other = subprocess.run([str(venv / "bin" / "python"), "-c", "import sys; print('invoke.main' in sys.modules)"],
+                           capture_output=True, text=True)
+    assert other.stdout.strip() == "False"
