@@ -165,3 +165,31 @@ def test_preflight_require_gpu_fails_here(inv):
     result = inv("preflight.gpu", "--require-gpu", "--json")
     assert result.returncode == 1
     assert json.loads(result.stdout)["checks"][0]["status"] == FAIL
+
+
+# ---- the shipped train.pretrain pre hooks, through the real hook engine ---------------------
+
+def run_pretrain_pre_hooks(repo: Path, config: dict, cwd: Path):
+    from runtime import hooks
+    ctx = hooks.HookContext(task="train.pretrain", phase="pre", config=config)
+    old = os.getcwd()
+    os.chdir(cwd)  # data.path is relative to the working directory
+    try:
+        return hooks.run_phase(repo / "hooks", ctx)
+    finally:
+        os.chdir(old)
+
+
+def test_pretrain_hooks_check_the_dataset(repo, tmp_path):
+    from runtime.hooks import HookError
+    with pytest.raises(HookError, match=r"10_check_data.py failed: .*data.path data/none: no such directory.*"
+                                        r"inv data.prepare --out data/none"):
+        run_pretrain_pre_hooks(repo, {"data": {"path": "data/none"}}, tmp_path)
+    (tmp_path / "data/half").mkdir(parents=True)
+    with pytest.raises(HookError, match="no manifest.json"):
+        run_pretrain_pre_hooks(repo, {"data": {"path": "data/half"}}, tmp_path)
+    (tmp_path / "data/half/manifest.json").write_text(json.dumps({"tokens": 1234}))
+    records = run_pretrain_pre_hooks(repo, {"data": {"path": "data/half"}}, tmp_path)
+    # both hooks ran; on this CPU machine the GPUs-idle hook passes with nothing to check
+    assert [r.path.name for r in records] == ["10_check_data.py", "20_gpus_idle.py"] and all(r.ok for r in records)
+    assert run_pretrain_pre_hooks(repo, {"data": {"path": "synthetic"}}, tmp_path)[0].ok
