@@ -237,3 +237,16 @@ def test_large_vocab_tokenizer_json_gives_uint32(tmp_path):
     docs = decoded_documents(out)
     assert sorted(docs["train"] + docs["val"]) == sorted(expected)
     assert np.fromfile(out / m["splits"]["train"]["shards"][0]["file"], dtype=np.uint32).max() > 65535
+
+
+def test_concurrent_prepare_is_refused(tmp_path):
+    from trainer.data.prepare import _locked
+
+    corpus, _ = make_corpus(tmp_path)
+    out = tmp_path / "ds"
+    with _locked(out):  # what a running prepare holds
+        with pytest.raises(DataError, match="another data.prepare is writing"):
+            prepare([corpus], out, workers=1, progress=False)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(DataError, match="not a directory"):
+        prepare([corpus], tmp_path / "file", workers=1, progress=False)

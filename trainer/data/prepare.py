@@ -177,7 +177,11 @@ class Progress:
 @contextmanager
 def _locked(out: Path):
     lock_path = out.parent / f".{out.name}.lock"
-    with open(lock_path, "a") as lock:
+    try:
+        lock = open(lock_path, "a")
+    except OSError as exc:
+        raise DataError(f"cannot write in {out.parent}: {exc.strerror or exc}") from None
+    with lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -254,7 +258,12 @@ def prepare(inputs: list[Path] | None = None, out: Path = DEFAULT_OUT, tokenizer
         tokenizer_id = "json:" + sha256_file(tok_path)
     fingerprint = _fingerprint(files, settings, tokenizer_id)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise DataError(f"--out {out} exists and is not a directory")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"cannot create {out.parent}: {exc.strerror or exc}") from None
     with _locked(out):
         notes = _recover(out)
         if not force and (out / MANIFEST).is_file():
@@ -374,7 +383,7 @@ def _build(files, tmp: Path, tokenizer: str, settings: dict, workers, progress: 
         "documents": docs,
         "tokens": total_tokens,
         "dtype": dtype.name,
-        "tokenizer": tok.spec() | ({"source": str(tok.path)} if tok.kind == "json" else {}),
+        "tokenizer": tok.spec(),
         "source": {"inputs": input_names, "default_corpus": is_default, "files": len(files),
                    "files_used": files_used, "bytes_read": done_bytes, "skipped": skipped,
                    "skipped_examples": examples, "truncated": truncated},
