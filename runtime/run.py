@@ -378,7 +378,7 @@ def execute(ctx, spec: RunSpec, body: Callable[[Run], Any]) -> Any:
     except BaseException as exc:  # noqa: BLE001 - recorded, post hooks told, then re-raised as Exit
         failure = exc
     outcome = {"status": "failed" if failure else "ok", "error": _error_text(failure) if failure else None}
-    post_error = _run_post(run, outcome) if spec.hooks and not isinstance(failure, hooks_mod.HookError) else None
+    post_error = _run_post(run, outcome) if spec.hooks else None   # also after a failed pre hook
 
     if failure is None and post_error is None:
         finish(run, "ok", result=result)

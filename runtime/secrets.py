@@ -122,10 +122,11 @@ class Masker:
         if isinstance(obj, Mapping):
             out = {}
             for k, v in obj.items():
+                key = self.text(k) if isinstance(k, str) else k
                 if is_secret_key(str(k)) and not isinstance(v, (Mapping, list, tuple)) and v not in (None, ""):
-                    out[k] = MASK
+                    out[key] = MASK
                 else:
-                    out[k] = self.mapping(v)
+                    out[key] = self.mapping(v)
             return out
         if isinstance(obj, (list, tuple)):
             return [self.mapping(v) for v in obj]

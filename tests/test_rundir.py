@@ -1,0 +1,110 @@
+"""Run directories, snapshots and the execute() orchestration, in process (runtime/run.py & co)."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from invoke import Context
+from invoke.exceptions import Exit
+
+from runtime import ranklog, rundir
+from runtime.cli import AnvilConfig
+from runtime.run import RunSpec, execute
+
+
+@pytest.fixture
+def ctx(tmp_path) -> Context:
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    return Context(config=AnvilConfig(overrides={"anvil": {"runs_dir": str(tmp_path / "runs"),
+                                                           "hooks_dir": str(hooks)}}))
+
+
+def test_run_dir_names_are_unique_and_writes_atomic(tmp_path):
+    when = datetime(2026, 11, 22, 10, 31, 5)
+    first = rundir.create(tmp_path, "train.pretrain", "llama 8b", when=when)
+    second = rundir.create(tmp_path, "train.pretrain", "llama 8b", host="node2", when=when)
+    third = rundir.create(tmp_path, "train.pretrain", "llama 8b", host="node2", when=when)
+    assert first.name == "2026-11-22T10-31-05_train.pretrain_llama-8b"
+    assert second.name == first.name + "@node2" and third.name == first.name + "-2"
+    target = first / "sub" / "x.json"
+    rundir.write_text(target, "{}")
+    assert target.read_text() == "{}" and [p.name for p in target.parent.iterdir()] == ["x.json"]
+
+
+def test_execute_writes_the_snapshot_and_result(ctx, tmp_path, monkeypatch):
+    monkeypatch.setenv("ANVIL_HOST", "node7")
+    spec = RunSpec(task="demo.work", name="t1", configs={"train.yaml": {"optim": {"lr": 0.1}}},
+                   env={"NCCL_DEBUG": "INFO"}, argv=["inv", "demo.work", "--name", "t1"])
+    seen = {}
+
+    def body(run):
+        seen["env"] = run.env["NCCL_DEBUG"]
+        run.write_json("extra/out.json", {"x": 1})
+        return {"loss": 1.5}
+
+    assert execute(ctx, spec, body) == {"loss": 1.5}
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    assert run_dir.name.endswith("_demo.work_t1") and seen["env"] == "INFO"
+    names = {p.name for p in run_dir.iterdir()}
+    assert {"metadata.json", "command.txt", "env.json", "environ.json", "machine.json", "versions.json",
+            "git.json", "pip-freeze.txt", "configs", "logs", "result.json", "extra"} <= names
+    md = json.loads((run_dir / "metadata.json").read_text())
+    assert md["status"] == "ok" and md["hosts"] == ["node7"] and md["exit_code"] == 0
+    assert md["end"] and md["duration_s"] >= 0 and md["argv"] == ["inv", "demo.work", "--name", "t1"]
+    env = json.loads((run_dir / "env.json").read_text())["vars"]
+    assert env["NCCL_DEBUG"] == {"value": "INFO", "source": "task"}
+    versions = json.loads((run_dir / "versions.json").read_text())
+    assert versions["python"] and versions["torch"] and versions["invoke"].startswith("2.")
+    assert "torch==" in (run_dir / "pip-freeze.txt").read_text()
+    assert "lr: 0.1" in (run_dir / "configs" / "train.yaml").read_text()
+    assert json.loads((run_dir / "result.json").read_text()) == {"loss": 1.5}
+    git = json.loads((run_dir / "git.json").read_text())
+    assert len(git["commit"]) == 40
+    assert "gpu" in json.loads((run_dir / "machine.json").read_text())
+
+
+def test_execute_failure_is_recorded_diagnosed_and_exits(ctx, tmp_path):
+    def body(run):
+        run.log.info("step 3")
+        (run.path / "logs" / "rank1.log").write_text("NCCL WARN socket connect to 10.0.0.2 failed: Connection refused\n")
+        raise RuntimeError("collective failed")
+
+    with pytest.raises(Exit) as caught:
+        execute(ctx, RunSpec(task="demo.fail"), body)
+    assert caught.value.code == 1
+    assert "demo.fail failed: RuntimeError: collective failed" in caught.value.message
+    assert "nccl-socket" in caught.value.message and "NCCL_SOCKET_IFNAME" in caught.value.message
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    md = json.loads((run_dir / "metadata.json").read_text())
+    assert md["status"] == "failed" and md["exit_code"] == 1
+    assert [d["problem"] for d in md["diagnosis"]] == ["nccl-socket"]
+
+
+def test_exit_codes_pass_through(ctx):
+    with pytest.raises(Exit) as caught:
+        execute(ctx, RunSpec(task="demo.exit"), lambda run: (_ for _ in ()).throw(Exit("bad input", 2)))
+    assert caught.value.code == 2 and "bad input" in caught.value.message
+
+
+def test_ranklog_format_files_and_console_rank(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("ANVIL_LOG_RANK", raising=False)
+    monkeypatch.setenv("API_TOKEN", "tok-zzzzzz")
+    log = ranklog.setup(tmp_path, rank=3, local_rank=1, host="node1", name="t.rank3")
+    log.info("hello %s", "tok-zzzzzz")
+    zero = ranklog.setup(tmp_path, rank=0, local_rank=0, host="node1", name="t.rank0")
+    zero.warning("from zero")
+    line = (tmp_path / "logs" / "rank3.log").read_text().strip()
+    assert line.endswith("[node1 r3/l1][INFO] hello <masked>") and line.startswith("[20")
+    err = capsys.readouterr().err
+    assert "from zero" in err and "hello" not in err          # console: rank 0 only
+    monkeypatch.setenv("ANVIL_LOG_RANK", "all")
+    ranklog.setup(None, rank=5, host="h", name="t.rank5").info("now visible")
+    assert "[h r5/l5][INFO] now visible" in capsys.readouterr().err
+    for name in ("t.rank3", "t.rank0", "t.rank5"):
+        for handler in logging.getLogger(name).handlers:
+            handler.close()
