@@ -383,7 +383,8 @@ def _build(files, tmp: Path, tokenizer: str, settings: dict, workers, progress: 
         "documents": docs,
         "tokens": total_tokens,
         "dtype": dtype.name,
-        "tokenizer": tok.spec(),
+        "tokenizer": tok.spec() | ({"source": "trained on these inputs by data.prepare"}
+                                   if tokenizer == "bpe" else {}),
         "source": {"inputs": input_names, "default_corpus": is_default, "files": len(files),
                    "files_used": files_used, "bytes_read": done_bytes, "skipped": skipped,
                    "skipped_examples": examples, "truncated": truncated},
