@@ -354,9 +354,11 @@ def run_streaming(argv: list[str], env: Mapping[str, str], log_path: Path | None
         if log:
             log.close()
     # torchrun reports any failed worker as its own exit 1; keep the workers'
-    # common code when they agree (the trainer's 3 means "requeue me").
-    if code == 1 and worker_codes and len(set(worker_codes)) == 1:
-        code = worker_codes[0] if worker_codes[0] > 0 else code
+    # own code when those that exited by themselves agree (the trainer's 3
+    # means "requeue me"); negative codes are workers torchrun then killed.
+    exited = {c for c in worker_codes if c > 0}
+    if code == 1 and len(exited) == 1:
+        code = exited.pop()
     return code
 
 

@@ -33,6 +33,10 @@ TASKS_PY = textwrap.dedent('''
                     "config": "a YAML config file"})
     def hello(c, fail=False, say="hello", config="", run_options=None):
         """Make a run that logs, writes a child log and returns a result."""
+        if config:
+            import yaml
+            with open(config) as handle:
+                say = yaml.safe_load(handle).get("say", say)
         configs = {"demo.yaml": config} if config else {"demo.yaml": {"say": say, "api_key": say}}
         spec = run_options.spec("demo.hello", configs=configs, env={"DEMO_LAYER": "task"})
         if run_options.env:

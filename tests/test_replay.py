@@ -1,0 +1,75 @@
+"""snapshot.list/show/diff/replay through the installed inv (runtime/replay.py, runtime/history.py)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runtime import replay
+from runner_project import clean_env, explain, inv, make_project, runs
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """A project with one recorded run of demo.hello (config file + --env + fan-out flags)."""
+    project = make_project(tmp_path_factory.mktemp("replay"))
+    config = project / "cfg.yaml"
+    config.write_text("say: from-file\n")
+    result = inv(["-i", "/nonexistent/key", "demo.hello", "--config", "cfg.yaml", "--name", "orig",
+                  "--env", "DEMO_LAYER=cli"], project)
+    assert result.returncode == 0, explain(result)
+    config.write_text("say: changed-since\n")          # the replay must use the recorded copy
+    (run_dir,) = runs(project)
+    return project, run_dir
+
+
+def test_plan_swaps_config_drops_fanout_flags_and_keeps_env(recorded):
+    project, run_dir = recorded
+    plan = replay.plan(run_dir)
+    assert plan.argv == ["demo.hello", "--config", str(run_dir / "configs" / "demo.yaml"), "--name", "orig",
+                         "--env", "DEMO_LAYER=cli"]
+    assert any("-i /nonexistent/key" in note for note in plan.dropped)
+    assert plan.env["DEMO_LAYER"] == "cli" and "ANVIL_HOST" not in plan.env
+
+
+def test_list_show_and_diff(recorded):
+    project, run_dir = recorded
+    listed = inv(["snapshot.list", "--json"], project)
+    rows = json.loads(listed.stdout)
+    assert [(r["task"], r["name"], r["status"]) for r in rows] == [("demo.hello", "orig", "ok")]
+    shown = inv(["snapshot.show", run_dir.name], project)
+    assert shown.returncode == 0 and "demo.hello" in shown.stdout and "DEMO_LAYER" in shown.stdout
+    missing = inv(["snapshot.show", "runs/nope"], project)
+    assert missing.returncode == 2 and "no such run directory" in missing.stderr
+    assert "Traceback" not in missing.stderr
+
+
+def test_replay_matches_here_then_refuses_a_different_machine_unless_forced(recorded):
+    project, run_dir = recorded
+    ok = inv(["snapshot.replay", str(run_dir)], project)
+    assert ok.returncode == 0, explain(ok)
+    assert "matches the recorded one" in ok.stdout
+    assert json.loads([l for l in ok.stdout.splitlines() if l.startswith("{")][0])["said"] == "from-file"
+    new = runs(project)[-1]
+    md = json.loads((new / "metadata.json").read_text())
+    assert md["replay_of"] == str(run_dir) and (new / "replay_of").resolve() == run_dir
+    env = json.loads((new / "env.json").read_text())["vars"]
+    assert env["DEMO_LAYER"]["value"] == "cli" and env["DEMO_LAYER"]["source"].startswith("replay:")
+
+    diffed = inv(["snapshot.diff", str(run_dir), str(new), "--json"], project)
+    kinds = {(r["kind"], r["key"]) for r in json.loads(diffed.stdout)}
+    assert ("config", "demo.yaml:say") not in kinds and ("run", "argv") in kinds
+
+    machine = json.loads((run_dir / "machine.json").read_text())
+    machine["gpu"] = {**machine.get("gpu", {}), "vendor": "rocm", "model": "MI300X", "count": 8,
+                      "driver": "6.10.5"}
+    (run_dir / "machine.json").write_text(json.dumps(machine))
+    before = len(runs(project))
+    refused = inv(["snapshot.replay", str(run_dir)], project)
+    assert refused.returncode == 3, explain(refused)
+    assert "replay refused" in refused.stderr and "gpu.model" in refused.stderr
+    assert "MI300X" in refused.stdout and len(runs(project)) == before
+    forced = inv(["snapshot.replay", str(run_dir), "--force"], project)
+    assert forced.returncode == 0, explain(forced)
+    assert len(runs(project)) == before + 1
