@@ -58,7 +58,7 @@ def test_hf_token_leaves_no_trace_under_runs(tmp_path):
     (hook / "20_py.py").write_text("def hook(ctx):\n    print('python hook sees', ctx.env['HF_TOKEN'])\n")
     secret = "secret"
     config = project / "cfg.yaml"
-    config.write_text(f"say: hi\nwandb_key: w-k-98765\nnote: token is {secret}\n")
+    config.write_text(f"say: {secret}\nwandb_key: w-k-98765\nnote: token is {secret}\n")
     env = clean_env(HF_TOKEN=secret, WANDB_API_KEY="w-k-98765", HTTPS_PROXY="http://proxyuser:pw4321@proxy:3128")
     result = inv(["demo.hello", "--config", str(config), "--say", secret, "--env", f"EXTRA_TOKEN={secret}"],
                  project, env)
