@@ -74,8 +74,24 @@ TASKS_PY = textwrap.dedent('''
         print(jsonlib.dumps(runtime.settings.load(c).to_dict()))
 
 
+    @task
+    def prep(c):
+        print("pre on", os.environ.get("ANVIL_HOST", "local"))
+
+
+    @task
+    def after(c):
+        print("post on", os.environ.get("ANVIL_HOST", "local"))
+
+
+    @task(pre=[prep], post=[after])
+    def main(c):
+        """A task with pre and post tasks."""
+        print("main on", os.environ.get("ANVIL_HOST", "local"))
+
+
     demo = Collection("demo")
-    for t in (hello, checks, shape, settings):
+    for t in (hello, checks, shape, settings, prep, after, main):
         demo.add_task(t)
     ns = Collection()
     ns.add_collection(demo)

@@ -88,6 +88,23 @@ def test_fanout_to_an_unreachable_host_fails_cleanly(project):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.netns
+def test_pre_and_post_tasks_run_on_every_host_with_the_task(netns_cluster, project, tmp_path):
+    """Not Fabric's way (pre/post once, locally; hosts one after another): each host runs all three."""
+    settings = json.loads(netns_cluster.invoke_yaml(project, connect_timeout=5))
+    settings["anvil"]["remote_inv"] = str(INV)
+    config = tmp_path / "hosts.yaml"
+    config.write_text(json.dumps(settings))
+    hosts = [h.address for h in netns_cluster.hosts]
+    result = inv(["-f", str(config), "-H", ",".join(hosts), "demo.main"], project, timeout=120)
+    assert result.returncode == 0, explain(result)
+    for host in hosts:
+        block = result.stdout.split(f"=== {host} (exit 0) ===\n")[1].split("\n\n")[0]
+        assert block.split() == ["pre", "on", host, "main", "on", host, "post", "on", host]
+    assert "pre on local" not in result.stdout and "post on local" not in result.stdout
+    assert f"passing hosts: {','.join(hosts)}" in result.stdout
+
+
 def _repack_installed_invoke(dest: Path) -> Path:
     """A wheel of the installed invoke, from its RECORD (offline, what pip would install)."""
     from importlib import metadata
