@@ -1,0 +1,159 @@
+"""metrics.jsonl -> one PNG: loss (train, val), throughput (tokens/s, MFU), memory, lr/grad norm.
+
+    plot_run(run_dir, out_png=None) -> Path     (default RUN_DIR/metrics.png)
+
+A step logged twice (before a kill and again after the resume) is drawn once, with its last
+value, and each resume is marked with a dotted vertical line. Needs matplotlib (the `plot`
+extra); drawn with the Agg backend, so no display is needed.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+PANELS = ("Loss", "Throughput", "Memory", "Learning rate and gradient norm")
+
+
+class PlotError(ValueError):
+    """No run dir, no metrics yet, or matplotlib missing: the message says which."""
+
+
+def read_metrics(run_dir: Path) -> tuple[dict[int, dict], dict[int, dict], list[int]]:
+    """(train records by step, val records by step, steps at which a resume restarted the
+    log). Lines cut short by a kill are skipped."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not Path(run_dir).is_dir():
+        raise PlotError(f"{run_dir}: no such run directory")
+    if not path.is_file():
+        raise PlotError(f"{run_dir}: no metrics.jsonl (rank 0 writes it from the first logged "
+                        "step; has this run trained yet?)")
+    train, val, resumes, last = {}, {}, [], 0
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+                step = int(record["step"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            if record.get("kind") == "train":
+                if step <= last:
+                    resumes.append(step)
+                last = step
+                train[step] = record
+            elif record.get("kind") == "val":
+                val[step] = record
+    if not train:
+        raise PlotError(f"{path}: no training steps logged yet")
+    return train, val, resumes
+
+
+def _series(records: dict[int, dict], key: str) -> tuple[list[int], list[float]]:
+    steps = [s for s in sorted(records) if isinstance(records[s].get(key), (int, float))]
+    return steps, [float(records[s][key]) for s in steps]
+
+
+def build_figure(train: dict[int, dict], val: dict[int, dict], resumes=(), title: str = ""):
+    """The matplotlib Figure (2x2 panels named in PANELS)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(12, 7.5), sharex=True, constrained_layout=True)
+    (ax_loss, ax_tput), (ax_mem, ax_lr) = axes
+    resume_lines = []
+    for ax, name in zip(axes.flat, PANELS):
+        ax.set_title(name, fontsize=11, loc="left")
+        ax.grid(True, alpha=0.3)
+        resume_lines = [ax.axvline(step, color="0.5", linestyle=":", linewidth=1) for step in resumes]
+    for ax in (ax_mem, ax_lr):
+        ax.set_xlabel("step")
+
+    handles = ax_loss.plot(*_series(train, "loss"), label="train", color="C0", linewidth=1.2)
+    if val:
+        handles += ax_loss.plot(*_series(val, "val_loss"), "o-", label="validation", color="C3", markersize=4)
+    if resume_lines:
+        resume_lines[0].set_label("resumed from a checkpoint")
+        handles.append(resume_lines[0])
+    ax_loss.set_ylabel("loss (nats/token)")
+    ax_loss.legend(handles=handles, loc="upper right", framealpha=0.9)
+
+    steps, tps = _series(train, "tokens_per_s")
+    handles = ax_tput.plot(steps, [t / 1e3 for t in tps], color="C2", label="tokens/s (all ranks)")
+    ax_tput.set_ylabel("thousand tokens/s")
+    mfu_steps, mfu = _series(train, "mfu")
+    if mfu_steps:
+        twin = ax_tput.twinx()
+        handles += twin.plot(mfu_steps, [m * 100 for m in mfu], color="C1", linestyle="--", label="MFU")
+        twin.set_ylabel("MFU (%)")
+        twin.set_ylim(0, max(mfu) * 100 * 1.25)
+    if tps:  # from zero: jitter of a few percent should look like a few percent
+        ax_tput.set_ylim(0, max(tps) / 1e3 * 1.25)
+    ax_tput.legend(handles=handles, loc="lower right", framealpha=0.9)
+
+    peak = 0.0
+    for key, label, color in (("gpu_mem_gib", "GPU peak allocated", "C4"),
+                              ("gpu_mem_reserved_gib", "GPU reserved", "C5"),
+                              ("rss_gib", "process RSS (rank 0)", "C7")):
+        steps, values = _series(train, key)
+        if steps:
+            ax_mem.plot(steps, values, label=label, color=color)
+            peak = max(peak, *values)
+    ax_mem.set_ylabel("GiB")
+    if peak:
+        ax_mem.legend(loc="best", framealpha=0.9)
+        ax_mem.set_ylim(0, peak * 1.15)
+
+    lr_handles = ax_lr.plot(*_series(train, "lr"), color="C0", label="learning rate")
+    ax_lr.set_ylabel("learning rate")
+    ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+    gsteps, gnorm = _series(train, "grad_norm")
+    if gsteps:
+        twin = ax_lr.twinx()
+        lr_handles += twin.plot(gsteps, gnorm, color="C3", alpha=0.7, linewidth=1, label="grad norm")
+        twin.set_ylabel("gradient norm (before clipping)")
+    ax_lr.legend(handles=lr_handles, loc="upper right", framealpha=0.9)
+
+    if title:
+        fig.suptitle(title, fontsize=12)
+    return fig
+
+
+def _title(run_dir: Path, train: dict) -> str:
+    parts = [run_dir.name]
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        world = summary.get("world_size", "?")
+        parts.append(f"{summary.get('config', '')} · {world} process{'' if world == 1 else 'es'} · "
+                     f"{summary.get('device', '')} · {summary.get('status', '')}")
+    except (OSError, ValueError):
+        parts.append("running")
+    parts.append(f"{max(train)} steps")
+    return "  |  ".join(p for p in parts if p)
+
+
+def plot_run(run_dir: str | os.PathLike, out_png: str | os.PathLike | None = None) -> Path:
+    """Draw RUN_DIR/metrics.jsonl to out_png (default RUN_DIR/metrics.png); returns its path."""
+    run_dir = Path(run_dir)
+    train, val, resumes = read_metrics(run_dir)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise PlotError("matplotlib is not installed; install the plot extra: "
+                        "pip install -e '.[plot]'") from None
+    out = Path(out_png) if out_png else run_dir / "metrics.png"
+    if out.suffix.lower() != ".png":
+        raise PlotError(f"{out}: the output must be a .png file")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig = build_figure(train, val, resumes, title=_title(run_dir, train))
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        fig.savefig(tmp, dpi=110, format="png")
+        os.replace(tmp, out)
+    finally:
+        from matplotlib import pyplot as plt
+
+        plt.close(fig)
+        tmp.unlink(missing_ok=True)
+    return out
