@@ -57,7 +57,8 @@ def _anvil() -> CheckResult:
     git, _diff = snapshot.git_info()
     commit = git.get("commit")
     if not commit:
-        return CheckResult("software.anvil", WARN, version, f"not a git checkout ({git.get('error')})",
+        why = (str(git.get("error") or "no commit").splitlines() or ["no commit"])[0]
+        return CheckResult("software.anvil", WARN, version, f"not a git checkout ({why})",
                            "run from the cloned repository so runs can be traced to a commit")
     value = f"{version} {commit[:12]}" + ("+dirty" if git.get("dirty") else "")
     return CheckResult("software.anvil", PASS, value, "Anvil version and commit (compare across nodes)")
