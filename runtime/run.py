@@ -28,6 +28,7 @@ execute then lays the recorded environment over the resolved one (source
 from __future__ import annotations
 
 import functools
+import importlib.util
 import inspect
 import os
 import shlex
@@ -42,8 +43,33 @@ from typing import Any, Callable, Mapping
 from invoke import task as invoke_task
 from invoke.exceptions import Exit, UnexpectedExit
 
-from runtime import diagnose, hooks as hooks_mod, ranklog, rundir, settings as settings_mod, snapshot
+from runtime import settings as settings_mod
 from runtime.secrets import MASK, Masker
+
+
+def _lazy(name: str):
+    """Import `name` on first attribute access (importlib's LazyLoader recipe).
+
+    Task modules import run_task from here at `inv --list` time; the run
+    machinery (importlib.metadata, logging, subprocess, ...) loads only when a
+    run is really made, keeping `inv --list` inside its 0.5 s budget.
+    """
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    loader = importlib.util.LazyLoader(spec.loader)
+    spec.loader = loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    loader.exec_module(module)
+    return module
+
+
+diagnose = _lazy("runtime.diagnose")
+hooks_mod = _lazy("runtime.hooks")
+ranklog = _lazy("runtime.ranklog")
+rundir = _lazy("runtime.rundir")
+snapshot = _lazy("runtime.snapshot")
 
 REPLAY_ENV = "ANVIL_REPLAY_OF"
 # Recorded variables that name the machine rather than configure the job: a

@@ -3,9 +3,8 @@ import json as jsonlib
 
 from invoke import Collection, task
 from invoke.exceptions import Exit
-from tabulate import tabulate
 
-from runtime import history, replay as replay_mod, rundir, settings as settings_mod
+from runtime import settings as settings_mod
 
 
 def _settings(c):
@@ -16,6 +15,7 @@ def _settings(c):
 
 
 def _load(c, path):
+    from runtime import history, rundir
     try:
         return history.load(path, _settings(c).runs_dir)
     except rundir.RunDirError as exc:
@@ -25,6 +25,8 @@ def _load(c, path):
 @task(auto_shortflags=False, help={"limit": "Show only the newest N runs", "json": "Print JSON"})
 def list_(c, limit=0, json=False):
     """Table of recorded runs: time, task, name, status, hosts."""
+    from tabulate import tabulate
+    from runtime import history
     runs_dir = _settings(c).runs_dir
     rows = history.list_rows(runs_dir, limit or None)
     if json:
@@ -42,6 +44,8 @@ def list_(c, limit=0, json=False):
                                    "json": "Print JSON"})
 def show(c, run, json=False):
     """What a run recorded: outcome, machine, versions, environment with sources, configs."""
+    from tabulate import tabulate
+    from runtime import history
     rec = _load(c, run)
     if json:
         print(jsonlib.dumps({"path": str(rec.path), "metadata": rec.metadata, "machine": rec.machine,
@@ -75,6 +79,8 @@ def show(c, run, json=False):
                                    "json": "Print JSON"})
 def diff(c, a, b, json=False):
     """Environment, config, version and machine differences between two runs."""
+    from tabulate import tabulate
+    from runtime import history
     rows = history.diff(_load(c, a), _load(c, b))
     if json:
         print(jsonlib.dumps(rows, indent=2))
@@ -91,6 +97,8 @@ def diff(c, a, b, json=False):
                                    "dry-run": "Show the plan and the command, run nothing"})
 def replay(c, run, force=False, dry_run=False):
     """Run a recorded task again with its recorded config and environment, into a new run."""
+    from tabulate import tabulate
+    from runtime import replay as replay_mod
     try:
         plan = replay_mod.plan(run, _settings(c).runs_dir)
     except replay_mod.ReplayError as exc:
