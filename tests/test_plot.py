@@ -58,15 +58,15 @@ def test_plot_writes_a_png_with_all_panels(tmp_path):
     assert {"loss (nats/token)", "thousand tokens/s", "MFU (%)", "GiB", "learning rate"} <= ylabels
 
     out = plot_run(run_dir)
-    assert out == run_dir / "metrics.png"
+    assert out == run_dir / "plots" / "metrics.png"
     data = out.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", data[16:24])  # IHDR
     assert (width, height) == (1320, 825) and len(data) > 50_000
-    assert not list(run_dir.glob(".*.tmp"))
+    assert not list(out.parent.glob(".*.tmp"))
 
-    custom = plot_run(run_dir, tmp_path / "plots" / "x.png")
-    assert custom.is_file()
+    assert plot_run(run_dir, tmp_path / "elsewhere" / "x.png").is_file()
+    assert plot_run(run_dir, tmp_path / "a_dir") == tmp_path / "a_dir" / "metrics.png"
 
 
 def test_plot_rejects_runs_without_metrics(tmp_path):
@@ -78,7 +78,7 @@ def test_plot_rejects_runs_without_metrics(tmp_path):
     (tmp_path / "empty" / "metrics.jsonl").write_text('{"kind": "val", "step": 1, "val_loss": 3}\n')
     with pytest.raises(PlotError, match="no training steps"):
         plot_run(tmp_path / "empty")
-    assert not (tmp_path / "empty" / "metrics.png").exists()
+    assert not (tmp_path / "empty" / "plots").exists()
     write_run(tmp_path / "run")
     with pytest.raises(PlotError, match=".png"):
         plot_run(tmp_path / "run", tmp_path / "out.svg")

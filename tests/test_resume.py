@@ -157,6 +157,10 @@ def test_sigkill_then_resume_auto_reproduces_the_loss_curve(tmp_path, dataset):
     assert got == expected  # every step, bit for bit, including those replayed after the kill
     assert [p.name for p in ck.list_checkpoints(victim / "checkpoints")] == ["step_20", "step_24"]
 
+    from trainer.plot import read_metrics, plot_run  # the real killed-and-resumed log plots
+    assert read_metrics(victim)[2] == [int(resume_from.name[5:]) + 1]
+    assert plot_run(victim).stat().st_size > 30_000
+
 
 def test_sigterm_on_one_fsdp_rank_stops_both_then_resumes_on_one_process(tmp_path, dataset):
     run_dir = tmp_path / "run"

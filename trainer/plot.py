@@ -1,6 +1,7 @@
 """metrics.jsonl -> one PNG: loss (train, val), throughput (tokens/s, MFU), memory, lr/grad norm.
 
-    plot_run(run_dir, out_png=None) -> Path     (default RUN_DIR/metrics.png)
+    plot_run(run_dir, out_png=None) -> Path     (default RUN_DIR/plots/metrics.png; out_png may
+                                                 also be a directory to put metrics.png in)
 
 A step logged twice (before a kill and again after the resume) is drawn once, with its last
 value, and each resume is marked with a dotted vertical line. Needs matplotlib (the `plot`
@@ -134,7 +135,8 @@ def _title(run_dir: Path, train: dict) -> str:
 
 
 def plot_run(run_dir: str | os.PathLike, out_png: str | os.PathLike | None = None) -> Path:
-    """Draw RUN_DIR/metrics.jsonl to out_png (default RUN_DIR/metrics.png); returns its path."""
+    """Draw RUN_DIR/metrics.jsonl to out_png (a .png path or a directory; default
+    RUN_DIR/plots/metrics.png); returns the PNG's path."""
     run_dir = Path(run_dir)
     train, val, resumes = read_metrics(run_dir)
     try:
@@ -142,9 +144,11 @@ def plot_run(run_dir: str | os.PathLike, out_png: str | os.PathLike | None = Non
     except ImportError:
         raise PlotError("matplotlib is not installed; install the plot extra: "
                         "pip install -e '.[plot]'") from None
-    out = Path(out_png) if out_png else run_dir / "metrics.png"
+    out = Path(out_png) if out_png else run_dir / "plots"
+    if out.suffix == "" or out.is_dir():  # a directory: the PNG goes inside it
+        out = out / "metrics.png"
     if out.suffix.lower() != ".png":
-        raise PlotError(f"{out}: the output must be a .png file")
+        raise PlotError(f"{out}: the output must be a .png file or a directory")
     out.parent.mkdir(parents=True, exist_ok=True)
     fig = build_figure(train, val, resumes, title=_title(run_dir, train))
     tmp = out.with_name(f".{out.name}.tmp")
