@@ -25,7 +25,10 @@ rewrites bin/inv): see runtime/shim.py; `main()` keeps that shim in place.
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import sys
+from pathlib import Path
 
 from invoke import Argument, Config, Executor, Program
 from invoke import __version__ as invoke_version
@@ -88,7 +91,25 @@ class AnvilProgram(Program):
                      help="Specifies default connection timeout, in seconds."),
         ]
 
+    def create_config(self):
+        with _config_errors():
+            super().create_config()
+
+    def update_config(self, merge: bool = True):
+        runtime_file = self.args.config.value
+        if runtime_file and not Path(runtime_file).is_file():
+            # Stock Invoke skips a missing -f file silently: a typo would go unnoticed.
+            raise Exit(f"-f {runtime_file}: no such configuration file", 2)
+        with _config_errors():
+            super().update_config(merge=merge)
+            # Check the runner settings once, here, so no task meets a bad one as a traceback.
+            settings_mod.load(self)
+
     def load_collection(self):
+        with _config_errors():
+            self._load_collection()
+
+    def _load_collection(self):
         try:
             super().load_collection()
         except Exit:
@@ -114,6 +135,22 @@ class AnvilProgram(Program):
                        f"runtime configuration. Put `-f FILE` before the task name if that is what "
                        f"you want; see `{self.binary} --help {self.tasks[0].name if self.tasks else 'TASK'}` "
                        f"for the task's options.", 2)
+
+
+@contextlib.contextmanager
+def _config_errors():
+    """Broken invoke.yaml / -f file / bad anvil setting: one message, exit 2, no traceback."""
+    from invoke.util import yaml
+    try:
+        yield
+    except yaml.YAMLError as exc:
+        raise Exit(f"invalid YAML in a configuration file: {exc}", 2) from None
+    except json.JSONDecodeError as exc:
+        raise Exit(f"invalid JSON in a configuration file: {exc}", 2) from None
+    except settings_mod.SettingsError as exc:
+        raise Exit(f"invoke.yaml: {exc}", 2) from None
+    except OSError as exc:
+        raise Exit(f"cannot read a configuration file: {exc}", 2) from None
 
 
 def _drop_shadowing_short_flags(context) -> None:

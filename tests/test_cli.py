@@ -74,6 +74,19 @@ def test_config_after_a_task_without_that_option_is_an_error(project, tmp_path):
     assert ok.returncode == 0, explain(ok)
 
 
+def test_bad_configuration_is_one_message(tmp_path):
+    project = make_project(tmp_path / "p")
+    (project / "invoke.yaml").write_text("anvil:\n  runs_dir: [unclosed\n")
+    broken = inv(["--list"], project)
+    (project / "invoke.yaml").write_text("anvil:\n  run_dir: typo\n")
+    unknown = inv(["demo.checks"], project)
+    missing = inv(["-f", str(tmp_path / "nope.yaml"), "demo.checks"], project)
+    for result, text in ((broken, "invalid YAML"), (unknown, "unknown anvil setting(s): run_dir"),
+                         (missing, "no such configuration file")):
+        assert result.returncode == 2, explain(result)
+        assert text in result.stderr and "Traceback" not in result.stderr
+
+
 def test_anvil_works_from_any_directory(tmp_path):
     result = inv(["--list"], tmp_path, program=INV.with_name("anvil"))
     assert result.returncode == 0, explain(result)
