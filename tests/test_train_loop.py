@@ -1,0 +1,131 @@
+"""The training loop in one process on CPU: the tiny model learns, runs are deterministic,
+gradient accumulation equals the big batch, user errors are one message."""
+import json
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from trainer import train
+from trainer.config import DEFAULT_CONFIG, load
+
+# A short tiny run: a few hundred tokens per step so it takes seconds on 2 cores.
+SHORT = ["data.seq_len=64", "data.batch_size=8", "schedule.warmup_steps=5", "train.val_batches=2",
+         "checkpoint.interval=0", "checkpoint.save_final=false", "logging.progress=false"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread: on a shared 2-core machine OpenMP spin-waits cost 10x."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    from trainer.data import prepare
+    out = tmp_path_factory.mktemp("data") / "stdlib30"
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    prepare(sorted(stdlib.glob("*.py"))[:30], out, progress=False)
+    return out
+
+
+def run(tmp_path, dataset, *sets, name="run"):
+    cfg = load(DEFAULT_CONFIG, [f"data.path={dataset}", *SHORT, *sets])
+    run_dir = tmp_path / name
+    assert train.run(cfg, run_dir) == 0
+    return run_dir
+
+
+def records(run_dir, kind="train"):
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def test_tiny_config_learns(tmp_path, dataset):
+    run_dir = run(tmp_path, dataset, "train.steps=80", "train.log_interval=1", "train.val_interval=40",
+                  "checkpoint.save_final=true")
+    train_records = records(run_dir)
+    first, last = train_records[0]["loss"], train_records[-1]["loss"]
+    assert len(train_records) == 80
+    assert first > 5.0                # ln(320) = 5.77 at init
+    assert last < 0.6 * first         # well below the start
+    vals = records(run_dir, "val")
+    assert [v["step"] for v in vals] == [40, 80]
+    assert vals[-1]["val_loss"] < 0.7 * first
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["steps"] == 80
+    assert summary["final_loss"] == last and summary["tokens"] == 80 * 8 * 64
+    assert (run_dir / "logs" / "rank0.log").read_text().count("| loss ") == 80
+    assert load(run_dir / "config.yaml").data.path == str(dataset)
+    assert (run_dir / "checkpoints" / "step_80" / "COMPLETE").is_file()
+    lrs = [r["lr"] for r in train_records]
+    assert lrs[4] == pytest.approx(3e-3) and lrs[-1] < lrs[10]   # warmup, then cosine decay
+    assert all(r["grad_norm"] > 0 and r["tokens_per_s"] > 0 for r in train_records)
+
+
+def test_same_seed_same_curve_other_seed_differs(tmp_path, dataset):
+    sets = ["train.steps=6", "train.log_interval=1", "train.val_batches=0"]
+    a = [r["loss"] for r in records(run(tmp_path, dataset, *sets, name="a"))]
+    b = [r["loss"] for r in records(run(tmp_path, dataset, *sets, name="b"))]
+    c = [r["loss"] for r in records(run(tmp_path, dataset, *sets, "train.seed=7", name="c"))]
+    assert a == b
+    assert a != c
+
+
+def test_grad_accumulation_equals_the_big_batch(tmp_path, dataset):
+    sets = ["train.steps=5", "train.log_interval=1", "train.val_batches=0"]
+    big = records(run(tmp_path, dataset, *sets, "data.batch_size=8", name="big"))
+    accum = records(run(tmp_path, dataset, *sets, "data.batch_size=4", "data.grad_accum=2",
+                        name="accum"))
+    for x, y in zip(big, accum):
+        assert x["loss"] == pytest.approx(y["loss"], rel=1e-5)
+        assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-4)
+
+
+def test_synthetic_data_is_labelled(tmp_path):
+    cfg = load(DEFAULT_CONFIG, [*SHORT, "data.path=synthetic", "train.steps=2", "train.val_batches=1"])
+    assert train.run(cfg, tmp_path / "syn") == 0
+    log = (tmp_path / "syn" / "logs" / "rank0.log").read_text()
+    assert "SYNTHETIC random tokens" in log
+    assert json.loads((tmp_path / "syn" / "summary.json").read_text())["data"].startswith("SYNTHETIC")
+
+
+def test_missing_dataset_says_how_to_prepare(tmp_path):
+    from trainer.data import DataError
+    cfg = load(DEFAULT_CONFIG.parent / "llama3_1b.yaml", [f"data.path={tmp_path / 'llama3'}"])
+    with pytest.raises(DataError) as err:
+        train.check_data(cfg)
+    message = str(err.value)
+    assert "inv data.prepare" in message and "tokenizer.json" in message
+    assert "data.path=synthetic" in message
+
+
+def test_vocab_smaller_than_tokenizer_is_refused(dataset):
+    from trainer.data import DataError
+    cfg = load(DEFAULT_CONFIG, [f"data.path={dataset}", "model.vocab_size=128"])
+    with pytest.raises(DataError, match="model.vocab_size is 128"):
+        train.check_data(cfg)
+
+
+def test_kernels_unavailable_is_a_clear_error(monkeypatch):
+    from trainer.model import Transformer
+    from trainer.config import ModelConfig
+    monkeypatch.setitem(sys.modules, "kernels", None)  # import kernels -> ImportError
+    with pytest.raises(train.TrainError, match="--kernels: the fused kernels are not available"):
+        train.apply_kernels(Transformer(ModelConfig(dim=32, n_layers=1, n_heads=2, n_kv_heads=2,
+                                                    ffn_dim=64, vocab_size=64)))
+
+
+def test_cli_bad_config_exits_1_with_one_message(tmp_path, capsys):
+    from trainer.__main__ import main
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("optim:\n  lr: fast\n")
+    assert main(["--config", str(bad), "--run-dir", str(tmp_path / "r")]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad}: optim.lr: expected a number" in err and "Traceback" not in err
+    assert not (tmp_path / "r" / "metrics.jsonl").exists()
