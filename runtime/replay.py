@@ -112,6 +112,13 @@ def _replay_argv(metadata: dict, run_dir: Path) -> tuple[list[str], list[str]]:
             token = f"{flag}={swaps[token.split('=', 1)[1]]}"
         out.append(token)
         i += 1
+    for name, option in (metadata.get("config_options") or {}).items():
+        copy = run_dir / "configs" / rundir.slug(Path(name).name)
+        if copy.is_file() and str(copy) not in out and f"{option}={copy}" not in out:
+            if option in out or any(t.startswith(option + "=") for t in out):
+                continue   # given explicitly with another value: already swapped above, or kept as typed
+            out += [option, str(copy)]
+            notes.append(f"added {option} {copy} (the run used the default {name})")
     return out, notes
 
 

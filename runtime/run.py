@@ -86,6 +86,8 @@ class RunSpec:
     hooks: bool = True
     patch: str | Path | None = None             # one-off hook file run before the pre hooks
     config_sources: dict[str, str] = field(default_factory=dict)  # file name -> path given on the CLI
+    config_options: dict[str, str] = field(default_factory=dict)  # file name -> the task option taking it
+    #   ("--config"): lets a replay pass the recorded copy even when the run used the default file
     argv: list[str] | None = None               # default: sys.argv
     world_size: int = 1
     extra: dict = field(default_factory=dict)   # more metadata.json entries
@@ -364,6 +366,7 @@ def create(ctx, spec: RunSpec) -> Run:
         "host": host, "hosts": [host], "world_size": spec.world_size,
         "argv": masker.argv(argv), "cwd": os.getcwd(), "project_root": str(settings.root),
         "configs": sorted(spec.configs), "config_sources": dict(spec.config_sources),
+        "config_options": dict(spec.config_options),
         "replay_of": str(original) if original else None, "pid": os.getpid(),
         **spec.extra,
     }

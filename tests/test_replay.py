@@ -73,3 +73,17 @@ def test_replay_matches_here_then_refuses_a_different_machine_unless_forced(reco
     forced = inv(["snapshot.replay", str(run_dir), "--force"], project)
     assert forced.returncode == 0, explain(forced)
     assert len(runs(project)) == before + 1
+
+
+def test_replay_passes_the_recorded_config_when_the_run_used_the_default(tmp_path):
+    from invoke import Context
+    from runtime.cli import AnvilConfig
+    from runtime.run import RunSpec, execute
+    ctx = Context(config=AnvilConfig(overrides={"anvil": {"runs_dir": str(tmp_path / "runs")}}))
+    spec = RunSpec(task="train.pretrain", configs={"train.yaml": {"optim": {"lr": 0.5}}},
+                   config_sources={"train.yaml": "configs/tiny.yaml"}, config_options={"train.yaml": "--config"},
+                   argv=["inv", "train.pretrain", "--set", "optim.lr=0.5"])
+    execute(ctx, spec, lambda run: None)
+    (run_dir,) = runs(tmp_path)
+    plan = replay.plan(run_dir)
+    assert plan.argv == ["train.pretrain", "--set", "optim.lr=0.5", "--config", str(run_dir / "configs" / "train.yaml")]
