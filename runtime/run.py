@@ -341,7 +341,10 @@ def _error_text(exc: BaseException) -> str:
 
 def create(ctx, spec: RunSpec) -> Run:
     """Make the run directory and write the snapshot (no hooks, no body)."""
-    settings = settings_mod.load(ctx)
+    try:
+        settings = settings_mod.load(ctx)
+    except settings_mod.SettingsError as exc:
+        raise Exit(f"invoke.yaml: {exc}", 2) from None
     argv = list(spec.argv if spec.argv is not None else sys.argv)
     host = os.environ.get("ANVIL_HOST") or socket.gethostname()
     values, sources, warnings = _env_layers(spec.env)
