@@ -29,6 +29,10 @@ def test_list_has_all_seven_collections_without_torch_or_paramiko():
                 if line.startswith("import time:")}
     assert "invoke" in imported                       # the profile really was taken
     assert not imported & {"torch", "paramiko", "fabric"}, sorted(imported & {"torch", "paramiko", "fabric"})
+    helped = inv(["--help", "train.pretrain"], REPO, env)
+    assert helped.returncode == 0 and "--config" in helped.stdout, explain(helped)
+    assert not {line.split("|")[-1].strip().split(".")[0] for line in helped.stderr.splitlines()
+                if line.startswith("import time:")} & {"torch", "paramiko", "fabric"}
 
 
 def test_help_of_a_task_and_h_not_shadowed(project):
