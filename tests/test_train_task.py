@@ -1,0 +1,74 @@
+"""`inv train.pretrain` through the installed inv, end to end on a tiny CPU run: run dir with the
+snapshot, the config as used, metrics.jsonl, rank logs and the summary; bad input is one message."""
+import json
+import os
+import subprocess
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+INV = REPO / ".venv" / "bin" / "inv"
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    from trainer.data import prepare
+    out = tmp_path_factory.mktemp("data") / "stdlib30"
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    prepare(sorted(stdlib.glob("*.py"))[:30], out, progress=False)
+    return out
+
+
+def inv(tmp_path, *args, timeout=300):
+    env = {**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs")}
+    return subprocess.run([str(INV), *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def run_dirs(tmp_path):
+    runs = tmp_path / "runs"
+    return sorted(runs.iterdir()) if runs.is_dir() else []
+
+
+@pytest.mark.slow
+def test_pretrain_end_to_end(tmp_path, dataset):
+    sets = [f"data.path={dataset}", "data.seq_len=64", "data.batch_size=8", "train.steps=12",
+            "train.log_interval=4", "train.val_interval=0", "schedule.warmup_steps=2",
+            "checkpoint.interval=0"]
+    args = ["train.pretrain", "--name", "e2e", "--env", "OMP_NUM_THREADS=1", "--json"]
+    for item in sets:
+        args += ["--set", item]
+    proc = inv(tmp_path, *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = run_dirs(tmp_path)
+    assert run.name.endswith("_train.pretrain_e2e")
+    summary = json.loads(proc.stdout)
+    assert summary["status"] == "ok" and summary["steps"] == 12 and summary["run_dir"] == str(run)
+    assert json.loads((run / "summary.json").read_text())["final_loss"] == summary["final_loss"]
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [4, 8, 12, 12]  # three train intervals, the final validation
+    assert "| loss " in (run / "logs" / "rank0.log").read_text()
+    assert "final train loss" in proc.stderr  # the trainer's summary table (tabulate)
+    from trainer.config import load
+    used = load(run / "config.yaml")  # the config as used, overrides applied
+    assert used.train.steps == 12 and used.data.path == str(dataset)
+    assert json.loads((run / "metadata.json").read_text())["status"] == "ok"
+    assert (run / "env.json").is_file() and (run / "checkpoints" / "step_12" / "COMPLETE").is_file()
+
+
+def test_bad_config_is_one_message_and_no_run(tmp_path):
+    proc = inv(tmp_path, "train.pretrain", "--set", "optim.lr=fast", timeout=60)
+    assert proc.returncode == 2
+    assert "tiny.yaml: optim.lr: expected a number, got 'fast'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert run_dirs(tmp_path) == []
+
+
+def test_missing_data_says_how_to_prepare(tmp_path):
+    proc = inv(tmp_path, "train.pretrain", "--config", "configs/llama3_8b.yaml",
+               "--set", f"data.path={tmp_path / 'llama3'}", timeout=60)
+    assert proc.returncode == 2
+    assert "inv data.prepare" in proc.stderr and "tokenizer.json" in proc.stderr
+    assert run_dirs(tmp_path) == []
