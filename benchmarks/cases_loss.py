@@ -1,6 +1,7 @@
 """Benchmark cases for the loss kernels: cross-entropy and LM head + cross-entropy.
 
-    python -m benchmarks.cases_loss --sweep     # our variants only: CE block/warps, FLCE chunk sizes
+    python -m benchmarks.cases_loss --sweep     # our variants only: CE paths/blocks/warps, FLCE chunk sizes
+    python -m benchmarks.cases_loss --sweep ce  # CE variants only
 
 Shapes are the Llama-3 vocabulary (128256) at 8192 tokens. Eager and compile run
 the loss as transformers does (logits upcast to fp32 before F.cross_entropy).
@@ -54,14 +55,19 @@ def _ce_liger(state):
     return lambda: loss(logits, target).backward()
 
 
-def _ce_anvil(state, block=None, warps=None):
+def _ce_anvil(state, mode=None, block=None, warps=None):
+    """mode None: the device's default path; else force ("row"|"split"|"two_pass", block, warps)."""
     import importlib
     ce = importlib.import_module("kernels.cross_entropy")  # kernels.cross_entropy is also a function name
     logits, target = state["logits"], state["target"]
 
     def fn():
-        if block:
-            ce._CE_BLOCK, ce._CE_WARPS = block, warps
+        if mode:
+            ce._CE_MODE = mode
+            if mode == "row":
+                ce._CE_BLOCK, ce._CE_WARPS = block, warps
+            else:
+                ce._SPLIT_BLOCK, ce._SPLIT_WARPS = block, warps
         # The trainer's path: the gradient overwrites the logits (as Liger does).
         ce.cross_entropy(logits, target, inplace_grad=True).backward()
     return fn
@@ -119,29 +125,50 @@ def flce_case(n=N_TOKENS, h=HIDDEN, v=VOCAB, anvil=_flce_anvil, label="") -> Cas
 CASES = [ce_case(), flce_case()]
 
 
-def sweep_cases() -> list[Case]:
-    """Our variants alone: CE (BLOCK, num_warps) and FLCE chunk sizes."""
+CE_SWEEP = (("row", 2048, 4), ("two_pass", 8192, 16),
+            ("split", 2048, 4), ("split", 4096, 4), ("split", 4096, 8), ("split", 8192, 4), ("split", 8192, 8),
+            ("split", 8192, 16), ("split", 16384, 8), ("split", 16384, 16), ("split", 16384, 32))
+
+
+def sweep_cases(which: str = "all") -> list[Case]:
+    """Our variants alone: CE (path, BLOCK, num_warps) and FLCE chunk sizes."""
     cases = []
-    for block, warps in ((2048, 4), (4096, 4), (4096, 8), (8192, 8), (8192, 16), (16384, 16), (16384, 32),
-                         (32768, 32)):
-        cases.append(ce_case(anvil=lambda s, b=block, w=warps: _ce_anvil(s, b, w), label=f" B{block}w{warps}"))
-    for chunk in (256, 768, 1024, 1536):
+    for mode, block, warps in CE_SWEEP if which in ("all", "ce") else ():
+        cases.append(ce_case(anvil=lambda s, m=mode, b=block, w=warps: _ce_anvil(s, m, b, w),
+                             label=f" {mode}-B{block}w{warps}"))
+    for chunk in (256, 768, 1024, 1536) if which in ("all", "flce") else ():
         cases.append(flce_case(anvil=lambda s, c=chunk: _flce_anvil(s, c), label=f" C{chunk}"))
     return cases
+
+
+def _print_split_kernel_resources() -> None:
+    """Registers / spills of each compiled ce_split_kernel variant (occupancy is what the sweep trades)."""
+    import importlib
+    ce = importlib.import_module("kernels.cross_entropy")
+    try:
+        for cache in ce.ce_split_kernel.device_caches.values():
+            for key, k in cache[0].items():
+                consts = {n: v for n, v in getattr(k.src, "constants", {}).items() if isinstance(v, (int, bool))}
+                print("SPLIT_KERNEL", {n: consts.get(n) for n in ("BLOCK", "N_CHUNKS") if n in consts} or key,
+                      "warps", k.metadata.num_warps, "regs", k.n_regs, "spills", k.n_spills)
+    except Exception as exc:  # introspection differs across Triton versions; never fail the sweep for it
+        print("SPLIT_KERNEL resources unavailable:", type(exc).__name__, exc)
 
 
 if __name__ == "__main__":
     from benchmarks import kernels as kb
     if "--sweep" not in sys.argv:
-        sys.exit("usage: python -m benchmarks.cases_loss --sweep")
+        sys.exit("usage: python -m benchmarks.cases_loss --sweep [ce|flce]")
+    which = sys.argv[sys.argv.index("--sweep") + 1] if len(sys.argv) > sys.argv.index("--sweep") + 1 else "all"
     import torch
     dev = "cuda"
     ceil = kb.measure_ceilings(dev, quick=True)
     rows = []
-    for case in sweep_cases():
+    for case in sweep_cases(which):
         rows += kb.measure_case(case, dev, ceil, quick=True, providers=("anvil",))
     print(kb.render({"device": torch.cuda.get_device_name(), "versions": kb._versions(), "date": "",
                      "ceilings": vars(ceil), "notes": [], "rows": rows}))
+    _print_split_kernel_resources()
     ce_rows = [r for r in rows if r["op"] == "cross_entropy" and r["ms"]]
     if ce_rows:
         best = min(ce_rows, key=lambda r: r["ms"])

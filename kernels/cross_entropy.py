@@ -108,6 +108,106 @@ def ce_row_kernel(
 
 
 @triton.jit
+def ce_split_kernel(
+    X, stride_x, T, G, stride_g, LOSS, NORM, STATS, COUNTS, n_rows, n_cols, ignore_index, z_loss, smoothing,
+    N_CHUNKS: tl.constexpr, CP2: tl.constexpr, BLOCK: tl.constexpr,
+    DO_STATS: tl.constexpr, DO_GRAD: tl.constexpr, SYNC: tl.constexpr,
+    COMPUTE_GRAD: tl.constexpr, SCALE_BY_NORM: tl.constexpr, HAS_Z: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
+):
+    """One program per (row, chunk of BLOCK columns); a row is N_CHUNKS chunks.
+
+    Each program holds its chunk in registers as p = exp(x - chunk max), publishes
+    (chunk max, sum p, sum x) to STATS [3, n_rows, N_CHUNKS], and once all chunks of its
+    row are there combines them into the row's log-sum-exp and writes its chunk's gradient
+    p * exp(chunk max - lse) straight from registers: one read and one write of the logits,
+    one exp per element. The program owning the target column writes the row's loss.
+
+    SYNC (one launch, DO_STATS and DO_GRAD): programs take tickets from COUNTS[0] in the
+    order they become resident, so row r is the tickets r*N_CHUNKS .. r*N_CHUNKS+N_CHUNKS-1;
+    each bumps COUNTS[1 + row] after publishing and spins until it reads N_CHUNKS.
+    Deadlock-free when the device can hold N_CHUNKS programs at once (the launcher checks
+    sm_count >= N_CHUNKS): a program publishes before it waits, every row below the newest
+    ticket's row has all its tickets held by running (or finished) programs and so completes,
+    so at most N_CHUNKS - 1 programs (of the newest row) can be waiting and a slot stays free
+    for the next ticket. It holds whatever the launch order and with other kernels beside it.
+    Not SYNC: two launches, stats (DO_STATS) then gradient (DO_GRAD, re-reading the chunk);
+    programs never wait, so it runs under TRITON_INTERPRET=1 (which runs programs one by one).
+    """
+    if SYNC:
+        t = tl.atomic_add(COUNTS, 1).to(tl.int64)  # ticket: residency order, not launch order
+    else:
+        t = tl.program_id(0).to(tl.int64)
+    row = t // N_CHUNKS
+    chunk = t % N_CHUNKS
+    offs = chunk * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n_cols
+    g_row = G + row * stride_g
+    target = tl.load(T + row).to(tl.int64)
+    if target == ignore_index:
+        if DO_GRAD:
+            if chunk == 0:
+                tl.store(LOSS + row, 0.0)
+            if COMPUTE_GRAD:
+                tl.store(g_row + offs, tl.zeros([BLOCK], G.dtype.element_ty), mask=mask)
+        return
+
+    x = tl.load(X + row * stride_x + offs, mask=mask, other=float("-inf")).to(tl.float32)
+    owner = (target >= chunk * BLOCK) & (target < chunk * BLOCK + BLOCK)
+    x_target = 0.0
+    if DO_GRAD:
+        if owner:
+            x_target = tl.sum(tl.where(offs == target, x, 0.0), axis=0)
+    m_c = tl.maximum(tl.max(x, axis=0), -1.0e30)  # finite, so an all -inf chunk gives p = 0, not nan
+    p = tl.exp(x - m_c)
+    stat = STATS + row * N_CHUNKS + chunk
+    plane = n_rows * N_CHUNKS
+    if DO_STATS:
+        tl.store(stat, m_c)
+        tl.store(stat + plane, tl.sum(p, axis=0))
+        if HAS_SMOOTHING:
+            tl.store(stat + 2 * plane, tl.sum(tl.where(mask, x, 0.0), axis=0))
+        if SYNC:
+            tl.debug_barrier()  # every thread's stores above happen before the release below
+            tl.atomic_add(COUNTS + 1 + row, 1, sem="release")
+    if DO_GRAD:
+        if SYNC:
+            n_done = tl.atomic_add(COUNTS + 1 + row, 0, sem="acquire")
+            while n_done < N_CHUNKS:
+                n_done = tl.atomic_add(COUNTS + 1 + row, 0, sem="acquire")
+        cs = tl.arange(0, CP2)
+        row_stats = STATS + row * N_CHUNKS + cs
+        cmask = cs < N_CHUNKS
+        ms = tl.load(row_stats, mask=cmask, other=-1.0e30, volatile=True)
+        ss = tl.load(row_stats + plane, mask=cmask, other=0.0, volatile=True)
+        m_row = tl.max(ms, axis=0)
+        lse = m_row + tl.log(tl.sum(ss * tl.exp(ms - m_row), axis=0))
+        if owner:
+            if HAS_SMOOTHING:
+                x_sum = tl.sum(tl.load(row_stats + 2 * plane, mask=cmask, other=0.0, volatile=True), axis=0)
+                loss = lse - (1.0 - smoothing) * x_target - smoothing / n_cols * x_sum
+            else:
+                loss = lse - x_target
+            if HAS_Z:
+                loss += z_loss * lse * lse
+            tl.store(LOSS + row, loss)
+        if COMPUTE_GRAD:
+            scale = 1.0
+            if SCALE_BY_NORM:
+                scale = 1.0 / tl.load(NORM).to(tl.float32)
+            p_scale = scale
+            if HAS_Z:
+                p_scale = scale * (1.0 + 2.0 * z_loss * lse)
+            target_term = scale
+            if HAS_SMOOTHING:
+                target_term = scale * (1.0 - smoothing)
+            g = p * (tl.exp(m_c - lse) * p_scale)  # = exp(x - lse) * p_scale
+            if HAS_SMOOTHING:
+                g -= scale * smoothing / n_cols
+            g = tl.where(offs == target, g - target_term, g)
+            tl.store(g_row + offs, g.to(G.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _scale_kernel(X, n, S, BLOCK: tl.constexpr):
     """X *= S[0] over a flat contiguous buffer; nothing to do (no traffic) when S[0] == 1."""
     s = tl.load(S).to(tl.float32)
@@ -135,22 +235,70 @@ def ce_config(device: torch.device, n_cols: int) -> tuple[int, int]:
 _CE_BLOCK = 2048
 _CE_WARPS: int | None = None
 
+# How a launch is done: "split" (ce_split_kernel, one launch, programs of a row wait for each
+# other: one read + one write of the logits), "two_pass" (ce_split_kernel as two launches:
+# the second re-reads the logits) or "row" (ce_row_kernel: one program per row, two walks).
+# None = per device: split on CUDA; row on HIP (the split kernel's waiting is argued safe
+# there too but has not run on an AMD GPU yet) and under the interpreter (programs run one by
+# one there, so a program waiting for a later one would hang: tests force "two_pass" instead).
+_CE_MODE: str | None = None
+_CE_MODES = ("split", "two_pass", "row")
+# Columns per chunk for the split kernel (rounded so chunks are even: 128256 -> 16 x 8192)
+# and warps per program (None: ~16 elements per thread).
+_SPLIT_BLOCK = 8192
+_SPLIT_WARPS: int | None = None
+
+
+def ce_mode(device: torch.device, n_cols: int) -> str:
+    if _CE_MODE is not None:
+        if _CE_MODE not in _CE_MODES:
+            raise ValueError(f"cross_entropy: mode must be one of {_CE_MODES}, got {_CE_MODE!r}")
+        return _CE_MODE
+    a = arch.detect(device)
+    if a.vendor != "cuda":
+        return "row"
+    n_chunks, _ = split_plan(n_cols)
+    return "split" if n_chunks <= a.sm_count else "row"  # deadlock-freedom needs N_CHUNKS co-resident
+
+
+def split_plan(n_cols: int) -> tuple[int, int]:
+    """(N_CHUNKS, BLOCK): about _SPLIT_BLOCK columns a chunk, BLOCK a power of two, no empty chunk."""
+    block = arch.next_pow2(triton.cdiv(n_cols, triton.cdiv(n_cols, _SPLIT_BLOCK)))
+    return triton.cdiv(n_cols, block), block
+
 
 def launch_ce(logits2d: torch.Tensor, target: torch.Tensor, grad: torch.Tensor | None, row_loss: torch.Tensor,
               normalizer: torch.Tensor | None, ignore_index: int, z_loss: float, label_smoothing: float,
               block: int | None = None, num_warps: int | None = None) -> None:
-    """Run ce_row_kernel on a [N, V] view (unit stride in V). grad may be logits2d itself."""
+    """Loss rows and (grad not None) the gradient of a [N, V] view (unit stride in V). grad may be logits2d."""
     n_rows, n_cols = logits2d.shape
     if n_rows == 0:
         return
-    b, w = ce_config(logits2d.device, n_cols)
     g = grad if grad is not None else logits2d
-    ce_row_kernel[(n_rows,)](
-        logits2d, logits2d.stride(0), target, g, g.stride(0), row_loss,
-        normalizer if normalizer is not None else row_loss, n_cols, ignore_index, z_loss, label_smoothing,
-        COMPUTE_GRAD=grad is not None, SCALE_BY_NORM=normalizer is not None, HAS_Z=z_loss != 0.0,
-        HAS_SMOOTHING=label_smoothing != 0.0, BLOCK=block or b, num_warps=num_warps or w,
-    )
+    flags = dict(COMPUTE_GRAD=grad is not None, SCALE_BY_NORM=normalizer is not None, HAS_Z=z_loss != 0.0,
+                 HAS_SMOOTHING=label_smoothing != 0.0)
+    norm = normalizer if normalizer is not None else row_loss
+    mode = ce_mode(logits2d.device, n_cols)
+    if mode == "row":
+        b, w = ce_config(logits2d.device, n_cols)
+        ce_row_kernel[(n_rows,)](
+            logits2d, logits2d.stride(0), target, g, g.stride(0), row_loss, norm, n_cols, ignore_index, z_loss,
+            label_smoothing, BLOCK=block or b, num_warps=num_warps or w, **flags)
+        return
+    n_chunks, b = split_plan(n_cols)
+    a = arch.detect(logits2d.device)
+    w = 4 if a.vendor == "cpu" else arch.clamp_warps(a, _SPLIT_WARPS or max(1, b // (16 * a.params.warp_size)))
+    stats = torch.empty(3, n_rows, n_chunks, device=logits2d.device, dtype=torch.float32)
+    counts = torch.zeros(1 + n_rows if mode == "split" else 1, device=logits2d.device, dtype=torch.int32)
+    args = (logits2d, logits2d.stride(0), target, g, g.stride(0), row_loss, norm, stats, counts, n_rows, n_cols,
+            ignore_index, z_loss, label_smoothing)
+    consts = dict(N_CHUNKS=n_chunks, CP2=arch.next_pow2(n_chunks), BLOCK=b, num_warps=w, **flags)
+    grid = (n_rows * n_chunks,)
+    if mode == "split":
+        ce_split_kernel[grid](*args, DO_STATS=True, DO_GRAD=True, SYNC=True, **consts)
+    else:
+        ce_split_kernel[grid](*args, DO_STATS=True, DO_GRAD=False, SYNC=False, **consts)
+        ce_split_kernel[grid](*args, DO_STATS=False, DO_GRAD=True, SYNC=False, **consts)
 
 
 def scale_inplace(x: torch.Tensor, s: torch.Tensor) -> None:

@@ -1,6 +1,11 @@
 """kernels.cross_entropy against F.cross_entropy in fp64: loss and gradient, every option.
 
 CPU: TRITON_INTERPRET=1 on small shapes. GPU: the same tests at real sizes.
+Launch paths (kernels.cross_entropy._CE_MODE): the tests above run the device's default
+("split" on CUDA, "row" under the interpreter); test_path_* force each path. The interpreter
+runs programs one after another, so a "split" program waiting for a later program of its row
+would hang: on CPU "split" runs with one chunk per row (ticket, publish and wait, nothing to
+wait for) and the multi-chunk combine runs as "two_pass" (same kernel, no waiting).
 Outputs are poisoned: torch.empty returns NaN-filled memory here (deterministic mode's
 fill_uninitialized_memory), so an element the kernel never writes shows up as NaN.
 """
@@ -14,7 +19,11 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+import importlib  # noqa: E402
+
 from kernels.cross_entropy import cross_entropy  # noqa: E402
+
+ce = importlib.import_module("kernels.cross_entropy")  # the module (its name is also the function's)
 
 GPU = torch.cuda.is_available()
 DEV = "cuda" if GPU else "cpu"
@@ -189,3 +198,76 @@ def test_bad_arguments_raise_clear_errors():
         cross_entropy(logits, target[:3])
     with pytest.raises(TypeError, match="int64"):
         cross_entropy(logits, target.float())
+
+
+# (mode, _SPLIT_BLOCK): on CPU vocab 700 -> 3 chunks of 256 in two_pass, 1 chunk in split.
+# On the GPU: 128256 -> 63 x 2048, 32 x 4096, 16 x 8192 (default), 8 x 16384; 32003 -> 16/8/4/2.
+PATHS = ([("split", 2048), ("split", 4096), ("split", 8192), ("split", 16384), ("two_pass", 8192),
+          ("row", None)] if GPU else [("two_pass", 256), ("split", 1 << 15), ("row", None)])
+PATH_VOCABS = VOCABS if GPU else (700,)
+
+
+@pytest.fixture(params=PATHS, ids=lambda p: f"{p[0]}-{p[1]}")
+def path(request, monkeypatch):
+    mode, block = request.param
+    monkeypatch.setattr(ce, "_CE_MODE", mode)
+    if block:
+        monkeypatch.setattr(ce, "_SPLIT_BLOCK", block)
+    return request.param
+
+
+@pytest.mark.parametrize("vocab", PATH_VOCABS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("options", [{}, {"reduction": "none"}, {"label_smoothing": 0.1, "reduction": "sum"}])
+def test_path_matches_torch(path, vocab, dtype, options):
+    logits, target = make(ROWS, vocab, dtype)
+    out, ref, g, g_ref = run_both(logits, target, **options)
+    assert rel_err(out, ref) < REL_TOL[dtype]
+    assert rel_err(g, g_ref) < REL_TOL[dtype]
+    assert (g[target == -100] == 0).all()
+
+
+def test_path_z_loss_inplace_and_no_grad(path):
+    logits, target = make(ROWS, PATH_VOCABS[0], torch.float32)
+    z, eps = 1e-3, 0.05
+    b = logits.double().requires_grad_()
+    valid = target != -100
+    ce_ref = F.cross_entropy(b, target, reduction="none", label_smoothing=eps)
+    ref = ((ce_ref + z * torch.logsumexp(b, dim=-1) ** 2) * valid).sum() / valid.sum()
+    ref.backward()
+    x = logits.clone().requires_grad_()
+    h = x * 1.0
+    out = cross_entropy(h, target, z_loss=z, label_smoothing=eps, inplace_grad=True)
+    out.backward()
+    assert torch.equal(h.detach(), x.grad)  # gradient written over the logits
+    assert rel_err(out, ref) < 1e-5 and rel_err(x.grad, b.grad) < 1e-5
+    with torch.no_grad():
+        out_ng = cross_entropy(logits, target, z_loss=z, label_smoothing=eps)
+    assert rel_err(out_ng, ref) < 1e-5
+
+
+def test_split_plan_covers_the_row_without_empty_chunks(monkeypatch):
+    for split_block in (256, 2048, 8192, 16384):
+        monkeypatch.setattr(ce, "_SPLIT_BLOCK", split_block)
+        for v in (1, 700, 1003, 32003, 128256, 256000):
+            n, block = ce.split_plan(v)
+            assert block & (block - 1) == 0 and n * block >= v > (n - 1) * block, (split_block, v, n, block)
+
+
+@pytest.mark.skipif(not GPU, reason="races show only with programs running at once")
+@pytest.mark.parametrize("split_block", [2048, 8192])
+def test_split_is_deterministic_at_scale(monkeypatch, split_block):
+    """Programs of a row meet through global memory: a missing ordering would show as runs that differ."""
+    monkeypatch.setattr(ce, "_CE_MODE", "split")
+    monkeypatch.setattr(ce, "_SPLIT_BLOCK", split_block)
+    logits, target = make(4096, 128256, torch.bfloat16, ignore_every=7)
+    outs = []
+    for _ in range(3):
+        a = logits.clone().requires_grad_()
+        loss = cross_entropy(a, target, reduction="none")
+        loss.sum().backward()
+        outs.append((loss.detach(), a.grad))
+    for loss, grad in outs[1:]:
+        assert torch.equal(loss, outs[0][0]) and torch.equal(grad, outs[0][1])
+    ref = F.cross_entropy(logits[:256].double(), target[:256], reduction="none")
+    assert rel_err(outs[0][0][:256], ref) < 1e-2
