@@ -191,6 +191,51 @@ CASES: list[Case] = [
 
 # ---------------------------------------------------------------- launch-parameter sweep
 
+def _clear_config_caches():
+    from kernels import arch
+    arch._detect.cache_clear()
+    for name in ("kernels.rms_norm", "kernels.rope"):
+        sys.modules[name]._config.cache_clear()
+
+
+def overhead(device: str = "cuda") -> list[tuple[str, str, str, float]]:
+    """Per-call host cost (tiny shapes, so the GPU waits on the host) and GPU-only time
+    (CUDA-graph replay at the real shapes) of one forward + backward, per provider."""
+    import time
+
+    import torch
+    import triton.testing
+
+    out = []
+    tiny = [rms_norm_case(8, 256), rope_case(1, 8, 32, 8, 128), swiglu_case(8, 256)]
+    for case in tiny + CASES:
+        for name in ("anvil", "liger", "compile"):
+            try:
+                state = case.setup(device)
+                fn = case.providers[name](state)
+                leaves = case.grad_to_none(state)
+                for _ in range(3):
+                    fn()
+                if case in tiny:
+                    torch.cuda.synchronize()
+                    start = time.perf_counter()
+                    for _ in range(200):
+                        for t in leaves:
+                            t.grad = None
+                        fn()
+                    torch.cuda.synchronize()
+                    out.append((case.shape, name, "host us/call", (time.perf_counter() - start) / 200 * 1e6))
+                elif name != "compile":
+                    ms = triton.testing.do_bench_cudagraph(fn, rep=50, grad_to_none=leaves, return_mode="median")
+                    out.append((case.shape, name, "graph ms", ms))
+            except Exception as exc:  # a diagnostic: report and go on
+                out.append((case.shape, name, f"failed {type(exc).__name__}: {str(exc)[:60]}", float("nan")))
+            finally:
+                state = None
+                torch.cuda.empty_cache()
+    return out
+
+
 def sweep(device: str = "cuda") -> dict:
     """Time our kernels alone under variants of this device's arch row (kernels/arch.py)."""
     import dataclasses
@@ -203,25 +248,17 @@ def sweep(device: str = "cuda") -> dict:
     base_arch = arch.detect()
     key = base_arch.name if base_arch.name in arch._TABLE else base_arch.vendor
     base = arch._TABLE[key]
-    variants = {
-        "table": {},
-        "ept8": {"elems_per_thread": 8}, "ept32": {"elems_per_thread": 32},
-        "pps2": {"programs_per_sm": 2}, "pps8": {"programs_per_sm": 8},
-        "blk1024w4": {"elementwise_block": 1024, "elementwise_warps": 4},
-        "blk2048w4": {"elementwise_block": 2048, "elementwise_warps": 4},
-        "blk8192w8": {"elementwise_block": 8192, "elementwise_warps": 8},
-        "blk8192w16": {"elementwise_block": 8192, "elementwise_warps": 16},
-    }
+    variants = {"table": {}, "pps2": {"programs_per_sm": 2}, "pps8": {"programs_per_sm": 8},
+                "ept32": {"elems_per_thread": 32}}
     ceilings = kb.measure_ceilings(device, quick=True)
     rows = []
     for label, change in variants.items():
         arch._TABLE[key] = dataclasses.replace(base, **change)
-        arch._detect.cache_clear()
-        for case in (rms_norm_case(65536, 4096, f" {label}"), rms_norm_case(16384, 4096, f" {label}"),
-                     rope_case(label=f" {label}"), swiglu_case(label=f" {label}")):
+        _clear_config_caches()
+        for case in (rms_norm_case(65536, 4096, f" {label}"), rms_norm_case(16384, 4096, f" {label}")):
             rows += kb.measure_case(case, device, ceilings, quick=True, providers=("anvil",))
     arch._TABLE[key] = base
-    arch._detect.cache_clear()
+    _clear_config_caches()
     return {"device": torch.cuda.get_device_name(), "versions": kb._versions(), "date": "", "notes": [],
             "ceilings": {"copy_tbps": ceilings.copy_tbps, "matmul_tflops": ceilings.matmul_tflops}, "rows": rows}
 
@@ -258,6 +295,8 @@ if __name__ == "__main__":
         sys.exit("usage: python -m benchmarks.cases_elementwise --sweep")
     from benchmarks import kernels as kb
 
+    for shape, name, what, value in overhead():
+        print(f"{what:14s} {shape:32s} {name:8s} {value:.3f}")
     for shape, name, ms in phase_times():
         print(f"forward only  {shape:32s} {name:8s} {ms:.3f} ms")
     print(kb.render(sweep()))

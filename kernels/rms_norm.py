@@ -14,6 +14,8 @@ anvil::rms_norm_fwd / anvil::rms_norm_bwd, which trace without graph breaks.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -52,22 +54,32 @@ def _rms_norm_bwd_kernel(
     w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
     dw_acc = tl.zeros([BLOCK], dtype=tl.float32)
     n_tiles = tl.cdiv(n_rows, ROWS)
-    # Tiles pid, pid + n_programs, ...; index arithmetic in int64.
+    # Tiles pid, pid + n_programs, ...; index arithmetic in int64. The next tile's loads are
+    # issued before this tile's math so each program keeps two tiles of bytes in flight.
+    rows = pid.to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    row_mask = rows < n_rows
+    mask = row_mask[:, None] & col_mask[None, :]
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
+    rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
     for i in range(0, tl.cdiv(n_tiles - pid, n_programs)):
-        rows = (pid.to(tl.int64) + i * n_programs) * ROWS + tl.arange(0, ROWS)
-        row_mask = rows < n_rows
-        mask = row_mask[:, None] & col_mask[None, :]
-        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
-        x_hat = x * rstd[:, None]
+        next_rows = rows + n_programs * ROWS
+        next_row_mask = next_rows < n_rows
+        next_mask = next_row_mask[:, None] & col_mask[None, :]
+        x_next = tl.load(X + next_rows[:, None] * stride_x + cols[None, :], mask=next_mask, other=0.0)
+        dy_next = tl.load(DY + next_rows[:, None] * stride_dy + cols[None, :], mask=next_mask, other=0.0)
+        rstd_next = tl.load(RSTD + next_rows, mask=next_row_mask, other=0.0)
+
+        x_hat = x.to(tl.float32) * rstd[:, None]
+        g = dy.to(tl.float32) * w[None, :]
         if COMPUTE_DW:
             # dW sees exactly the rounded x_hat the forward multiplied by W.
-            dw_acc += tl.sum(dy * x_hat.to(X.dtype.element_ty).to(tl.float32), axis=0)
-        g = dy * w[None, :]
+            dw_acc += tl.sum(dy.to(tl.float32) * x_hat.to(X.dtype.element_ty).to(tl.float32), axis=0)
         c = tl.sum(g * x_hat, axis=1) / n_cols
         dx = (g - x_hat * c[:, None]) * rstd[:, None]
         tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+
+        rows, mask, x, dy, rstd = next_rows, next_mask, x_next, dy_next, rstd_next
     if COMPUTE_DW:
         tl.store(DW_PARTIAL + pid.to(tl.int64) * n_cols + cols, dw_acc, mask=col_mask)
 
@@ -98,6 +110,14 @@ def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
         raise ValueError(f"rms_norm: x on {x.device} but weight on {weight.device}")
 
 
+@functools.lru_cache(maxsize=None)
+def _config(device: torch.device, n_cols: int) -> tuple[int, int, int, int]:
+    """(BLOCK, ROWS, num_warps, max persistent programs) for rows of n_cols on this device."""
+    a = arch.detect(device)
+    block, rows, warps = arch.row_config(a, n_cols)
+    return block, rows, warps, arch.persistent_grid(a, 1 << 62)
+
+
 def _forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     n_cols = x.shape[-1]
     x2 = _as_rows(x, n_cols)
@@ -106,8 +126,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.T
     rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
     if n_rows == 0:
         return y, rstd
-    a = arch.detect(x.device)
-    block, rows, warps = arch.row_config(a, n_cols)
+    block, rows, warps, _ = _config(x.device, n_cols)
     _rms_norm_fwd_kernel[(triton.cdiv(n_rows, rows),)](
         x2, weight.contiguous(), y, rstd, n_rows, n_cols, x2.stride(0), n_cols, eps,
         BLOCK=block, ROWS=rows, num_warps=warps,
@@ -125,9 +144,8 @@ def _backward(
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if n_rows == 0:
         return dx, (torch.zeros_like(weight) if compute_dw else None)
-    a = arch.detect(x.device)
-    block, rows, warps = arch.row_config(a, n_cols)
-    grid = arch.persistent_grid(a, triton.cdiv(n_rows, rows))
+    block, rows, warps, max_programs = _config(x.device, n_cols)
+    grid = min(max_programs, triton.cdiv(n_rows, rows))
     weight_c = weight.contiguous()
     partial = torch.empty((grid, n_cols), dtype=torch.float32, device=x.device) if compute_dw else rstd
     _rms_norm_bwd_kernel[(grid,)](
