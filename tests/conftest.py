@@ -43,12 +43,17 @@ def _unavailable(reason: str):
 
 
 @pytest.fixture(scope="session")
-def netns_cluster(tmp_path_factory):
-    """Two SSH hosts (cluster.hosts) and one down host (cluster.down_hosts),
-    each in its own network namespace, for the whole session."""
+def netns_prerequisites() -> None:
+    """Skip (fail in CI) where namespace hosts cannot be built."""
     reason = missing_prerequisites()
     if reason:
         _unavailable(reason)
+
+
+@pytest.fixture(scope="session")
+def netns_cluster(netns_prerequisites, tmp_path_factory):
+    """Two SSH hosts (cluster.hosts) and one down host (cluster.down_hosts),
+    each in its own network namespace, for the whole session."""
     try:
         cluster = Cluster.start(tmp_path_factory.mktemp("netns"), n_hosts=2, n_down=1)
     except ClusterUnavailable as exc:

@@ -9,12 +9,18 @@ connect_timeout, runs_dir), which the runner forwards to the hosts.
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import signal
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+import cluster as cluster_mod
 
 pytestmark = [pytest.mark.netns]
 
@@ -169,3 +175,32 @@ def test_hosts_run_at_the_same_time(fanout):
     assert max(arrived.values()) <= min(left.values())
     spread = max(arrived.values()) - min(arrived.values())
     print(f"\nhosts arrived within {spread:.2f} s of each other: {arrived}")
+
+
+# ---- the testbed itself ----------------------------------------------------------------------
+
+def test_leftovers_of_a_killed_cluster_are_removed(netns_prerequisites, repo):
+    """A run killed with SIGKILL leaves namespaces, a bridge and sshds behind;
+    the next cluster's start (remove_stale) must clear exactly those."""
+    child = subprocess.Popen([sys.executable, str(repo / "tests" / "cluster.py"), "up", "--hosts", "1"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             stdin=subprocess.DEVNULL)
+    first = child.stdout.readline()
+    match = re.match(r"cluster (\d+): up (\S+); down (\S+)", first)
+    if not match:
+        child.kill()
+        pytest.fail(f"cluster.py up printed: {first}{child.communicate()[0]}")
+    os.kill(child.pid, signal.SIGKILL)
+    child.communicate()
+    stale = cluster_mod.Cluster.load(cluster_mod.STATE_DIR / f"{match.group(1)}.json")
+    sshd_pid = int(Path(stale.hosts[0].pidfile).read_text())
+    assert cluster_mod._process_start(sshd_pid), "the killed run's sshd should still be running"
+    try:
+        assert stale.number in cluster_mod.remove_stale()
+        assert not cluster_mod._process_start(sshd_pid)
+        namespaces = cluster_mod._ip("netns", "list")
+        assert all(h.netns not in namespaces.split() for h in stale.all_hosts)
+        assert not Path(f"/sys/class/net/{stale.bridge}").exists()
+        assert not (cluster_mod.STATE_DIR / f"{stale.number}.json").exists()
+    finally:
+        shutil.rmtree(stale.workdir, ignore_errors=True)
