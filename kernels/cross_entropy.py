@@ -8,6 +8,10 @@ by 1/normalizer. The second walk runs backwards so the blocks read last in
 the first walk, the ones most likely still in L2, are re-read first. Math is
 fp32 in registers; no fp32 copy of the logits is ever made.
 
+ce_split_kernel is the one-read alternative (a row in chunks held in registers, the programs
+of a row meeting through global memory); it is correct and tested but slower today, so the
+launch path is chosen in `ce_mode` (notes there).
+
 Backward is then only a scale by the incoming gradient, and a kernel that
 returns at once when that gradient is 1.0 (the usual `loss.backward()`), read
 from device memory so there is no host sync.
@@ -238,9 +242,14 @@ _CE_WARPS: int | None = None
 # How a launch is done: "split" (ce_split_kernel, one launch, programs of a row wait for each
 # other: one read + one write of the logits), "two_pass" (ce_split_kernel as two launches:
 # the second re-reads the logits) or "row" (ce_row_kernel: one program per row, two walks).
-# None = per device: split on CUDA; row on HIP (the split kernel's waiting is argued safe
-# there too but has not run on an AMD GPU yet) and under the interpreter (programs run one by
-# one there, so a program waiting for a later one would hang: tests force "two_pass" instead).
+# None = "row" everywhere. Measured on an H200 (8192 x 128256 bf16, fwd+bwd, 2026-11-22):
+# row B2048/w4 1.74 ms; split 2.45 (B4096/w4) to 3.94 ms (B16384/w8); two_pass B8192/w16 2.53.
+# The split kernel moves a third fewer bytes but each program is one load -> reduce -> publish ->
+# wait -> write chain with no overlap (and 94-202 registers a thread: 2-5 programs an SM), so
+# too few bytes are in flight; see ce_split_kernel. It stays, tested, for the next step
+# (persistent programs that prefetch their next chunk while they wait).
+# Under the interpreter programs run one by one, so a "split" program waiting for a later one
+# would hang: tests run the multi-chunk combine as "two_pass" and "split" with one chunk a row.
 _CE_MODE: str | None = None
 _CE_MODES = ("split", "two_pass", "row")
 # Columns per chunk for the split kernel (rounded so chunks are even: 128256 -> 16 x 8192)
@@ -254,11 +263,15 @@ def ce_mode(device: torch.device, n_cols: int) -> str:
         if _CE_MODE not in _CE_MODES:
             raise ValueError(f"cross_entropy: mode must be one of {_CE_MODES}, got {_CE_MODE!r}")
         return _CE_MODE
+    return "row"
+
+
+def _check_split_fits(device: torch.device, n_chunks: int) -> None:
+    """The split kernel's deadlock-freedom needs N_CHUNKS programs co-resident (one an SM suffices)."""
     a = arch.detect(device)
-    if a.vendor != "cuda":
-        return "row"
-    n_chunks, _ = split_plan(n_cols)
-    return "split" if n_chunks <= a.sm_count else "row"  # deadlock-freedom needs N_CHUNKS co-resident
+    if a.vendor != "cpu" and n_chunks > a.sm_count:
+        raise ValueError(f"cross_entropy: split path needs <= {a.sm_count} chunks a row, got {n_chunks}; "
+                         "raise _SPLIT_BLOCK or use the row path")
 
 
 def split_plan(n_cols: int) -> tuple[int, int]:
@@ -286,6 +299,8 @@ def launch_ce(logits2d: torch.Tensor, target: torch.Tensor, grad: torch.Tensor |
             label_smoothing, BLOCK=block or b, num_warps=num_warps or w, **flags)
         return
     n_chunks, b = split_plan(n_cols)
+    if mode == "split":
+        _check_split_fits(logits2d.device, n_chunks)
     a = arch.detect(logits2d.device)
     w = 4 if a.vendor == "cpu" else arch.clamp_warps(a, _SPLIT_WARPS or max(1, b // (16 * a.params.warp_size)))
     stats = torch.empty(3, n_rows, n_chunks, device=logits2d.device, dtype=torch.float32)
