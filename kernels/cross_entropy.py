@@ -47,9 +47,14 @@ _REDUCTIONS = ("mean", "sum", "none")
 def ce_row_kernel(
     X, stride_x, T, G, stride_g, LOSS, NORM, n_cols, ignore_index, z_loss, smoothing,
     COMPUTE_GRAD: tl.constexpr, SCALE_BY_NORM: tl.constexpr, HAS_Z: tl.constexpr,
-    HAS_SMOOTHING: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_SMOOTHING: tl.constexpr, BLOCK: tl.constexpr, ONE_EXP: tl.constexpr = True,
 ):
-    """Row loss into LOSS[row]; with COMPUTE_GRAD the gradient into G (G may be X)."""
+    """Row loss into LOSS[row]; with COMPUTE_GRAD the gradient into G (G may be X).
+
+    ONE_EXP: the online update takes one exp per element, exp(-|x - m|), instead of two
+    (exp(m - m_new) and exp(x - m_new)): the new max is either the old one (s += e) or x
+    (s = s * e + 1). With the gradient's exp that is 2 exps an element instead of 3.
+    """
     row = tl.program_id(0).to(tl.int64)
     x_row = X + row * stride_x
     g_row = G + row * stride_g
@@ -69,9 +74,15 @@ def ce_row_kernel(
     for start in range(0, n_cols, BLOCK):
         mask = start + cols < n_cols
         x = tl.load(x_row + start + cols, mask=mask, other=float("-inf")).to(tl.float32)
-        m_new = tl.maximum(m, x)
-        s = s * tl.exp(m - m_new) + tl.exp(x - m_new)
-        m = m_new
+        if ONE_EXP:
+            d = x - m
+            e = tl.exp(-tl.abs(d))
+            s = tl.where(d > 0, s * e + 1.0, s + e)
+            m = tl.maximum(m, x)
+        else:
+            m_new = tl.maximum(m, x)
+            s = s * tl.exp(m - m_new) + tl.exp(x - m_new)
+            m = m_new
         if HAS_SMOOTHING:
             x_sum += tl.where(mask, x, 0.0)
     m_row = tl.max(m, axis=0)
@@ -238,6 +249,7 @@ def ce_config(device: torch.device, n_cols: int) -> tuple[int, int]:
 # _CE_WARPS None = derived (16 elements per thread; 2 warps on 64-lane HIP wavefronts).
 _CE_BLOCK = 2048
 _CE_WARPS: int | None = None
+_ROW_ONE_EXP = True  # see ce_row_kernel; False = the two-exp update (for A/B sweeps)
 
 # How a launch is done: "split" (ce_split_kernel, one launch, programs of a row wait for each
 # other: one read + one write of the logits), "two_pass" (ce_split_kernel as two launches:
@@ -296,7 +308,7 @@ def launch_ce(logits2d: torch.Tensor, target: torch.Tensor, grad: torch.Tensor |
         b, w = ce_config(logits2d.device, n_cols)
         ce_row_kernel[(n_rows,)](
             logits2d, logits2d.stride(0), target, g, g.stride(0), row_loss, norm, n_cols, ignore_index, z_loss,
-            label_smoothing, BLOCK=block or b, num_warps=num_warps or w, **flags)
+            label_smoothing, BLOCK=block or b, num_warps=num_warps or w, ONE_EXP=_ROW_ONE_EXP, **flags)
         return
     n_chunks, b = split_plan(n_cols)
     if mode == "split":
