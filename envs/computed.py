@@ -51,4 +51,6 @@ def miopen_cache_dir(ctx):
 
 
 def hostname(ctx):
-    return ctx.hostname
+    # Under `inv -H` the fan-out names each host as the user typed it (ANVIL_HOST);
+    # keep that so log lines and hooks match the -H list, not the machine's own name.
+    return ctx.get("ANVIL_HOST") or ctx.hostname

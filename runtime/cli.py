@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -178,7 +179,13 @@ program = AnvilProgram(
 def main(argv=None):
     from runtime import shim
     shim.ensure_installed()
-    program.run(argv)
+    try:
+        program.run(argv)
+    except BrokenPipeError:
+        # `inv --list | head`: the reader left; that is not an error of ours.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(0)
 
 
 if __name__ == "__main__":

@@ -280,6 +280,17 @@ def merge(results: list[HostResult]) -> MergedReport:
     return MergedReport(hosts, by_host, merged, passing, failing)
 
 
+def error_line(stderr: str, task: str = "") -> str:
+    """The line that says what went wrong: a run's failure message names its task
+    ("preflight.all failed: ...") and is followed by the run directory, so the last
+    line alone would hide it."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    for line in lines:
+        if task and line.startswith(f"{task} "):
+            return line
+    return lines[-1] if lines else ""
+
+
 def _short(text: str, width: int = 70) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= width else text[: width - 1] + "…"
@@ -335,7 +346,7 @@ def render(report: MergedReport, task: str = "") -> str:
         r = report.results[host]
         detail = r.error or (", ".join(r.failed_checks) and f"failed: {', '.join(r.failed_checks)}")
         if not detail and r.exit_code:
-            detail = _short(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "", 90)
+            detail = _short(error_line(r.stderr, task), 90)
         summary.append([host, host_status(r), f"{r.seconds:.1f}", _short(detail or "", 90)])
     out.append(tabulate(summary, headers=["host", "result", "seconds", "detail"]))
     out.append("")

@@ -94,3 +94,14 @@ def test_task_argv_rebuilds_given_options_only():
                                   "--env", "Y=2", "--count", "3"])
     assert fanout.task_argv(contexts[0]) == ["work", "--name", "a b", "--count", "3", "--verbose",
                                              "--no-hooks", "--env", "X=1", "--env", "Y=2"]
+
+
+def test_failed_host_detail_is_the_error_not_the_run_directory():
+    from runtime.fanout import error_line
+
+    stderr = ("WARNING: something harmless\n"
+              "train.pretrain failed: the trainer exited with status 1\n"
+              "run directory: runs/2026-11-22T10-00-00_train.pretrain\n")
+    assert error_line(stderr, "train.pretrain") == "train.pretrain failed: the trainer exited with status 1"
+    assert error_line("boom\n", "train.pretrain") == "boom"
+    assert error_line("", "x") == ""
