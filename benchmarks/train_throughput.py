@@ -139,6 +139,97 @@ def run_anvil(args, variant: str, out: Path, env: dict) -> dict:
             "final_loss": summary["final_loss"]}
 
 
+# --------------------------------------------------------------------------- where the time goes
+
+CATEGORIES = [  # (category, substrings of CUDA kernel names), first match wins
+    ("attention", ("flash", "fmha", "attention", "sdpa", "cudnn")),
+    ("matmul", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90_", "matmul")),
+    ("loss (LM head CE)", ("cross_entropy", "flce", "logsumexp", "nll", "_ce_")),
+    ("rms_norm", ("rms",)),
+    ("rope", ("rope", "rotary")),
+    ("swiglu", ("swiglu", "silu")),
+    ("optimizer", ("adam", "multi_tensor")),
+]
+
+
+def profile_anvil(args) -> dict:
+    """CUDA kernel time per step of the trainer's model (variant by flags), by category."""
+    import logging
+
+    import torch
+
+    from trainer import distributed, optim, train
+    from trainer.config import load
+    from trainer.data import TokenLoader
+
+    sets = ["data.path=synthetic", f"data.batch_size={args.batch}", f"data.seq_len={args.seq}",
+            "precision.compute=bf16", "precision.params=bf16", "train.kernels=true"]
+    cfg = load(args.config, sets)
+    info = distributed.init(cfg)
+    model, train_model = train.build_model(cfg, info, logging.getLogger("profile"))
+    opt = optim.build_optimizer(model, cfg.optim, info.device)
+    loader = TokenLoader("synthetic", "train", args.seq, args.batch, 0, 1, 0,
+                         vocab_size=cfg.model.vocab_size)
+
+    def step():
+        x, y = (t.to(info.device) for t in next(loader))
+        (train_model(x, y) / y.numel()).backward()
+        optim.clip_grad_norm(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    steps = 3
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    per_cat: dict[str, float] = {}
+    top = []
+    for event in prof.key_averages():
+        us = getattr(event, "self_device_time_total", 0) or 0
+        if us <= 0:
+            continue
+        name = event.key.lower()
+        cat = next((c for c, keys in CATEGORIES if any(k in name for k in keys)), "other")
+        per_cat[cat] = per_cat.get(cat, 0.0) + us / 1000 / steps
+        top.append((us / 1000 / steps, cat, event.key[:90]))
+    top.sort(reverse=True)
+    return {"ms_per_step_by_category": dict(sorted(per_cat.items(), key=lambda kv: -kv[1])),
+            "gpu_ms_per_step": sum(per_cat.values()), "top_kernels": top[:15]}
+
+
+def attention_backends(args) -> dict:
+    """fwd+bwd ms of causal GQA attention at the model's shape, per SDPA backend."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from triton.testing import do_bench
+
+    cfg = _model_cfg(args)
+    b, t, h, kv, d = args.batch, args.seq, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    q = torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(b, kv, t, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(b, kv, t, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    out = {}
+    for label, backend, gqa in [("flash (enable_gqa)", SDPBackend.FLASH_ATTENTION, True),
+                                ("cudnn (enable_gqa)", SDPBackend.CUDNN_ATTENTION, True),
+                                ("cudnn (repeat kv)", SDPBackend.CUDNN_ATTENTION, False),
+                                ("efficient (repeat kv)", SDPBackend.EFFICIENT_ATTENTION, False)]:
+        def run():
+            kk, vv = (k, v) if gqa else (k.repeat_interleave(h // kv, 1), v.repeat_interleave(h // kv, 1))
+            with sdpa_kernel(backend):
+                y = F.scaled_dot_product_attention(q, kk, vv, is_causal=True, enable_gqa=gqa)
+            y.sum().backward()
+        try:
+            out[label] = round(do_bench(run, warmup=5, rep=50), 3)
+        except Exception as exc:
+            out[label] = f"unsupported: {str(exc).splitlines()[0][:80]}"
+    return {"attention_fwd_bwd_ms_per_layer": out}
+
+
 # --------------------------------------------------------------------------- driver
 
 def _stream(argv, env, timeout, log_path: Path, label: str) -> int:
@@ -184,6 +275,10 @@ def table(results: list[dict]) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.worker in ("profile", "attention"):
+        result = profile_anvil(args) if args.worker == "profile" else attention_backends(args)
+        print(json.dumps(result, indent=1), flush=True)
+        return 0
     if args.worker:
         result = run_hf(args, liger=args.worker == "hf_liger")
         print("RESULT " + json.dumps(result), flush=True)

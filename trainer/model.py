@@ -231,7 +231,13 @@ class Transformer(nn.Module):
         h = self.model(input_ids)
         if labels is None:
             return self.lm_head(h)
-        return self.loss_fn(h.flatten(0, 1), self.lm_head.weight, labels.flatten())
+        weight = self.lm_head.weight
+        if torch.is_autocast_enabled(h.device.type):
+            # A fused loss bypasses autocast's F.linear: hand it compute-dtype operands,
+            # else the LM head runs in fp32 (fp32 master weights, fp32 residual stream).
+            dtype = torch.get_autocast_dtype(h.device.type)
+            h, weight = h.to(dtype), weight.to(dtype)
+        return self.loss_fn(h.flatten(0, 1), weight, labels.flatten())
 
     def num_params(self, exclude_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())  # parameters() yields a tied weight once

@@ -49,8 +49,13 @@ def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
     Works for plain tensors and FSDP2's DTensors (the norm is reduced over the mesh)."""
     params = [p for p in parameters if p.grad is not None]
     grads = [p.grad for p in params]
-    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=None)
     from torch.distributed.tensor import DTensor
+    if grads and not isinstance(grads[0], DTensor) and any(g.dtype != torch.float32 for g in grads):
+        # bf16 weights: accumulate the norm in fp32 (a bf16 norm keeps ~3 significant digits)
+        norms = [torch.linalg.vector_norm(g, 2.0, dtype=torch.float32) for g in grads]
+        total = torch.linalg.vector_norm(torch.stack(norms), 2.0)
+    else:
+        total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=None)
     if isinstance(total, DTensor):
         total = total.full_tensor()
     if max_norm > 0:
