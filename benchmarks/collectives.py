@@ -126,6 +126,7 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--out", help="rank 0 also writes the JSON report to this file (atomically)")
     a = p.parse_args(argv)
     sizes = [parse_size(s) for s in a.sizes.split(",") if s.strip()]
     backend = "nccl" if torch.cuda.is_available() else "gloo"  # nccl is RCCL on ROCm builds
@@ -137,8 +138,14 @@ def main(argv=None) -> int:
     finally:
         dist.destroy_process_group()
     if int(os.environ.get("RANK", 0)) == 0:
+        report = {"backend": backend, "results": rows}
+        if a.out:
+            tmp = f"{a.out}.tmp"
+            with open(tmp, "w") as fh:
+                json.dump(report, fh, indent=1)
+            os.replace(tmp, a.out)
         if a.json:
-            print(json.dumps({"backend": backend, "results": rows}))
+            print(json.dumps(report))
         else:
             from tabulate import tabulate
 

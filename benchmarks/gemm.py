@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -94,7 +95,9 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
-    r = run_gemm(a.M, a.N, a.K, a.dtype, iters=a.iters)
+    # The GPU's env profile exports its dense bf16 peak; a CPU has none.
+    peak = float(os.environ.get("ANVIL_GPU_PEAK_TFLOPS") or 0) or None
+    r = run_gemm(a.M, a.N, a.K, a.dtype, iters=a.iters, peak_tflops=peak)
     print(json.dumps(r.to_dict()) if a.json else
           f"{r.device} {r.dtype} {r.m}x{r.n}x{r.k}: {r.median_ms:.3f} ms, {r.tflops:.1f} TFLOP/s")
     return 0

@@ -52,3 +52,48 @@ def test_collective_under_torchrun_checks_values_and_reports_busbw(op):
     for r in rows:
         assert r["ranks"] == 2
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * bus_factor(op, 2))
+
+
+def _inv(repo, *args):
+    return subprocess.run([str(repo / ".venv" / "bin" / "inv"), *args], cwd=repo, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_inv_bench_gemm_and_allreduce_make_runs(tmp_path):
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    runs = tmp_path / "runs"
+    env_args = ("-f", str(_settings(tmp_path, runs)))
+    out = _inv(repo, *env_args, "bench.gemm", "-M", "64", "--dtype", "fp32", "--iters", "2", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout[out.stdout.index("{"):])
+    assert (result["m"], result["n"], result["k"]) == (64, 64, 64)
+    [run] = list(runs.glob("*_bench.gemm"))
+    assert json.loads((run / "gemm.json").read_text())["tflops"] == result["tflops"]
+
+    out = _inv(repo, *env_args, "bench.allreduce", "--sizes", "64K", "--iters", "2")
+    assert out.returncode == 0, out.stderr
+    [run] = list(runs.glob("*_bench.allreduce"))
+    report = json.loads((run / "collectives.json").read_text())
+    assert report["results"][0]["ranks"] == 2 and report["results"][0]["bytes"] == 64 << 10
+    assert "busbw GB/s" in out.stdout
+
+
+def test_inv_bench_rejects_bad_input_in_one_line(tmp_path):
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    env_args = ("-f", str(_settings(tmp_path, tmp_path / "runs")))
+    for args, message in ((("bench.gemm", "-M", "0"), "must be positive"),
+                          (("bench.allreduce", "--sizes", "12Q"), "bad size"),
+                          (("bench.kernels",), "needs a CUDA or ROCm GPU")):
+        out = _inv(repo, *env_args, *args)
+        assert out.returncode != 0
+        assert message in out.stderr and "Traceback" not in out.stderr
+
+
+def _settings(tmp_path, runs):
+    path = tmp_path / "anvil.yaml"
+    path.write_text(f"anvil:\n  runs_dir: {runs}\n")
+    return path
