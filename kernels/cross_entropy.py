@@ -249,7 +249,9 @@ def ce_config(device: torch.device, n_cols: int) -> tuple[int, int]:
 # _CE_WARPS None = derived (16 elements per thread; 2 warps on 64-lane HIP wavefronts).
 _CE_BLOCK = 2048
 _CE_WARPS: int | None = None
-_ROW_ONE_EXP = True  # see ce_row_kernel; False = the two-exp update (for A/B sweeps)
+# ONE_EXP measured slower on an H200 (2026-11-22, B2048/w4: 1.854 ms vs 1.742 with two exps): the
+# kernel is not bound by the exp unit; the extra abs/select costs more than the exp it saves.
+_ROW_ONE_EXP = False
 
 # How a launch is done: "split" (ce_split_kernel, one launch, programs of a row wait for each
 # other: one read + one write of the logits), "two_pass" (ce_split_kernel as two launches:
