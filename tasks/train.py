@@ -135,16 +135,15 @@ def export(c, run, format="hf", out="", dtype="bfloat16"):
 
 
 @task(help={"run": "Run directory (reads its metrics.jsonl)",
-            "out": "Output directory for the PNGs (default: RUN/plots)"})
+            "out": "Output .png file or directory (default: RUN/plots/metrics.png)"})
 def plot(c, run, out=""):
     """Draw loss, throughput and memory over steps to PNG."""
     from trainer.plot import PlotError, plot_run
     try:
-        paths = plot_run(run, out or None)
+        path = plot_run(run, out or None)
     except PlotError as exc:
         raise Exit(f"train.plot: {exc}", 2)
-    for path in paths:
-        print(path)
+    print(path)
 
 
 ns = Collection("train")

@@ -34,7 +34,9 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from trainer.checkpoint import CheckpointError
     from trainer.config import ConfigError
     from trainer.data import DataError
-    return (ConfigError, DataError, CheckpointError, distributed.DistributedError, TrainError)
+    from trainer.profiling import ProfileSettingsError
+    return (ConfigError, DataError, CheckpointError, distributed.DistributedError, TrainError,
+            ProfileSettingsError)
 
 
 # --------------------------------------------------------------------------- data
@@ -223,6 +225,8 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
                           progress=cfg.logging.progress, gpu_stats=cfg.logging.gpu_stats)
     if met.peak_tflops is None and info.device.type == "cuda":
         log.info("MFU: n/a (ANVIL_GPU_PEAK_TFLOPS not set by the environment profile)")
+    from trainer.profiling import StepProfiler
+    profiler = StepProfiler.from_env(run_dir, info.rank)  # ANVIL_PROFILE_STEPS (inv profile.train)
     stopper = signals.install()
     autocast = autocast_context(cfg, info)
     fsdp = cfg.parallel.strategy == "fsdp" and info.distributed
@@ -262,6 +266,8 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
             interval_tokens += step_tokens * info.world_size
             interval_steps += 1
             met.progress(step)
+            if profiler is not None:
+                profiler.step_done(step)
 
             if step % cfg.train.log_interval == 0 or step == cfg.train.steps:
                 mean_loss = distributed.all_reduce_mean(loss_sum / step_tokens, info).item()
@@ -295,6 +301,8 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
     finally:
         stopper.restore()
         met.close()
+        if profiler is not None:
+            profiler.close()
 
     summary = met.summary(status=status, params=n_params, world_size=info.world_size,
                           device=str(info.device) if info.device.type == "cpu"
