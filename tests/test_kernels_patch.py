@@ -120,3 +120,17 @@ def test_patched_trainer_model_compiles_without_graph_breaks():
 def test_unknown_model_is_refused():
     with pytest.raises(TypeError, match="neither"):
         kernels.patch(torch.nn.Linear(2, 2))
+
+
+def test_patched_trainer_loss_keeps_an_fp32_sum_for_bf16_activations():
+    """A bf16 sum of token losses moves in steps of 1/16 near 12: the logged curve would go flat."""
+    from kernels.patch import _trainer_loss
+
+    torch.manual_seed(fresh_seed())
+    hidden = torch.randn(64, 32, device=DEVICE).bfloat16()
+    weight = (torch.randn(VOCAB, 32, device=DEVICE) * 0.2).bfloat16()
+    labels = torch.randint(0, VOCAB, (64,), device=DEVICE)
+    loss = _trainer_loss(hidden, weight, labels)
+    reference = torch.nn.functional.cross_entropy(hidden.double() @ weight.double().T, labels, reduction="sum")
+    assert loss.dtype == torch.float32
+    assert abs(loss.item() - reference.item()) / reference.item() < 1e-4
