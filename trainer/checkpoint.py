@@ -84,23 +84,24 @@ def find_latest(path: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def resolve(resume: str | os.PathLike | None, checkpoint_dir: Path) -> Path | None:
+def resolve(resume: str | os.PathLike | None, checkpoint_dir: Path, what: str = "--resume") -> Path | None:
     """What `--resume` means: None/"none" -> fresh start; "auto" -> newest complete checkpoint
     under checkpoint_dir (fresh start when there is none); a path (run dir, checkpoint dir, or
-    one step_N) -> its newest complete checkpoint, CheckpointError when it has none."""
+    one step_N) -> its newest complete checkpoint, CheckpointError when it has none.
+    `what` names the asker in messages ("--resume", "export")."""
     if resume is None or str(resume).lower() in ("", "none", "no", "false"):
         return None
     if str(resume) == "auto":
         return find_latest(checkpoint_dir)
     path = Path(resume).expanduser()
     if not path.exists():
-        raise CheckpointError(f"--resume {resume}: no such file or directory")
+        raise CheckpointError(f"{what} {resume}: no such file or directory")
     if _step_of(path) is not None and path.is_dir() and not is_complete(path):
-        raise CheckpointError(f"--resume {resume}: checkpoint is incomplete (no {COMPLETE_MARKER} "
+        raise CheckpointError(f"{what} {resume}: checkpoint is incomplete (no {COMPLETE_MARKER} "
                               "marker: its save was interrupted); pick an earlier step_N")
     latest = find_latest(path)
     if latest is None:
-        raise CheckpointError(f"--resume {resume}: no complete checkpoint (step_N/ with a "
+        raise CheckpointError(f"{what} {resume}: no complete checkpoint (step_N/ with a "
                               f"{COMPLETE_MARKER} marker) in {path}")
     return latest
 
