@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json as jsonlib
 import sys
-from pathlib import Path
 
 from invoke import Collection, task
 from invoke.exceptions import Exit
@@ -34,88 +33,19 @@ PRETRAIN_HELP = {
 }
 
 
-def _load_config(config: str, sets):
-    from trainer.config import ConfigError, load
-    try:
-        return load(config or None, sets or ())
-    except ConfigError as exc:
-        raise Exit(f"train.pretrain: {exc}", 2)
-
-
-def _previous_checkpoint(runs_dir: Path, name: str) -> str | None:
-    """--resume auto: the newest complete checkpoint among earlier runs with this name."""
-    from trainer.checkpoint import find_latest
-    for run_dir in sorted(runs_dir.glob(f"*_train.pretrain_{name}"), reverse=True):
-        found = find_latest(run_dir)
-        if found is not None:
-            return str(found)
-    return None
-
-
 @run_task(help=PRETRAIN_HELP, iterable=["set_"])
 def pretrain(c, config="", set_=None, nproc=0, resume="", compile=False, kernels=False, gpu="",
              site="", json=False, run_options=None):
     """Train a Llama model with Anvil's trainer (run dir, snapshot, hooks, torchrun)."""
-    import envs
-    from runtime import settings as settings_mod
-    from runtime.launch import ContainerOptions, LaunchError, LaunchSpec, launch
-    from runtime.run import execute
-    from trainer.config import DEFAULT_CONFIG, dump
-    from trainer.data import DataError
-    from trainer.train import check_data
+    from runtime.training import TrainingJob, run_training
 
-    sets = list(set_ or [])
-    sets += ["train.compile=true"] if compile else []
-    sets += ["train.kernels=true"] if kernels else []
-    cfg = _load_config(config, sets)
-    try:
-        check_data(cfg)
-    except DataError as exc:
-        raise Exit(f"train.pretrain: {exc}", 2)
-    config_path = config or str(DEFAULT_CONFIG)
-    try:
-        env = envs.resolve(gpu=gpu or None, site=site or None, config_env=cfg.env,
-                           overrides=run_options.env, config_ref=f"{config_path} (env:)")
-    except envs.EnvError as exc:
-        raise Exit(f"train.pretrain: {exc}", 2)
-    for warning in env.warnings:
-        print(f"WARNING: {warning}")
-    settings = settings_mod.load(c)
-    name = run_options.name or cfg.name
-    if resume == "auto":
-        resume = _previous_checkpoint(settings.runs_dir, name) or "auto"
-
-    def body(run):
-        run.write_text("config.yaml", dump(cfg))
-        args = ["--config", str(run.path / "config.yaml"), "--run-dir", str(run.path)]
-        if resume:
-            args += ["--resume", resume]
-        spec = LaunchSpec(module="trainer", args=args, runtime=settings.runtime,
-                          nproc=nproc or None, gpus=env.machine.count, vendor=env.machine.vendor,
-                          container=ContainerOptions(engine=settings.container_engine or "docker",
-                                                     image=settings.container_image))
-        try:
-            code = launch(spec, env=run.env, run_dir=run.path, masker=run.masker)
-        except LaunchError as exc:
-            raise Exit(f"train.pretrain: {exc}", 2)
-        summary_path = run.path / "summary.json"
-        summary = jsonlib.loads(summary_path.read_text()) if summary_path.is_file() else None
-        if code == 3:
-            raise Exit(f"train.pretrain: stopped on a signal after checkpointing; continue with "
-                       f"`inv train.pretrain --resume {run.path}` (same config)", 3)
-        if code != 0:
-            raise Exit(f"train.pretrain: the trainer exited with status {code}; see "
-                       f"{run.path}/logs/rank0.log", code)
-        # The trainer's rank 0 has shown the summary table (tabulate) on the console already.
-        if json:
-            print(jsonlib.dumps({**(summary or {}), "run_dir": str(run.path)}, indent=2))
-        print(f"run directory: {run.path}", file=sys.stderr if json else sys.stdout)
-        return summary
-
-    spec = run_options.spec("train.pretrain", name=name, configs={"train.yaml": cfg.to_dict()},
-                            config_sources={"train.yaml": config_path}, env=env,
-                            extra={"resume": resume or None})
-    execute(c, spec, body)
+    job = TrainingJob(config=config, sets=list(set_ or []), nproc=nproc, resume=resume, compile=compile,
+                      kernels=kernels, gpu=gpu, site=site)
+    result = run_training(c, "train.pretrain", job, run_options)
+    # The trainer's rank 0 has shown the summary table (tabulate) on the console already.
+    if json:
+        print(jsonlib.dumps({**(result["summary"] or {}), "run_dir": str(result["run_dir"])}, indent=2))
+    print(f"run directory: {result['run_dir']}", file=sys.stderr if json else sys.stdout)
 
 
 @task(help={"run": "Run directory or checkpoint (step_N) to export",

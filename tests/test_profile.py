@@ -1,0 +1,84 @@
+"""Rank-targeted profiling: trainer.profiling's window and `inv profile.train` end to end (2 gloo ranks)."""
+import json
+import os
+import subprocess
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from trainer.profiling import ProfileSettingsError, StepProfiler, parse_ranks, parse_steps
+
+REPO = Path(__file__).resolve().parents[1]
+INV = REPO / ".venv" / "bin" / "inv"
+
+
+def test_window_and_rank_parsing():
+    assert parse_steps("3:6") == (3, 6)
+    assert parse_steps("5") == (5, 6)
+    assert parse_ranks("0,8") == {0, 8}
+    assert parse_ranks("all") is None
+    for bad in ("0:3", "6:3", "x", "3:"):
+        with pytest.raises(ProfileSettingsError):
+            parse_steps(bad)
+    with pytest.raises(ProfileSettingsError):
+        parse_ranks("zero")
+
+
+def test_only_the_asked_ranks_profile(tmp_path):
+    env = {"ANVIL_PROFILE_STEPS": "2:3", "ANVIL_PROFILE_RANKS": "1"}
+    assert StepProfiler.from_env(tmp_path, 0, env) is None
+    assert StepProfiler.from_env(tmp_path, 1, env) is not None
+    assert StepProfiler.from_env(tmp_path, 1, {}) is None
+
+
+def test_profiler_records_only_its_window(tmp_path):
+    import torch
+
+    profiler = StepProfiler(tmp_path, rank=0, start=2, end=3)
+    a = torch.randn(32, 32)
+    for step in range(1, 5):
+        (torch.mm if step == 2 else torch.add)(a, a)   # mm only inside the window
+        profiler.step_done(step)
+    profiler.close()
+    report = json.loads((tmp_path / "profile" / "rank0.ops.json").read_text())
+    names = {op["name"] for op in report["ops"]}
+    assert "aten::mm" in names and "aten::add" not in names
+    assert json.loads((tmp_path / "profile" / "rank0.trace.json").read_text())["traceEvents"]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    from trainer.data import prepare
+    out = tmp_path_factory.mktemp("data") / "stdlib20"
+    prepare(sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:20], out, progress=False)
+    return out
+
+
+def inv(tmp_path, *args):
+    env = {**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs")}
+    return subprocess.run([str(INV), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_inv_profile_train_traces_one_rank_of_two(tmp_path, dataset):
+    sets = [f"data.path={dataset}", "data.seq_len=32", "data.batch_size=2", "model.n_layers=1",
+            "train.val_interval=0", "train.log_interval=1"]
+    args = ["profile.train", "--nproc", "2", "--ranks", "1", "--steps", "2:4", "--env", "OMP_NUM_THREADS=1"]
+    for item in sets:
+        args += ["--set", item]
+    proc = inv(tmp_path, *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = (tmp_path / "runs").iterdir()
+    assert run.name.endswith("_profile.train_tiny")
+    assert sorted(p.name for p in (run / "profile").iterdir()) == ["rank1.ops.json", "rank1.trace.json"]
+    report = json.loads((run / "profile" / "rank1.ops.json").read_text())
+    assert report["steps"] == [2, 4] and report["ops"]
+    assert "rank 1, steps 2..3" in proc.stdout and "aten::" in proc.stdout
+    assert json.loads((run / "metadata.json").read_text())["status"] == "ok"
+
+
+def test_inv_profile_train_rejects_a_bad_window(tmp_path):
+    proc = inv(tmp_path, "profile.train", "--steps", "5:2")
+    assert proc.returncode == 2
+    assert "ANVIL_PROFILE_STEPS='5:2'" in proc.stderr and "Traceback" not in proc.stderr
