@@ -44,6 +44,37 @@ _REDUCTIONS = ("mean", "sum", "none")
 
 
 @triton.jit
+def _row_loss(lse, x_target, x_sum, n_cols, smoothing, z_loss, HAS_SMOOTHING: tl.constexpr, HAS_Z: tl.constexpr):
+    """One row's loss from its logsumexp, target logit and (smoothing) logit sum."""
+    if HAS_SMOOTHING:
+        loss = lse - (1.0 - smoothing) * x_target - smoothing / n_cols * x_sum
+    else:
+        loss = lse - x_target
+    if HAS_Z:
+        loss += z_loss * lse * lse
+    return loss
+
+
+@triton.jit
+def _grad_scales(NORM, lse, n_cols, smoothing, z_loss, SCALE_BY_NORM: tl.constexpr,
+                 HAS_SMOOTHING: tl.constexpr, HAS_Z: tl.constexpr):
+    """dloss/dx = p_scale * softmax - target_term * onehot - uniform_term;
+    d/dx [lse + z*lse^2] = (1 + 2 z lse) * softmax."""
+    scale = 1.0
+    if SCALE_BY_NORM:
+        scale = 1.0 / tl.load(NORM).to(tl.float32)
+    p_scale = scale
+    if HAS_Z:
+        p_scale = scale * (1.0 + 2.0 * z_loss * lse)
+    target_term = scale
+    uniform_term = 0.0
+    if HAS_SMOOTHING:
+        target_term = scale * (1.0 - smoothing)
+        uniform_term = scale * smoothing / n_cols
+    return p_scale, target_term, uniform_term
+
+
+@triton.jit
 def ce_row_kernel(
     X, stride_x, T, G, stride_g, LOSS, NORM, n_cols, ignore_index, z_loss, smoothing,
     COMPUTE_GRAD: tl.constexpr, SCALE_BY_NORM: tl.constexpr, HAS_Z: tl.constexpr,
@@ -89,25 +120,12 @@ def ce_row_kernel(
     lse = m_row + tl.log(tl.sum(s * tl.exp(m - m_row), axis=0))
 
     x_target = tl.load(x_row + target).to(tl.float32)
-    if HAS_SMOOTHING:
-        loss = lse - (1.0 - smoothing) * x_target - smoothing / n_cols * tl.sum(x_sum, axis=0)
-    else:
-        loss = lse - x_target
-    if HAS_Z:
-        loss += z_loss * lse * lse
-    tl.store(LOSS + row, loss)
+    tl.store(LOSS + row, _row_loss(lse, x_target, tl.sum(x_sum, axis=0), n_cols, smoothing, z_loss,
+                                   HAS_SMOOTHING, HAS_Z))
 
     if COMPUTE_GRAD:
-        scale = 1.0
-        if SCALE_BY_NORM:
-            scale = 1.0 / tl.load(NORM).to(tl.float32)
-        # d/dx [lse + z*lse^2] = (1 + 2 z lse) * softmax
-        p_scale = scale
-        if HAS_Z:
-            p_scale = scale * (1.0 + 2.0 * z_loss * lse)
-        target_term = scale
-        if HAS_SMOOTHING:
-            target_term = scale * (1.0 - smoothing)
+        p_scale, target_term, uniform_term = _grad_scales(NORM, lse, n_cols, smoothing, z_loss, SCALE_BY_NORM,
+                                                           HAS_SMOOTHING, HAS_Z)
         n_blocks = tl.cdiv(n_cols, BLOCK)
         # Pass 2, last block first: those are the freshest in L2.
         for i in range(0, n_blocks):
@@ -117,7 +135,7 @@ def ce_row_kernel(
             x = tl.load(x_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
             g = tl.exp(x - lse) * p_scale
             if HAS_SMOOTHING:
-                g -= scale * smoothing / n_cols
+                g -= uniform_term
             g = tl.where(offs == target, g - target_term, g)
             tl.store(g_row + offs, g.to(G.dtype.element_ty), mask=mask)
 
@@ -197,27 +215,16 @@ def ce_split_kernel(
         m_row = tl.max(ms, axis=0)
         lse = m_row + tl.log(tl.sum(ss * tl.exp(ms - m_row), axis=0))
         if owner:
+            x_sum = 0.0
             if HAS_SMOOTHING:
                 x_sum = tl.sum(tl.load(row_stats + 2 * plane, mask=cmask, other=0.0, volatile=True), axis=0)
-                loss = lse - (1.0 - smoothing) * x_target - smoothing / n_cols * x_sum
-            else:
-                loss = lse - x_target
-            if HAS_Z:
-                loss += z_loss * lse * lse
-            tl.store(LOSS + row, loss)
+            tl.store(LOSS + row, _row_loss(lse, x_target, x_sum, n_cols, smoothing, z_loss, HAS_SMOOTHING, HAS_Z))
         if COMPUTE_GRAD:
-            scale = 1.0
-            if SCALE_BY_NORM:
-                scale = 1.0 / tl.load(NORM).to(tl.float32)
-            p_scale = scale
-            if HAS_Z:
-                p_scale = scale * (1.0 + 2.0 * z_loss * lse)
-            target_term = scale
-            if HAS_SMOOTHING:
-                target_term = scale * (1.0 - smoothing)
+            p_scale, target_term, uniform_term = _grad_scales(NORM, lse, n_cols, smoothing, z_loss, SCALE_BY_NORM,
+                                                           HAS_SMOOTHING, HAS_Z)
             g = p * (tl.exp(m_c - lse) * p_scale)  # = exp(x - lse) * p_scale
             if HAS_SMOOTHING:
-                g -= scale * smoothing / n_cols
+                g -= uniform_term
             g = tl.where(offs == target, g - target_term, g)
             tl.store(g_row + offs, g.to(G.dtype.element_ty), mask=mask)
 

@@ -89,7 +89,7 @@ def _replay_argv(metadata: dict, run_dir: Path) -> tuple[list[str], list[str]]:
         copy = run_dir / "configs" / rundir.slug(Path(name).name)
         if copy.is_file() and source:
             swaps[str(source)] = str(copy)
-    out, notes, skip = [], [], False
+    out, notes = [], []
     i = 0
     while i < len(argv):
         token = argv[i]

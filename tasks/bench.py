@@ -8,7 +8,7 @@ import json as jsonlib
 import subprocess
 import sys
 
-from invoke import Collection, task
+from invoke import Collection
 from invoke.exceptions import Exit
 
 from runtime.run import run_task

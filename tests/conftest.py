@@ -32,6 +32,21 @@ def inv_bin() -> Path:
     return path
 
 
+# ---- a small real dataset --------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def dataset(tmp_path_factory) -> Path:
+    """30 standard-library files, byte tokenizer: enough for a few dozen tiny training steps.
+    Read-only for tests: one is made per session and shared."""
+    import sysconfig
+
+    from trainer.data import prepare
+
+    out = tmp_path_factory.mktemp("data") / "stdlib30"
+    prepare(sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:30], out, progress=False)
+    return out
+
+
 # ---- network-namespace SSH hosts (tests/cluster.py) ----------------------------------------
 
 def _unavailable(reason: str):

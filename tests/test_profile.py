@@ -2,7 +2,6 @@
 import json
 import os
 import subprocess
-import sysconfig
 from pathlib import Path
 
 import pytest
@@ -47,12 +46,6 @@ def test_profiler_records_only_its_window(tmp_path):
     assert json.loads((tmp_path / "profile" / "rank0.trace.json").read_text())["traceEvents"]
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    from trainer.data import prepare
-    out = tmp_path_factory.mktemp("data") / "stdlib20"
-    prepare(sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:20], out, progress=False)
-    return out
 
 
 def inv(tmp_path, *args):

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from runtime import replay
-from runner_project import clean_env, explain, inv, make_project, runs
+from runner_project import explain, inv, make_project, runs
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
@@ -32,14 +31,6 @@ SHORT = ["model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_head
          "logging.progress=false", "logging.tensorboard=false", "logging.gpu_stats=false"]
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    from trainer.data import prepare
-
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    out = tmp_path_factory.mktemp("data") / "stdlib30"
-    prepare(sorted(stdlib.glob("*.py"))[:30], out, progress=False)
-    return out
 
 
 def trainer_argv(run_dir: Path, dataset: Path, nproc: int | None, *sets: str, resume: str | None = None):

@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 from invoke import Context

@@ -1,7 +1,6 @@
 """Secret masking (runtime/secrets.py) and the end-to-end promise: no secret under runs/."""
 from __future__ import annotations
 
-import os
 import subprocess
 
 import pytest

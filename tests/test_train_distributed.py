@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
@@ -16,13 +15,6 @@ SETS = ["data.seq_len=64", f"train.steps={STEPS}", "train.log_interval=1", "trai
         "checkpoint.interval=0", "logging.progress=false", "model.n_layers=2"]
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    from trainer.data import prepare
-    out = tmp_path_factory.mktemp("data") / "stdlib30"
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    prepare(sorted(stdlib.glob("*.py"))[:30], out, progress=False)
-    return out
 
 
 def train(run_dir: Path, dataset: Path, nproc: int, *sets: str) -> dict:

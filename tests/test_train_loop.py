@@ -2,8 +2,6 @@
 gradient accumulation equals the big batch, user errors are one message."""
 import json
 import sys
-import sysconfig
-from pathlib import Path
 
 import pytest
 
@@ -25,13 +23,6 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    from trainer.data import prepare
-    out = tmp_path_factory.mktemp("data") / "stdlib30"
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    prepare(sorted(stdlib.glob("*.py"))[:30], out, progress=False)
-    return out
 
 
 def run(tmp_path, dataset, *sets, name="run"):

@@ -3,7 +3,6 @@ snapshot, the config as used, metrics.jsonl, rank logs and the summary; bad inpu
 import json
 import os
 import subprocess
-import sysconfig
 from pathlib import Path
 
 import pytest
@@ -12,13 +11,6 @@ REPO = Path(__file__).resolve().parents[1]
 INV = REPO / ".venv" / "bin" / "inv"
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    from trainer.data import prepare
-    out = tmp_path_factory.mktemp("data") / "stdlib30"
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    prepare(sorted(stdlib.glob("*.py"))[:30], out, progress=False)
-    return out
 
 
 def inv(tmp_path, *args, timeout=300):
