@@ -174,7 +174,7 @@ def profile_anvil(args) -> dict:
     def step():
         x, y = (t.to(info.device) for t in next(loader))
         (train_model(x, y) / y.numel()).backward()
-        optim.clip_grad_norm(model.parameters(), 1.0)
+        optim.clip_grad_norm(model.parameters(), 1.0, opt)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
@@ -182,7 +182,8 @@ def profile_anvil(args) -> dict:
         step()
     torch.cuda.synchronize()
     steps = 3
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
@@ -190,14 +191,25 @@ def profile_anvil(args) -> dict:
     top = []
     for event in prof.key_averages():
         us = getattr(event, "self_device_time_total", 0) or 0
-        if us <= 0:
-            continue
+        if (us <= 0 or event.device_type != torch.autograd.DeviceType.CUDA
+                or event.key.startswith(("Optimizer.", "ProfilerStep"))):
+            continue  # CPU ops and GPU-side annotation ranges repeat their kernels' time
         name = event.key.lower()
         cat = next((c for c, keys in CATEGORIES if any(k in name for k in keys)), "other")
         per_cat[cat] = per_cat.get(cat, 0.0) + us / 1000 / steps
         top.append((us / 1000 / steps, cat, event.key[:90]))
     top.sort(reverse=True)
+    # Which framework op launched the time (e.g. which adds and copies): aten ops by the
+    # device time of the kernels they launched themselves, with their input shapes.
+    ops = []
+    for event in prof.key_averages(group_by_input_shape=True):
+        us = getattr(event, "self_device_time_total", 0) or 0
+        if us > 0 and event.device_type == torch.autograd.DeviceType.CPU and "::" in event.key:
+            ops.append((round(us / 1000 / steps, 3), event.count // steps, event.key[:40],
+                        str(event.input_shapes)[:110]))
+    ops.sort(reverse=True)
     return {"ms_per_step_by_category": dict(sorted(per_cat.items(), key=lambda kv: -kv[1])),
+            "top_ops": ops[:25],
             "gpu_ms_per_step": sum(per_cat.values()), "top_kernels": top[:15]}
 
 

@@ -15,6 +15,8 @@ benchmarks/cases_loss.py for the measured trade-off).
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from kernels import arch
@@ -24,7 +26,8 @@ from kernels.cross_entropy import launch_ce, scale_grad
 # Measured on an H200 at 8192 x 4096 -> 128256 bf16: x1 (256) 53.7 ms, 1.10 GiB; x2 (512) 46.9 ms, 1.16 GiB;
 # x4 (1024) 41.1-42.1 ms, 1.29 GiB (x3, 768: 44.8 ms, 1.22 GiB); x8 (2048) 41.7 ms, 1.53 GiB. Each chunk re-reads and re-writes all of gW,
 # so small chunks are bound by that traffic; x4 is within 5% of the unchunked GEMMs.
-_CHUNK_FACTOR = 4
+# ANVIL_FLCE_CHUNK_FACTOR overrides it (1 = Liger's memory footprint).
+_CHUNK_FACTOR = int(os.environ.get("ANVIL_FLCE_CHUNK_FACTOR") or 4)
 
 
 def default_chunk(n_tokens: int, hidden: int, vocab: int) -> int:

@@ -65,16 +65,26 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        self._cache: tuple | None = None  # (seq_len, inv_freq, cos, sin)
 
     def reset_parameters(self):
         # Reassigned, not copied: stays fp32 after model.to(bf16) and after meta -> to_empty.
         self.inv_freq = rope_inv_freq(self.cfg, device=self.inv_freq.device)
+        self._cache = None
 
     def forward(self, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # The tables are constants: built once per (seq_len, inv_freq), not 5 kernels per step.
+        # Keyed on the inv_freq tensor itself, so .to(device) / reset_parameters() rebuild them.
+        cache = self._cache
+        if cache is not None and cache[0] == seq_len and cache[1] is self.inv_freq:
+            return cache[2], cache[3]
         t = torch.arange(seq_len, device=self.inv_freq.device, dtype=torch.float32)
         freqs = torch.outer(t, self.inv_freq.float())
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos(), emb.sin()
+        cos, sin = emb.cos(), emb.sin()
+        if not (self.inv_freq.is_meta or torch.compiler.is_compiling() or torch.is_inference_mode_enabled()):
+            self._cache = (seq_len, self.inv_freq, cos, sin)
+        return cos, sin
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -43,21 +43,37 @@ def build_scheduler(optimizer, cfg: ScheduleConfig, total_steps: int):
         optimizer, lambda step: lr_factor(step, total_steps, cfg))
 
 
-def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
-    """Global grad norm (clipped in place when max_norm > 0); a device tensor, no host sync.
+def _is_fused(optimizer) -> bool:
+    return optimizer is not None and bool(optimizer.defaults.get("fused"))
 
-    Works for plain tensors and FSDP2's DTensors (the norm is reduced over the mesh)."""
+
+def clip_grad_norm(parameters, max_norm: float, optimizer=None) -> torch.Tensor:
+    """Global grad norm (clipped when max_norm > 0); a device tensor, no host sync.
+
+    Works for plain tensors and FSDP2's DTensors (the norm is reduced over the mesh).
+    With a fused AdamW/Adam passed as `optimizer` (plain tensors), clipping costs no pass over
+    the gradients: the optimizer's kernel divides them by the clip factor (its `grad_scale`
+    input, as GradScaler uses it). Eager torch multiplies each gradient by a 0-dim fp32
+    tensor in a slow non-vectorized kernel: 5.6 ms a step for Llama 3.2 1B on an H200.
+    The gradients themselves stay unclipped until optimizer.step() runs."""
     params = [p for p in parameters if p.grad is not None]
     grads = [p.grad for p in params]
+    if optimizer is not None:
+        optimizer.grad_scale = None  # set afresh every step; None = no scaling
     from torch.distributed.tensor import DTensor
-    if grads and not isinstance(grads[0], DTensor) and any(g.dtype != torch.float32 for g in grads):
+    dtensor = bool(grads) and isinstance(grads[0], DTensor)
+    if grads and not dtensor and any(g.dtype != torch.float32 for g in grads):
         # bf16 weights: accumulate the norm in fp32 (a bf16 norm keeps ~3 significant digits)
-        norms = [torch.linalg.vector_norm(g, 2.0, dtype=torch.float32) for g in grads]
+        norms = torch._foreach_norm(grads, 2.0, dtype=torch.float32)
         total = torch.linalg.vector_norm(torch.stack(norms), 2.0)
     else:
         total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=None)
     if isinstance(total, DTensor):
         total = total.full_tensor()
     if max_norm > 0:
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=None)
+        if _is_fused(optimizer) and not dtensor:
+            # grad / clamp((norm + 1e-6) / max_norm, min=1) == grad * clip_grads_with_norm_'s factor
+            optimizer.grad_scale = torch.clamp((total + 1e-6) / max_norm, min=1.0)
+        else:
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=None)
     return total

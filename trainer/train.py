@@ -256,7 +256,7 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
                         loss = train_model(x, y)
                     (loss / step_tokens).backward()
                 loss_sum += loss.detach()
-            grad_norm = optim.clip_grad_norm(model.parameters(), cfg.optim.grad_clip)
+            grad_norm = optim.clip_grad_norm(model.parameters(), cfg.optim.grad_clip, optimizer)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             lr = scheduler.get_last_lr()[0]
