@@ -1,7 +1,7 @@
 """Benchmark cases for the memory-bound kernels: RMSNorm, RoPE, SwiGLU (forward + backward, bf16).
 
     python -m benchmarks.kernels --op rms_norm|rope|swiglu     # the table, all providers
-    python -m benchmarks.cases_elementwise --sweep              # our launch parameters alone
+    python -m benchmarks.cases_elementwise --sweep [--table-best] [--overhead]  # RMSNorm launch variants alone
 
 Eager and compile run the transformers formulas (LlamaRMSNorm's, apply_rotary_pos_emb on
 the [B, H, S, D] view, silu(gate) * up); Liger runs its functional ops with its defaults
@@ -236,31 +236,73 @@ def overhead(device: str = "cuda") -> list[tuple[str, str, str, float]]:
     return out
 
 
-def sweep(device: str = "cuda") -> dict:
-    """Time our kernels alone under variants of this device's arch row (kernels/arch.py)."""
-    import dataclasses
+# RMSNorm launch variants (kernels.rms_norm.Tuning fields); "table" (None) is the committed default.
+# Measured 2026-11-22 on an H200 and dropped: evict_first on all streams (+0.04 ms), two rows per
+# iteration at 4 or 8 warps, 8 warps, 8/16 programs per SM, no prefetch (all 0.72-0.87 ms).
+RMS_VARIANTS: dict[str, dict | None] = {
+    "table": None,
+    "two launches": {},
+    "fold pps3": {"fold_dw": True, "programs_per_sm": 3},
+    "fold pps5": {"fold_dw": True, "programs_per_sm": 5},
+    "fold pps2": {"fold_dw": True, "programs_per_sm": 2},
+    "fold evict_dx": {"fold_dw": True, "evict_dx": True},
+    "fold noprefetch stages2": {"fold_dw": True, "prefetch": False, "stages": 2},
+    "fold noprefetch stages3": {"fold_dw": True, "prefetch": False, "stages": 3},
+    "fold noprefetch stages3 pps2": {"fold_dw": True, "prefetch": False, "stages": 3, "programs_per_sm": 2},
+    "fold fwd 8w": {"fold_dw": True, "fwd_warps": 2},
+    "fold fwd 2rows 8w": {"fold_dw": True, "fwd_rows": 2, "fwd_warps": 2},
+    "fold 2rows 8w pps2": {"fold_dw": True, "bwd_rows": 2, "bwd_warps": 2, "programs_per_sm": 2},
+}
 
+
+def sweep(device: str = "cuda", variants: dict[str, dict] | None = None) -> list[dict]:
+    """Our RMSNorm alone under launch variants: fwd+bwd, fwd only and bwd only (do_bench medians, ms),
+    and fwd+bwd at 16384x4096 in CUDA-graph replay (GPU time without the host)."""
     import torch
+    import triton.testing
 
-    from benchmarks import kernels as kb
-    from kernels import arch
-
-    base_arch = arch.detect()
-    key = base_arch.name if base_arch.name in arch._TABLE else base_arch.vendor
-    base = arch._TABLE[key]
-    variants = {"table": {}, "pps2": {"programs_per_sm": 2}, "pps8": {"programs_per_sm": 8},
-                "ept32": {"elems_per_thread": 32}}
-    ceilings = kb.measure_ceilings(device, quick=True)
-    rows = []
-    for label, change in variants.items():
-        arch._TABLE[key] = dataclasses.replace(base, **change)
+    rn = sys.modules["kernels.rms_norm"] if "kernels.rms_norm" in sys.modules else __import__(
+        "importlib").import_module("kernels.rms_norm")
+    out = []
+    try:
+        for label, fields in (variants or RMS_VARIANTS).items():
+            rn.TUNING_OVERRIDE = None if fields is None else rn.Tuning(**fields)
+            _clear_config_caches()
+            row = {"variant": label}
+            for rows in (65536, 16384):
+                state = _rms_setup(rows, 4096)(device)
+                x, w, dy = state["x"], state["w"], state["dy"]
+                fn = _rms_provider(_rms_anvil)(state)
+                fn()
+                tag = "" if rows == 65536 else " 16k"
+                row["fwd+bwd" + tag] = triton.testing.do_bench(fn, grad_to_none=[x, w], return_mode="median")
+                if rows == 65536:
+                    with torch.no_grad():
+                        y, rstd = rn._forward(x, w, 1e-6)
+                        row["fwd"] = triton.testing.do_bench(lambda: rn._forward(x, w, 1e-6), return_mode="median")
+                        row["bwd"] = triton.testing.do_bench(lambda: rn._backward(dy, x, w, rstd),
+                                                             return_mode="median")
+                        dx, dw = rn._backward(dy, x, w, rstd)
+                        rn.TUNING_OVERRIDE, saved = None, rn.TUNING_OVERRIDE
+                        _clear_config_caches()
+                        dx0, dw0 = rn._backward(dy, x, w, rstd)
+                        rn.TUNING_OVERRIDE = saved
+                        _clear_config_caches()
+                        row["max|ddx|"] = (dx.float() - dx0.float()).abs().max().item()
+                        row["max|ddw|"] = (dw.float() - dw0.float()).abs().max().item()
+                        del y, rstd, dx, dw, dx0, dw0
+                else:
+                    row["graph 16k"] = triton.testing.do_bench_cudagraph(fn, rep=50, grad_to_none=[x, w],
+                                                                         return_mode="median")
+                del state, x, w, dy, fn
+                torch.cuda.empty_cache()
+            out.append(row)
+            print("  ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
+                  flush=True)
+    finally:
+        rn.TUNING_OVERRIDE = None
         _clear_config_caches()
-        for case in (rms_norm_case(65536, 4096, f" {label}"), rms_norm_case(16384, 4096, f" {label}")):
-            rows += kb.measure_case(case, device, ceilings, quick=True, providers=("anvil",))
-    arch._TABLE[key] = base
-    _clear_config_caches()
-    return {"device": torch.cuda.get_device_name(), "versions": kb._versions(), "date": "", "notes": [],
-            "ceilings": {"copy_tbps": ceilings.copy_tbps, "matmul_tflops": ceilings.matmul_tflops}, "rows": rows}
+    return out
 
 
 def phase_times(device: str = "cuda") -> list[tuple[str, str, float]]:
@@ -293,10 +335,21 @@ def phase_times(device: str = "cuda") -> list[tuple[str, str, float]]:
 if __name__ == "__main__":
     if "--sweep" not in sys.argv:
         sys.exit("usage: python -m benchmarks.cases_elementwise --sweep")
-    from benchmarks import kernels as kb
+    from tabulate import tabulate
 
-    for shape, name, what, value in overhead():
-        print(f"{what:14s} {shape:32s} {name:8s} {value:.3f}")
-    for shape, name, ms in phase_times():
-        print(f"forward only  {shape:32s} {name:8s} {ms:.3f} ms")
-    print(kb.render(sweep()))
+    rows = sweep()
+    print(tabulate([list(r.values()) for r in rows], headers=list(rows[0]), floatfmt=".4f"))
+    if "--table-best" in sys.argv:
+        # the full provider table (benchmarks.kernels --op rms_norm) with the fastest variant, same process
+        from benchmarks import kernels as kb
+        best = min(rows, key=lambda r: r["fwd+bwd"])
+        rn = sys.modules["kernels.rms_norm"]
+        fields = RMS_VARIANTS[best["variant"]]
+        rn.TUNING_OVERRIDE = None if fields is None else rn.Tuning(**fields)
+        _clear_config_caches()
+        print(f"anvil below = variant {best['variant']!r}")
+        print(kb.render(kb.run(op="rms_norm")))
+        rn.TUNING_OVERRIDE = None
+    if "--overhead" in sys.argv:
+        for shape, name, what, value in overhead():
+            print(f"{what:14s} {shape:32s} {name:8s} {value:.3f}")

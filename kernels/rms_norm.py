@@ -4,8 +4,11 @@ LlamaRMSNorm: statistics in fp32, the normalized x cast back to the input
 dtype, then multiplied by the weight (so the output dtype is the promotion of
 x's and weight's dtypes). Forward stores one fp32 rstd per row. Backward is a
 persistent kernel: each program loops over rows, writes dx, and keeps its own
-fp32 dW partial in registers; the [programs, H] partials are then summed by a
-second small kernel (never a [rows, H] buffer).
+fp32 dW partial in registers. On NVIDIA the partials meet in the same launch
+(fp32 atomics into a zeroed [H] buffer; the program that takes the last ticket
+casts it into dW); elsewhere, and under torch.use_deterministic_algorithms,
+the [programs, H] partials are summed by a second small kernel. Never a
+[rows, H] buffer.
 
 Eager calls go through a torch.autograd.Function (a few microseconds of
 Python); under torch.compile the same launchers run inside the custom ops
@@ -15,6 +18,7 @@ anvil::rms_norm_fwd / anvil::rms_norm_bwd, which trace without graph breaks.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -24,28 +28,58 @@ from kernels import arch
 
 
 @triton.jit
+def _load(ptrs, mask, EVICT: tl.constexpr):
+    # Single-use streams: evict_first keeps them from pushing reusable lines (W, partials) out of L2.
+    if EVICT:
+        return tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
+    else:
+        return tl.load(ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _store(ptrs, value, mask, EVICT: tl.constexpr):
+    if EVICT:
+        tl.store(ptrs, value, mask=mask, eviction_policy="evict_first")
+    else:
+        tl.store(ptrs, value, mask=mask)
+
+
+@triton.jit
 def _rms_norm_fwd_kernel(
     X, W, Y, RSTD, n_rows, n_cols, stride_x, stride_y, eps,
-    BLOCK: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK: tl.constexpr, ROWS: tl.constexpr, EVICT: tl.constexpr,
 ):
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
     row_mask = rows < n_rows
     col_mask = cols < n_cols
     mask = row_mask[:, None] & col_mask[None, :]
-    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x = _load(X + rows[:, None] * stride_x + cols[None, :], mask, EVICT).to(tl.float32)
     rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
     # LlamaRMSNorm rounds the normalized x to the input dtype before the weight.
     x_hat = (x * rstd[:, None]).to(X.dtype.element_ty).to(tl.float32)
     w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
-    tl.store(Y + rows[:, None] * stride_y + cols[None, :], (x_hat * w[None, :]).to(Y.dtype.element_ty), mask=mask)
+    _store(Y + rows[:, None] * stride_y + cols[None, :], (x_hat * w[None, :]).to(Y.dtype.element_ty), mask, EVICT)
     tl.store(RSTD + rows, rstd, mask=row_mask)
 
 
 @triton.jit
+def _bwd_tile(x, dy, rstd, w, n_cols, dw_acc, COMPUTE_DW: tl.constexpr):
+    """dx of one [ROWS, BLOCK] tile (fp32) and dw_acc plus this tile's dW contribution."""
+    x_hat = x.to(tl.float32) * rstd[:, None]
+    g = dy.to(tl.float32) * w[None, :]
+    if COMPUTE_DW:
+        # dW sees exactly the rounded x_hat the forward multiplied by W.
+        dw_acc += tl.sum(dy.to(tl.float32) * x_hat.to(x.dtype).to(tl.float32), axis=0)
+    c = tl.sum(g * x_hat, axis=1) / n_cols
+    return (g - x_hat * c[:, None]) * rstd[:, None], dw_acc
+
+
+@triton.jit
 def _rms_norm_bwd_kernel(
-    DY, X, W, RSTD, DX, DW_PARTIAL, n_rows, n_cols, stride_dy, stride_x, stride_dx,
-    BLOCK: tl.constexpr, ROWS: tl.constexpr, COMPUTE_DW: tl.constexpr,
+    DY, X, W, RSTD, DX, DW_PARTIAL, DW_TOTAL, COUNTER, DW, n_rows, n_cols, stride_dy, stride_x, stride_dx,
+    BLOCK: tl.constexpr, ROWS: tl.constexpr, COMPUTE_DW: tl.constexpr, PREFETCH: tl.constexpr,
+    EVICT: tl.constexpr, FOLD_DW: tl.constexpr, EVICT_DX: tl.constexpr = False, STAGES: tl.constexpr = 1,
 ):
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
@@ -54,34 +88,49 @@ def _rms_norm_bwd_kernel(
     w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
     dw_acc = tl.zeros([BLOCK], dtype=tl.float32)
     n_tiles = tl.cdiv(n_rows, ROWS)
-    # Tiles pid, pid + n_programs, ...; index arithmetic in int64. The next tile's loads are
-    # issued before this tile's math so each program keeps two tiles of bytes in flight.
-    rows = pid.to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    row_mask = rows < n_rows
-    mask = row_mask[:, None] & col_mask[None, :]
-    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-    dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
-    rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
-    for i in range(0, tl.cdiv(n_tiles - pid, n_programs)):
-        next_rows = rows + n_programs * ROWS
-        next_row_mask = next_rows < n_rows
-        next_mask = next_row_mask[:, None] & col_mask[None, :]
-        x_next = tl.load(X + next_rows[:, None] * stride_x + cols[None, :], mask=next_mask, other=0.0)
-        dy_next = tl.load(DY + next_rows[:, None] * stride_dy + cols[None, :], mask=next_mask, other=0.0)
-        rstd_next = tl.load(RSTD + next_rows, mask=next_row_mask, other=0.0)
-
-        x_hat = x.to(tl.float32) * rstd[:, None]
-        g = dy.to(tl.float32) * w[None, :]
-        if COMPUTE_DW:
-            # dW sees exactly the rounded x_hat the forward multiplied by W.
-            dw_acc += tl.sum(dy.to(tl.float32) * x_hat.to(X.dtype.element_ty).to(tl.float32), axis=0)
-        c = tl.sum(g * x_hat, axis=1) / n_cols
-        dx = (g - x_hat * c[:, None]) * rstd[:, None]
-        tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
-
-        rows, mask, x, dy, rstd = next_rows, next_mask, x_next, dy_next, rstd_next
+    # Tiles pid, pid + n_programs, ...; index arithmetic in int64.
+    if PREFETCH:
+        # The next tile's loads are issued before this tile's math: two tiles of bytes in flight.
+        rows = pid.to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        row_mask = rows < n_rows
+        mask = row_mask[:, None] & col_mask[None, :]
+        x = _load(X + rows[:, None] * stride_x + cols[None, :], mask, EVICT)
+        dy = _load(DY + rows[:, None] * stride_dy + cols[None, :], mask, EVICT)
+        rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+        for i in range(0, tl.cdiv(n_tiles - pid, n_programs)):
+            next_rows = rows + n_programs * ROWS
+            next_row_mask = next_rows < n_rows
+            next_mask = next_row_mask[:, None] & col_mask[None, :]
+            x_next = _load(X + next_rows[:, None] * stride_x + cols[None, :], next_mask, EVICT)
+            dy_next = _load(DY + next_rows[:, None] * stride_dy + cols[None, :], next_mask, EVICT)
+            rstd_next = tl.load(RSTD + next_rows, mask=next_row_mask, other=0.0)
+            dx, dw_acc = _bwd_tile(x, dy, rstd, w, n_cols, dw_acc, COMPUTE_DW)
+            _store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask, EVICT or EVICT_DX)
+            rows, mask, x, dy, rstd = next_rows, next_mask, x_next, dy_next, rstd_next
+    else:
+        for i in tl.range(0, tl.cdiv(n_tiles - pid, n_programs), num_stages=STAGES):
+            rows = (pid + i * n_programs).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+            row_mask = rows < n_rows
+            mask = row_mask[:, None] & col_mask[None, :]
+            x = _load(X + rows[:, None] * stride_x + cols[None, :], mask, EVICT)
+            dy = _load(DY + rows[:, None] * stride_dy + cols[None, :], mask, EVICT)
+            rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+            dx, dw_acc = _bwd_tile(x, dy, rstd, w, n_cols, dw_acc, COMPUTE_DW)
+            _store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask, EVICT or EVICT_DX)
     if COMPUTE_DW:
-        tl.store(DW_PARTIAL + pid.to(tl.int64) * n_cols + cols, dw_acc, mask=col_mask)
+        if FOLD_DW:
+            # One launch: fp32 atomics into DW_TOTAL (zeroed, like COUNTER); the program that
+            # takes the last ticket casts the sum into DW. Summation order varies run to run.
+            tl.atomic_add(DW_TOTAL + cols, dw_acc, mask=col_mask, sem="relaxed")
+            tl.debug_barrier()
+            ticket = tl.atomic_add(COUNTER, 1, sem="acq_rel")
+            if ticket == n_programs - 1:
+                # an atomic read: the other programs' sums live in L2, not in this SM's L1
+                total = tl.atomic_add(DW_TOTAL + cols, tl.zeros([BLOCK], dtype=tl.float32), mask=col_mask,
+                                      sem="acquire")
+                tl.store(DW + cols, total.to(DW.dtype.element_ty), mask=col_mask)
+        else:
+            tl.store(DW_PARTIAL + pid.to(tl.int64) * n_cols + cols, dw_acc, mask=col_mask)
 
 
 @triton.jit
@@ -110,12 +159,52 @@ def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
         raise ValueError(f"rms_norm: x on {x.device} but weight on {weight.device}")
 
 
+@dataclass(frozen=True)
+class Tuning:
+    """Launch choices beyond kernels/arch.py's row_config, per vendor (benchmarks/cases_elementwise.py
+    --sweep times the alternatives)."""
+
+    fwd_evict: bool = False  # evict_first on the forward's x loads and y stores
+    fwd_rows: int = 1  # row_config's rows times this per forward program
+    fwd_warps: int = 1  # row_config's warps times this for the forward
+    bwd_rows: int = 1  # row_config's rows times this per backward loop iteration
+    bwd_warps: int = 1  # row_config's warps times this for the backward
+    programs_per_sm: int | None = None  # backward's persistent programs per SM (None: the arch table's)
+    prefetch: bool = True  # backward loads the next tile before this tile's math
+    evict: bool = False  # evict_first on the backward's x/dy loads and dx stores
+    evict_dx: bool = False  # evict_first on the dx stores alone
+    stages: int = 1  # without prefetch: Triton's loop pipelining depth (tl.range num_stages)
+    fold_dw: bool = False  # dW summed by fp32 atomics in the same launch (not under deterministic mode)
+
+
+# sm_90 (H200, 2026-11-22, `python -m benchmarks.cases_elementwise --sweep`, 65536x4096 bf16 fwd+bwd):
+# folded dW 0.677 ms vs 0.687 with the second launch; evict_first hints cost 0.04 ms (forward 0.282 vs
+# 0.264); two rows per iteration (4 or 8 warps), 8 warps, 8 or 16 programs per SM, or no prefetch were
+# all slower (0.72-0.87 ms). HIP keeps the two-launch reduction until it is measured on AMD.
+_TUNING: dict[str, Tuning] = {"cuda": Tuning(fold_dw=True), "hip": Tuning(), "cpu": Tuning()}
+TUNING_OVERRIDE: Tuning | None = None  # for sweeps; call _config.cache_clear() after setting it
+
+
+@dataclass(frozen=True)
+class _Plan:
+    block: int
+    fwd_rows: int
+    fwd_warps: int
+    bwd_rows: int
+    bwd_warps: int
+    max_programs: int
+    tuning: Tuning
+
+
 @functools.lru_cache(maxsize=None)
-def _config(device: torch.device, n_cols: int) -> tuple[int, int, int, int]:
-    """(BLOCK, ROWS, num_warps, max persistent programs) for rows of n_cols on this device."""
+def _config(device: torch.device, n_cols: int) -> _Plan:
+    """Block, rows, warps and persistent grid for rows of n_cols on this device."""
     a = arch.detect(device)
+    t = TUNING_OVERRIDE or _TUNING.get(a.vendor, Tuning())
     block, rows, warps = arch.row_config(a, n_cols)
-    return block, rows, warps, arch.persistent_grid(a, 1 << 62)
+    pps = t.programs_per_sm or a.params.programs_per_sm
+    return _Plan(block, rows * t.fwd_rows, arch.clamp_warps(a, warps * t.fwd_warps), rows * t.bwd_rows, arch.clamp_warps(a, warps * t.bwd_warps),
+                 max(1, a.sm_count * pps), t)
 
 
 def _forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -126,10 +215,10 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.T
     rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
     if n_rows == 0:
         return y, rstd
-    block, rows, warps, _ = _config(x.device, n_cols)
-    _rms_norm_fwd_kernel[(triton.cdiv(n_rows, rows),)](
+    p = _config(x.device, n_cols)
+    _rms_norm_fwd_kernel[(triton.cdiv(n_rows, p.fwd_rows),)](
         x2, weight.contiguous(), y, rstd, n_rows, n_cols, x2.stride(0), n_cols, eps,
-        BLOCK=block, ROWS=rows, num_warps=warps,
+        BLOCK=p.block, ROWS=p.fwd_rows, EVICT=p.tuning.fwd_evict, num_warps=p.fwd_warps,
     )
     return y, rstd
 
@@ -144,19 +233,28 @@ def _backward(
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if n_rows == 0:
         return dx, (torch.zeros_like(weight) if compute_dw else None)
-    block, rows, warps, max_programs = _config(x.device, n_cols)
-    grid = min(max_programs, triton.cdiv(n_rows, rows))
+    p = _config(x.device, n_cols)
+    grid = min(p.max_programs, triton.cdiv(n_rows, p.bwd_rows))
     weight_c = weight.contiguous()
-    partial = torch.empty((grid, n_cols), dtype=torch.float32, device=x.device) if compute_dw else rstd
+    fold = compute_dw and p.tuning.fold_dw and not torch.are_deterministic_algorithms_enabled()
+    dw = torch.empty_like(weight_c) if compute_dw else None
+    partial = total = counter = rstd  # placeholders for pointers a variant does not use
+    if fold:
+        total = torch.zeros(n_cols + 1, dtype=torch.float32, device=x.device)  # one memset: sums + ticket
+        counter = total[n_cols:].view(torch.int32)
+    elif compute_dw:
+        partial = torch.empty((grid, n_cols), dtype=torch.float32, device=x.device)
     _rms_norm_bwd_kernel[(grid,)](
-        dy2, x2, weight_c, rstd, dx, partial, n_rows, n_cols, dy2.stride(0), x2.stride(0), n_cols,
-        BLOCK=block, ROWS=rows, COMPUTE_DW=compute_dw, num_warps=warps,
+        dy2, x2, weight_c, rstd, dx, partial, total, counter, dw if compute_dw else rstd,
+        n_rows, n_cols, dy2.stride(0), x2.stride(0), n_cols,
+        BLOCK=p.block, ROWS=p.bwd_rows, COMPUTE_DW=compute_dw, PREFETCH=p.tuning.prefetch,
+        EVICT=p.tuning.evict, FOLD_DW=fold, EVICT_DX=p.tuning.evict_dx, STAGES=p.tuning.stages,
+        num_warps=p.bwd_warps,
     )
-    if not compute_dw:
-        return dx, None
-    dw = torch.empty_like(weight_c)
-    block_c = 64
-    _sum_rows_kernel[(triton.cdiv(n_cols, block_c),)](partial, dw, grid, n_cols, BLOCK_R=32, BLOCK_C=block_c, num_warps=4)
+    if compute_dw and not fold:
+        block_c = 64
+        _sum_rows_kernel[(triton.cdiv(n_cols, block_c),)](partial, dw, grid, n_cols, BLOCK_R=32, BLOCK_C=block_c,
+                                                          num_warps=4)
     return dx, dw
 
 

@@ -2,6 +2,8 @@
 
 from kernel_utils import DEVICE, DTYPES, ON_GPU, assert_close, fresh_seed, poisoned_allocations, sizes  # noqa: I001
 
+import importlib
+
 import pytest
 import torch
 
@@ -131,3 +133,42 @@ def test_int64_offsets_beyond_2g_elements():
     assert_close(y[tail], reference(x[tail].detach(), w.detach(), 1e-6), "rms_norm", torch.bfloat16, "y tail")
     y.backward(torch.ones_like(y))
     assert torch.isfinite(x.grad[tail]).all() and x.grad[tail].abs().sum() > 0
+
+
+VARIANTS = {
+    "two_rows_fold": dict(bwd_rows=2, bwd_warps=2, fold_dw=True, evict=True, fwd_evict=True),
+    "no_prefetch_fold": dict(prefetch=False, fold_dw=True, programs_per_sm=2, stages=2, evict_dx=True),
+    "fwd_two_rows": dict(fwd_rows=2, fwd_warps=2),
+    "no_prefetch_partials": dict(prefetch=False, bwd_rows=2, evict=True),
+}
+
+
+@pytest.fixture
+def tuning(request):
+    """Run the kernels under one launch variant (as the sweep does), then restore the table's."""
+    rn = importlib.import_module("kernels.rms_norm")  # the package's `rms_norm` attribute is the function
+
+    def use(**fields):
+        rn.TUNING_OVERRIDE = rn.Tuning(**fields)
+        rn._config.cache_clear()
+    yield use
+    rn.TUNING_OVERRIDE = None
+    rn._config.cache_clear()
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
+@pytest.mark.parametrize("shape", sizes(cpu=[(37, 1000), (5, 3, 96)], gpu=[(8191, 4096), (3001, 1000)]), ids=str)
+def test_launch_variants_match_reference(tuning, variant, shape):
+    # every tuning branch (row pairs, no prefetch, folded dW by atomics + last-ticket cast) is exact
+    tuning(**VARIANTS[variant])
+    run_and_compare(shape, torch.bfloat16)
+    run_and_compare(shape, torch.float32)
+
+
+def test_folded_dw_falls_back_under_deterministic_mode(tuning):
+    tuning(fold_dw=True)
+    torch.use_deterministic_algorithms(True)
+    try:
+        run_and_compare((9, 200), torch.float32)
+    finally:
+        torch.use_deterministic_algorithms(False)
