@@ -177,11 +177,17 @@ class Tuning:
     fold_dw: bool = False  # dW summed by fp32 atomics in the same launch (not under deterministic mode)
 
 
-# sm_90 (H200, 2026-11-22, `python -m benchmarks.cases_elementwise --sweep`, 65536x4096 bf16 fwd+bwd):
-# folded dW 0.677 ms vs 0.687 with the second launch; evict_first hints cost 0.04 ms (forward 0.282 vs
-# 0.264); two rows per iteration (4 or 8 warps), 8 warps, 8 or 16 programs per SM, or no prefetch were
-# all slower (0.72-0.87 ms). HIP keeps the two-launch reduction until it is measured on AMD.
-_TUNING: dict[str, Tuning] = {"cuda": Tuning(fold_dw=True), "hip": Tuning(), "cpu": Tuning()}
+# sm_90 (H200, 2026-11-22, `python -m benchmarks.cases_elementwise --sweep`, 65536x4096 bf16 fwd+bwd,
+# one run): folded dW, no manual prefetch, Triton's 3-stage loop pipelining (cp.async into shared
+# memory), 2 programs per SM: 0.660 ms (backward 0.397); folded dW with the register prefetch 0.680;
+# the old two-launch default 0.694. Slower: 3/5 programs per SM, 2 stages, evict_first hints (+0.04 ms
+# with them on every stream), two rows per iteration, 8 warps. HIP keeps the two-launch reduction and
+# the register prefetch until they are measured on AMD.
+_TUNING: dict[str, Tuning] = {
+    "cuda": Tuning(fold_dw=True, prefetch=False, stages=3, programs_per_sm=2),
+    "hip": Tuning(),
+    "cpu": Tuning(),
+}
 TUNING_OVERRIDE: Tuning | None = None  # for sweeps; call _config.cache_clear() after setting it
 
 

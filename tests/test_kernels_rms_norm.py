@@ -137,7 +137,8 @@ def test_int64_offsets_beyond_2g_elements():
 
 VARIANTS = {
     "two_rows_fold": dict(bwd_rows=2, bwd_warps=2, fold_dw=True, evict=True, fwd_evict=True),
-    "no_prefetch_fold": dict(prefetch=False, fold_dw=True, programs_per_sm=2, stages=2, evict_dx=True),
+    "no_prefetch_fold": dict(prefetch=False, fold_dw=True, programs_per_sm=2, stages=3, evict_dx=True),
+    "no_prefetch_partials_staged": dict(prefetch=False, programs_per_sm=2, stages=3),
     "fwd_two_rows": dict(fwd_rows=2, fwd_warps=2),
     "no_prefetch_partials": dict(prefetch=False, bwd_rows=2, evict=True),
 }
