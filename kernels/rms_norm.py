@@ -229,6 +229,28 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.T
     return y, rstd
 
 
+# Shared memory left for the pipelined loop's tiles after the kernel's own reductions.
+_SMEM_MARGIN = 4096
+
+
+@functools.lru_cache(maxsize=None)
+def _max_shared_memory(device: torch.device) -> int:
+    try:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
+    except Exception:  # no driver query (interpreter, CPU): pipelining is not used there anyway
+        return 0
+
+
+def pipeline_stages(stages: int, block: int, rows: int, item_bytes: int, smem_bytes: int) -> int:
+    """Deepest loop pipelining that fits: Triton keeps stages-1 tiles of x and dy in shared
+    memory (fp32 rows of 16384 at 3 stages need 256 KiB, more than Hopper's 227 KiB)."""
+    budget = smem_bytes - _SMEM_MARGIN
+    while stages > 1 and (stages - 1) * block * rows * item_bytes > budget:
+        stages -= 1
+    return stages
+
+
 def _backward(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, compute_dw: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -250,11 +272,15 @@ def _backward(
         counter = total[n_cols:].view(torch.int32)
     elif compute_dw:
         partial = torch.empty((grid, n_cols), dtype=torch.float32, device=x.device)
+    stages = p.tuning.stages
+    if stages > 1:
+        stages = pipeline_stages(stages, p.block, p.bwd_rows, x.element_size() + dy.element_size(),
+                                 _max_shared_memory(x.device))
     _rms_norm_bwd_kernel[(grid,)](
         dy2, x2, weight_c, rstd, dx, partial, total, counter, dw if compute_dw else rstd,
         n_rows, n_cols, dy2.stride(0), x2.stride(0), n_cols,
         BLOCK=p.block, ROWS=p.bwd_rows, COMPUTE_DW=compute_dw, PREFETCH=p.tuning.prefetch,
-        EVICT=p.tuning.evict, FOLD_DW=fold, EVICT_DX=p.tuning.evict_dx, STAGES=p.tuning.stages,
+        EVICT=p.tuning.evict, FOLD_DW=fold, EVICT_DX=p.tuning.evict_dx, STAGES=stages,
         num_warps=p.bwd_warps,
     )
     if compute_dw and not fold:

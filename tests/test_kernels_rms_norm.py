@@ -173,3 +173,14 @@ def test_folded_dw_falls_back_under_deterministic_mode(tuning):
         run_and_compare((9, 200), torch.float32)
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+def test_pipeline_depth_fits_shared_memory():
+    """fp32 rows of 16384 at 3 stages need 256 KiB of tiles: more than an H100/H200 block may have."""
+    from kernels.rms_norm import pipeline_stages
+
+    hopper = 232448
+    assert pipeline_stages(3, 4096, 1, 2 + 2, hopper) == 3       # bf16 4096: 32 KiB of tiles
+    assert pipeline_stages(3, 16384, 1, 4 + 4, hopper) == 2      # fp32 16384: 3 stages would not fit
+    assert pipeline_stages(3, 16384, 2, 4 + 4, hopper) == 1
+    assert pipeline_stages(1, 65536, 4, 8, 0) == 1
