@@ -103,3 +103,12 @@ def test_no_gpu_says_so_and_fails():
     proc = subprocess.run([inv, "bench.kernels", "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "needs a CUDA or ROCm GPU" in proc.stderr + proc.stdout and "Traceback" not in proc.stderr
+
+
+def test_every_case_module_loads_and_covers_the_issue_shapes():
+    """A broken case module would only show on a GPU machine: load them here too."""
+    from benchmarks.kernels import load_cases
+
+    cases, notes = load_cases("all")
+    assert notes == []
+    assert {c.op for c in cases} == {"rms_norm", "rope", "swiglu", "cross_entropy", "flce"}
