@@ -99,3 +99,22 @@ def poisoned_allocations():
         yield
     finally:
         torch.empty, torch.empty_like, torch.Tensor.new_empty = real_empty, real_empty_like, real_new_empty
+
+
+@contextlib.contextmanager
+def uninitialized_memory_filled():
+    """Every torch.empty inside is filled with NaN (torch's deterministic mode), so an output
+    element a kernel never writes shows up as NaN instead of passing by luck."""
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in fp64; a NaN means an element was never written."""
+    out, ref = out.double(), ref.double()
+    assert not torch.isnan(out).any(), "NaN: an element was never written"
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()

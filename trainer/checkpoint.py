@@ -106,6 +106,19 @@ def resolve(resume: str | os.PathLike | None, checkpoint_dir: Path, what: str = 
     return latest
 
 
+def replace_dir(staging: Path, final: Path) -> None:
+    """Put the finished directory `staging` at `final`. An existing `final` is swapped out
+    first and removed after, so a crash leaves one whole version, never half of each."""
+    if final.exists():
+        old = final.with_name(f".{final.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+        os.replace(staging, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(staging, final)
+
+
 def read_meta(path: Path) -> dict:
     path = Path(path)
     try:
@@ -268,14 +281,7 @@ def save(checkpoint_dir: Path, step: int, *, model, optimizer, scheduler=None, l
         _write_atomic(tmp / META_FILE, (json.dumps(meta, indent=2) + "\n").encode())
         _write_atomic(tmp / COMPLETE_MARKER, f"{step}\n".encode())
         _fsync_dir(tmp)
-        if final.exists():  # the same step saved again (e.g. final save right after a resume)
-            trash = checkpoint_dir / f".old_step_{step}"
-            shutil.rmtree(trash, ignore_errors=True)
-            os.replace(final, trash)
-            os.replace(tmp, final)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
+        replace_dir(tmp, final)  # the same step may be saved again (final save right after a resume)
         _fsync_dir(checkpoint_dir)
         prune(checkpoint_dir, keep_last)
     _barrier()  # nobody continues (or exits) before the checkpoint is final

@@ -132,14 +132,7 @@ def export_hf(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike |
         generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
                       if config.get(k) is not None}
         (staging / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-        if out.exists():  # overwrite: swap, so a failure never leaves half of each
-            old = out.with_name(f".{out.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(out, old)
-            os.replace(staging, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(staging, out)
+        ck.replace_dir(staging, out)  # overwrite: swapped, so a failure never leaves half of each
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
