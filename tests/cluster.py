@@ -22,12 +22,39 @@ bridge. A state file /run/anvil-testnet/N.json names the owner process; a
 later cluster removes leftovers whose owner is gone (a crashed run), and never
 touches a live owner's, so parallel runs do not collide.
 
-Use from Python (tests/conftest.py has the pytest fixture):
+With slurm=True the up hosts are also the compute nodes of a real Slurm
+cluster (Debian's slurmctld, slurmd, slurm-client and munge):
+
+    munged          our own (never the system's /run/munge): socket
+                    /run/anvil-testnet/munge-N/munge.socket (munged wants every
+                    directory above it searchable), key, pid, log and seed file
+                    in the cluster's directory, a key made for this cluster
+    slurmctld       root namespace, SlurmctldHost=<hostname>(10.213.N.1),
+                    port 16800 + 2N (slurmd: 16801 + 2N), state in the directory
+    slurmd nodeI    in host i's network namespace, started with nsenter --net
+                    (`ip netns exec` remounts /sys and breaks slurmd) plus its
+                    own UTS and mount namespace: hostname nodeI, and the
+                    cluster's hosts file bind-mounted on /etc/hosts, so node1,
+                    node2, ... resolve on every node (torchrun's master address)
+                    without touching the machine's /etc/hosts; job steps inherit
+                    all of it
+    slurm.conf      <workdir>/slurm/slurm.conf: linuxproc/task none, no cgroups,
+                    no accounting (no sacct), no --cpu-bind, short timeouts,
+                    partition debug. Clients need only SLURM_CONF=<that file>
+                    (cluster.slurm_env()); AuthInfo in it points them at our
+                    munged. A requeued job starts again after cred_expire (10 s).
+
+Use from Python (tests/conftest.py has the pytest fixtures):
 
     with Cluster.start(workdir, n_hosts=2, n_down=1) as cluster:
         cluster.ssh(cluster.hosts[0], "hostname")
 
+    with Cluster.start(workdir, n_hosts=2, n_down=0, slurm=True) as cluster:
+        cluster.slurm_run("srun", "-N2", "hostname")       # env: cluster.slurm_env()
+        cluster.kill_node(cluster.hosts[1]); cluster.restart_node(cluster.hosts[1])
+
 or by hand:  python tests/cluster.py up [--hosts 2] [--down 1]
+             python tests/cluster.py up --slurm [--nodes 2]
              python tests/cluster.py down N      (or: down --stale)
 """
 from __future__ import annotations
@@ -38,6 +65,8 @@ import dataclasses
 import fcntl
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import socket
@@ -52,6 +81,9 @@ SSHD = "/usr/sbin/sshd"
 PREFIX = os.environ.get("ANVIL_TESTNET_PREFIX", "10.213")
 SSH_PORT = 22
 FIRST_HOST_OCTET = 10
+SLURM_PORT_BASE = 16800      # cluster N: slurmctld 16800 + 2N, slurmd 16801 + 2N
+SLURM_TOOLS = ("slurmctld", "slurmd", "srun", "sbatch", "sinfo", "scontrol", "scancel",
+               "squeue", "munged")
 
 
 class ClusterUnavailable(RuntimeError):
@@ -62,10 +94,16 @@ class ClusterError(RuntimeError):
     """Building or stopping the cluster failed."""
 
 
-def missing_prerequisites() -> str | None:
-    """Why namespace hosts cannot be built here, or None when they can."""
+def missing_prerequisites(slurm: bool = False) -> str | None:
+    """Why namespace hosts (and with slurm=True a Slurm cluster on them) cannot be
+    built here, or None when they can."""
     if os.geteuid() != 0:
-        return "needs root (ip netns, sshd)"
+        return "needs root (ip netns, sshd" + (", slurmd" if slurm else "") + ")"
+    if slurm:
+        for tool in SLURM_TOOLS + ("nsenter", "mount"):
+            if _which(tool) is None:
+                return (f"`{tool}` not found (apt-get install slurmctld slurmd slurm-client "
+                        "munge util-linux mount)")
     for tool in ("ip", "ssh-keygen", "ssh", "unshare"):
         if shutil.which(tool) is None:
             return f"`{tool}` not found (apt-get install iproute2 openssh-client util-linux)"
@@ -87,6 +125,7 @@ class Host:
     veth: str        # bridge-side end, in the root namespace
     up: bool         # runs sshd
     pidfile: str = ""
+    slurmd_pidfile: str = ""   # slurm clusters: this node's slurmd
 
     def __str__(self) -> str:
         return self.address
@@ -104,12 +143,24 @@ class Cluster:
     user: str = "root"
     owner_pid: int = 0
     owner_start: str = ""
+    # Slurm (slurm=True); paths under workdir/slurm, see _slurm_path().
+    slurm: bool = False
+    slurmctld_port: int = 0
+    slurmd_port: int = 0
+    slurm_settings: dict = dataclasses.field(default_factory=dict)   # slurm.conf overrides
+    # daemons we started: name -> [pid, start time] (stopped only while both match)
+    daemons: dict = dataclasses.field(default_factory=dict)
 
     # ---- life cycle -----------------------------------------------------------------
 
     @classmethod
-    def start(cls, workdir: str | Path, n_hosts: int = 2, n_down: int = 1) -> "Cluster":
-        reason = missing_prerequisites()
+    def start(cls, workdir: str | Path, n_hosts: int = 2, n_down: int = 1,
+              slurm: bool = False, slurm_settings: dict | None = None) -> "Cluster":
+        """Build the hosts; with slurm=True also munged, slurmctld and one slurmd per
+        up host, and return once every node is idle. slurm_settings: slurm.conf
+        keys to set or override, e.g. {"SlurmdTimeout": 4, "MessageTimeout": 2}
+        for a node failure noticed in seconds."""
+        reason = missing_prerequisites(slurm=slurm)
         if reason:
             raise ClusterUnavailable(reason)
         workdir = Path(workdir)
@@ -119,6 +170,12 @@ class Cluster:
         with _lock():
             number = _free_number()
             cluster = cls._plan(number, workdir, n_hosts, n_down)
+            if slurm:
+                cluster.slurm = True
+                cluster.slurm_settings = dict(slurm_settings or {})
+                cluster.slurmctld_port, cluster.slurmd_port = _free_port_pair(number)
+                for host in cluster.hosts:
+                    host.slurmd_pidfile = cluster._slurm_path(f"slurmd-{host.name}.pid")
             cluster._save()           # before creating anything: a crash leaves a record
             try:
                 cluster._make_bridge()  # claims the subnet while we hold the lock
@@ -133,7 +190,9 @@ class Cluster:
                 cluster._start_sshd(host)
             for host in cluster.hosts:
                 _wait_for_ssh(host.address, workdir / f"sshd-{host.name}.log")
-        except Exception:
+            if slurm:
+                cluster._start_slurm()
+        except BaseException:         # Ctrl-C while starting cleans up too
             cluster.stop()
             raise
         return cluster
@@ -157,8 +216,11 @@ class Cluster:
                    owner_pid=os.getpid(), owner_start=_process_start(os.getpid()))
 
     def stop(self) -> None:
-        """Stop our sshds and whatever still runs in our namespaces, delete the network."""
+        """Stop our sshds and whatever still runs in our namespaces, delete the network.
+        A Slurm cluster: cancel its jobs, stop slurmd, slurmctld and munged first."""
         problems = []
+        if self.slurm:
+            self._stop_slurm()
         for host in self.hosts:
             _stop_pidfile(host.pidfile, expect=SSHD)
         for host in self.hosts + self.down_hosts:
@@ -211,6 +273,93 @@ class Cluster:
                               "connect_timeout": connect_timeout}}
         return json.dumps(settings, indent=2)   # JSON is YAML
 
+    # ---- using Slurm --------------------------------------------------------------------
+
+    def slurm_env(self) -> dict[str, str]:
+        """What a child process needs in its environment to use this cluster's Slurm
+        (srun, sbatch, salloc, sinfo, scontrol, ...): merge it into os.environ.
+        Jobs inherit it (sbatch/srun --export=ALL is the default)."""
+        if not self.slurm:
+            raise ClusterError("not a Slurm cluster (start it with slurm=True)")
+        return {"SLURM_CONF": self.slurm_conf}
+
+    @property
+    def slurm_conf(self) -> str:
+        return self._slurm_path("slurm.conf")
+
+    @property
+    def node_names(self) -> list[str]:
+        return [host.name for host in self.hosts]
+
+    def slurm_run(self, *argv: str, timeout: float = 60, check: bool = False,
+                  cwd: str | Path | None = None) -> subprocess.CompletedProcess:
+        """Run a Slurm client command (from the root namespace) against this cluster."""
+        env = {**os.environ, **self.slurm_env()}
+        for key in [k for k in env if k.startswith("SLURM_") and k != "SLURM_CONF"]:
+            del env[key]       # a job's own variables would redirect srun/sbatch
+        proc = subprocess.run(list(argv), capture_output=True, text=True, env=env,
+                              timeout=timeout, stdin=subprocess.DEVNULL, cwd=cwd)
+        if check and proc.returncode != 0:
+            raise ClusterError(f"{' '.join(argv)}: exit {proc.returncode}: "
+                               f"{proc.stderr.strip() or proc.stdout.strip()}")
+        return proc
+
+    def node_states(self) -> dict[str, str]:
+        """sinfo's compact state per node: 'idle', 'alloc', 'idle*' (not responding),
+        'down*', ... ({} when slurmctld does not answer)."""
+        proc = self.slurm_run("sinfo", "-N", "-h", "-o", "%N %t", timeout=30)
+        states = {}
+        for line in proc.stdout.splitlines() if proc.returncode == 0 else []:
+            name, _, state = line.strip().partition(" ")
+            states[name] = state.strip()
+        return states
+
+    def wait_for_nodes(self, names: list[str] | None = None, states: tuple[str, ...] = ("idle",),
+                       timeout: float = 30) -> dict[str, str]:
+        """Wait until every named node (default: all) shows one of `states` in sinfo."""
+        names = self.node_names if names is None else names
+        deadline = time.monotonic() + timeout
+        seen: dict[str, str] = {}
+        while True:
+            seen = self.node_states()
+            if all(seen.get(name) in states for name in names):
+                return seen
+            if time.monotonic() > deadline:
+                raise ClusterError(f"Slurm nodes not {'/'.join(states)} after {timeout:.0f} s: "
+                                   f"sinfo says {seen or '(nothing: slurmctld not answering)'}\n"
+                                   + self._slurm_log_tails())
+            time.sleep(0.25)
+
+    def kill_node(self, host: Host | str, sig: int = signal.SIGKILL) -> None:
+        """Node failure: kill this node's slurmd and every job process in its namespace
+        (by pid; its sshd stays). slurmctld notices on its next ping: the node shows
+        'not responding' (state with '*'), then DOWN after SlurmdTimeout."""
+        host = self._slurm_host(host)
+        keep = _descendants(_pidfile_pid(host.pidfile, expect=SSHD))
+        victims = [pid for pid in _netns_pids(host.netns) if pid not in keep]
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        for pid in victims:
+            _stop_pid(pid)            # SIGTERM was not enough: SIGKILL after a grace
+        self.daemons.pop(f"slurmd-{host.name}", None)
+        self._save()
+
+    def restart_node(self, host: Host | str, timeout: float = 30) -> None:
+        """Start a killed node's slurmd again and wait until the node is idle
+        (ReturnToService=2: a DOWN node comes back when it registers)."""
+        host = self._slurm_host(host)
+        self._start_slurmd(host)
+        self.wait_for_nodes([host.name], timeout=timeout)
+
+    def _slurm_host(self, host: Host | str) -> Host:
+        if not self.slurm:
+            raise ClusterError("not a Slurm cluster (start it with slurm=True)")
+        for candidate in self.hosts:
+            if host in (candidate, candidate.name, candidate.address):
+                return candidate
+        raise ClusterError(f"no Slurm node {host} in cluster {self.number}")
+
     # ---- building ---------------------------------------------------------------------
 
     def _make_bridge(self) -> None:
@@ -258,6 +407,152 @@ class Cluster:
             raise ClusterError(f"sshd for {host.name} ({host.address}) did not start: "
                                f"{started.stderr.strip() or started.stdout.strip()}")
 
+    # ---- Slurm ------------------------------------------------------------------------
+
+    def _slurm_path(self, name: str) -> str:
+        return str(Path(self.workdir) / "slurm" / name)
+
+    @property
+    def munge_socket(self) -> str:
+        return str(STATE_DIR / f"munge-{self.number}" / "munge.socket")
+
+    def _start_slurm(self) -> None:
+        for name in ["state"] + [f"spool-{host.name}" for host in self.hosts]:
+            Path(self._slurm_path(name)).mkdir(parents=True, exist_ok=True)
+        self._start_munged()
+        Path(self._slurm_path("hosts")).write_text(self._hosts_file())
+        Path(self.slurm_conf).write_text(self._slurm_conf_text())
+        env = {**os.environ, **self.slurm_env()}
+        started = subprocess.run([_which("slurmctld"), "-i", "-f", self.slurm_conf],
+                                 capture_output=True, text=True, env=env,
+                                 stdin=subprocess.DEVNULL, timeout=30)
+        if started.returncode != 0:
+            raise ClusterError(f"slurmctld did not start: {started.stderr.strip()}\n"
+                               + self._slurm_log_tails())
+        self._record("slurmctld", self._slurm_path("slurmctld.pid"), "slurmctld")
+        for host in self.hosts:
+            self._start_slurmd(host)
+        self.wait_for_nodes(timeout=30)
+
+    def _start_munged(self) -> None:
+        """Our own munged: own key, socket, pid, log and seed file (never the system's)."""
+        key = Path(self._slurm_path("munge.key"))
+        with contextlib.suppress(FileNotFoundError):
+            key.unlink()
+        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(os.urandom(1024))
+        # munged runs as root here, and it insists that the key belongs to the user
+        # it runs as: root, mode 0400 (a munge-owned key is refused as insecure).
+        # Its socket's directory must be searchable by all (pytest's tmp dirs are
+        # 0700): it goes in /run/anvil-testnet/munge-N.
+        sockdir = Path(self.munge_socket).parent
+        STATE_DIR.chmod(STATE_DIR.stat().st_mode | 0o755)
+        sockdir.mkdir(mode=0o755, exist_ok=True)
+        sockdir.chmod(0o755)
+        started = subprocess.run(
+            [_which("munged"), f"--socket={self.munge_socket}",
+             f"--key-file={key}", f"--pid-file={self._slurm_path('munged.pid')}",
+             f"--log-file={self._slurm_path('munged.log')}",
+             f"--seed-file={self._slurm_path('munged.seed')}"],
+            capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=30)
+        if started.returncode != 0:
+            raise ClusterError(f"munged did not start: {started.stderr.strip()}")
+        self._record("munged", self._slurm_path("munged.pid"), "munged")
+
+    def _start_slurmd(self, host: Host) -> None:
+        # nsenter --net, not `ip netns exec` (that remounts /sys: slurmd breaks).
+        # unshare -u -m: the node's hostname, and the cluster's hosts file on
+        # /etc/hosts in a private mount namespace that the job steps inherit.
+        q = shlex.quote
+        inner = (f"hostname {host.name} && mount --bind {q(self._slurm_path('hosts'))} /etc/hosts"
+                 f" && exec {q(_which('slurmd'))} -N {host.name} -f {q(self.slurm_conf)}")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(host.slurmd_pidfile)
+        started = subprocess.run(["nsenter", f"--net=/run/netns/{host.netns}", "unshare", "-u",
+                                  "-m", "sh", "-c", inner], capture_output=True, text=True,
+                                 env={**os.environ, **self.slurm_env()},
+                                 stdin=subprocess.DEVNULL, timeout=30)
+        if started.returncode != 0:
+            raise ClusterError(f"slurmd for {host.name} ({host.address}) did not start: "
+                               f"{started.stderr.strip() or started.stdout.strip()}\n"
+                               + self._slurm_log_tails())
+        self._record(f"slurmd-{host.name}", host.slurmd_pidfile, "slurmd")
+
+    def _record(self, name: str, pidfile: str, expect: str, timeout: float = 10) -> None:
+        """Note the daemon's pid and start time in the state file (so stale-cluster
+        removal finds it even without its pid file)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pid = _pidfile_pid(pidfile, expect=_which(expect) or expect)
+            if pid:
+                self.daemons[name] = [pid, _process_start(pid)]
+                self._save()
+                return
+            time.sleep(0.05)
+        raise ClusterError(f"{name} wrote no pid file {pidfile} within {timeout:.0f} s\n"
+                           + self._slurm_log_tails())
+
+    def _stop_slurm(self) -> None:
+        conf = Path(self.slurm_conf)
+        if conf.exists() and self._daemon_alive("slurmctld"):
+            with contextlib.suppress(subprocess.SubprocessError, OSError):
+                jobs = self.slurm_run("squeue", "-h", "-o", "%A", timeout=10).stdout.split()
+                if jobs:
+                    self.slurm_run("scancel", *jobs, timeout=10)
+        for host in self.hosts:
+            _stop_pidfile(host.slurmd_pidfile, expect=_which("slurmd") or "slurmd")
+        # slurmctld's helper (slurmscriptd) lives in the root namespace too: the netns
+        # sweep would not find it if slurmctld had to be killed.
+        ctld = _pidfile_pid(self._slurm_path("slurmctld.pid"), expect=_which("slurmctld") or "slurmctld")
+        helpers = {pid: _process_start(pid) for pid in _descendants(ctld) - {ctld}}
+        _stop_pidfile(self._slurm_path("slurmctld.pid"), expect=_which("slurmctld") or "slurmctld")
+        for pid, start in helpers.items():
+            if start and _process_start(pid) == start:
+                _stop_pid(pid)
+        _stop_pidfile(self._slurm_path("munged.pid"), expect=_which("munged") or "munged")
+        for name in list(self.daemons):      # pid files gone (workdir removed): by record
+            if self._daemon_alive(name):
+                _stop_pid(self.daemons[name][0])
+        shutil.rmtree(Path(self.munge_socket).parent, ignore_errors=True)
+
+    def _daemon_alive(self, name: str) -> bool:
+        pid, start = (self.daemons.get(name) or [0, ""])
+        return bool(pid) and _process_start(pid) == start
+
+    def _hosts_file(self) -> str:
+        """/etc/hosts as the nodes see it: the node names, and the controller."""
+        lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback",
+                 f"# anvil-testnet {self.number}: Slurm nodes (bind-mounted on the nodes' /etc/hosts)"]
+        lines += [f"{host.address}\t{host.name}" for host in self.hosts]
+        lines.append(f"{self.bridge_address}\t{_short_hostname()}")
+        return "\n".join(lines) + "\n"
+
+    def _slurm_conf_text(self) -> str:
+        cpus = os.cpu_count() or 1
+        memory = max(256, _mem_total_mb() // max(1, len(self.hosts)))
+        nodes = "\n".join(f"NodeName={h.name} NodeAddr={h.address} NodeHostname={h.name} "
+                          f"CPUs={cpus} RealMemory={memory} State=UNKNOWN" for h in self.hosts)
+        text = _SLURM_CONF.format(
+            number=self.number, ctld_host=_short_hostname(), ctld_addr=self.bridge_address,
+            ctld_port=self.slurmctld_port, slurmd_port=self.slurmd_port,
+            slurm=Path(self._slurm_path("")), socket=self.munge_socket,
+            nodes=nodes)
+        for key, value in self.slurm_settings.items():
+            line = f"{key}={value}"
+            text, found = re.subn(rf"^{re.escape(key)}=.*$", lambda _: line, text, flags=re.M | re.I)
+            if not found:
+                text = text.replace("\nNodeName=", f"\n{line}\nNodeName=", 1)
+        return text
+
+    def _slurm_log_tails(self, chars: int = 1500) -> str:
+        parts = []
+        for name in ["slurmctld.log"] + [f"slurmd-{h.name}.log" for h in self.hosts] + ["munged.log"]:
+            path = Path(self._slurm_path(name))
+            if path.exists():
+                parts.append(f"--- {path} (tail)\n{path.read_text(errors='replace')[-chars:]}")
+        return "\n".join(parts) or "(no Slurm logs)"
+
     # ---- state ----------------------------------------------------------------------
 
     def _state_file(self) -> Path:
@@ -273,7 +568,8 @@ class Cluster:
         data = json.loads(state_file.read_text())
         data["hosts"] = [Host(**h) for h in data["hosts"]]
         data["down_hosts"] = [Host(**h) for h in data["down_hosts"]]
-        return cls(**data)
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
     def owner_alive(self) -> bool:
         return bool(self.owner_pid) and _process_start(self.owner_pid) == self.owner_start
@@ -302,7 +598,91 @@ Subsystem sftp internal-sftp
 """
 
 
+# Slurm 22.05 without systemd or cgroups: processes tracked through /proc, no task
+# binding (so no --cpu-bind), no accounting (no sacct). Everything in {slurm}.
+_SLURM_CONF = """\
+# anvil-testnet cluster {number} (tests/cluster.py): one machine, nodes in network namespaces.
+ClusterName=anvil{number}
+SlurmctldHost={ctld_host}({ctld_addr})
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+# Our munged's socket, for daemons and clients alike. cred_expire also sets how long
+# a requeued job waits before it starts again (default 120 s; 5 is the minimum).
+AuthInfo=socket={socket},cred_expire=10
+StateSaveLocation={slurm}/state
+SlurmctldPidFile={slurm}/slurmctld.pid
+SlurmctldLogFile={slurm}/slurmctld.log
+SlurmdSpoolDir={slurm}/spool-%n
+SlurmdPidFile={slurm}/slurmd-%n.pid
+SlurmdLogFile={slurm}/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MpiDefault=none
+SwitchType=switch/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=2,bf_interval=2
+MailProg=/bin/true
+ReturnToService=2
+JobRequeue=1
+KillWait=5
+MessageTimeout=10
+SlurmdTimeout=30
+SlurmctldTimeout=30
+InactiveLimit=0
+MinJobAge=300
+{nodes}
+PartitionName=debug Default=YES Nodes=ALL MaxTime=INFINITE State=UP
+"""
+
+
 # ---- helpers ----------------------------------------------------------------------------
+
+
+def _which(tool: str) -> str | None:
+    """Also looks in the sbin directories (not on every user's PATH)."""
+    return shutil.which(tool) or shutil.which(tool, path="/usr/local/sbin:/usr/sbin:/sbin")
+
+
+def _short_hostname() -> str:
+    return socket.gethostname().split(".")[0]
+
+
+def _mem_total_mb() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) // 1024
+    return 1024
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As slurmctld binds: a port a previous cluster left in TIME_WAIT is free.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_port_pair(number: int) -> tuple[int, int]:
+    """slurmctld's port (root namespace, must be free there) and slurmd's (inside the
+    node namespaces): 16800 + 2N and the next one, else the first free pair above."""
+    for port in [SLURM_PORT_BASE + 2 * number] + list(range(SLURM_PORT_BASE + 512, 18000, 2)):
+        if _port_free(port):
+            return port, port + 1
+    raise ClusterError("no free TCP port pair for slurmctld/slurmd")
 
 
 def _ip(*args: str, check: bool = True) -> str:
@@ -365,17 +745,44 @@ def _stop_pid(pid: int, grace: float = 5.0) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def _stop_pidfile(pidfile: str, expect: str) -> None:
-    """Stop the process a pid file names, if it still is the program we started."""
+def _pidfile_pid(pidfile: str, expect: str) -> int:
+    """The pid a pid file names if that process still is the program `expect`, else 0."""
     if not pidfile:
-        return
+        return 0
     try:
         pid = int(Path(pidfile).read_text().split()[0])
     except (OSError, ValueError, IndexError):
-        return
+        return 0
     argv = _cmdline(pid)
-    if argv and argv[0].startswith(expect):   # a recycled pid is someone else's
+    return pid if argv and argv[0].startswith(expect) else 0   # a recycled pid is someone else's
+
+
+def _stop_pidfile(pidfile: str, expect: str) -> None:
+    """Stop the process a pid file names, if it still is the program we started."""
+    pid = _pidfile_pid(pidfile, expect)
+    if pid:
         _stop_pid(pid)
+
+
+def _descendants(root: int) -> set[int]:
+    """`root` and every process below it (empty for 0)."""
+    if not root:
+        return set()
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo += children.get(pid, [])
+    return found
 
 
 def _netns_pids(netns: str) -> list[int]:
@@ -425,11 +832,14 @@ def remove_stale() -> list[int]:
 
 def _main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python tests/cluster.py",
-                                     description="Namespace SSH hosts for trying `inv -H` by hand.")
+                                     description="Namespace SSH hosts (and Slurm) for trying `inv -H` by hand.")
     sub = parser.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="start a cluster and keep it until Ctrl-C")
-    up.add_argument("--hosts", type=int, default=2)
-    up.add_argument("--down", type=int, default=1)
+    up.add_argument("--hosts", "--nodes", dest="hosts", type=int, default=2)
+    up.add_argument("--down", type=int, default=None, help="hosts without sshd (default 1; "
+                    "0 with --slurm)")
+    up.add_argument("--slurm", action="store_true",
+                    help="also run Slurm (munged, slurmctld, a slurmd per host)")
     down = sub.add_parser("down", help="remove a cluster by number, or every stale one")
     down.add_argument("number", nargs="?", type=int)
     down.add_argument("--stale", action="store_true")
@@ -441,15 +851,32 @@ def _main(argv: list[str]) -> int:
             else:
                 Cluster.load(STATE_DIR / f"{args.number}.json").stop()
             return 0
+        if args.down is None:
+            args.down = 0 if args.slurm else 1
         workdir = tempfile.mkdtemp(prefix="anvil-testnet-")
         checkout = Path(__file__).resolve().parents[1]
-        with Cluster.start(workdir, args.hosts, args.down) as cluster:
+        started = time.monotonic()
+        with Cluster.start(workdir, args.hosts, args.down, slurm=args.slurm) as cluster:
             settings = Path(workdir) / "anvil-hosts.yaml"
             settings.write_text(cluster.invoke_yaml(checkout))
             up_hosts = ",".join(h.address for h in cluster.hosts)
             print(f"cluster {cluster.number}: up {up_hosts}; down "
-                  f"{','.join(h.address for h in cluster.down_hosts) or '-'}")
+                  f"{','.join(h.address for h in cluster.down_hosts) or '-'} "
+                  f"(started in {time.monotonic() - started:.1f} s)")
             print(f"  .venv/bin/inv -f {settings} -i {cluster.key_file} -H {up_hosts} preflight.all")
+            if cluster.slurm:
+                n = len(cluster.hosts)
+                nodes = ", ".join(f"{h.name}={h.address}" for h in cluster.hosts)
+                print(f"Slurm: controller {_short_hostname()}({cluster.bridge_address}):"
+                      f"{cluster.slurmctld_port}, nodes {nodes}, partition debug; "
+                      f"logs in {cluster._slurm_path('')}")
+                print(f"  export SLURM_CONF={cluster.slurm_conf}")
+                print("  sinfo -N")
+                print(f"  srun -N{n} hostname")
+                print(f"  srun -N{n} -n{2 * n} bash -c 'echo $SLURM_PROCID on $(hostname)'")
+                print(f"  salloc -N{n}            # then srun ... inside; exit to release")
+                print(f"  cd {checkout} && INVOKE_ANVIL_RUNTIME=slurm .venv/bin/inv train.pretrain "
+                      f"--nproc 2")
             print("Ctrl-C (or SIGTERM) stops and cleans up.", flush=True)
             stop = []
             for signum in (signal.SIGINT, signal.SIGTERM):   # SIGINT may arrive ignored (`&`)

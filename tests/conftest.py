@@ -77,3 +77,30 @@ def netns_cluster(netns_prerequisites, tmp_path_factory):
         yield cluster
     finally:
         cluster.stop()
+
+
+# ---- a Slurm cluster on namespace hosts (tests/cluster.py, slurm=True) ------------------------
+
+@pytest.fixture(scope="session")
+def slurm_prerequisites() -> None:
+    """Skip (fail in CI) where a Slurm cluster cannot be built: not root, or
+    slurmctld/slurmd/slurm-client/munge missing."""
+    reason = missing_prerequisites(slurm=True)
+    if reason:
+        _unavailable(reason)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(slurm_prerequisites, tmp_path_factory):
+    """Two Slurm nodes node1, node2 (cluster.hosts: 10.213.N.11/.12, also SSH hosts),
+    partition debug, our own munged and slurmctld, for the whole session.
+    Commands need cluster.slurm_env() ({"SLURM_CONF": ...}) in their environment,
+    or use cluster.slurm_run("srun", ...). Node names resolve on the nodes."""
+    try:
+        cluster = Cluster.start(tmp_path_factory.mktemp("slurm"), n_hosts=2, n_down=0, slurm=True)
+    except ClusterUnavailable as exc:
+        _unavailable(str(exc))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
