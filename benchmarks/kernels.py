@@ -29,6 +29,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
+from trainer.errors import UserError
 
 PROVIDERS = ("anvil", "eager", "compile", "liger")
 OPS = ("rms_norm", "rope", "swiglu", "cross_entropy", "flce")
@@ -39,7 +40,7 @@ class Unavailable(Exception):
     """A provider that cannot run here; the message is shown in the table."""
 
 
-class KernelBenchError(RuntimeError):
+class KernelBenchError(UserError):
     """User-facing failure (no GPU, unknown op, unwritable output)."""
 
 

@@ -12,7 +12,7 @@ from envs.detect import detect, gpu_status, synthesize
 from envs.errors import EnvError
 from envs.export import diff, shell_script
 from envs.machine import Gpu, GpuStatus, Machine
-from envs.resolve import Change, ResolvedEnv, Var, resolve
+from envs.resolve import Change, ResolvedEnv, Var, compute_here, resolve
 
 __all__ = ["Change", "EnvError", "Gpu", "GpuStatus", "Machine", "ResolvedEnv", "Var", "detect", "diff",
            "gpu_status", "load_config_env", "resolve", "shell_script", "synthesize"]

@@ -1,5 +1,7 @@
 """The one exception type envs raises for things a user got wrong."""
+from trainer.errors import UserError
 
 
-class EnvError(ValueError):
+
+class EnvError(UserError):
     """Bad user input to envs: unknown --gpu/--site name, malformed --env, unreadable config."""

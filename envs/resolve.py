@@ -40,6 +40,7 @@ class Var:
     reason: str
     ref: str
     history: list = field(default_factory=list)  # list[Change], first layer first
+    computed: bool = False  # the final value was computed from this machine (recompute per node)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "value": self.value, "source": self.source, "reason": self.reason,
@@ -57,6 +58,10 @@ class ResolvedEnv:
     def environ(self) -> dict[str, str]:
         """The variables to export (unset ones left out)."""
         return {name: var.value for name, var in sorted(self.vars.items()) if var.value is not None}
+
+    def node_local(self) -> list[str]:
+        """Names whose value was computed from this machine: each node recomputes them."""
+        return sorted(name for name, var in self.vars.items() if var.computed)
 
     def to_json(self) -> dict:
         return {"machine": self.machine.to_dict(), "site": self.site, "layers": self.layers,
@@ -127,7 +132,8 @@ def resolve(machine: Optional[Machine] = None, gpu: Optional[str] = None, site: 
                 reason = f"{entry.reason} ({detail})" if detail else entry.reason
             else:
                 value, reason = entry.value, entry.reason
-            _apply(result.vars, entry.name, value, profile.label, reason, entry.ref)
+            _apply(result.vars, entry.name, value, profile.label, reason, entry.ref,
+                   computed=isinstance(entry, Computed))
     if config_env:
         result.layers.append("config")
         for name, value in config_env.items():
@@ -175,11 +181,47 @@ def _compute(entry: Computed, ctx: Context, result: ResolvedEnv):
     return out, None
 
 
-def _apply(table: dict, name: str, value: Optional[str], layer: str, reason: str, ref: str) -> None:
+def _apply(table: dict, name: str, value: Optional[str], layer: str, reason: str, ref: str,
+           computed: bool = False) -> None:
     change = Change(layer, value, reason, ref)
     var = table.get(name)
     if var is None:
-        table[name] = Var(name, value, layer, reason, ref, [change])
+        table[name] = Var(name, value, layer, reason, ref, [change], computed)
     else:
         var.value, var.source, var.reason, var.ref = value, layer, reason, ref
+        var.computed = computed
         var.history.append(change)
+
+
+def compute_here(names: Iterable[str], environ: Optional[Mapping[str, str]] = None,
+                 hostname: Optional[str] = None) -> dict[str, str]:
+    """Recompute machine-derived variables on this node (the launcher's per-node step).
+
+    A variable computed from the machine where `inv` ran (the socket interface,
+    the host name, the RDMA ports) is wrong on a compute node whose interface is
+    named differently; the launcher drops such values and every node calls this.
+    Only computed entries are looked at, so nothing here probes the GPUs.
+    """
+    environ = os.environ if environ is None else environ
+    wanted = [n for n in names if n]
+    stack = [profiles.BASE, *profiles.VENDOR_PROFILES.values(), *profiles.MODEL_PROFILES.values(),
+             *(site.PROFILE for site in sites.SITES.values())]
+    machine = Machine(vendor="cpu", model=None, name="not probed", arch=None, count=0, memory_gib=None)
+    ctx = Context(machine, environ, hostname or socket.gethostname())
+    out: dict[str, str] = {}
+    for name in wanted:
+        entry = None
+        for profile in stack:
+            for candidate in profile.entries:
+                if isinstance(candidate, Computed) and candidate.name == name:
+                    entry = candidate
+        if entry is None:
+            continue
+        try:
+            value = entry.compute(ctx)
+        except Exception:  # a probe that breaks leaves the variable unset, as in resolve()
+            continue
+        value = value[0] if isinstance(value, tuple) else value
+        if value is not None:
+            out[name] = str(value)
+    return out

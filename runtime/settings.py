@@ -1,6 +1,6 @@
 """Runner settings: the `anvil:` section of invoke.yaml.
 
-The defaults are declared in the program's config class (runtime.cli) as well
+The defaults are declared in the program's config class (runtime.program.cli) as well
 as here, because Invoke only lets environment variables override keys that
 already exist (reference §1.3): with them declared, ``INVOKE_ANVIL_RUNS_DIR=/x``
 and ``-f other.yaml`` both work as Invoke users expect.
@@ -11,9 +11,11 @@ list), e.g. ``hosts: "node1,node2"``.
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
+from trainer.errors import UserError
 
 #: Checkout root: the folder holding tasks.py, found from this package's location.
 CHECKOUT = Path(__file__).resolve().parent.parent
@@ -26,6 +28,11 @@ DEFAULTS: dict[str, Any] = {
     "remote_path": "",           # checkout path on the remote hosts ("" = same as here)
     "remote_inv": "",            # the inv to run there ("" = the same path as this one; relative: to remote_path)
     "runtime": "direct",         # default launcher: direct | slurm | container | slurm+container
+    "slurm_mode": "auto",        # auto (srun inside an allocation, sbatch outside) | srun | sbatch
+    "slurm_partition": "",       # sbatch/srun --partition ("" = the cluster's default)
+    "slurm_account": "",         # --account
+    "slurm_time": "",            # --time, e.g. 02:00:00
+    "slurm_extra": "",           # more srun/sbatch options, space-separated (e.g. "--qos=high")
     "container_engine": "",      # docker | podman | apptainer (runtime=container)
     "container_image": "",
     "hooks_dir": "hooks",        # the only folder hooks are taken from
@@ -34,7 +41,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-class SettingsError(ValueError):
+class SettingsError(UserError):
     """A runner setting has a value that cannot work."""
 
 
@@ -48,6 +55,11 @@ class Settings:
     remote_path: str = ""
     remote_inv: str = ""
     runtime: str = "direct"
+    slurm_mode: str = "auto"
+    slurm_partition: str = ""
+    slurm_account: str = ""
+    slurm_time: str = ""
+    slurm_extra: list[str] = field(default_factory=list)
     container_engine: str = ""
     container_image: str = ""
     hooks_dir: Path = Path("hooks")
@@ -88,6 +100,16 @@ def _number(name: str, value: Any) -> float:
     return number
 
 
+RUNTIMES = ("direct", "slurm", "container", "slurm+container")
+
+
+def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:
+    value = str(value).strip()
+    if value not in allowed:
+        raise SettingsError(f"anvil.{name} must be one of {' | '.join(allowed)}, got {value!r}")
+    return value
+
+
 def from_mapping(values: Mapping[str, Any] | None, root: Path) -> Settings:
     raw = dict(DEFAULTS)
     raw.update({k: v for k, v in (values or {}).items()})
@@ -108,7 +130,12 @@ def from_mapping(values: Mapping[str, Any] | None, root: Path) -> Settings:
         key_filename=[os.path.expanduser(k) for k in split_list(raw["key_filename"])],
         remote_path=str(raw["remote_path"] or ""),
         remote_inv=str(raw["remote_inv"] or ""),
-        runtime=str(raw["runtime"] or "direct"),
+        runtime=_choice("runtime", raw["runtime"] or "direct", RUNTIMES),
+        slurm_mode=_choice("slurm_mode", raw["slurm_mode"] or "auto", ("auto", "srun", "sbatch")),
+        slurm_partition=str(raw["slurm_partition"] or ""),
+        slurm_account=str(raw["slurm_account"] or ""),
+        slurm_time=str(raw["slurm_time"] or ""),
+        slurm_extra=shlex.split(str(raw["slurm_extra"] or "")),
         container_engine=str(raw["container_engine"] or ""),
         container_image=str(raw["container_image"] or ""),
         hooks_dir=under_root(raw["hooks_dir"] or "hooks"),

@@ -11,14 +11,14 @@ import sys
 from invoke import Collection
 from invoke.exceptions import Exit
 
-from runtime.run import run_task
+from runtime.runs.run import run_task
 
 GPU_HELP = {"gpu": "Resolve the environment for another GPU model (default: detect)",
             "json": "Print the result as JSON"}
 
 
 def _execute(c, task_name, run_options, body, gpu="", extra=None):
-    from runtime.run import execute
+    from runtime.runs.run import execute
     from tasks.env import print_warnings, resolved_env
 
     env = resolved_env(gpu, None, None, run_options.env)

@@ -112,7 +112,7 @@ def export(c, gpu="", site="", config="", env=None, output=""):
     if not output:
         sys.stdout.write(text)
         return
-    from runtime.rundir import write_text
+    from runtime.runs.rundir import write_text
     try:
         write_text(output, text)
     except OSError as exc:
@@ -157,7 +157,8 @@ def _host_envs(c, hosts):
     names = [h.strip() for h in hosts.split(",") if h.strip()]
     if len(names) != 2:
         raise Exit("env.diff --hosts takes exactly two hosts: --hosts a,b", 2)
-    from runtime import fanout, settings as settings_mod
+    from runtime.program import fanout
+    from runtime import settings as settings_mod
     settings = settings_mod.load(c)
     options = fanout.FanoutOptions(
         remote_path=settings.remote_path or str(settings.root), remote_inv=settings.remote_inv,

@@ -21,7 +21,7 @@ import socket
 from invoke import Collection
 from invoke.exceptions import Exit
 
-from runtime.run import run_task
+from runtime.runs.run import run_task
 from tasks.env import print_warnings, resolved_env
 
 HELP = {
@@ -37,8 +37,8 @@ ALL = ("gpu", "host", "software", "network", "affinity")
 def run_preflight(c, task_name, names, gpu, site, json, require_gpu, allow_unknown_gpu, run_options):
     import envs
     from runtime import settings as settings_mod
-    from runtime.checks import FAIL, CheckInputs, run_checks, table, worst
-    from runtime.run import execute
+    from runtime.preflight import FAIL, CheckInputs, run_checks, table, worst
+    from runtime.runs.run import execute
 
     env = resolved_env(gpu, site, None, run_options.env)
     machine = envs.detect() if gpu else env.machine  # the checks look at this node, whatever --gpu says

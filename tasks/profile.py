@@ -13,7 +13,7 @@ import json as jsonlib
 from invoke import Collection
 from invoke.exceptions import Exit
 
-from runtime.run import run_task
+from runtime.runs.run import run_task
 
 HELP = {
     "config": "Training config YAML (default: configs/tiny.yaml)",
@@ -35,7 +35,7 @@ def train(c, config="", set_=None, steps="3:6", ranks="0", top=15, nproc=0, comp
     """Profile a few training steps on chosen ranks: chrome trace + the operators that took longest."""
     from tabulate import tabulate
 
-    from runtime.training import TrainingJob, run_training
+    from runtime.jobs.training import TrainingJob, run_training
     from trainer.profiling import ProfileSettingsError, parse_ranks, parse_steps
 
     try:

@@ -15,7 +15,7 @@ def _settings(c):
 
 
 def _load(c, path):
-    from runtime import history, rundir
+    from runtime.runs import history, rundir
     try:
         return history.load(path, _settings(c).runs_dir)
     except rundir.RunDirError as exc:
@@ -26,7 +26,7 @@ def _load(c, path):
 def list_(c, limit=0, json=False):
     """Table of recorded runs: time, task, name, status, hosts."""
     from tabulate import tabulate
-    from runtime import history
+    from runtime.runs import history
     runs_dir = _settings(c).runs_dir
     rows = history.list_rows(runs_dir, limit or None)
     if json:
@@ -45,7 +45,7 @@ def list_(c, limit=0, json=False):
 def show(c, run, json=False):
     """What a run recorded: outcome, machine, versions, environment with sources, configs."""
     from tabulate import tabulate
-    from runtime import history
+    from runtime.runs import history
     rec = _load(c, run)
     if json:
         print(jsonlib.dumps({"path": str(rec.path), "metadata": rec.metadata, "machine": rec.machine,
@@ -80,7 +80,7 @@ def show(c, run, json=False):
 def diff(c, a, b, json=False):
     """Environment, config, version and machine differences between two runs."""
     from tabulate import tabulate
-    from runtime import history
+    from runtime.runs import history
     rows = history.diff(_load(c, a), _load(c, b))
     if json:
         print(jsonlib.dumps(rows, indent=2))
@@ -98,7 +98,7 @@ def diff(c, a, b, json=False):
 def replay(c, run, force=False, dry_run=False):
     """Run a recorded task again with its recorded config and environment, into a new run."""
     from tabulate import tabulate
-    from runtime import replay as replay_mod
+    from runtime.runs import replay as replay_mod
     try:
         plan = replay_mod.plan(run, _settings(c).runs_dir)
     except replay_mod.ReplayError as exc:

@@ -26,7 +26,7 @@ TASKS_PY = textwrap.dedent('''
     from invoke.exceptions import Exit
 
     import runtime.settings
-    from runtime.run import execute, run_task
+    from runtime.runs.run import execute, run_task
 
 
     @run_task(help={"fail": "raise inside the body", "say": "text to log and return",

@@ -1,4 +1,4 @@
-"""The installed `inv` program: Invoke users' expectations plus -H (runtime/cli.py, runtime/shim.py)."""
+"""The installed `inv` program: Invoke users' expectations plus -H (runtime/program/cli.py, runtime/program/shim.py)."""
 from __future__ import annotations
 
 import json
@@ -149,7 +149,7 @@ def test_inv_survives_a_forced_reinstall_of_invoke(tmp_path):
     (Path(purelib) / "paths.pth").write_text(f"{REPO}\n{sysconfig.get_paths()['purelib']}\n")
     wheel = _repack_installed_invoke(tmp_path)
     python = str(venv / "bin" / "python")
-    subprocess.run([python, "-c", "import runtime.shim as s; assert s.ensure_installed()"], check=True, cwd=tmp_path)
+    subprocess.run([python, "-c", "import runtime.program.shim as s; assert s.ensure_installed()"], check=True, cwd=tmp_path)
     subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", "--no-index",
                     "--force-reinstall", str(wheel)], check=True, capture_output=True)
     venv_inv = venv / "bin" / "inv"
@@ -164,7 +164,7 @@ def test_inv_survives_a_forced_reinstall_of_invoke(tmp_path):
     top = subprocess.run([str(venv_inv), "--help"], capture_output=True, text=True, cwd=REPO)
     assert "-H STRING, --hosts=STRING" in top.stdout
     # Without the shim the same script is stock Invoke: the .pth is what keeps `inv` ours.
-    subprocess.run([python, "-c", "import runtime.shim as s; s.remove()"], check=True, cwd=tmp_path)
+    subprocess.run([python, "-c", "import runtime.program.shim as s; s.remove()"], check=True, cwd=tmp_path)
     stock = subprocess.run([str(venv_inv), "--version"], capture_output=True, text=True, cwd=REPO)
     assert stock.returncode == 0 and "Anvil" not in stock.stdout
     # Other programs in that environment are untouched by the shim.

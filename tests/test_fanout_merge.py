@@ -1,4 +1,4 @@
-"""Fan-out merging and command building on synthetic per-host results (runtime/fanout.py).
+"""Fan-out merging and command building on synthetic per-host results (runtime/program/fanout.py).
 
 Real SSH fan-out is tested in test_fanout_netns.py (namespace hosts) and
 test_cli.py (unreachable host through the installed inv).
@@ -12,8 +12,8 @@ import pytest
 from invoke import Collection, task
 from invoke.parser import Parser
 
-from runtime import fanout
-from runtime.fanout import FanoutOptions, HostResult
+from runtime.program import fanout
+from runtime.program.fanout import FanoutOptions, HostResult
 
 
 def checks(*rows):
@@ -97,7 +97,7 @@ def test_task_argv_rebuilds_given_options_only():
 
 
 def test_failed_host_detail_is_the_error_not_the_run_directory():
-    from runtime.fanout import error_line
+    from runtime.program.fanout import error_line
 
     stderr = ("WARNING: something harmless\n"
               "train.pretrain failed: the trainer exited with status 1\n"

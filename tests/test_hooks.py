@@ -6,11 +6,10 @@ from pathlib import Path
 
 import pytest
 from invoke import Context
-from invoke.exceptions import Exit
 
-from runtime import hooks
-from runtime.cli import AnvilConfig
-from runtime.run import RunSpec, execute
+from runtime.runs import hooks
+from runtime.program.cli import AnvilConfig
+from runtime.runs.run import RunFailed, RunSpec, execute
 from runner_project import explain, inv, make_project
 
 TASK = "demo.work"
@@ -66,10 +65,10 @@ def test_failing_pre_hook_stops_the_task_and_post_hooks_still_run(project, monke
     trace_hook(pre, "20_never")
     trace_hook(root / "demo" / "work" / "post", "10_post")
     called = []
-    with pytest.raises(Exit) as caught:
+    with pytest.raises(RunFailed) as caught:
         execute(ctx, RunSpec(task=TASK), lambda run: called.append(1))
     assert not called
-    message = caught.value.message
+    message = str(caught.value)
     assert str(pre / "10_check.sh") in message and "exit status 4" in message
     assert "data directory /nope is missing" in message
     assert trace.read_text().splitlines() == ["10_post:post:failed"]     # not 20_never; post told it failed
@@ -84,9 +83,9 @@ def test_post_hooks_run_after_a_failed_body_and_see_the_outcome(project, monkeyp
     post = root / "demo" / "work" / "post"
     write(post / "10_fails.sh", 'echo "outcome=$ANVIL_OUTCOME"\nexit 1\n')
     trace_hook(post, "20_after")
-    with pytest.raises(Exit) as caught:
+    with pytest.raises(RunFailed) as caught:
         execute(ctx, RunSpec(task=TASK), lambda run: 1 / 0)
-    assert "ZeroDivisionError" in caught.value.message and "10_fails.sh" in caught.value.message
+    assert "ZeroDivisionError" in str(caught.value) and "10_fails.sh" in str(caught.value)
     assert trace.read_text().splitlines() == ["20_after:post:failed"]     # ran despite 10_fails
     run_dir = next((tmp / "runs").iterdir())
     assert "outcome=failed" in (run_dir / "hooks" / "post.log").read_text()
@@ -103,7 +102,7 @@ def test_patch_runs_first_and_no_hooks_skips(project, monkeypatch):
     trace.unlink()
     execute(ctx, RunSpec(task=TASK, hooks=False), lambda run: None)
     assert not trace.exists()
-    with pytest.raises(Exit, match="no such file"):
+    with pytest.raises(RunFailed, match="no such file"):
         execute(ctx, RunSpec(task=TASK, patch=tmp / "missing.sh"), lambda run: None)
 
 

@@ -11,7 +11,7 @@ import pytest
 import envs
 from envs.detect import machine_from
 from envs.probes import amd
-from runtime.checks import FAIL, PASS, WARN, CheckInputs, affinity, run_checks
+from runtime.preflight import FAIL, PASS, WARN, CheckInputs, affinity, run_checks
 
 # ---- checks on sample trees ----------------------------------------------------------------
 
@@ -107,7 +107,7 @@ def test_affinity_maps_gpus_to_numa_and_spots_the_far_socket(tmp_path):
 
 
 def test_a_crashing_check_is_reported_not_raised(tmp_path, monkeypatch):
-    from runtime import checks
+    from runtime import preflight as checks
 
     def broken(inputs):
         raise RuntimeError("probe exploded")
@@ -170,7 +170,7 @@ def test_preflight_require_gpu_fails_here(inv):
 # ---- the shipped train.pretrain pre hooks, through the real hook engine ---------------------
 
 def run_pretrain_pre_hooks(repo: Path, config: dict, cwd: Path):
-    from runtime import hooks
+    from runtime.runs import hooks
     ctx = hooks.HookContext(task="train.pretrain", phase="pre", config=config)
     old = os.getcwd()
     os.chdir(cwd)  # data.path is relative to the working directory
@@ -181,7 +181,7 @@ def run_pretrain_pre_hooks(repo: Path, config: dict, cwd: Path):
 
 
 def test_pretrain_hooks_check_the_dataset(repo, tmp_path):
-    from runtime.hooks import HookError
+    from runtime.runs.hooks import HookError
     with pytest.raises(HookError, match=r"10_check_data.py failed: .*data.path data/none: no such directory.*"
                                         r"inv data.prepare --out data/none"):
         run_pretrain_pre_hooks(repo, {"data": {"path": "data/none"}}, tmp_path)

@@ -1,11 +1,11 @@
-"""snapshot.list/show/diff/replay through the installed inv (runtime/replay.py, runtime/history.py)."""
+"""snapshot.list/show/diff/replay through the installed inv (runtime/runs/replay.py, runtime/runs/history.py)."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from runtime import replay
+from runtime.runs import replay
 from runner_project import explain, inv, make_project, runs
 
 
@@ -76,8 +76,8 @@ def test_replay_matches_here_then_refuses_a_different_machine_unless_forced(reco
 
 def test_replay_passes_the_recorded_config_when_the_run_used_the_default(tmp_path):
     from invoke import Context
-    from runtime.cli import AnvilConfig
-    from runtime.run import RunSpec, execute
+    from runtime.program.cli import AnvilConfig
+    from runtime.runs.run import RunSpec, execute
     ctx = Context(config=AnvilConfig(overrides={"anvil": {"runs_dir": str(tmp_path / "runs")}}))
     spec = RunSpec(task="train.pretrain", configs={"train.yaml": {"optim": {"lr": 0.5}}},
                    config_sources={"train.yaml": "configs/tiny.yaml"}, config_options={"train.yaml": "--config"},

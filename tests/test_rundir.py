@@ -1,4 +1,4 @@
-"""Run directories, snapshots and the execute() orchestration, in process (runtime/run.py & co)."""
+"""Run directories, snapshots and the execute() orchestration, in process (runtime/runs/run.py & co)."""
 from __future__ import annotations
 
 import json
@@ -9,9 +9,10 @@ import pytest
 from invoke import Context
 from invoke.exceptions import Exit
 
-from runtime import ranklog, rundir
-from runtime.cli import AnvilConfig
-from runtime.run import RunSpec, execute
+from trainer import ranklog
+from runtime.runs import rundir
+from runtime.program.cli import AnvilConfig
+from runtime.runs.run import RunFailed, RunSpec, execute
 
 
 @pytest.fixture
@@ -72,11 +73,11 @@ def test_execute_failure_is_recorded_diagnosed_and_exits(ctx, tmp_path):
         (run.path / "logs" / "rank1.log").write_text("NCCL WARN socket connect to 10.0.0.2 failed: Connection refused\n")
         raise RuntimeError("collective failed")
 
-    with pytest.raises(Exit) as caught:
+    with pytest.raises(RunFailed) as caught:
         execute(ctx, RunSpec(task="demo.fail"), body)
-    assert caught.value.code == 1
-    assert "demo.fail failed: RuntimeError: collective failed" in caught.value.message
-    assert "nccl-socket" in caught.value.message and "NCCL_SOCKET_IFNAME" in caught.value.message
+    assert caught.value.exit_code == 1
+    assert "demo.fail failed: RuntimeError: collective failed" in str(caught.value)
+    assert "nccl-socket" in str(caught.value) and "NCCL_SOCKET_IFNAME" in str(caught.value)
     (run_dir,) = list((tmp_path / "runs").iterdir())
     md = json.loads((run_dir / "metadata.json").read_text())
     assert md["status"] == "failed" and md["exit_code"] == 1
@@ -84,9 +85,9 @@ def test_execute_failure_is_recorded_diagnosed_and_exits(ctx, tmp_path):
 
 
 def test_exit_codes_pass_through(ctx):
-    with pytest.raises(Exit) as caught:
+    with pytest.raises(RunFailed) as caught:
         execute(ctx, RunSpec(task="demo.exit"), lambda run: (_ for _ in ()).throw(Exit("bad input", 2)))
-    assert caught.value.code == 2 and "bad input" in caught.value.message
+    assert caught.value.exit_code == 2 and "bad input" in str(caught.value)
 
 
 def test_ranklog_format_files_and_console_rank(tmp_path, capsys, monkeypatch):

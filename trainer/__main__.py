@@ -25,7 +25,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from runtime import ranklog
+    from trainer import ranklog
     from trainer import config, train
 
     overrides = list(args.overrides)
@@ -37,6 +37,9 @@ def main(argv=None) -> int:
     try:
         cfg = config.load(args.config, overrides)
         return train.run(cfg, args.run_dir, resume=args.resume, log=log)
+    except KeyboardInterrupt:   # before the loop's own handler is installed
+        log.warning("interrupted (Ctrl-C) before training started; nothing to checkpoint")
+        return 130
     except train.user_errors() as exc:
         log.error(f"error: {exc}")
         return train.EXIT_FAILED

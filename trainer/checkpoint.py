@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from trainer.errors import UserError
 
 FORMAT_VERSION = 1
 COMPLETE_MARKER = "COMPLETE"
@@ -45,7 +46,7 @@ TMP_PREFIX = ".tmp_step_"
 _STEP_RE = re.compile(r"^step_(\d+)$")
 
 
-class CheckpointError(Exception):
+class CheckpointError(UserError):
     """A checkpoint that is missing, incomplete or does not fit the model: the message says which."""
 
 

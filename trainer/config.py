@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Literal, Optional
 
 import yaml
+from trainer.errors import UserError
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
 SYNTHETIC = "synthetic"  # data.path value: random tokens, for throughput measurements
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A user error in a training config (message names file, key, expectation)."""
 
 

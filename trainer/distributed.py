@@ -15,9 +15,10 @@ import torch.distributed as dist
 from torch import nn
 
 from trainer.config import TrainConfig
+from trainer.errors import UserError
 
 
-class DistributedError(RuntimeError):
+class DistributedError(UserError):
     """A launch/environment problem the user can fix (no GPU, missing MASTER_ADDR, ...)."""
 
 

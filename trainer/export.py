@@ -22,13 +22,14 @@ from pathlib import Path
 import torch
 
 from trainer import checkpoint as ck
+from trainer.errors import UserError
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32",
                   "float": "float32"}
 
 
-class ExportError(ValueError):
+class ExportError(UserError):
     """No checkpoint, no config to rebuild the model shape, or an existing output dir."""
 
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from trainer.errors import UserError
 
 PANELS = ("Loss", "Throughput", "Memory", "Learning rate and gradient norm")
 
 
-class PlotError(ValueError):
+class PlotError(UserError):
     """No run dir, no metrics yet, or matplotlib missing: the message says which."""
 
 

@@ -17,11 +17,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from trainer.errors import UserError
 
 TOP_OPS = 25
 
 
-class ProfileSettingsError(ValueError):
+class ProfileSettingsError(UserError):
     pass
 
 

@@ -1,4 +1,8 @@
-"""Stop cleanly on SIGTERM / SIGUSR2: finish the step, checkpoint on every rank, exit 3.
+"""Stop cleanly on a signal: finish the step, checkpoint on every rank, then exit.
+
+SIGTERM / SIGUSR2 (a scheduler's preemption warning) -> exit 3, "requeue me";
+SIGINT (Ctrl-C) -> exit 130, status "interrupted" (it checkpoints too, so
+`--resume` continues where it stopped).
 
 Slurm sends SIGUSR2 (with `--signal=USR2@120`) before a time limit or preemption and SIGTERM
 at it; torchrun forwards SIGTERM to its workers (and SIGUSR2 only when started with
@@ -16,7 +20,8 @@ import os
 import signal
 
 EXIT_REQUEUE = 3
-DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR2")
+EXIT_INTERRUPTED = 130
+DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR2", "SIGINT")
 
 
 class Stopper:
@@ -30,6 +35,7 @@ class Stopper:
         self._previous: dict[int, object] = {}
         self._group = None
         self._group_ready = False
+        self.interrupted = False   # agreed: some rank got SIGINT (Ctrl-C) rather than a preemption
 
     # -- handler
     def _handle(self, signum, frame) -> None:
@@ -85,15 +91,26 @@ class Stopper:
         import torch
         import torch.distributed as dist
 
+        local = 2 if self.signum == signal.SIGINT else 1 if self.requested else 0
         if not (dist.is_available() and dist.is_initialized()):
+            self.interrupted = local == 2
             return self.requested
         if step % self.check_every:
             return False
-        flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32)
+        flag = torch.tensor([local], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._cpu_group())
         if flag.item() and self.signum is None:
             self.signum = -1  # a peer was signalled; stop with it
+        self.interrupted = flag.item() == 2
         return bool(flag.item())
+
+    @property
+    def status(self) -> str:
+        return "interrupted" if self.interrupted else "preempted"
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_INTERRUPTED if self.interrupted else EXIT_REQUEUE
 
 
 def install(signals=DEFAULT_SIGNALS, check_every: int | None = None) -> Stopper:

@@ -20,9 +20,10 @@ import torch
 from trainer import distributed, metrics, optim
 from trainer.config import SYNTHETIC, TrainConfig, dump
 from trainer.model import IGNORE_INDEX, Transformer, flops_per_token, linear_cross_entropy
+from trainer.errors import UserError
 
 
-class TrainError(RuntimeError):
+class TrainError(UserError):
     """A problem the user can fix (missing kernels package, data that does not fit, ...)."""
 
 
@@ -150,7 +151,7 @@ def _write_json_atomic(path: Path, obj: dict) -> None:
 
 
 def run(cfg: TrainConfig, run_dir: Path | str, resume: str | None = None, log=None) -> int:
-    from runtime import ranklog
+    from trainer import ranklog
     from trainer import checkpoint, signals
 
     run_dir = Path(run_dir)
@@ -287,7 +288,7 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
             if stopper.should_stop(step):
                 log.warning(f"{stopper.reason}: stopping after step {step}, checkpointing")
                 last_ckpt = save(step)
-                status = "preempted"
+                status = stopper.status
                 break
             if cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0 and step < cfg.train.steps:
                 last_ckpt = save(step)
@@ -313,4 +314,4 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
     if info.is_main:
         _write_json_atomic(run_dir / "summary.json", summary)
         log.info("summary\n" + metrics.summary_table(summary))
-    return signals.EXIT_REQUEUE if status == "preempted" else EXIT_OK
+    return stopper.exit_code if status in ("preempted", "interrupted") else EXIT_OK

@@ -8,7 +8,7 @@ for a reason:
 
 - Fabric is imported only when -H is used: importing paramiko costs ~0.25 s,
   half of the 0.5 s budget for `inv --list`. The flags are Fab's own.
-- `-H a,b TASK` runs TASK on all hosts at once (runtime.fanout), the remote
+- `-H a,b TASK` runs TASK on all hosts at once (runtime.program.fanout), the remote
   side running the same `inv` with the task's pre/post tasks, instead of
   Fabric's serial, stop-at-first-failure loop with pre/post run locally once.
   `-H @` means the hosts in `anvil.hosts`.
@@ -21,14 +21,12 @@ for a reason:
   so `anvil ...` works from anywhere.
 
 The script-name clash with Invoke's own `inv` (pip reinstalling invoke
-rewrites bin/inv): see runtime/shim.py; `main()` keeps that shim in place.
+rewrites bin/inv): see runtime/program/shim.py; `main()` keeps that shim in place.
 """
 from __future__ import annotations
 
 import contextlib
 import json
-import os
-import sys
 from pathlib import Path
 
 from invoke import Argument, Config, Executor, Program
@@ -36,6 +34,7 @@ from invoke import __version__ as invoke_version
 from invoke.exceptions import Exit
 
 from runtime import settings as settings_mod
+from trainer.errors import AnvilError
 
 VERSION = "0.1.0"
 SHORT_FLAGS_KEPT = ("h", "H")   # core flags no task's auto short flag may take
@@ -57,13 +56,41 @@ class AnvilConfig(Config):
 
 
 class AnvilExecutor(Executor):
-    """Plain Invoke execution locally; all-hosts-at-once fan-out under -H."""
+    """Plain Invoke execution locally; all-hosts-at-once fan-out under -H.
+
+    The one place where Anvil's errors become Invoke's Exit: an AnvilError
+    raised by any layer below a task ends as its message (prefixed with the
+    task's name) and its exit code, never as a traceback.
+    """
+
+    current_task = ""
+
+    def expand_calls(self, calls):
+        expanded = super().expand_calls(calls)
+        for call in expanded:
+            make_context = call.make_context
+
+            def named(config, _call=call, _make=make_context):
+                self.current_task = _call.called_as or _call.task.name
+                return _make(config)
+            call.make_context = named
+        return expanded
 
     def execute(self, *tasks):
+        try:
+            return self._execute(*tasks)
+        except AnvilError as exc:
+            message = str(exc) or type(exc).__name__
+            name = self.current_task
+            if name and not message.startswith(name):
+                message = f"{name}: {message}"
+            raise Exit(message, exc.exit_code) from None
+
+    def _execute(self, *tasks):
         hosts = self.core[0].args.hosts.value if self.core is not None else None
         if not hosts:
             return super().execute(*tasks)
-        from runtime import fanout   # imports fabric/paramiko: only now
+        from runtime.program import fanout   # imports fabric/paramiko: only now
         code = fanout.run_cli(self.collection, self.config, self.core, tasks)
         if code:
             raise Exit(code=code)
@@ -174,19 +201,3 @@ program = AnvilProgram(
     binary="inv",
     binary_names=["inv", "anvil"],
 )
-
-
-def main(argv=None):
-    from runtime import shim
-    shim.ensure_installed()
-    try:
-        program.run(argv)
-    except BrokenPipeError:
-        # `inv --list | head`: the reader left; that is not an error of ours.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        sys.exit(0)
-
-
-if __name__ == "__main__":
-    main()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from runtime.checks.result import FAIL, PASS, WARN, CheckResult
+from runtime.preflight.result import FAIL, PASS, WARN, CheckResult
 
 MIN_FREE_GIB = 1.0  # Primus preflight's PRIMUS_PREFLIGHT_MIN_FREE_MEM_GB default
 USED_WARN_FRACTION = 0.05

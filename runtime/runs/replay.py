@@ -7,7 +7,7 @@
 The recorded command line is replayed without its fan-out flags (-H, -i, ...),
 with every config path that the run recorded (config_sources) swapped for the
 copy inside the run directory. The child gets the recorded environment over
-this one, and ANVIL_REPLAY_OF, so runtime.run lays that environment over the
+this one, and ANVIL_REPLAY_OF, so runtime.runs.run lays that environment over the
 task's own resolution (source "replay:<run>") and links the new run to the old.
 
 Incompatible (refused unless forced): another GPU vendor, model or count, or
@@ -23,9 +23,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runtime import history, rundir, snapshot
-from runtime.run import MACHINE_IDENTITY, REPLAY_ENV
-from runtime.secrets import MASK
+from runtime.runs import history, rundir, snapshot
+from runtime.runs.run import MACHINE_IDENTITY, REPLAY_ENV
+from trainer.secrets import MASK
+from trainer.errors import UserError
 
 # Core flags of the recorded command line that a local replay drops (name -> takes a value).
 _DROPPED_FLAGS = {"-H": True, "--hosts": True, "-i": True, "--identity": True, "-t": True,
@@ -33,7 +34,7 @@ _DROPPED_FLAGS = {"-H": True, "--hosts": True, "-i": True, "--identity": True, "
                   "--prompt-for-login-password": False, "--prompt-for-passphrase": False}
 
 
-class ReplayError(ValueError):
+class ReplayError(UserError):
     """The run cannot be replayed as recorded."""
 
 
@@ -137,7 +138,7 @@ def plan(path: str | Path, runs_dir: Path | None = None) -> ReplayPlan:
 
 
 def command(plan: ReplayPlan) -> list[str]:
-    return [sys.executable, "-m", "runtime.cli", *plan.argv]
+    return [sys.executable, "-m", "runtime.program.main", *plan.argv]
 
 
 def run(plan: ReplayPlan) -> tuple[int, Path | None]:

@@ -35,6 +35,7 @@ from typing import Any, Iterable
 from tabulate import tabulate
 
 from runtime import settings as settings_mod
+from trainer.errors import UserError
 
 STATUSES = ("PASS", "WARN", "FAIL")
 DIFFERS = "≠"
@@ -77,7 +78,7 @@ class HostResult:
         return self.reachable and self.exit_code == 0 and not self.failed_checks
 
 
-class FanoutError(ValueError):
+class FanoutError(UserError):
     """Bad fan-out input (no hosts, malformed host list)."""
 
 
@@ -357,7 +358,7 @@ def render(report: MergedReport, task: str = "") -> str:
     return "\n".join(out)
 
 
-# -- the CLI side (called by runtime.cli.AnvilExecutor) -------------------------
+# -- the CLI side (called by runtime.program.cli.AnvilExecutor) -------------------------
 
 def task_argv(context) -> list[str]:
     """Rebuild `TASK --opt value ...` from a parsed task context (only options given)."""

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from envs import netinfo
-from runtime.checks.result import FAIL, PASS, WARN, CheckResult
+from runtime.preflight.result import FAIL, PASS, WARN, CheckResult
 
 
 def run(inp) -> list[CheckResult]:

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from runtime.checks.result import PASS, WARN, CheckResult
+from runtime.preflight.result import PASS, WARN, CheckResult
 
 FIX = ("bind each rank next to its GPU: torchrun --numa-binding=exclusive, srun --cpu-bind=map_cpu/mask_cpu, "
        "or numactl --cpunodebind=N --membind=N")

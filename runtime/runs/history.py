@@ -1,6 +1,6 @@
 """Reading recorded runs back: listing, one run's record, and differences.
 
-The files are the ones runtime.run writes (see runtime/rundir.py).
+The files are the ones runtime.runs.run writes (see runtime/runs/rundir.py).
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime import rundir
+from runtime.runs import rundir
 
 
 @dataclass

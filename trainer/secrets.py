@@ -1,6 +1,6 @@
 """Secret masking for everything written into a run directory or a log.
 
-Stdlib only: runtime.ranklog (which the trainer imports) uses it too.
+Stdlib only: trainer.ranklog (which the trainer imports) uses it too.
 
 Three layers, because a secret leaks through whichever one is missing:
 1. names: variables/keys/flags whose names look secret get their value masked

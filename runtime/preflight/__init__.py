@@ -5,8 +5,8 @@
 """
 from __future__ import annotations
 
-from runtime.checks import affinity, gpu, host, network, software
-from runtime.checks.result import FAIL, PASS, WARN, CheckInputs, CheckResult, table, worst
+from runtime.preflight import affinity, gpu, host, network, software
+from runtime.preflight.result import FAIL, PASS, WARN, CheckInputs, CheckResult, table, worst
 
 CHECKS = {"gpu": gpu.run, "host": host.run, "software": software.run, "network": network.run,
           "affinity": affinity.run}

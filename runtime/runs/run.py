@@ -1,6 +1,6 @@
 """One run, end to end: run directory, snapshot, hooks, body, outcome.
 
-    from runtime.run import RunSpec, execute, run_task
+    from runtime.runs.run import RunSpec, execute, run_task
 
     @run_task(help={"config": "training config"})
     def pretrain(c, config=DEFAULT, run_options=None):
@@ -18,10 +18,10 @@ task receives them as ``run_options`` (a RunOptions).
 runs --patch and the pre hooks (which may extend the env), calls body(run),
 runs the post hooks (also after a failure, told the outcome), finishes
 metadata.json and returns body's result. On failure it reads the logs for
-known signatures (runtime.diagnose) and raises invoke.exceptions.Exit with
+known signatures (runtime.runs.diagnose) and raises invoke.exceptions.Exit with
 one clear message and the process's exit code.
 
-Replays (runtime.replay) start the task again with ANVIL_REPLAY_OF=<old run>:
+Replays (runtime.runs.replay) start the task again with ANVIL_REPLAY_OF=<old run>:
 execute then lays the recorded environment over the resolved one (source
 "replay") and links the new run to the old one.
 """
@@ -44,7 +44,8 @@ from invoke import task as invoke_task
 from invoke.exceptions import Exit, UnexpectedExit
 
 from runtime import settings as settings_mod
-from runtime.secrets import MASK, Masker
+from trainer.errors import AnvilError
+from trainer.secrets import MASK, Masker
 
 
 def _lazy(name: str):
@@ -65,11 +66,11 @@ def _lazy(name: str):
     return module
 
 
-diagnose = _lazy("runtime.diagnose")
-hooks_mod = _lazy("runtime.hooks")
-ranklog = _lazy("runtime.ranklog")
-rundir = _lazy("runtime.rundir")
-snapshot = _lazy("runtime.snapshot")
+diagnose = _lazy("runtime.runs.diagnose")
+hooks_mod = _lazy("runtime.runs.hooks")
+ranklog = _lazy("trainer.ranklog")
+rundir = _lazy("runtime.runs.rundir")
+snapshot = _lazy("runtime.runs.snapshot")
 
 REPLAY_ENV = "ANVIL_REPLAY_OF"
 # Recorded variables that name the machine rather than configure the job: a
@@ -320,6 +321,8 @@ def _run_post(run: Run, outcome: dict) -> str | None:
 
 
 def _exit_code(exc: BaseException) -> int:
+    if isinstance(exc, AnvilError):
+        return exc.exit_code
     if isinstance(exc, Exit):
         return exc.code or 1
     if isinstance(exc, UnexpectedExit):
@@ -332,6 +335,8 @@ def _exit_code(exc: BaseException) -> int:
 
 
 def _error_text(exc: BaseException) -> str:
+    if isinstance(exc, AnvilError):
+        return str(exc) or type(exc).__name__
     if isinstance(exc, Exit):
         return exc.message or f"exit status {exc.code}"
     if isinstance(exc, UnexpectedExit):
@@ -409,7 +414,8 @@ def execute(ctx, spec: RunSpec, body: Callable[[Run], Any]) -> Any:
         result = body(run)
     except BaseException as exc:  # noqa: BLE001 - recorded, post hooks told, then re-raised as Exit
         failure = exc
-    outcome = {"status": "failed" if failure else "ok", "error": _error_text(failure) if failure else None}
+    outcome = {"status": (getattr(failure, "status", None) or "failed") if failure else "ok",
+               "error": _error_text(failure) if failure else None}
     post_error = _run_post(run, outcome) if spec.hooks else None   # also after a failed pre hook
 
     if failure is None and post_error is None:
@@ -418,7 +424,8 @@ def execute(ctx, spec: RunSpec, body: Callable[[Run], Any]) -> Any:
 
     error = outcome["error"] if failure is not None else post_error
     code = _exit_code(failure) if failure is not None else 1
-    status = "interrupted" if isinstance(failure, KeyboardInterrupt) else "failed"
+    status = getattr(failure, "status", None) or ("interrupted" if isinstance(failure, KeyboardInterrupt)
+                                                  else "failed")
     if failure is not None and post_error:
         error += f"\n(also: {post_error})"
     findings = diagnose.scan(diagnose.log_files(run.path), extra_text=error)
@@ -426,4 +433,12 @@ def execute(ctx, spec: RunSpec, body: Callable[[Run], Any]) -> Any:
     message = [f"{spec.task} {status}: {run.masker.text(error)}", f"run directory: {run.path}"]
     for finding in findings:
         message.append(f"known problem [{finding.signature}]: {finding.advice}")
-    raise Exit("\n".join(message), code)
+    raise RunFailed("\n".join(message), code, status)
+
+
+class RunFailed(AnvilError):
+    """A run that did not end ok: the message names the task, the cause and the run directory."""
+
+    def __init__(self, message: str, exit_code: int, status: str):
+        super().__init__(message, exit_code)
+        self.status = status

@@ -11,7 +11,7 @@ it imports this module, which makes ``invoke.main.program`` our program -
 so Invoke's own script (``from invoke.main import program;
 program.run()``) runs Anvil. Every other Python process pays one string
 comparison. The .pth belongs to no package's RECORD, so reinstalling or
-uninstalling invoke leaves it alone; `runtime.cli.main` (every `inv` /
+uninstalling invoke leaves it alone; `runtime.program.main.main` (every `inv` /
 `anvil` start) rewrites it if it is missing, and `anvil` after a fresh
 install creates it. Stock Invoke stays reachable as `invoke`.
 """
@@ -24,14 +24,14 @@ from pathlib import Path
 
 PTH_NAME = "anvil-inv.pth"
 # One line; a missing checkout must not print an error in every Python start.
-PTH_LINE = ("import sys; exec('try:\\n import runtime.shim as m; m.redirect()\\nexcept ImportError:\\n pass') "
+PTH_LINE = ("import sys; exec('try:\\n import runtime.program.shim as m; m.redirect()\\nexcept ImportError:\\n pass') "
             "if sys.argv and sys.argv[0].replace(chr(92), '/').rsplit('/', 1)[-1] == 'inv' else None\n")
 
 
 def redirect() -> None:
     """Make invoke.main.program the Anvil program (idempotent)."""
     import invoke.main
-    from runtime.cli import program
+    from runtime.program.cli import program
     invoke.main.program = program
 
 

@@ -23,6 +23,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from trainer.errors import AnvilError
 
 PHASES = ("pre", "post")
 HOOK_FILE = re.compile(r"^\d+_[A-Za-z0-9_.-]+\.(py|sh)$")
@@ -30,7 +31,7 @@ _TASK_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
 _ENV_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 
 
-class HookError(RuntimeError):
+class HookError(AnvilError):
     """A hook failed (or could not be loaded); message names the file and its output."""
 
     def __init__(self, path: Path, detail: str, output: str = ""):

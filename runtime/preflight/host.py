@@ -6,7 +6,7 @@ import resource
 import shutil
 from pathlib import Path
 
-from runtime.checks.result import FAIL, PASS, WARN, CheckResult
+from runtime.preflight.result import FAIL, PASS, WARN, CheckResult
 
 GIB = 1024 ** 3
 SHM_MIN_GIB = 8  # Primus node-smoke: /dev/shm >= 8 GiB (NCCL and data-loader workers live there)

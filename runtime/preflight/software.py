@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 from importlib import metadata
 
-from runtime.checks.result import FAIL, PASS, WARN, CheckResult
+from runtime.preflight.result import FAIL, PASS, WARN, CheckResult
 
 
 def _version(package: str):
@@ -52,7 +52,7 @@ def _torch(m) -> CheckResult:
 
 
 def _anvil() -> CheckResult:
-    from runtime import snapshot
+    from runtime.runs import snapshot
     version = _version("anvil") or "?"
     git, _diff = snapshot.git_info()
     commit = git.get("commit")

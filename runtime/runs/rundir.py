@@ -25,13 +25,14 @@ import tempfile
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterator
+from trainer.errors import UserError
 
 TIME_FORMAT = "%Y-%m-%dT%H-%M-%S"
 METADATA = "metadata.json"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-class RunDirError(ValueError):
+class RunDirError(UserError):
     """A path that is not a usable run directory."""
 
 

@@ -1,0 +1,1 @@
+"""What tasks call: one function per job (training, benchmarks, preflight, environment)."""

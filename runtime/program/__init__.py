@@ -1,0 +1,1 @@
+"""The `inv` program: Invoke with Fabric's -H fan-out, its settings file, the .pth shim."""

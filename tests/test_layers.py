@@ -1,0 +1,124 @@
+"""The house rules, checked: imports point one way (tasks -> runtime -> envs/benchmarks -> trainer
+-> kernels), no two modules import each other (directly or around a loop), tasks.py finds
+collections by itself."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = {"tasks": 5, "runtime": 4, "envs": 3, "benchmarks": 3, "trainer": 2, "kernels": 1}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every project module this file imports, at any depth (function-level imports count)."""
+    tree = ast.parse(path.read_text(), str(path))
+    here = _module_name(path).split(".")
+    package = here if path.name == "__init__.py" else here[:-1]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return {name for name in found if name.split(".")[0] in LAYERS}
+
+
+def _project_files() -> list[Path]:
+    return sorted(p for layer in LAYERS for p in (ROOT / layer).rglob("*.py"))
+
+
+def _existing_module(name: str, modules: set[str]) -> str | None:
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def test_imports_point_down_only():
+    wrong = []
+    for path in _project_files():
+        own = path.relative_to(ROOT).parts[0]
+        for name in _imports(path):
+            other = name.split(".")[0]
+            if other != own and LAYERS[other] >= LAYERS[own]:
+                wrong.append(f"{path.relative_to(ROOT)} imports {name} ({own} -> {other})")
+    assert not wrong, "imports against the layer order:\n" + "\n".join(sorted(wrong))
+
+
+def test_no_import_cycles():
+    files = _project_files()
+    modules = {_module_name(p) for p in files}
+    graph = {}
+    for path in files:
+        me = _module_name(path)
+        targets = {_existing_module(n, modules) for n in _imports(path)}
+        # A package's __init__ re-exporting its own modules is not a cycle of meaning.
+        graph[me] = {t for t in targets if t and t != me and not me.startswith(t + ".")
+                     and not (path.name == "__init__.py" and t.startswith(me + "."))}
+    cycles, state = [], {}
+
+    def visit(node, stack):
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                cycles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_the_test_catches_an_upward_import(tmp_path, monkeypatch):
+    """The rule above can fail: a trainer module importing the runtime is reported."""
+    bad = ROOT / "trainer" / "_layer_probe_tmp.py"
+    bad.write_text("from runtime.runs import rundir\n")
+    try:
+        try:
+            test_imports_point_down_only()
+        except AssertionError as exc:
+            assert "trainer/_layer_probe_tmp.py imports runtime.runs" in str(exc)
+        else:
+            raise AssertionError("an upward import went unnoticed")
+    finally:
+        bad.unlink()
+
+
+def test_collections_are_found_and_a_broken_one_is_named(tmp_path, capsys):
+    from invoke import Collection
+
+    from runtime.program.discover import collect
+
+    pkg = tmp_path / "sitepkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    good = "from invoke import Collection, task\n@task\ndef hi(c):\n    pass\nns = Collection('{n}')\nns.add_task(hi)\n"
+    (pkg / "alpha.py").write_text(good.format(n="alpha"))
+    (pkg / "broken.py").write_text("import no_such_module_here\n")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "cluster.py").write_text(good.format(n="cluster"))
+    import sys
+    sys.path.insert(0, str(tmp_path))
+    try:
+        ns = collect("sitepkg", [str(pkg)], environ={"ANVIL_TASKS_PATH": str(site)})
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert isinstance(ns, Collection) and sorted(ns.collections) == ["alpha", "cluster"]
+    err = capsys.readouterr().err
+    assert "sitepkg/broken.py cannot be loaded (ModuleNotFoundError" in err

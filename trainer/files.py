@@ -1,0 +1,43 @@
+"""Write a file so that readers see the old content or the new, never half of it.
+
+The one atomic writer of the project (run directories, checkpoints' metadata,
+datasets' manifests, benchmark results): write a temporary file beside the
+target, fsync it, rename it over the target.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def write_atomic(path: str | Path, data: str | bytes, mode: int | None = None) -> Path:
+    """Replace `path` with `data` in one step; the folder is created if missing."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data.encode("utf-8") if isinstance(data, str) else data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def to_json(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n"
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> Path:
+    return write_atomic(path, to_json(obj))
