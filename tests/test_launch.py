@@ -1,46 +1,101 @@
-"""Launchers (runtime/launch.py): a real torchrun here; Slurm and container command lines checked."""
+"""Launchers (runtime/launch/): the per-node agent for real here; Slurm and container command lines checked.
+
+The Slurm lines run for real against a live cluster in test_slurm_*.py.
+"""
 from __future__ import annotations
 
 import io
+import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from runtime.launch import ContainerOptions, LaunchError, LaunchSpec, SlurmOptions, build, launch, visible_gpus
-from runtime.secrets import Masker
+from runtime.launch.agent import expand_hostlist, slurm_layout
+from runtime.launch.commands import launch_env
+from trainer.secrets import Masker
 
 WORKER = """
-import os, sys, time
+import os, signal, sys, time
 from pathlib import Path
 print(f"rank {os.environ['RANK']}/{os.environ['WORLD_SIZE']} local {os.environ['LOCAL_RANK']} token {os.environ.get('MY_TOKEN')}", flush=True)
 print("to stderr", file=sys.stderr, flush=True)
-# Both ranks print before either exits (torchrun stops the others at the first exit).
+got = []
+signal.signal(signal.SIGUSR2, lambda *a: got.append(1))
+signal.signal(signal.SIGTERM, lambda *a: got.append(1))
 Path(os.environ["SYNC_DIR"], os.environ["RANK"]).touch()
 deadline = time.time() + 60
 while len(os.listdir(os.environ["SYNC_DIR"])) < int(os.environ["WORLD_SIZE"]) and time.time() < deadline:
     time.sleep(0.05)
+fail_rank = os.environ.get("FAIL_RANK")
+if fail_rank is not None:
+    if os.environ["RANK"] == fail_rank:
+        sys.exit(7)
+    time.sleep(120)            # a peer that would wait forever: the agent must stop it
+if os.environ.get("WAIT_SIGNAL"):
+    while not got and time.time() < deadline:
+        time.sleep(0.05)
+    sys.exit(3 if got else 9)
 sys.exit(int(os.environ.get("WORKER_EXIT", "0")))
 """
 
 
-def test_direct_torchrun_streams_tees_masks_and_keeps_exit_3(tmp_path):
+def _env(tmp_path, **extra):
     (tmp_path / "anvil_worker.py").write_text(WORKER)
-    (tmp_path / "sync").mkdir()
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "MY_TOKEN": "tok-9876543", "WORKER_EXIT": "3",
-           "OMP_NUM_THREADS": "1", "SYNC_DIR": str(tmp_path / "sync")}
+    (tmp_path / "sync").mkdir(exist_ok=True)
+    return {**os.environ, "PYTHONPATH": str(tmp_path), "MY_TOKEN": "tok-9876543", "OMP_NUM_THREADS": "1",
+            "SYNC_DIR": str(tmp_path / "sync"), "ANVIL_AGENT_GRACE": "2", **extra}
+
+
+def test_agent_streams_tees_masks_and_keeps_exit_3(tmp_path):
+    env = _env(tmp_path, WORKER_EXIT="3")
     out, err = io.StringIO(), io.StringIO()
     code = launch(LaunchSpec(module="anvil_worker", nproc=2, workdir=str(tmp_path)), env=env,
                   run_dir=tmp_path / "run", masker=Masker.from_environ(env), stdout=out, stderr=err)
-    assert code == 3                              # torchrun says 1; the workers agreed on 3
+    assert code == 3                              # every rank stopped to be requeued: so does the launch
     assert sorted(l.split(" token")[0] for l in out.getvalue().splitlines() if l.startswith("rank")) == \
         ["rank 0/2 local 0", "rank 1/2 local 1"]
     assert "to stderr" in err.getvalue()
     log = (tmp_path / "run" / "logs" / "launcher.log").read_text()
-    assert log.startswith("$ ") and "torch.distributed.run" in log and "--nproc-per-node 2" in log
+    assert log.startswith("$ ") and "runtime.launch.agent --nproc 2" in log
     assert "rank 0/2" in log and "tok-9876543" not in log and "token <masked>" in log
+    record = json.loads((tmp_path / "run" / "logs" / "agent-0.json").read_text())
+    assert record["ranks"] == {"0": 3, "1": 3} and record["exit_code"] == 3 and record["world_size"] == 2
+
+
+def test_agent_stops_the_others_when_one_rank_fails(tmp_path):
+    env = _env(tmp_path, FAIL_RANK="1")
+    err = io.StringIO()
+    started = time.monotonic()
+    code = launch(LaunchSpec(module="anvil_worker", nproc=3, workdir=str(tmp_path)), env=env,
+                  run_dir=tmp_path / "run", stdout=io.StringIO(), stderr=err)
+    assert code == 7 and time.monotonic() - started < 30     # not the peers' 120 s sleep
+    assert "rank 1 on" in err.getvalue() and "exited with status 7" in err.getvalue()
+    record = json.loads((tmp_path / "run" / "logs" / "agent-0.json").read_text())
+    assert record["first_failure"]["rank"] == 1 and record["first_failure"]["exit_code"] == 7
+
+
+def test_signal_to_the_launcher_reaches_every_rank_and_exit_3_survives(tmp_path):
+    """What a scheduler does: signal the launching process; ranks checkpoint (here: exit 3)."""
+    env = _env(tmp_path, WAIT_SIGNAL="1")
+    cmd = [sys.executable, "-c", "import sys; from runtime.launch import LaunchSpec, launch; "
+           f"sys.exit(launch(LaunchSpec(module='anvil_worker', nproc=2, workdir={str(tmp_path)!r}), "
+           f"dict(__import__('os').environ), run_dir=__import__('pathlib').Path({str(tmp_path / 'run')!r})))"]
+    proc = subprocess.Popen(cmd, env=env, cwd=os.getcwd(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    deadline = time.time() + 60
+    while len(os.listdir(tmp_path / "sync")) < 2 and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    os.killpg(proc.pid, signal.SIGUSR2)              # the whole process group, as Slurm does
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 3, err.decode()[-2000:]
+    assert b"Traceback" not in err
 
 
 def test_one_process_per_visible_gpu():
@@ -56,39 +111,51 @@ def test_one_process_per_visible_gpu():
         build(LaunchSpec(module="m", runtime="k8s"), {})
 
 
-def test_srun_line_leaves_slurm_variables_to_each_task():
+def test_hostlist_and_slurm_layout():
+    assert expand_hostlist("node[1-3,7],gpu[08-10],login") == \
+        ["node1", "node2", "node3", "node7", "gpu08", "gpu09", "gpu10", "login"]
+    assert expand_hostlist("n1") == ["n1"] and expand_hostlist("") == []
+    env = {"SLURM_JOB_NODELIST": "n[3-4]", "SLURM_NNODES": "2", "SLURM_NODEID": "1", "SLURM_JOB_ID": "42"}
+    assert slurm_layout(env) == (2, 1, "n3", 20042)
+
+
+def test_srun_line_inside_an_allocation_reads_slurm_in_python():
     args = ["--config", "my cfg.yaml", "--set", "x=$(whoami)"]
+    alloc = {"SLURM_JOB_ID": "9", "SLURM_NNODES": "4", "SLURM_JOB_NUM_NODES": "4"}
     built = build(LaunchSpec(module="trainer", args=args, runtime="slurm", gpus=8, vendor="rocm",
-                             slurm=SlurmOptions(partition="gpu", time="01:00:00")), {"SLURM_NNODES": "4"})
+                             slurm=SlurmOptions(partition="gpu", time="01:00:00")), alloc)
     argv = built.argv
-    assert argv[:5] == ["srun", "--nodes=4", "--ntasks-per-node=1", "-K1", "--signal=USR2@120"]
-    assert "--gpus-per-node=8" in argv and "--partition=gpu" in argv
-    prelude = argv[argv.index("-c") + 1]
-    assert '"$SLURM_NODEID"' in prelude and 'exec "$@"' in prelude
-    assert argv[-len(args):] == args                       # user arguments untouched, never in the shell text
-    assert "whoami" not in prelude
-    # The prelude, run the way srun runs it on a task, expands the task's own variables.
-    inner = argv[argv.index("bash"):]
-    shown = subprocess.run(inner[:4] + [sys.executable, "-c", "import os; print(os.environ['PET_NODE_RANK'], "
-                                         "os.environ['PET_NNODES'], os.environ['PET_MASTER_PORT'])"],
-                           env={**os.environ, "SLURM_NODEID": "2", "SLURM_NNODES": "4", "SLURM_JOB_NODELIST": "n[1-4]"},
-                           capture_output=True, text=True)
-    assert shown.stdout.split() == ["2", "4", "29500"]
+    assert argv[:4] == ["srun", "--nodes=4", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    assert "--signal=USR2@120" in argv and "--gpus-per-node=8" in argv and "--partition=gpu" in argv
+    assert "bash" not in argv                              # no shell text at all
+    agent = argv.index("runtime.launch.agent")
+    assert argv[agent + 1:agent + 4] == ["--nproc", "8", "--slurm"]
+    assert argv[-len(args):] == args                       # user arguments untouched
+    with pytest.raises(LaunchError, match="only 4 node"):
+        build(LaunchSpec(module="trainer", runtime="slurm", slurm=SlurmOptions(nodes=6)), alloc)
 
 
-def test_sbatch_script_escapes_and_requeues(tmp_path):
+def test_node_local_values_are_left_to_each_node():
+    spec = LaunchSpec(module="trainer", runtime="slurm", node_local=["GLOO_SOCKET_IFNAME", "ANVIL_HOST"])
+    env = launch_env(spec, {"GLOO_SOCKET_IFNAME": "eth0", "ANVIL_HOST": "login1", "X": "1"}, None)
+    assert "GLOO_SOCKET_IFNAME" not in env and "ANVIL_HOST" not in env and env["X"] == "1"
+    assert env["ANVIL_NODE_LOCAL"] == "GLOO_SOCKET_IFNAME,ANVIL_HOST"
+    direct = launch_env(LaunchSpec(module="trainer", node_local=["ANVIL_HOST"]), {"ANVIL_HOST": "a"}, None)
+    assert direct["ANVIL_HOST"] == "a"                     # one machine: its own values are right
+
+
+def test_sbatch_script_outside_an_allocation(tmp_path):
     spec = LaunchSpec(module="trainer", args=["--run-dir", str(tmp_path)], runtime="slurm", gpus=4, vendor="cuda",
-                      slurm=SlurmOptions(mode="sbatch", topology="tasks", nodes=2))
+                      slurm=SlurmOptions(nodes=2, exclude=["n7"], partition="big"))
     built = build(spec, {}, run_dir=tmp_path)
     assert built.argv == ["sbatch", "--parsable", str(tmp_path / "slurm" / "job.sbatch")]
     script = built.script
     assert "#SBATCH --signal=B:USR2@120" in script and "#SBATCH --requeue" in script
-    assert "#SBATCH --ntasks-per-node=4" in script and "#SBATCH --nodes=2" in script
+    assert "#SBATCH --ntasks-per-node=1" in script and "#SBATCH --nodes=2" in script
+    assert "#SBATCH --exclude=n7" in script and "#SBATCH --partition=big" in script
     srun = next(l for l in script.splitlines() if l.startswith("srun "))
-    # $SLURM_PROCID must reach each task unexpanded: inside single quotes for the batch shell.
-    words = shlex.split(srun.rstrip(" &"))
-    assert 'RANK="$SLURM_PROCID"' in words[words.index("-c") + 1]
-    assert "$SLURM_PROCID" not in srun.replace(shlex.quote(words[words.index("-c") + 1]), "")
+    assert "$SLURM" not in srun                            # nothing for the batch shell to expand
+    assert shlex.split(srun.rstrip(" &"))[-2:] == ["--run-dir", str(tmp_path)]
     assert 'scontrol requeue "$SLURM_JOB_ID"' in script
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)      # valid shell
 
@@ -97,16 +164,21 @@ def test_container_lines_pass_env_by_name():
     env = {"HF_TOKEN": "hf-secret-1", "NCCL_DEBUG": "INFO", "PATH": "/usr/bin"}
     docker = build(LaunchSpec(module="trainer", runtime="container", gpus=8, vendor="rocm",
                               container=ContainerOptions(engine="podman", image="rocm/pytorch:6.3")), env).argv
-    assert docker[:3] == ["podman", "run", "--rm"] and "--device=/dev/kfd" in docker
+    assert docker[:3] == ["podman", "run", "--rm"] and "--device=/dev/kfd" in docker and "--device=/dev/dri" in docker
     assert "-e" in docker and "HF_TOKEN" in docker and "hf-secret-1" not in " ".join(docker)
     assert "PATH" not in docker
-    assert docker[docker.index("rocm/pytorch:6.3") + 1:][:3] == ["python3", "-m", "torch.distributed.run"]
+    assert docker[docker.index("rocm/pytorch:6.3") + 1:][:3] == ["python3", "-m", "runtime.launch.agent"]
     apptainer = build(LaunchSpec(module="trainer", runtime="container", gpus=4, vendor="cuda",
                                  container=ContainerOptions(engine="apptainer", image="img.sif")), env).argv
     assert apptainer[:2] == ["apptainer", "exec"] and "--nv" in apptainer and "img.sif" in apptainer
+    assert "--bind" in apptainer
+    rocm = build(LaunchSpec(module="trainer", runtime="container", gpus=8, vendor="rocm",
+                            container=ContainerOptions(engine="apptainer", image="img.sif")), env).argv
+    assert "--rocm" in rocm
     composed = build(LaunchSpec(module="trainer", runtime="slurm+container", gpus=8, vendor="cuda",
-                                container=ContainerOptions(engine="docker", image="nvcr.io/pytorch")), env).argv
-    assert composed[0] == "srun" and composed.index("docker") > composed.index("bash")
-    assert "PET_NODE_RANK" in composed                       # handed into the container by name
+                                container=ContainerOptions(engine="docker", image="nvcr.io/pytorch")),
+                     {**env, "SLURM_JOB_ID": "5", "SLURM_NNODES": "2"}).argv
+    assert composed[0] == "srun" and composed.index("docker") < composed.index("runtime.launch.agent")
+    assert "SLURM_NODEID" in composed                        # handed into the container by name
     with pytest.raises(LaunchError, match="image"):
         build(LaunchSpec(module="m", runtime="container"), env)

@@ -1,0 +1,172 @@
+"""A training job through the runner: config, environment, run directory, launch.
+
+train.pretrain and profile.train both start the trainer this way; profile.train
+only adds the variables that open trainer.profiling's window.
+
+    result = run_training(c, "train.pretrain", TrainingJob(config="configs/tiny.yaml"), run_options)
+    result["run_dir"], result["summary"]
+
+1. Load and validate the config (dotted --set overrides); check its data and
+   the launch options - all before a run directory exists.
+2. Resolve the environment: profiles, the config's env: block, --env.
+3. runtime.runs.run.execute: run directory, snapshot, hooks; the body writes
+   the config as used and launches `python -m trainer` through the runtime
+   (direct: the agent with one rank per visible GPU, one on CPU; slurm: one
+   agent per node of the allocation, or an sbatch job that is followed).
+4. The agents' reports give the hosts, the world size, and on failure the
+   first failing rank with its own error line.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from runtime.launch.spec import EXIT_INTERRUPTED, EXIT_REQUEUE
+from trainer.errors import AnvilError, UserError
+
+
+class JobStopped(AnvilError):
+    """The job ended early but cleanly (preempted or interrupted); `status` says which."""
+
+    def __init__(self, message: str, exit_code: int, status: str):
+        super().__init__(message, exit_code)
+        self.status = status
+
+
+@dataclass
+class TrainingJob:
+    config: str = ""                    # "" = configs/tiny.yaml
+    sets: list[str] = field(default_factory=list)
+    nproc: int = 0                      # 0 = one per visible GPU, one on CPU
+    resume: str = ""                    # "", "auto", or a run / checkpoint path
+    compile: bool = False
+    kernels: bool = False
+    gpu: str = ""
+    site: str = ""
+    runtime: str = ""                   # "" = the anvil.runtime setting
+    nodes: int = 0                      # slurm: 0 = the allocation's, or 1
+    partition: str = ""
+    account: str = ""
+    time: str = ""
+    wait: bool = True                   # sbatch: follow the job
+    exclude: list[str] = field(default_factory=list)
+    exclude_from: str = ""              # a preflight run whose failing nodes are left out
+    dry_run: bool = False
+
+
+def previous_checkpoint(runs_dir: Path, name: str) -> str | None:
+    """--resume auto: the newest complete checkpoint among earlier runs with this name."""
+    from trainer.checkpoint import find_latest
+
+    for run_dir in sorted(Path(runs_dir).glob(f"*_train.pretrain_{name}"), reverse=True):
+        found = find_latest(run_dir)
+        if found is not None:
+            return str(found)
+    return None
+
+
+def launch_spec(job: TrainingJob, settings, env, args: list[str]):
+    """The LaunchSpec of this job, its Slurm options from the task's options over the settings."""
+    from runtime.launch import ContainerOptions, LaunchSpec, SlurmOptions
+
+    runtime = job.runtime or settings.runtime
+    if runtime not in ("direct", "slurm", "container", "slurm+container"):
+        raise UserError(f"--runtime {runtime!r}: expected direct | slurm | container | slurm+container")
+    if job.nproc < 0:
+        raise UserError(f"--nproc {job.nproc}: expected 1 or more (0 = one per visible GPU)")
+    if job.nodes < 0:
+        raise UserError(f"--nodes {job.nodes}: expected 1 or more")
+    if (job.nodes or job.partition or job.account or job.time or not job.wait) and not runtime.startswith("slurm"):
+        raise UserError("--nodes, --partition, --account, --time and --no-wait need --runtime slurm "
+                        f"(runtime is {runtime})")
+    slurm = SlurmOptions(mode=settings.slurm_mode, nodes=job.nodes or None,
+                         partition=job.partition or settings.slurm_partition,
+                         account=job.account or settings.slurm_account, time=job.time or settings.slurm_time,
+                         job_name=f"anvil-{Path(args[1]).parent.name}"[:60] if len(args) > 1 else "anvil",
+                         exclude=list(job.exclude), extra=list(settings.slurm_extra), wait=job.wait)
+    return LaunchSpec(module="trainer", args=args, runtime=runtime, nproc=job.nproc or None,
+                      gpus=env.machine.count, vendor=env.machine.vendor, node_local=env.node_local(),
+                      slurm=slurm, container=ContainerOptions(engine=settings.container_engine or "docker",
+                                                              image=settings.container_image))
+
+
+def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: list[str] = ()) -> dict:
+    """Train as `job` says; returns {"run_dir": Path, "summary": dict | None}."""
+    import envs
+    from runtime import settings as settings_mod
+    from runtime.launch import build, launch
+    from runtime.runs import nodes as nodes_mod
+    from runtime.runs import outcome
+    from runtime.runs.run import execute
+    from trainer.config import DEFAULT_CONFIG, dump, load
+    from trainer.train import check_data
+
+    sets = list(job.sets) + ["train.compile=true"] * job.compile + ["train.kernels=true"] * job.kernels
+    cfg = load(job.config or None, sets)
+    check_data(cfg)
+    config_path = job.config or str(DEFAULT_CONFIG)
+    env = envs.resolve(gpu=job.gpu or None, site=job.site or None, config_env=cfg.env,
+                       overrides=list(run_options.env) + list(extra_env), config_ref=f"{config_path} (env:)")
+    for warning in env.warnings:
+        print(f"WARNING: {warning}")
+    settings = settings_mod.load(c)
+    excluded: dict[str, list[str]] = {}
+    if job.exclude_from:
+        excluded = nodes_mod.failing(job.exclude_from)
+        job.exclude = sorted(set(job.exclude) | set(excluded))
+    name = run_options.name or cfg.name
+    resume = job.resume
+    if resume == "auto":
+        resume = previous_checkpoint(settings.runs_dir, name) or "auto"
+    # Check the launch before a run directory exists (bad --nproc, --nodes, runtime, image).
+    probe = launch_spec(job, settings, env, ["--config", "CONFIG", "--run-dir", "RUN"])
+    built = build(probe, {**os.environ, **env.environ()}, Path("RUN"))
+    if probe.runtime.startswith("slurm") and not job.dry_run:
+        from runtime.launch.slurm import require
+        require(built.argv[0])            # srun or sbatch: Slurm is there, before a run directory is
+    if built.script is not None and not resume:
+        resume = "auto"   # a batch job that Slurm requeues resumes from its own run directory
+    if job.dry_run:
+        print(dump(cfg))
+        args = ["--config", "RUN_DIR/config.yaml", "--run-dir", "RUN_DIR"] + (["--resume", resume] if resume else [])
+        spec = launch_spec(job, settings, env, args)
+        launch(spec, {**os.environ, **env.environ()}, run_dir=Path("RUN_DIR"), dry_run=True)
+        return {"run_dir": None, "summary": None, "dry_run": True}
+
+    def body(run):
+        run.write_text("config.yaml", dump(cfg))
+        args = ["--config", str(run.path / "config.yaml"), "--run-dir", str(run.path)]
+        if resume:
+            args += ["--resume", resume]
+        spec = launch_spec(job, settings, env, args)
+        if excluded:
+            run.update_metadata(excluded_nodes=excluded)
+            print(f"excluding {len(excluded)} node(s) that failed preflight in {job.exclude_from}: "
+                  + ", ".join(f"{h} ({'; '.join(r)[:80]})" for h, r in sorted(excluded.items())))
+        code = launch(spec, env=run.env, run_dir=run.path, masker=run.masker)
+        report = outcome.read(run.path)
+        if report.nodes:
+            run.update_metadata(hosts=report.hosts, world_size=report.world_size, nodes=len(report.nodes))
+        if code == EXIT_REQUEUE:
+            raise JobStopped(f"stopped on a signal after checkpointing; continue with "
+                             f"`inv train.pretrain --resume {run.path}` (same config)", EXIT_REQUEUE, "preempted")
+        if code == EXIT_INTERRUPTED:
+            raise JobStopped(f"interrupted (Ctrl-C) after checkpointing; continue with "
+                             f"`inv train.pretrain --resume {run.path}` (same config)", EXIT_INTERRUPTED,
+                             "interrupted")
+        if code != 0:
+            cause = outcome.failure_summary(run.path, expected_nodes=built.nodes)
+            raise AnvilError(cause or f"the trainer exited with status {code}; see {run.path}/logs/", code)
+        summary_path = run.path / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+        return {"run_dir": run.path, "summary": summary}
+
+    spec = run_options.spec(task_name, name=name, configs={"train.yaml": cfg.to_dict()},
+                            config_sources={"train.yaml": config_path},
+                            # a replay passes the recorded copy, even when the run used the default
+                            config_options={"train.yaml": "--config"},
+                            env=env, world_size=built.nproc * built.nodes,
+                            extra={"resume": resume or None, "runtime": probe.runtime})
+    return execute(c, spec, body)

@@ -1,0 +1,232 @@
+"""The per-node launcher: start this node's ranks, pass signals on, end them together.
+
+    python -m runtime.launch.agent --nproc N [--slurm | --nnodes M --node-rank R --master-addr A]
+                                   [--master-port P] -- PYTHON -m trainer ARGS...
+
+It does what torchrun does for a static job (RANK, LOCAL_RANK, WORLD_SIZE,
+LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT in each rank's
+environment; env:// rendezvous), and what torchrun does not:
+
+- Exit status is the ranks' own. All ranks stopped on a signal after
+  checkpointing (3) -> 3, so "requeue on exit 3" works; Ctrl-C (130) -> 130;
+  otherwise the first failing rank's status. torchrun turns a signal into its
+  own SignalException and exit 1, which hid all of that.
+- A signal to this process (SIGTERM, SIGUSR1/2, SIGINT, SIGHUP) is passed to
+  every rank once and the agent keeps waiting: ranks finish their step and
+  checkpoint (trainer.signals). Slurm and most schedulers signal the whole
+  process group; a rank keeps the first signal it sees, so twice is harmless.
+- When one rank fails, the others are stopped (SIGTERM, then SIGKILL after
+  ANVIL_AGENT_GRACE seconds, default 10) and the failure is one line naming
+  the rank and host.
+- Under Slurm (--slurm) the node rank, node count and master (the first host
+  of the allocation) come from SLURM_*; values computed from the machine
+  (ANVIL_NODE_LOCAL names them: socket interface, host name, ...) are
+  recomputed on this node, not inherited from the host where `inv` ran.
+- With ANVIL_RUN_DIR set it writes RUN_DIR/logs/agent-<node rank>.json
+  (host, ranks, exit statuses, first failure) for the runner's summary.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from runtime.launch.spec import EXIT_INTERRUPTED, EXIT_REQUEUE, NODE_LOCAL_VAR, RUN_DIR_VAR
+from trainer.files import write_json_atomic
+
+HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm's compressed host list: "n[1-3,5],gpu07,x[01-02]" -> ["n1", "n2", ...] (no scontrol needed)."""
+    hosts: list[str] = []
+    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", text or ""):
+        match = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", item)
+        if not match:
+            hosts.append(item)
+            continue
+        prefix, ranges, suffix = match.groups()
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            if not hi:
+                hosts.extend(expand_hostlist(prefix + lo + suffix))
+                continue
+            for n in range(int(lo), int(hi) + 1):
+                hosts.extend(expand_hostlist(f"{prefix}{str(n).zfill(len(lo))}{suffix}"))
+    return hosts
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def slurm_layout(environ) -> tuple[int, int, str, int]:
+    """(nnodes, node_rank, master_addr, master_port) of this Slurm job step."""
+    nodes = expand_hostlist(environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST", ""))
+    nnodes = int(environ.get("SLURM_STEP_NUM_NODES") or environ.get("SLURM_NNODES") or len(nodes) or 1)
+    node_rank = int(environ.get("SLURM_NODEID", 0))
+    master = nodes[0] if nodes else "127.0.0.1"
+    port = 20000 + int(environ.get("SLURM_JOB_ID", "0") or 0) % 20000
+    return nnodes, node_rank, master, port
+
+
+def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in argv:
+        raise SystemExit("usage: python -m runtime.launch.agent [options] -- COMMAND...")
+    split = argv.index("--")
+    p = argparse.ArgumentParser(prog="python -m runtime.launch.agent")
+    p.add_argument("--nproc", type=int, default=1)
+    p.add_argument("--slurm", action="store_true", help="layout from SLURM_* (one agent per node)")
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--master-addr", default="127.0.0.1")
+    p.add_argument("--master-port", type=int, default=0)
+    args = p.parse_args(argv[:split])
+    command = argv[split + 1:]
+    if not command:
+        p.error("no command after --")
+    if args.nproc < 1:
+        p.error("--nproc must be >= 1")
+    return args, command
+
+
+class Agent:
+    def __init__(self, nproc: int, nnodes: int, node_rank: int, master_addr: str, master_port: int,
+                 command: list[str], environ=None, grace: float | None = None):
+        self.nproc, self.nnodes, self.node_rank = nproc, nnodes, node_rank
+        self.master_addr, self.master_port = master_addr, master_port or free_port()
+        self.command = command
+        self.environ = dict(os.environ if environ is None else environ)
+        self.grace = float(grace if grace is not None else self.environ.get("ANVIL_AGENT_GRACE", 10))
+        self.host = self.environ.get("ANVIL_HOST") or socket.gethostname()
+        self.procs: list[subprocess.Popen] = []
+        self.codes: dict[int, int] = {}
+        self.stop_signal: int | None = None
+        self.first_failure: dict | None = None
+        self.started = time.time()
+
+    # ---- environment
+    def base_env(self) -> dict[str, str]:
+        env = dict(self.environ)
+        env.update(MASTER_ADDR=self.master_addr, MASTER_PORT=str(self.master_port),
+                   WORLD_SIZE=str(self.nproc * self.nnodes), LOCAL_WORLD_SIZE=str(self.nproc),
+                   GROUP_RANK=str(self.node_rank), GROUP_WORLD_SIZE=str(self.nnodes),
+                   NODE_RANK=str(self.node_rank))
+        names = [n for n in env.pop(NODE_LOCAL_VAR, "").split(",") if n]
+        if names:
+            from envs import compute_here   # only multi-node launches recompute
+            for name in names:
+                env.pop(name, None)
+            env.update(compute_here(names, environ=env))
+        self.host = env.get("ANVIL_HOST") or self.host
+        if self.nproc > 1 and "OMP_NUM_THREADS" not in env:
+            env["OMP_NUM_THREADS"] = "1"   # as torchrun: N ranks must not each take every core
+        return env
+
+    def rank_env(self, base: dict[str, str], local_rank: int) -> dict[str, str]:
+        rank = self.node_rank * self.nproc + local_rank
+        return {**base, "RANK": str(rank), "LOCAL_RANK": str(local_rank), "ROLE_RANK": str(rank)}
+
+    # ---- signals
+    def _on_signal(self, signum, _frame) -> None:
+        if self.stop_signal is None:
+            self.stop_signal = signum
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    proc.send_signal(signum)
+                except ProcessLookupError:
+                    pass
+
+    # ---- run
+    def run(self) -> int:
+        base = self.base_env()
+        for signum in HANDLED_SIGNALS:
+            signal.signal(signum, self._on_signal)
+        for local_rank in range(self.nproc):
+            self.procs.append(subprocess.Popen(self.command, env=self.rank_env(base, local_rank)))
+        kill_at = None
+        while len(self.codes) < len(self.procs):
+            for local_rank, proc in enumerate(self.procs):
+                if local_rank in self.codes or proc.poll() is None:
+                    continue
+                code = proc.returncode
+                self.codes[local_rank] = code
+                if code not in (0, EXIT_REQUEUE, EXIT_INTERRUPTED) and self.first_failure is None:
+                    self._failed(local_rank, code)
+                    kill_at = time.monotonic() + self.grace
+            if kill_at is not None and time.monotonic() >= kill_at:
+                for proc in self.procs:
+                    if proc.poll() is None:
+                        proc.kill()
+                kill_at = None
+            time.sleep(0.05)
+        code = self.exit_code()
+        self._write_record(code)
+        return code
+
+    def _failed(self, local_rank: int, code: int) -> None:
+        rank = self.node_rank * self.nproc + local_rank
+        self.first_failure = {"rank": rank, "local_rank": local_rank, "host": self.host,
+                              "exit_code": code, "time": time.time()}
+        others = [p for p in self.procs if p.poll() is None]
+        what = f"signal {signal.Signals(-code).name}" if code < 0 else f"status {code}"
+        print(f"anvil-agent: rank {rank} on {self.host} exited with {what}"
+              + (f"; stopping the other {len(others)} rank(s) here" if others else ""),
+              file=sys.stderr, flush=True)
+        for proc in others:
+            try:
+                proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def exit_code(self) -> int:
+        if self.first_failure is not None:
+            code = self.first_failure["exit_code"]
+            return 128 - code if code < 0 else code
+        codes = set(self.codes.values())
+        if EXIT_INTERRUPTED in codes:
+            return EXIT_INTERRUPTED
+        if EXIT_REQUEUE in codes:
+            return EXIT_REQUEUE
+        return 0
+
+    def _write_record(self, code: int) -> None:
+        run_dir = self.environ.get(RUN_DIR_VAR)
+        if not run_dir:
+            return
+        record = {"host": self.host, "node_rank": self.node_rank, "nnodes": self.nnodes, "nproc": self.nproc,
+                  "world_size": self.nproc * self.nnodes, "master": f"{self.master_addr}:{self.master_port}",
+                  "ranks": {str(self.node_rank * self.nproc + lr): c for lr, c in sorted(self.codes.items())},
+                  "exit_code": code, "first_failure": self.first_failure,
+                  "signal": signal.Signals(self.stop_signal).name if self.stop_signal else None,
+                  "start": self.started, "end": time.time(), "slurm_job_id": self.environ.get("SLURM_JOB_ID"),
+                  "restart_count": int(self.environ.get("SLURM_RESTART_COUNT", 0) or 0)}
+        path = Path(run_dir) / "logs" / f"agent-{self.node_rank}.json"
+        try:
+            write_json_atomic(path, record)
+        except OSError as exc:
+            print(f"anvil-agent: cannot write {path}: {exc}", file=sys.stderr)
+
+
+def main(argv=None) -> int:
+    args, command = parse_args(argv)
+    if args.slurm:
+        nnodes, node_rank, master, port = slurm_layout(os.environ)
+        port = args.master_port or port
+    else:
+        nnodes, node_rank, master, port = args.nnodes, args.node_rank, args.master_addr, args.master_port
+    return Agent(args.nproc, nnodes, node_rank, master, port, command).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

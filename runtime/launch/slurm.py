@@ -1,0 +1,171 @@
+"""Slurm from outside an allocation: submit the sbatch script, follow the job to its end.
+
+    code = submit_and_follow(built, env, run_dir, wait=True)
+
+sbatch --parsable prints the job id; the id goes to RUN_DIR/slurm/job_id. While
+following, job state changes are printed as one line each and the job's
+output file (RUN_DIR/logs/slurm-<id>.out) is shown as it grows; a requeued job
+(preemption, `scontrol requeue`) is followed through its restarts. The job's
+exit status becomes ours. Ctrl-C while following asks before cancelling the
+job (on a terminal; elsewhere the job is left running and the scancel line is
+printed). Job state comes from `scontrol show job` (no accounting daemon needed).
+"""
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, Mapping
+
+from runtime.launch.spec import EXIT_INTERRUPTED, Built, LaunchError
+from trainer.files import write_atomic
+
+TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                   "BOOT_FAIL", "DEADLINE", "PREEMPTED", "SPECIAL_EXIT"}
+POLL_S = 1.0
+
+
+def require(tool: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        raise LaunchError(f"runtime slurm: `{tool}` not found on PATH - Slurm's client commands are not "
+                          "installed here (run on a login node, or use --runtime direct)")
+    return path
+
+
+def _run(argv: list[str], env: Mapping[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
+    require(argv[0])
+    try:
+        return subprocess.run(argv, env=dict(env), capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise LaunchError(f"`{' '.join(argv[:2])}` did not answer in {timeout:.0f} s: is slurmctld up "
+                          "(`scontrol ping`)?") from None
+
+
+def submit(script: Path, env: Mapping[str, str]) -> str:
+    """sbatch the script; the job id. A rejected job is one LaunchError with sbatch's reason."""
+    proc = _run(["sbatch", "--parsable", str(script)], env)
+    if proc.returncode != 0:
+        reason = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+        raise LaunchError(f"sbatch rejected the job: {reason[-1] if reason else f'exit {proc.returncode}'}")
+    return proc.stdout.strip().split(";")[0]
+
+
+def job_info(job_id: str, env: Mapping[str, str]) -> dict[str, str] | None:
+    """scontrol show job -o as a dict; None once slurmctld has forgotten the job."""
+    proc = _run(["scontrol", "show", "job", "-o", job_id], env)
+    if proc.returncode != 0:
+        return None
+    info = {}
+    for token in proc.stdout.split():
+        key, sep, value = token.partition("=")
+        if sep and key not in info:
+            info[key] = value
+    return info
+
+
+def exit_status(info: Mapping[str, str]) -> int:
+    """ExitCode=X:Y -> X, or 128+Y when the batch shell died of signal Y."""
+    code, _, sig = (info.get("ExitCode") or "0:0").partition(":")
+    try:
+        code_i, sig_i = int(code), int(sig or 0)
+    except ValueError:
+        return 1
+    if sig_i:
+        return 128 + sig_i
+    if code_i == 0 and info.get("JobState") not in ("COMPLETED",):
+        return 1   # cancelled / node failure / time limit with no status of its own
+    return code_i
+
+
+def cancel(job_id: str, env: Mapping[str, str]) -> None:
+    _run(["scancel", job_id], env)
+
+
+class _Tail:
+    """Prints what a growing file gains (the job's output) since the last call."""
+
+    def __init__(self, path: Path, out: IO):
+        self.path, self.out, self.offset = path, out, 0
+
+    def poll(self) -> None:
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self.offset)
+                data = handle.read()
+        except OSError:
+            return
+        if data:
+            self.offset += len(data)
+            self.out.write(data.decode("utf-8", "replace"))
+            self.out.flush()
+
+
+def follow(job_id: str, env: Mapping[str, str], log: Path | None, out: IO) -> int:
+    """Follow the job until it ends; its exit status."""
+    tail = _Tail(log, out) if log else None
+    last_state, last = None, None
+    while True:
+        info = job_info(job_id, env)
+        if tail:
+            tail.poll()
+        if info is None:
+            if last is None:
+                raise LaunchError(f"job {job_id}: slurmctld does not know it (already purged?)")
+            info = last
+            break
+        state = info.get("JobState", "?")
+        shown = (state, info.get("Restarts"), info.get("NodeList"))
+        if shown != last_state:
+            where = f" on {info.get('NodeList')}" if state == "RUNNING" else ""
+            why = f" ({info.get('Reason')})" if state == "PENDING" and info.get("Reason") not in (None, "None") else ""
+            restarts = f", restart {info.get('Restarts')}" if info.get("Restarts", "0") != "0" else ""
+            print(f"slurm: job {job_id} {state}{where}{why}{restarts}", file=out, flush=True)
+            last_state = shown
+        last = info
+        if state in TERMINAL_STATES:
+            break
+        time.sleep(POLL_S)
+    if tail:
+        tail.poll()
+    return exit_status(info)
+
+
+def _ask_cancel(job_id: str, env: Mapping[str, str], out: IO) -> None:
+    if sys.stdin is not None and sys.stdin.isatty():
+        try:
+            answer = input(f"\ncancel Slurm job {job_id}? [y/N] ")
+        except (EOFError, KeyboardInterrupt):
+            answer = ""
+        if answer.strip().lower() in ("y", "yes"):
+            cancel(job_id, env)
+            print(f"slurm: job {job_id} cancelled", file=out)
+            return
+    print(f"\nslurm: job {job_id} keeps running; `scancel {job_id}` stops it", file=out)
+
+
+def submit_and_follow(built: Built, env: Mapping[str, str], run_dir: Path | None, wait: bool = True,
+                      stdout: IO | None = None) -> int:
+    out = stdout or sys.stdout
+    script = Path(built.argv[-1])
+    job_id = submit(script, env)
+    if run_dir is not None:
+        write_atomic(Path(run_dir) / "slurm" / "job_id", job_id + "\n")
+    print(f"slurm: submitted job {job_id} ({built.nodes} node(s) x {built.nproc} process(es)); "
+          f"script {script}", file=out, flush=True)
+    if not wait:
+        return 0
+    log = Path(run_dir) / "logs" / f"slurm-{job_id}.out" if run_dir is not None else None
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        return follow(job_id, env, log, out)
+    except KeyboardInterrupt:
+        _ask_cancel(job_id, env, out)
+        return EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -1,0 +1,198 @@
+"""`inv train.pretrain` on a live two-node Slurm cluster (tests/cluster.py, slurm=True).
+
+Real slurmctld and slurmd in network namespaces, real srun/sbatch, real ranks
+over gloo between the two nodes. Covers: a run inside an allocation matching a
+one-node run of the same world size; sbatch submit-and-follow; a preemption
+signal (scancel --signal=USR2 --full) -> checkpoint, exit 3, requeue, resume,
+with the loss curve of an uninterrupted run; a node whose ranks die; bad input.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+INV = REPO / ".venv" / "bin" / "inv"
+pytestmark = pytest.mark.slow
+
+SETS = ["data.seq_len=32", "data.batch_size=4", "train.steps=16", "train.log_interval=1",
+        "train.val_interval=0", "train.val_batches=0", "schedule.warmup_steps=2", "checkpoint.interval=0",
+        "parallel.timeout_minutes=1"]
+
+
+def _args(dataset, *extra, steps=None):
+    out = []
+    for item in SETS + [f"data.path={dataset}"] + ([f"train.steps={steps}"] if steps else []):
+        out += ["--set", item]
+    return [*out, "--env", "OMP_NUM_THREADS=1", *extra]
+
+
+def _env(cluster, tmp_path, **extra):
+    return {**os.environ, **cluster.slurm_env(), "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs"),
+            "ANVIL_AGENT_GRACE": "3", **extra}
+
+
+def _losses(run: Path) -> dict[int, float]:
+    out = {}
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if "loss" in rec and rec.get("kind", "train") == "train":
+            out[int(rec["step"])] = float(rec["loss"])
+    return out
+
+
+def _only_run(tmp_path) -> Path:
+    (run,) = sorted((tmp_path / "runs").iterdir())
+    return run
+
+
+@pytest.fixture(scope="module")
+def one_node_losses(dataset, tmp_path_factory):
+    """The reference: one node, four processes, same global batch."""
+    tmp = tmp_path_factory.mktemp("ref")
+    proc = subprocess.run([str(INV), "train.pretrain", "--nproc", "4", "--name", "ref", *_args(dataset)],
+                          cwd=REPO, env={**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(tmp / "runs")},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return _losses(_only_run(tmp))
+
+
+def test_two_nodes_in_an_allocation_train_like_one_node(slurm_cluster, dataset, tmp_path, one_node_losses):
+    started = time.monotonic()
+    proc = subprocess.run(["salloc", "-N2", "--quiet", str(INV), "train.pretrain", "--runtime", "slurm",
+                           "--nproc", "2", "--name", "two", *_args(dataset)],
+                          cwd=REPO, env=_env(slurm_cluster, tmp_path), capture_output=True, text=True, timeout=600)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    run = _only_run(tmp_path)
+    md = json.loads((run / "metadata.json").read_text())
+    assert md["status"] == "ok" and md["hosts"] == ["node1", "node2"] and md["world_size"] == 4
+    for rank, host in ((0, "node1"), (1, "node1"), (2, "node2"), (3, "node2")):
+        assert f"[{host} r{rank}/l{rank % 2}]" in (run / "logs" / f"rank{rank}.log").read_text()
+    losses = _losses(run)
+    assert sorted(losses) == sorted(one_node_losses) and losses[16] < losses[1]
+    for step, loss in one_node_losses.items():
+        assert abs(losses[step] - loss) < 1e-4 * max(1.0, abs(loss)), (step, losses[step], loss)
+    print(f"2 nodes x 2 processes: {elapsed:.1f} s wall")
+
+
+def _trainer_pids(netns: str) -> list[int]:
+    """The ranks (python -m trainer, not their agent) running in one node's namespace."""
+    listed = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True).stdout.split()
+    pids = []
+    for pid in listed:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        except OSError:
+            continue
+        if argv[1:3] == ["-m", "trainer"]:
+            pids.append(int(pid))
+    return pids
+
+
+def _wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def _job_id(tmp_path):
+    runs = tmp_path / "runs"
+    for run in sorted(runs.iterdir()) if runs.is_dir() else []:
+        path = run / "slurm" / "job_id"
+        if path.is_file():
+            return path.read_text().strip()
+    return None
+
+
+def _steps_done(tmp_path) -> int:
+    runs = sorted((tmp_path / "runs").iterdir()) if (tmp_path / "runs").is_dir() else []
+    if not runs or not (runs[0] / "metrics.jsonl").is_file():
+        return 0
+    return max(_losses(runs[0]) or [0])
+
+
+def test_sbatch_job_is_preempted_requeued_and_resumes_the_same_curve(slurm_cluster, dataset, tmp_path,
+                                                                     one_node_losses):
+    env = _env(slurm_cluster, tmp_path)
+    proc = subprocess.Popen([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "2", "--nproc", "2",
+                             "--name", "pre", *_args(dataset, steps=16)],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        job = _wait_for(lambda: _job_id(tmp_path), 60, "the job id")
+        _wait_for(lambda: _steps_done(tmp_path) >= 4, 300, "four steps")
+        signalled = time.monotonic()
+        subprocess.run(["scancel", "--signal=USR2", "--full", job], env=env, check=True, timeout=30)
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    run = _only_run(tmp_path)
+    slurm_log = (run / "logs" / f"slurm-{job}.out").read_text()
+    assert "step exited with status 3" in slurm_log and f"job {job} start 1" in slurm_log
+    assert "RUNNING" in out and "restart 1" in out                   # followed through the requeue
+    rank0 = (run / "logs" / "rank0.log").read_text()
+    assert "stopping after step" in rank0 and "resumed from" in rank0
+    losses = _losses(run)
+    assert losses == one_node_losses or all(abs(losses[s] - l) < 1e-4 * max(1.0, abs(l))
+                                            for s, l in one_node_losses.items())
+    records = [json.loads(p.read_text()) for p in sorted((run / "logs").glob("agent-*.json"))]
+    assert {r["host"] for r in records} == {"node1", "node2"} and {r["restart_count"] for r in records} == {1}
+    print(f"preemption signal to finished requeued job: {time.monotonic() - signalled:.1f} s")
+
+
+def test_a_node_whose_ranks_die_ends_the_job_and_is_named(slurm_cluster, dataset, tmp_path):
+    env = _env(slurm_cluster, tmp_path)
+    proc = subprocess.Popen(["salloc", "-N2", "--quiet", str(INV), "train.pretrain", "--runtime", "slurm",
+                             "--nproc", "2", "--name", "dies", *_args(dataset, steps=400)],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: _steps_done(tmp_path) >= 3, 300, "three steps")
+        node2 = slurm_cluster.hosts[1]
+        victims = _trainer_pids(node2.netns)
+        assert victims, "no trainer processes found on node2"
+        killed = time.monotonic()
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=240)
+        ended = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode not in (0, None)
+    assert "on node2 failed first" in err, err[-3000:]
+    assert err.count("Traceback") == 0
+    assert ended < 180
+    md = json.loads((_only_run(tmp_path) / "metadata.json").read_text())
+    assert md["status"] == "failed"
+    print(f"node death to job end: {ended:.1f} s")
+
+
+def test_bad_slurm_input_is_one_message(slurm_cluster, dataset, tmp_path):
+    env = _env(slurm_cluster, tmp_path)
+    rejected = subprocess.run([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "2",
+                               "--partition", "nosuchpart", *_args(dataset)],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert rejected.returncode == 2 and "sbatch rejected the job" in rejected.stderr, rejected.stderr[-2000:]
+    assert "Traceback" not in rejected.stderr
+    too_many = subprocess.run(["salloc", "-N2", "--quiet", str(INV), "train.pretrain", "--runtime", "slurm",
+                               "--nodes", "3", *_args(dataset)],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert too_many.returncode == 2 and "has only 2 node(s)" in too_many.stderr, too_many.stderr[-2000:]
+    no_slurm = subprocess.run([str(INV), "train.pretrain", "--runtime", "slurm", *_args(dataset)],
+                              cwd=REPO, env={**env, "PATH": str(INV.parent) + ":/usr/bin/none"},
+                              capture_output=True, text=True, timeout=120)
+    assert no_slurm.returncode == 2 and "`sbatch` not found" in no_slurm.stderr, no_slurm.stderr[-2000:]
+    assert "Traceback" not in too_many.stderr + no_slurm.stderr
+    assert not any((run / "metrics.jsonl").exists() for run in (tmp_path / "runs").glob("*"))
