@@ -63,6 +63,19 @@ def console_shows(rank: int, console_rank: int | str = 0) -> bool:
         return rank == 0
 
 
+class _ConsoleFormatter(logging.Formatter):
+    """One line per record on the console: tracebacks go to the rank's log file only."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        saved = record.exc_info, record.exc_text, record.stack_info
+        record.exc_info = record.exc_text = record.stack_info = None
+        try:
+            text = super().format(record)
+        finally:
+            record.exc_info, record.exc_text, record.stack_info = saved
+        return text + (" (traceback in the rank's log file)" if saved[0] else "")
+
+
 def setup(run_dir: Path | str | None, rank: int | None = None, local_rank: int | None = None,
           host: str | None = None, console_rank: int | str = 0, name: str = "anvil",
           file_name: str | None = None, level: int = logging.INFO) -> logging.Logger:
@@ -92,6 +105,6 @@ def setup(run_dir: Path | str | None, rank: int | None = None, local_rank: int |
         logger.addHandler(file_handler)
     if console_shows(rank, console_rank):
         console = logging.StreamHandler(sys.stderr)
-        console.setFormatter(formatter)
+        console.setFormatter(_ConsoleFormatter(FORMAT, DATEFMT))
         logger.addHandler(console)
     return logger
