@@ -1,0 +1,1 @@
+"""The run record: run directories, snapshots, hooks, history, replay, failure diagnosis."""

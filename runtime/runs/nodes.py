@@ -1,0 +1,45 @@
+"""Passing and failing node lists in a run directory: what preflight writes, what launches read.
+
+    nodes/pass.txt     one host per line
+    nodes/fail.txt     one host per line
+    nodes/fail.json    {host: [reason, ...]}
+
+`inv preflight.all` (over -H or a Slurm allocation) writes them; `inv
+train.pretrain --exclude-from RUN` reads fail.json and leaves those nodes out
+of the srun/sbatch line, recording which and why in its own metadata.json.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Mapping
+
+from runtime.runs import rundir
+from trainer.errors import UserError
+
+FOLDER = "nodes"
+
+
+def write(run_dir: Path, passing: list[str], failing: Mapping[str, list[str]]) -> None:
+    folder = Path(run_dir) / FOLDER
+    rundir.write_text(folder / "pass.txt", "".join(f"{h}\n" for h in passing))
+    rundir.write_text(folder / "fail.txt", "".join(f"{h}\n" for h in failing))
+    rundir.write_text(folder / "fail.json", rundir.to_json({h: list(r) for h, r in failing.items()}))
+
+
+def failing(run: str | Path) -> dict[str, list[str]]:
+    """{host: reasons} from a run directory (or its nodes/fail.json); UserError if none is there."""
+    path = Path(run)
+    candidates = [path] if path.is_file() else [path / FOLDER / "fail.json"]
+    for candidate in candidates:
+        try:
+            data = json.loads(candidate.read_text())
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as exc:
+            raise UserError(f"--exclude-from {run}: cannot read {candidate}: {exc}") from None
+        if not isinstance(data, dict):
+            raise UserError(f"--exclude-from {run}: {candidate} is not a {{host: reasons}} mapping")
+        return {str(h): [str(r) for r in (v if isinstance(v, list) else [v])] for h, v in data.items()}
+    raise UserError(f"--exclude-from {run}: no node lists there (expected {FOLDER}/fail.json from a "
+                    "`inv preflight.all` run over several nodes)")
