@@ -20,6 +20,8 @@ import statistics
 import sys
 import time
 
+from trainer.files import write_atomic
+
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -140,10 +142,7 @@ def main(argv=None) -> int:
     if int(os.environ.get("RANK", 0)) == 0:
         report = {"backend": backend, "results": rows}
         if a.out:
-            tmp = f"{a.out}.tmp"
-            with open(tmp, "w") as fh:
-                json.dump(report, fh, indent=1)
-            os.replace(tmp, a.out)
+            write_atomic(a.out, json.dumps(report, indent=1))
         if a.json:
             print(json.dumps(report))
         else:

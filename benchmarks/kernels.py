@@ -21,14 +21,14 @@ import argparse
 import datetime
 import importlib
 import json
-import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from trainer import files
 from trainer.errors import UserError
 
 PROVIDERS = ("anvil", "eager", "compile", "liger")
@@ -253,14 +253,10 @@ def run(op: str = "all", quick: bool = False, device: str = "cuda", cases: list[
 
 
 def write_atomic(path: str, text: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
     try:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".kernels-bench-")
+        files.write_atomic(path, text)
     except OSError as exc:
         raise KernelBenchError(f"cannot write {path}: {exc}") from None
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,7 +35,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+
 from trainer.errors import UserError
+from trainer.files import write_atomic
 
 FORMAT_VERSION = 1
 COMPLETE_MARKER = "COMPLETE"
@@ -170,15 +172,6 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    part = path.with_name(path.name + ".part")
-    with open(part, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(part, path)
-
-
 def _torch_save_atomic(obj: Any, path: Path) -> None:
     part = path.with_name(path.name + ".part")
     with open(part, "wb") as f:
@@ -279,8 +272,8 @@ def save(checkpoint_dir: Path, step: int, *, model, optimizer, scheduler=None, l
                 "extra": _jsonable(extra or {}), "config": _jsonable(config),
                 "cwd": os.getcwd()}
         meta["save_s"] = round(time.time() - started, 3)
-        _write_atomic(tmp / META_FILE, (json.dumps(meta, indent=2) + "\n").encode())
-        _write_atomic(tmp / COMPLETE_MARKER, f"{step}\n".encode())
+        write_atomic(tmp / META_FILE, (json.dumps(meta, indent=2) + "\n").encode())
+        write_atomic(tmp / COMPLETE_MARKER, f"{step}\n".encode())
         _fsync_dir(tmp)
         replace_dir(tmp, final)  # the same step may be saved again (final save right after a resume)
         _fsync_dir(checkpoint_dir)

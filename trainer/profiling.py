@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+
 from trainer.errors import UserError
+from trainer.files import write_atomic
 
 TOP_OPS = 25
 
@@ -102,9 +104,8 @@ class StepProfiler:
         prof.export_chrome_trace(str(tmp))
         os.replace(tmp, trace)
         ops = top_ops(prof)
-        tmp = self.dir / f"rank{self.rank}.ops.json.tmp"
-        tmp.write_text(json.dumps({"rank": self.rank, "steps": [self.start, self.end], "ops": ops}, indent=1))
-        os.replace(tmp, self.dir / f"rank{self.rank}.ops.json")
+        write_atomic(self.dir / f"rank{self.rank}.ops.json",
+                     json.dumps({"rank": self.rank, "steps": [self.start, self.end], "ops": ops}, indent=1))
 
 
 def top_ops(prof, limit: int = TOP_OPS) -> list[dict]:

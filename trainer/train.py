@@ -10,8 +10,6 @@ sync per step except at the log interval (loss and grad norm fetched there).
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import time
 from pathlib import Path
 
@@ -19,8 +17,9 @@ import torch
 
 from trainer import distributed, metrics, optim
 from trainer.config import SYNTHETIC, TrainConfig, dump
-from trainer.model import IGNORE_INDEX, Transformer, flops_per_token, linear_cross_entropy
 from trainer.errors import UserError
+from trainer.files import write_json_atomic
+from trainer.model import IGNORE_INDEX, Transformer, flops_per_token, linear_cross_entropy
 
 
 class TrainError(UserError):
@@ -143,12 +142,6 @@ def evaluate(model, cfg: TrainConfig, info, autocast) -> float:
 
 
 # --------------------------------------------------------------------------- loop
-
-def _write_json_atomic(path: Path, obj: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
-
 
 def run(cfg: TrainConfig, run_dir: Path | str, resume: str | None = None, log=None) -> int:
     from trainer import ranklog
@@ -312,6 +305,6 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
                           checkpoint=str(last_ckpt) if last_ckpt else None,
                           flops_per_token=fpt, config=cfg.name)
     if info.is_main:
-        _write_json_atomic(run_dir / "summary.json", summary)
+        write_json_atomic(run_dir / "summary.json", summary)
         log.info("summary\n" + metrics.summary_table(summary))
     return stopper.exit_code if status in ("preempted", "interrupted") else EXIT_OK

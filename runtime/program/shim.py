@@ -17,7 +17,6 @@ install creates it. Stock Invoke stays reachable as `invoke`.
 """
 from __future__ import annotations
 
-import os
 import sys
 import sysconfig
 from pathlib import Path
@@ -48,9 +47,8 @@ def ensure_installed(purelib: str | None = None) -> bool:
     except OSError:
         pass
     try:
-        tmp = path.with_name(f".{PTH_NAME}.{os.getpid()}.tmp")
-        tmp.write_text(PTH_LINE)
-        os.replace(tmp, path)
+        from trainer.files import write_atomic   # only when the line must be (re)written
+        write_atomic(path, PTH_LINE)
         return True
     except OSError:
         return False   # read-only environment: the console script itself still works

@@ -19,13 +19,15 @@ never sees half a file.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterator
+
 from trainer.errors import UserError
+# The project's one atomic writer (temp file beside the target, fsync, rename), under the
+# names run-directory code has always used.
+from trainer.files import to_json, write_atomic as write_text  # noqa: F401 (re-exported)
 
 TIME_FORMAT = "%Y-%m-%dT%H-%M-%S"
 METADATA = "metadata.json"
@@ -61,28 +63,6 @@ def create(runs_dir: Path, task: str, name: str | None = None, host: str | None 
             continue
         return path
     raise RunDirError(f"could not create a new run directory under {runs_dir}")
-
-
-def write_text(path: Path, text: str) -> Path:
-    """Atomic write: temp file in the same folder, then os.replace."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return path
-
-
-def to_json(obj: Any) -> str:
-    return json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n"
 
 
 def read_json(path: Path, default: Any = None) -> Any:
