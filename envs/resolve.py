@@ -203,18 +203,15 @@ def compute_here(names: Iterable[str], environ: Optional[Mapping[str, str]] = No
     Only computed entries are looked at, so nothing here probes the GPUs.
     """
     environ = os.environ if environ is None else environ
-    wanted = [n for n in names if n]
     stack = [profiles.BASE, *profiles.VENDOR_PROFILES.values(), *profiles.MODEL_PROFILES.values(),
              *(site.PROFILE for site in sites.SITES.values())]
+    # The last layer that computes a name wins, as in resolve().
+    computers = {e.name: e for profile in stack for e in profile.entries if isinstance(e, Computed)}
     machine = Machine(vendor="cpu", model=None, name="not probed", arch=None, count=0, memory_gib=None)
     ctx = Context(machine, environ, hostname or socket.gethostname())
     out: dict[str, str] = {}
-    for name in wanted:
-        entry = None
-        for profile in stack:
-            for candidate in profile.entries:
-                if isinstance(candidate, Computed) and candidate.name == name:
-                    entry = candidate
+    for name in names:
+        entry = computers.get(name)
         if entry is None:
             continue
         try:

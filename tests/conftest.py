@@ -65,18 +65,23 @@ def netns_prerequisites() -> None:
         _unavailable(reason)
 
 
-@pytest.fixture(scope="session")
-def netns_cluster(netns_prerequisites, tmp_path_factory):
-    """Two SSH hosts (cluster.hosts) and one down host (cluster.down_hosts),
-    each in its own network namespace, for the whole session."""
+def _session_cluster(workdir, **options):
+    """Start a cluster for a fixture to yield; skip (fail in CI) where it cannot be built."""
     try:
-        cluster = Cluster.start(tmp_path_factory.mktemp("netns"), n_hosts=2, n_down=1)
+        cluster = Cluster.start(workdir, **options)
     except ClusterUnavailable as exc:
         _unavailable(str(exc))
     try:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def netns_cluster(netns_prerequisites, tmp_path_factory):
+    """Two SSH hosts (cluster.hosts) and one down host (cluster.down_hosts),
+    each in its own network namespace, for the whole session."""
+    yield from _session_cluster(tmp_path_factory.mktemp("netns"), n_hosts=2, n_down=1)
 
 
 # ---- a Slurm cluster on namespace hosts (tests/cluster.py, slurm=True) ------------------------
@@ -96,11 +101,4 @@ def slurm_cluster(slurm_prerequisites, tmp_path_factory):
     partition debug, our own munged and slurmctld, for the whole session.
     Commands need cluster.slurm_env() ({"SLURM_CONF": ...}) in their environment,
     or use cluster.slurm_run("srun", ...). Node names resolve on the nodes."""
-    try:
-        cluster = Cluster.start(tmp_path_factory.mktemp("slurm"), n_hosts=2, n_down=0, slurm=True)
-    except ClusterUnavailable as exc:
-        _unavailable(str(exc))
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from _session_cluster(tmp_path_factory.mktemp("slurm"), n_hosts=2, n_down=0, slurm=True)

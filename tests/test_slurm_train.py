@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cluster import _cmdline, _netns_pids
 
 REPO = Path(__file__).resolve().parents[1]
 INV = REPO / ".venv" / "bin" / "inv"
@@ -84,16 +85,7 @@ def test_two_nodes_in_an_allocation_train_like_one_node(slurm_cluster, dataset, 
 
 def _trainer_pids(netns: str) -> list[int]:
     """The ranks (python -m trainer, not their agent) running in one node's namespace."""
-    listed = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True).stdout.split()
-    pids = []
-    for pid in listed:
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-        except OSError:
-            continue
-        if argv[1:3] == ["-m", "trainer"]:
-            pids.append(int(pid))
-    return pids
+    return [pid for pid in _netns_pids(netns) if _cmdline(pid)[1:3] == ["-m", "trainer"]]
 
 
 def _wait_for(predicate, timeout, what):

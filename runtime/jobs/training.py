@@ -67,13 +67,14 @@ def previous_checkpoint(runs_dir: Path, name: str) -> str | None:
     return None
 
 
-def launch_spec(job: TrainingJob, settings, env, args: list[str]):
+def launch_spec(job: TrainingJob, settings, env, args: list[str], job_name: str = "anvil"):
     """The LaunchSpec of this job, its Slurm options from the task's options over the settings."""
     from runtime.launch import ContainerOptions, LaunchSpec, SlurmOptions
+    from runtime.settings import RUNTIMES
 
     runtime = job.runtime or settings.runtime
-    if runtime not in ("direct", "slurm", "container", "slurm+container"):
-        raise UserError(f"--runtime {runtime!r}: expected direct | slurm | container | slurm+container")
+    if runtime not in RUNTIMES:
+        raise UserError(f"--runtime {runtime!r}: expected {' | '.join(RUNTIMES)}")
     if job.nproc < 0:
         raise UserError(f"--nproc {job.nproc}: expected 1 or more (0 = one per visible GPU)")
     if job.nodes < 0:
@@ -84,7 +85,7 @@ def launch_spec(job: TrainingJob, settings, env, args: list[str]):
     slurm = SlurmOptions(mode=settings.slurm_mode, nodes=job.nodes or None,
                          partition=job.partition or settings.slurm_partition,
                          account=job.account or settings.slurm_account, time=job.time or settings.slurm_time,
-                         job_name=f"anvil-{Path(args[1]).parent.name}"[:60] if len(args) > 1 else "anvil",
+                         job_name=job_name[:60],
                          exclude=list(job.exclude), extra=list(settings.slurm_extra), wait=job.wait)
     return LaunchSpec(module="trainer", args=args, runtime=runtime, nproc=job.nproc or None,
                       gpus=env.machine.count, vendor=env.machine.vendor, node_local=env.node_local(),
@@ -140,7 +141,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
         args = ["--config", str(run.path / "config.yaml"), "--run-dir", str(run.path)]
         if resume:
             args += ["--resume", resume]
-        spec = launch_spec(job, settings, env, args)
+        spec = launch_spec(job, settings, env, args, job_name=f"anvil-{run.path.name}")
         if excluded:
             run.update_metadata(excluded_nodes=excluded)
             print(f"excluding {len(excluded)} node(s) that failed preflight in {job.exclude_from}: "

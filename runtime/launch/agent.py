@@ -37,10 +37,9 @@ import sys
 import time
 from pathlib import Path
 
-from runtime.launch.spec import EXIT_INTERRUPTED, EXIT_REQUEUE, NODE_LOCAL_VAR, RUN_DIR_VAR
+from runtime.launch.spec import EXIT_INTERRUPTED, EXIT_REQUEUE, NODE_LOCAL_VAR, PASSED_SIGNALS, RUN_DIR_VAR
 from trainer.files import write_json_atomic
 
-HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 
 
 def expand_hostlist(text: str) -> list[str]:
@@ -150,7 +149,7 @@ class Agent:
     # ---- run
     def run(self) -> int:
         base = self.base_env()
-        for signum in HANDLED_SIGNALS:
+        for signum in PASSED_SIGNALS:
             signal.signal(signum, self._on_signal)
         for local_rank in range(self.nproc):
             self.procs.append(subprocess.Popen(self.command, env=self.rank_env(base, local_rank)))

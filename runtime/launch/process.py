@@ -19,10 +19,8 @@ from pathlib import Path
 from typing import IO, Mapping
 
 from runtime.launch.commands import build, launch_env
-from runtime.launch.spec import FORWARDED_SIGNALS, LaunchError, LaunchSpec
+from runtime.launch.spec import PASSED_SIGNALS, LaunchError, LaunchSpec
 from trainer.files import write_atomic
-
-PASSED_SIGNALS = FORWARDED_SIGNALS + (signal.SIGINT, signal.SIGHUP)
 
 
 def _pump(source: IO[bytes], sinks: list[IO], lock: threading.Lock) -> None:

@@ -12,16 +12,17 @@ from typing import Mapping
 
 from runtime.settings import RUNTIMES  # one list, also checked when settings load
 from trainer.errors import UserError
+# The trainer's exit statuses after a signal (3: checkpointed, requeue me; 130: Ctrl-C), the
+# contract every launcher keeps.
+from trainer.signals import EXIT_INTERRUPTED, EXIT_REQUEUE  # noqa: F401 (re-exported)
 
 ENGINES = ("docker", "podman", "apptainer")
 SLURM_MODES = ("auto", "srun", "sbatch")
-FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+#: Signals that `inv` and the agent pass on to the ranks (and keep waiting): a scheduler's
+#: preemption warning and termination, Ctrl-C, a closed terminal.
+PASSED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 VISIBLE_DEVICE_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 
-#: Exit status of a job that stopped on a signal after checkpointing: "requeue me".
-EXIT_REQUEUE = 3
-#: Exit status after Ctrl-C (128 + SIGINT), the shell's convention.
-EXIT_INTERRUPTED = 130
 #: Names of the variables each node computes for itself (comma-separated), read by the agent.
 NODE_LOCAL_VAR = "ANVIL_NODE_LOCAL"
 #: The run directory, for the agent's per-node report.
