@@ -2,8 +2,8 @@
 
 Two model families are recognised:
 
-- our trainer's `trainer.model.Transformer` (by its documented hook points,
-  /work/notes/TRAINER_API.md): every RMSNorm instance gets a kernel forward,
+- our trainer's `trainer.model.Transformer` (by the hook points its module
+  docstring names): every RMSNorm instance gets a kernel forward,
   every `Attention.rotary_fn` becomes `apply_rope`, every `MLP.act_fn` becomes
   `swiglu`, and `Transformer.loss_fn` becomes the fused linear cross-entropy
   (sum reduction, as the trainer expects);

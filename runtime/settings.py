@@ -2,7 +2,7 @@
 
 The defaults are declared in the program's config class (runtime.program.cli) as well
 as here, because Invoke only lets environment variables override keys that
-already exist (reference §1.3): with them declared, ``INVOKE_ANVIL_RUNS_DIR=/x``
+already exist: with them declared, ``INVOKE_ANVIL_RUNS_DIR=/x``
 and ``-f other.yaml`` both work as Invoke users expect.
 
 Lists travel as comma-separated strings (Invoke cannot cast an env var into a

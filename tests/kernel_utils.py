@@ -4,8 +4,8 @@
   tensors through the interpreter (it must be set before `@triton.jit` runs).
   With a GPU (and TRITON_INTERPRET unset) the same tests run compiled, at the
   larger sizes `sizes(cpu=..., gpu=...)` picks.
-- Tolerances per op and dtype: never looser than Liger-Kernel's test table
-  (reference/kernels_trainer.md), tighter where our references replicate the
+- Tolerances per op and dtype: never looser than Liger-Kernel's own tests use
+  for the same op and dtype, tighter where our references replicate the
   kernel's rounding points (they are computed in fp64).
 - `poisoned_allocations()`: while active, every floating tensor made by
   torch.empty / torch.empty_like / Tensor.new_empty is filled with NaN (integers

@@ -3,8 +3,9 @@
 Module and parameter names are those of transformers' LlamaForCausalLM, so the
 state_dict exports to Hugging Face without renaming, and RoPE uses HF's
 rotate-half layout. The pieces a fused kernel may replace are separate and
-named (see /work/notes/TRAINER_API.md): RMSNorm modules, `Attention.rotary_fn`,
-`MLP.act_fn`, and `Transformer.loss_fn` (LM head + cross-entropy).
+named, and kernels/patch.py relies on exactly these names: RMSNorm modules,
+`Attention.rotary_fn`, `MLP.act_fn`, and `Transformer.loss_fn` (LM head +
+cross-entropy, sum reduction).
 """
 from __future__ import annotations
 

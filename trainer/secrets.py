@@ -4,7 +4,7 @@ Stdlib only: trainer.ranklog (which the trainer imports) uses it too.
 
 Three layers, because a secret leaks through whichever one is missing:
 1. names: variables/keys/flags whose names look secret get their value masked
-   (pattern from reference/invoke_fabric_slurm.md §4);
+   (TOKEN, SECRET, PASSWORD, KEY, ... as parts of the name);
 2. shapes: credentials inside URLs (``https://user:pass@host``);
 3. values: every secret value known to the process (taken from os.environ by
    name) is replaced wherever it appears in text - a token echoed into a log

@@ -1,4 +1,4 @@
-"""Public sources the profiles cite, named once (details: shared reference/primus_lumi_nccl.md)."""
+"""Public sources the profiles cite, named once: each entry is a document users can open."""
 
 PRIMUS_BASE_ENV = "Primus runner/helpers/envs/base_env.sh (github.com/AMD-AGI/Primus)"
 PRIMUS_AUTO_NET = "Primus runner/helpers/hooks/10_auto_nccl_net.sh (github.com/AMD-AGI/Primus)"

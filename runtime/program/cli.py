@@ -1,7 +1,7 @@
 """The `inv` program: Invoke's task runner with Fabric's host flags and real fan-out.
 
-A "superset" program (reference/invoke_fabric_slurm.md §1.6): no bundled
-namespace, so it discovers tasks.py and reads invoke.yaml / INVOKE_* / -f
+A "superset" program (Invoke's Program subclassed with no bundled
+namespace, as Fabric's own `fab` is), so it discovers tasks.py and reads invoke.yaml / INVOKE_* / -f
 exactly as stock Invoke does, plus Fabric's -H/-i/-S/-t and the project's
 runner settings under `anvil:`. Differences from stock Invoke/Fabric, each
 for a reason:
@@ -15,7 +15,7 @@ for a reason:
 - No task option can hide -h/-H: auto short flags that would take them are
   dropped (the long option still works).
 - `--config FILE` after a task lacking a `config` option is an error, not a
-  silently loaded Invoke runtime config (§1.7). `-f FILE` before the task
+  silently loaded Invoke runtime config (Invoke reads `--config` as its core -f flag). `-f FILE` before the task
   name loads one as usual.
 - No tasks.py above the current directory: the Anvil checkout's own is used,
   so `anvil ...` works from anywhere.
@@ -50,7 +50,8 @@ class AnvilConfig(Config):
     def global_defaults():
         defaults = Config.global_defaults()
         defaults["tasks"]["collection_name"] = "tasks"
-        # Declared so INVOKE_ANVIL_* env vars can override them (§1.3).
+        # Declared so INVOKE_ANVIL_* env vars can override them (Invoke only lets the
+        # environment override keys that already exist).
         defaults["anvil"] = dict(settings_mod.DEFAULTS)
         return defaults
 

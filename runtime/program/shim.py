@@ -1,4 +1,4 @@
-"""Keep `inv` ours when pip reinstalls Invoke (reference §1.6, pitfall 1).
+"""Keep `inv` ours when pip reinstalls Invoke.
 
 Both Invoke and Anvil install a console script bin/inv; whichever package
 is installed last owns the file, and `pip install --force-reinstall invoke`

@@ -121,7 +121,7 @@ def run_task(*args, **task_kwargs):
 
     The task function takes ``run_options`` (a RunOptions) instead of those
     four. Auto short flags are off unless asked for, so no option can take
-    -h from --help (reference §1.7).
+    -h from --help (Invoke gives a task's first option letter as a short flag by default).
     """
     def decorate(func: Callable) -> Any:
         signature = inspect.signature(func)
