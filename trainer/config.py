@@ -106,6 +106,7 @@ class ParallelConfig:
 class PrecisionConfig:
     compute: Literal["auto", "bf16", "fp32"] = "auto"   # auto: bf16 on GPU, fp32 on CPU
     params: Literal["fp32", "bf16"] = "fp32"            # bf16 = pure bf16 weights + optimizer
+    fp8: Literal["off", "tensorwise", "rowwise"] = "off"  # FP8 linear layers (torchao float8), GPU only
 
 
 @dataclass
