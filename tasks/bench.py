@@ -26,7 +26,7 @@ def _execute(c, task_name, run_options, body, gpu="", extra=None):
     return execute(c, run_options.spec(task_name, env=env, extra=extra), lambda run: body(run, env))
 
 
-@run_task(help={**GPU_HELP, "M": "Rows of A (and of the product)", "N": "Columns of B (default: M)",
+@run_task(per_node=True, help={**GPU_HELP, "M": "Rows of A (and of the product)", "N": "Columns of B (default: M)",
                 "K": "Inner dimension (default: M)", "dtype": "bf16 | fp16 | fp32", "iters": "Timed products"})
 def gemm(c, M=8192, N=0, K=0, dtype="bf16", iters=20, gpu="", json=False, run_options=None):
     """GEMM throughput: median time and TFLOP/s of an M x N x K product (and % of the GPU's peak)."""
@@ -37,6 +37,9 @@ def gemm(c, M=8192, N=0, K=0, dtype="bf16", iters=20, gpu="", json=False, run_op
         if proc.returncode != 0:
             raise Exit(f"bench.gemm: the benchmark failed: {proc.stderr.strip().splitlines()[-1:]}", 1)
         result = jsonlib.loads(proc.stdout.strip().splitlines()[-1])
+        # the row the fan-out merges per node (inv -H, --runtime slurm)
+        result["measurements"] = [{"name": f"gemm {result['m']}x{result['n']}x{result['k']} {result['dtype']}",
+                                   "value": result["tflops"], "unit": "TFLOP/s"}]
         run.write_json("gemm.json", result)
         if json:
             print(jsonlib.dumps(result, indent=2))
@@ -54,7 +57,7 @@ def gemm(c, M=8192, N=0, K=0, dtype="bf16", iters=20, gpu="", json=False, run_op
     _execute(c, "bench.gemm", run_options, body, gpu, extra={"M": M, "N": N or M, "K": K or M, "dtype": dtype})
 
 
-@run_task(help={**GPU_HELP, "op": "all_reduce (default), all_gather, reduce_scatter, broadcast",
+@run_task(per_node=True, help={**GPU_HELP, "op": "all_reduce (default), all_gather, reduce_scatter, broadcast",
                 "sizes": "Message sizes, e.g. 1M,64M,1G", "iters": "Timed repetitions per size",
                 "nproc": "Processes per node (default: one per visible GPU; 2 on a CPU, over gloo)"})
 def allreduce(c, op="all_reduce", sizes="1M,16M,64M", iters=20, nproc=0, gpu="", json=False, run_options=None):
@@ -85,6 +88,8 @@ def allreduce(c, op="all_reduce", sizes="1M,16M,64M", iters=20, nproc=0, gpu="",
         if code != 0 or not out.is_file():
             raise Exit(f"bench.allreduce: the benchmark exited with status {code}; see {run.path}/logs", code or 1)
         report = jsonlib.loads(out.read_text())
+        report["measurements"] = [{"name": f"{r['op']} {r['bytes']} B x {r['ranks']} busbw", "value": r["busbw_GBps"],
+                                   "unit": "GB/s"} for r in report.get("results", [])]
         if json:
             print(jsonlib.dumps(report, indent=2))
         return report

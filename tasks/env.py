@@ -157,14 +157,14 @@ def _host_envs(c, hosts):
     names = [h.strip() for h in hosts.split(",") if h.strip()]
     if len(names) != 2:
         raise Exit("env.diff --hosts takes exactly two hosts: --hosts a,b", 2)
-    from runtime.program import fanout
+    from runtime.program import ssh
     from runtime import settings as settings_mod
     settings = settings_mod.load(c)
-    options = fanout.FanoutOptions(
+    options = ssh.FanoutOptions(
         remote_path=settings.remote_path or str(settings.root), remote_inv=settings.remote_inv,
         user=settings.user or None, key_filename=list(settings.key_filename),
         connect_timeout=float(settings.connect_timeout), command_timeout=settings.command_timeout or None)
-    results = dict(zip(names, fanout.run_on_hosts(names, ["env.show", "--json"], options)))
+    results = dict(zip(names, ssh.run_on_hosts(names, ["env.show", "--json"], options)))
     resolved = []
     for name in names:
         outcome = results[name]

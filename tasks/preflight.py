@@ -2,7 +2,10 @@
 
 Every task creates a run directory (runs/<time>_preflight.<check>/) holding
 preflight.json beside the usual snapshot, prints one table (or --json in the
-shape the fan-out merges: `inv -H a,b preflight.all`), and exits 1 on any FAIL.
+shape the fan-out merges), and exits 1 on any FAIL. On many nodes:
+`inv -H a,b preflight.all` (SSH) or `inv preflight.all --runtime slurm` (one
+task per node of the Slurm allocation); both write the passing and failing
+node lists that `inv train.pretrain --exclude-from RUN` reads.
 
 Why preflight.all is not `@task(pre=[gpu, host, ...])`: Invoke runs pre-tasks
 without the caller's arguments (--gpu, --env, --json would be lost, invoke
@@ -77,7 +80,7 @@ def _check_task(check_names, doc):
 
     check.__doc__ = doc
     check.__name__ = "all" if check_names == ALL else check_names[0]
-    return run_task(help=HELP)(check)
+    return run_task(help=HELP, per_node=True)(check)
 
 
 gpu = _check_task(("gpu",), "GPUs: count, model has a profile, free memory, idle (no processes), temperature, ECC.")

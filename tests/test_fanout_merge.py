@@ -12,8 +12,9 @@ import pytest
 from invoke import Collection, task
 from invoke.parser import Parser
 
-from runtime.program import fanout
-from runtime.program.fanout import FanoutOptions, HostResult
+from runtime.program import fanout, results, ssh
+from runtime.program.results import HostResult
+from runtime.program.ssh import FanoutOptions
 
 
 def checks(*rows):
@@ -23,7 +24,7 @@ def checks(*rows):
 def result(host, payload=None, exit_code=0, error=None, stdout=None):
     text = stdout if stdout is not None else (json.dumps(payload) if payload is not None else "")
     return HostResult(host=host, exit_code=None if error else exit_code, stdout=text, error=error,
-                      payload=fanout.parse_json_output(text))
+                      payload=results.parse_json_output(text))
 
 
 def test_merge_marks_differences_and_splits_hosts():
@@ -62,23 +63,23 @@ def test_plain_output_is_shown_per_host():
 
 
 def test_json_is_found_after_log_lines():
-    assert fanout.parse_json_output('note: warming up\n{"checks": []}\n') == {"checks": []}
-    assert fanout.parse_json_output("no json here") is None
+    assert results.parse_json_output('note: warming up\n{"checks": []}\n') == {"checks": []}
+    assert results.parse_json_output("no json here") is None
 
 
 def test_hosts_parsing():
-    assert fanout.parse_hosts("n1, n2,n1") == ["n1", "n2"]
-    assert fanout.parse_hosts("@", ["a", "b"]) == ["a", "b"]
-    with pytest.raises(fanout.FanoutError):
-        fanout.parse_hosts("@", [])
-    with pytest.raises(fanout.FanoutError):
-        fanout.parse_hosts("n1,-oProxyCommand=x")
+    assert ssh.parse_hosts("n1, n2,n1") == ["n1", "n2"]
+    assert ssh.parse_hosts("@", ["a", "b"]) == ["a", "b"]
+    with pytest.raises(ssh.FanoutError):
+        ssh.parse_hosts("@", [])
+    with pytest.raises(ssh.FanoutError):
+        ssh.parse_hosts("n1,-oProxyCommand=x")
     assert fanout.slurm_name("root@node3:2222") == "node3" and fanout.slurm_name("[fe80::1]:22") == "fe80::1"
 
 
 def test_remote_command_quotes_everything():
     options = FanoutOptions(remote_path="/shared/my repo", remote_inv=".venv/bin/inv", runtime_config="/x/a b.yaml")
-    line = fanout.remote_command("n1", ["demo.hello", "--say", "$(rm -rf ~); echo", "--json"], options)
+    line = ssh.remote_command("n1", ["demo.hello", "--say", "$(rm -rf ~); echo", "--json"], options)
     assert line.startswith("cd '/shared/my repo' && ANVIL_HOST=n1 ")
     assert shlex.split(line.split("&& ", 1)[1]) == [
         "ANVIL_HOST=n1", ".venv/bin/inv", "-f", "/x/a b.yaml", "demo.hello", "--say", "$(rm -rf ~); echo", "--json"]

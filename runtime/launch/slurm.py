@@ -55,6 +55,16 @@ def submit(script: Path, env: Mapping[str, str]) -> str:
     return proc.stdout.strip().split(";")[0]
 
 
+def hostnames(nodelist: str, env: Mapping[str, str]) -> list[str]:
+    """node[1-3],gpu7 -> [node1, node2, node3, gpu7] (scontrol show hostnames)."""
+    if not nodelist:
+        return []
+    proc = _run(["scontrol", "show", "hostnames", nodelist], env)
+    if proc.returncode != 0:
+        raise LaunchError(f"scontrol show hostnames {nodelist}: {(proc.stderr or proc.stdout).strip()}")
+    return proc.stdout.split()
+
+
 def job_info(job_id: str, env: Mapping[str, str]) -> dict[str, str] | None:
     """scontrol show job -o as a dict; None once slurmctld has forgotten the job."""
     proc = _run(["scontrol", "show", "job", "-o", job_id], env)

@@ -89,13 +89,42 @@ class AnvilExecutor(Executor):
 
     def _execute(self, *tasks):
         hosts = self.core[0].args.hosts.value if self.core is not None else None
-        if not hosts:
+        if hosts:
+            from runtime.program import fanout
+            code = fanout.run_cli(self.collection, self.config, self.core, tasks)
+            if code:
+                raise Exit(code=code)
+            return {}
+        if not any(self._on_slurm(t) for t in tasks):
             return super().execute(*tasks)
-        from runtime.program import fanout   # imports fabric/paramiko: only now
-        code = fanout.run_cli(self.collection, self.config, self.core, tasks)
-        if code:
-            raise Exit(code=code)
-        return {}
+        results = {}
+        for context in tasks:      # in order; a per-node task under Slurm runs once on every node
+            if not self._on_slurm(context):
+                results.update(super().execute(context))
+                continue
+            from runtime.program import fanout
+            self.current_task = context.name
+            code = fanout.run_on_slurm(self.config, context)
+            if code:
+                raise Exit(code=code)
+        return results
+
+    def _on_slurm(self, context) -> bool:
+        """A per-node task (run_task(per_node=True)) whose runtime is slurm: fan it out over srun."""
+        try:
+            task = self.collection[context.name]
+        except (KeyError, TypeError):
+            return False
+        if not getattr(task, "per_node", False):
+            return False
+        given = context.args["runtime"].value if "runtime" in context.args else ""
+        nodes = context.args["nodes"].value if "nodes" in context.args else 0
+        runtime = given or settings_mod.load(self).runtime
+        if runtime not in settings_mod.RUNTIMES:
+            raise Exit(f"{context.name}: --runtime {runtime!r}: expected {' | '.join(settings_mod.RUNTIMES)}", 2)
+        if nodes and not runtime.startswith("slurm"):
+            raise Exit(f"{context.name}: --nodes needs --runtime slurm (runtime is {runtime})", 2)
+        return runtime.startswith("slurm")
 
 
 class AnvilProgram(Program):
@@ -156,7 +185,11 @@ class AnvilProgram(Program):
         return parser
 
     def parse_tasks(self):
-        super().parse_tasks()
+        try:
+            super().parse_tasks()
+        except ValueError as exc:
+            # Invoke casts typed options (int) while parsing and lets the ValueError out.
+            raise Exit(_bad_value_message(self.core.unparsed, exc), 2) from None
         swallowed = self.core_via_tasks.args["config"].got_value
         if swallowed and any(t == "--config" or t.startswith("--config=") for t in self.core.unparsed):
             names = ", ".join(t.name for t in self.tasks) or "this task"
@@ -164,6 +197,18 @@ class AnvilProgram(Program):
                        f"runtime configuration. Put `-f FILE` before the task name if that is what "
                        f"you want; see `{self.binary} --help {self.tasks[0].name if self.tasks else 'TASK'}` "
                        f"for the task's options.", 2)
+
+
+def _bad_value_message(tokens: list[str], exc: ValueError) -> str:
+    """`-M abc` -> "-M: expected an integer, got 'abc'" (the flag found by its value)."""
+    text = str(exc)
+    value = text.rsplit(": ", 1)[-1].strip("'\"") if ": " in text else ""
+    for i, token in enumerate(tokens):
+        if token.startswith("-") and "=" in token and token.split("=", 1)[1] == value:
+            return f"{token.split('=', 1)[0]}: expected an integer, got {value!r}"
+        if token == value and i and tokens[i - 1].startswith("-"):
+            return f"{tokens[i - 1]}: expected an integer, got {value!r}"
+    return f"bad option value: {text}"
 
 
 @contextlib.contextmanager

@@ -1,235 +1,42 @@
-"""`inv -H a,b,c TASK ARGS`: run TASK on every host at once and merge the results.
+"""Fanned-out tasks: run one task on many nodes at once, merge the results into one report.
 
-Each host runs ``cd <remote_path> && ANVIL_HOST=<host> <remote_inv> TASK ARGS
-[--json]`` over SSH (Fabric Connections, one thread per host, so ten hosts
-take about as long as one). The remote `inv` runs the task with its own pre
-and post tasks and hooks, exactly as it would locally. `--json` is added when
-the task has a ``json`` option; output shaped like
-``{"checks": [{"name", "status", "value", "reason", "fix"}, ...]}`` is merged
-into one table (check by check, host by host, values that differ between hosts
-marked); anything else is shown per host with its exit status. Hosts that
-fail or cannot be reached are reported with their error while the others
-finish. The exit status is 1 if any host failed.
+Two ways to reach the nodes, one report:
+    inv -H a,b,c TASK ARGS                 over SSH (runtime.program.ssh), any task
+    inv TASK ARGS --runtime slurm          over srun, one task per node of the allocation
+                                           (runtime.program.allocation), tasks marked per_node
+Each node runs the same `inv TASK` locally (with --json where the task has
+it). Output shaped as checks or measurements (runtime.program.results) is
+merged into one table, row by row and host by host: values that differ
+between hosts are marked, and each measurement is shown as a share of the
+hosts' median (under 90%: WARN, a straggler). Anything else is shown per
+host with its exit status. Hosts that fail or cannot be reached are reported
+with their error while the others finish; the exit status is 1 if any host
+failed.
 
-Settings (invoke.yaml `anvil:`; -i / -t / -S on the command line win):
-user, key_filename, remote_path (default: this checkout's path, i.e. a shared
-file system), remote_inv (default: the same inv path as here), connect_timeout,
-command_timeout.
-
-Python API (used by tests and other tasks):
-    results = run_on_hosts(hosts, ["preflight.all"], options)    # -> list[HostResult]
-    report = merge(results);  print(render(report))
+Each fan-out is a run of its own on this machine (runs/<time>_<task>/):
+    report.json, report.txt     the merged report as JSON and as printed
+    hosts/<host>.json           each host's exit status, output and error
+    hosts/<host>/<run>/         (Slurm) each node's own run directory
+    nodes/pass.txt, fail.txt, fail.json    the node lists (runtime.runs.nodes),
+                                what `inv train.pretrain --exclude-from RUN` reads
 """
 from __future__ import annotations
 
 import json
 import os
-import shlex
+import statistics
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable
 
 from tabulate import tabulate
 
-from runtime import settings as settings_mod
-from trainer.errors import UserError
+from runtime.program.results import HostResult, checks_of, error_line, slurm_name
 
 STATUSES = ("PASS", "WARN", "FAIL")
 DIFFERS = "≠"
-
-
-@dataclass
-class FanoutOptions:
-    remote_path: str
-    remote_inv: str = ""                 # "" = the program running now (shared file system)
-    user: str | None = None
-    key_filename: list[str] = field(default_factory=list)
-    connect_timeout: float = 10.0
-    command_timeout: float | None = None
-    ssh_config: str | None = None
-    password: str | None = None
-    passphrase: str | None = None
-    runtime_config: str | None = None    # -f FILE, forwarded (shared file system)
-
-
-@dataclass
-class HostResult:
-    host: str
-    exit_code: int | None = None         # None: never ran (unreachable / SSH error)
-    stdout: str = ""
-    stderr: str = ""
-    error: str | None = None             # connection / SSH error text
-    payload: Any = None                  # parsed JSON output, if any
-    seconds: float = 0.0
-
-    @property
-    def reachable(self) -> bool:
-        return self.error is None
-
-    @property
-    def failed_checks(self) -> list[str]:
-        return [c.get("name", "?") for c in checks_of(self.payload) if c.get("status") == "FAIL"]
-
-    @property
-    def ok(self) -> bool:
-        return self.reachable and self.exit_code == 0 and not self.failed_checks
-
-
-class FanoutError(UserError):
-    """Bad fan-out input (no hosts, malformed host list)."""
-
-
-def parse_hosts(value: str | Iterable[str], default_hosts: list[str] | None = None) -> list[str]:
-    hosts = settings_mod.split_list(value)
-    if hosts == ["@"]:
-        hosts = list(default_hosts or [])
-        if not hosts:
-            raise FanoutError("-H @ needs anvil.hosts in invoke.yaml (or INVOKE_ANVIL_HOSTS)")
-    if not hosts:
-        raise FanoutError("no hosts given")
-    bad = [h for h in hosts if any(ch.isspace() for ch in h) or h.startswith("-")]
-    if bad:
-        raise FanoutError(f"not a host name: {', '.join(map(repr, bad))}")
-    seen, unique = set(), []
-    for host in hosts:
-        if host not in seen:
-            seen.add(host)
-            unique.append(host)
-    return unique
-
-
-def local_inv() -> str:
-    """The absolute path of the inv running now (what a shared checkout has too)."""
-    program = sys.argv[0] if sys.argv and sys.argv[0] else ""
-    if program and os.path.basename(program) in ("inv", "anvil") and os.path.exists(program):
-        return os.path.abspath(program)
-    return str(Path(sys.executable).with_name("inv"))
-
-
-def slurm_name(host: str) -> str:
-    """node1 from user@node1:22 (what srun --exclude wants)."""
-    host = host.rsplit("@", 1)[-1]
-    if host.startswith("["):
-        return host[1:].split("]", 1)[0]
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-
-
-def remote_command(host: str, argv: list[str], options: FanoutOptions) -> str:
-    """The shell line run on one host; every piece quoted."""
-    inv = [options.remote_inv or local_inv()]
-    if options.runtime_config:
-        inv += ["-f", options.runtime_config]
-    return (f"cd {shlex.quote(options.remote_path)} && ANVIL_HOST={shlex.quote(host)} "
-            f"{shlex.join(inv + list(argv))}")
-
-
-def parse_json_output(text: str) -> Any:
-    """The JSON document a task printed (whole stdout, else from its last '{' line)."""
-    text = text.strip()
-    if not text:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        pass
-    lines = text.splitlines()
-    for i in range(len(lines)):
-        if lines[i].startswith(("{", "[")):
-            try:
-                return json.loads("\n".join(lines[i:]))
-            except ValueError:
-                continue
-    return None
-
-
-def _connect_kwargs(options: FanoutOptions) -> dict:
-    kwargs: dict = {}
-    if options.key_filename:
-        kwargs["key_filename"] = list(options.key_filename)
-    if options.password:
-        kwargs["password"] = options.password
-    if options.passphrase:
-        kwargs["passphrase"] = options.passphrase
-    return kwargs
-
-
-def _run_one(host: str, argv: list[str], options: FanoutOptions, config) -> HostResult:
-    from fabric import Connection
-    started = time.monotonic()
-    result = HostResult(host)
-    connection = None
-    try:
-        connection = Connection(host, user=options.user or None, config=config,
-                                connect_timeout=options.connect_timeout,
-                                connect_kwargs=_connect_kwargs(options))
-        ran = connection.run(remote_command(host, argv, options), hide=True, warn=True, in_stream=False,
-                             timeout=options.command_timeout or None)
-        result.exit_code, result.stdout, result.stderr = ran.exited, ran.stdout, ran.stderr
-        result.payload = parse_json_output(ran.stdout)
-    except Exception as exc:  # noqa: BLE001 - any SSH trouble is this host's result, not a crash
-        result.error = _describe(exc)
-    finally:
-        if connection is not None:
-            try:
-                connection.close()
-            except Exception:  # noqa: BLE001
-                pass
-    result.seconds = round(time.monotonic() - started, 2)
-    return result
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    name = type(exc).__name__
-    if name == "CommandTimedOut":
-        return f"command timed out after {getattr(exc, 'timeout', '?')} s"
-    if name in ("NoValidConnectionsError", "TimeoutError", "timeout", "socket.timeout") or "timed out" in text:
-        return f"unreachable: {text}"
-    if name == "AuthenticationException":
-        return f"SSH authentication failed: {text}"
-    return f"{name}: {text}"
-
-
-def fabric_config(ssh_config: str | None = None):
-    """A Fabric Config (loads ~/.ssh/config, or the -S file)."""
-    from fabric import Config as FabricConfig
-    return FabricConfig(runtime_ssh_path=ssh_config) if ssh_config else FabricConfig()
-
-
-def _quiet_paramiko() -> None:
-    # paramiko logs a traceback for every refused banner/handshake; the
-    # per-host table reports the same error in one line.
-    import logging
-    logger = logging.getLogger("paramiko")
-    if not logger.handlers:
-        logger.addHandler(logging.NullHandler())
-    logger.propagate = False
-
-
-def run_on_hosts(hosts: list[str], argv: list[str], options: FanoutOptions,
-                 config=None, progress=None) -> list[HostResult]:
-    """Run `inv ARGV` on every host concurrently; results in host order."""
-    _quiet_paramiko()
-    if config is None:
-        config = fabric_config(ssh_config=options.ssh_config)
-    with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
-        futures = {pool.submit(_run_one, host, argv, options, config): host for host in hosts}
-        for future in futures:
-            if progress:
-                future.add_done_callback(lambda f: progress(f.result()))
-        results = {futures[f]: f.result() for f in futures}
-    return [results[h] for h in hosts]
-
-
-# -- merging -----------------------------------------------------------------
-
-def checks_of(payload: Any) -> list[dict]:
-    if isinstance(payload, dict) and isinstance(payload.get("checks"), list):
-        return [c for c in payload["checks"] if isinstance(c, dict)]
-    return []
+SLOW_SHARE = 0.9      # a measurement under 90% of the hosts' median marks a straggler
 
 
 def _cell(value: Any) -> str:
@@ -274,6 +81,10 @@ def merge(results: list[HostResult]) -> MergedReport:
             rows[name][r.host] = check
     merged = []
     for name in order:
+        if all("measured" in c for c in rows[name].values()):
+            rows[name] = _against_median(rows[name])
+            merged.append({"name": name, "rows": rows[name], "differs": False})
+            continue
         values = {_cell(c.get("value")) for c in rows[name].values()}
         merged.append({"name": name, "rows": rows[name], "differs": len(values) > 1})
     passing = [h for h in hosts if by_host[h].ok]
@@ -281,15 +92,19 @@ def merge(results: list[HostResult]) -> MergedReport:
     return MergedReport(hosts, by_host, merged, passing, failing)
 
 
-def error_line(stderr: str, task: str = "") -> str:
-    """The line that says what went wrong: a run's failure message names its task
-    ("preflight.all failed: ...") and is followed by the run directory, so the last
-    line alone would hide it."""
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    for line in lines:
-        if task and line.startswith(f"{task} "):
-            return line
-    return lines[-1] if lines else ""
+def _against_median(rows: dict[str, dict]) -> dict[str, dict]:
+    """Each host's measurement as a share of the hosts' median; a host under SLOW_SHARE of it is a WARN."""
+    if len(rows) < 2:
+        return rows
+    median = statistics.median(c["measured"] for c in rows.values())
+    out = {}
+    for host, c in rows.items():
+        share = c["measured"] / median if median else 1.0
+        slow = share < SLOW_SHARE
+        out[host] = {**c, "status": "WARN" if slow else c.get("status", "PASS"),
+                     "reason": f"{share:.0%} of the median of {len(rows)} hosts" + (" (slow)" if slow else ""),
+                     "fix": "screen this node (inv preflight.all) before training on it" if slow else None}
+    return out
 
 
 def _short(text: str, width: int = 70) -> str:
@@ -308,7 +123,7 @@ def host_status(r: HostResult) -> str:
     return "WARN" if "WARN" in statuses else "PASS" if statuses else "OK"
 
 
-def render(report: MergedReport, task: str = "") -> str:
+def render(report: MergedReport, task: str = "", run_dir: Path | str | None = None) -> str:
     out: list[str] = []
     if report.checks:
         table = []
@@ -355,17 +170,19 @@ def render(report: MergedReport, task: str = "") -> str:
     out.append(f"failing hosts: {','.join(report.failing) or '(none)'}")
     if report.failing:
         out.append(f"exclude them:  srun --exclude={','.join(slurm_name(h) for h in report.failing)} ...")
+        if run_dir:
+            out.append(f"               inv train.pretrain --exclude-from {run_dir} ...")
+    if run_dir:
+        out.append(f"run directory: {run_dir}")
     return "\n".join(out)
 
 
-# -- the CLI side (called by runtime.program.cli.AnvilExecutor) -------------------------
-
-def task_argv(context) -> list[str]:
-    """Rebuild `TASK --opt value ...` from a parsed task context (only options given)."""
+def task_argv(context, skip: tuple[str, ...] = ()) -> list[str]:
+    """Rebuild `TASK --opt value ...` from a parsed task context (only options given, less `skip`)."""
     argv = [context.name]
     seen = set()
     for arg in context.args.values():
-        if id(arg) in seen or not arg.got_value:
+        if id(arg) in seen or not arg.got_value or arg.name in skip:
             continue
         seen.add(id(arg))
         flag = "--" + arg.name.replace("_", "-")
@@ -384,58 +201,103 @@ def task_argv(context) -> list[str]:
     return argv
 
 
-def options_from(config, core) -> FanoutOptions:
-    settings = settings_mod.load(_ConfigHolder(config))
-    args = core[0].args
-    keys = list(settings.key_filename) + [os.path.expanduser(k) for k in (args.identity.value or [])]
-    timeout = args["connect-timeout"].value or settings.connect_timeout
-    password = passphrase = None
-    if args["prompt-for-login-password"].value:
-        import getpass
-        password = getpass.getpass("Enter login password for use with SSH auth: ")
-    if args["prompt-for-passphrase"].value:
-        import getpass
-        passphrase = getpass.getpass("Enter passphrase for use unlocking SSH keys: ")
-    runtime_config = args.config.value
-    return FanoutOptions(
-        remote_path=settings.remote_path or str(settings.root), remote_inv=settings.remote_inv,
-        user=settings.user or None, key_filename=keys, connect_timeout=float(timeout),
-        command_timeout=settings.command_timeout or None, ssh_config=args["ssh-config"].value,
-        password=password, passphrase=passphrase,
-        runtime_config=str(Path(runtime_config).resolve()) if runtime_config else None)
+def per_node_options(context) -> tuple[str, int]:
+    """(--runtime, --nodes) given to a per-node task ("" / 0 when not given)."""
+    def value(name):
+        return context.args[name].value if name in context.args else None
+    return value("runtime") or "", int(value("nodes") or 0)
 
 
-class _ConfigHolder:
-    def __init__(self, config):
-        self.config = config
+# -- the CLI side (called by runtime.program.cli.AnvilExecutor) ------------------------
+
+Transport = Callable[[list[str], Path, Callable[[HostResult], None]], list[HostResult]]
+
+
+def fan_out(config, context, label: str, hosts_hint: str, transport: Transport) -> int:
+    """Run one task through `transport`, record it as a run, print the merged report; exit status."""
+    from runtime.runs import nodes as nodes_mod
+    from runtime.runs import run as run_mod
+
+    argv = task_argv(context, skip=("runtime", "nodes"))
+    wants_json = context.args["json"].value if "json" in context.args else False
+    if "json" in context.args and not wants_json:
+        argv.append("--json")
+    run = run_mod.create(_ConfigHolder(config), run_mod.RunSpec(task=context.name, hooks=False,
+                                                                extra={"fanout": label}))
+    print(f"{context.name} on {hosts_hint} (over {label}); run directory {run.path}", file=sys.stderr, flush=True)
+
+    def progress(r: HostResult) -> None:
+        print(f"  {r.host}: {host_status(r)} ({r.seconds:.1f} s)", file=sys.stderr, flush=True)
+
+    try:
+        results = transport(argv, run.path, progress)
+    except BaseException as exc:
+        run_mod.finish(run, "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
+                       error=str(exc) or type(exc).__name__, exit_code=getattr(exc, "exit_code", 1))
+        raise
+    report = merge(results)
+    for r in results:
+        run.write_json(Path("hosts") / f"{r.host}.json",
+                       {"host": r.host, "exit_code": r.exit_code, "error": r.error, "seconds": r.seconds,
+                        "stdout": r.stdout, "stderr": r.stderr})
+    failing = {slurm_name(h): report.results[h].failure_reasons(context.name) for h in report.failing}
+    nodes_mod.write(run.path, [slurm_name(h) for h in report.passing], failing)
+    document = {"task": context.name, "run_dir": str(run.path), **report.to_json()}
+    run.write_json("report.json", document)
+    text = render(report, context.name, run.path)
+    run.write_text("report.txt", text + "\n")
+    print(json.dumps(document, indent=2, default=str) if wants_json else text)
+    run.update_metadata(hosts=report.hosts, passing=report.passing, failing=report.failing)
+    if report.failing:
+        run_mod.finish(run, "failed", error=f"{len(report.failing)} of {len(report.hosts)} host(s) failed: "
+                       + ", ".join(report.failing), exit_code=1, result=document)
+        return 1
+    run_mod.finish(run, "ok", result=document)
+    return 0
 
 
 def run_cli(collection, config, core, contexts) -> int:
-    """Fan the requested tasks out; print merged results; return the exit status."""
+    """`inv -H ...`: fan the requested tasks out over SSH; stop at the first that fails (like Invoke)."""
+    from runtime import settings as settings_mod
+    from runtime.program import ssh
+
     try:
         settings = settings_mod.load(_ConfigHolder(config))
-        hosts = parse_hosts(core[0].args.hosts.value, settings.hosts)
-        options = options_from(config, core)
-    except (FanoutError, settings_mod.SettingsError) as exc:
+        hosts = ssh.parse_hosts(core[0].args.hosts.value, settings.hosts)
+        options = ssh.options_from(config, core)
+    except (ssh.FanoutError, settings_mod.SettingsError) as exc:
         print(f"-H: {exc}", file=sys.stderr)
         return 2
-    fab_config = fabric_config(options.ssh_config)
-    code = 0
+    fab_config = ssh.fabric_config(options.ssh_config)
+
+    def over_ssh(argv, _run_dir, progress):
+        return ssh.run_on_hosts(hosts, argv, options, fab_config, progress=progress)
+
     for context in contexts:
-        argv = task_argv(context)
-        wants_json = context.args["json"].value if "json" in context.args else False
-        if "json" in context.args and not wants_json:
-            argv.append("--json")
-        print(f"{context.name} on {len(hosts)} host(s): {', '.join(hosts)}", file=sys.stderr)
-        results = run_on_hosts(hosts, argv, options, fab_config,
-                               progress=lambda r: print(f"  {r.host}: {host_status(r)} ({r.seconds:.1f} s)",
-                                                        file=sys.stderr, flush=True))
-        report = merge(results)
-        if wants_json:
-            print(json.dumps({"task": context.name, **report.to_json()}, indent=2, default=str))
-        else:
-            print(render(report, context.name))
-        if report.failing:
-            code = 1
-            break   # like Invoke: a failing task stops the ones after it
-    return code
+        code = fan_out(config, context, "ssh", f"{len(hosts)} host(s): {', '.join(hosts)}", over_ssh)
+        if code:
+            return code
+    return 0
+
+
+def run_on_slurm(config, context) -> int:
+    """`inv TASK --runtime slurm` for a per-node task: one task per node of the allocation."""
+    from runtime import settings as settings_mod
+    from runtime.program import allocation
+
+    settings = settings_mod.load(_ConfigHolder(config))
+    _runtime, nodes = per_node_options(context)
+    count = allocation.node_count(nodes, os.environ)
+
+    def over_srun(argv, run_dir, progress):
+        return allocation.run_on_allocation(argv, run_dir, settings, nodes=count, progress=progress,
+                                            job_name=f"anvil-{context.name}")
+
+    return fan_out(config, context, "srun", f"{count} Slurm node(s)", over_srun)
+
+
+class _ConfigHolder:
+    """What settings.load and run.create read from a task context: `.config`."""
+
+    def __init__(self, config):
+        self.config = config

@@ -101,6 +101,8 @@ class RunOptions:
     env: list[str] = field(default_factory=list)
     no_hooks: bool = False
     patch: str | None = None
+    runtime: str = ""          # per-node tasks: read by the inv program (fan-out), not by the task
+    nodes: int = 0
 
     def spec(self, task: str, **fields) -> RunSpec:
         fields.setdefault("name", self.name or None)
@@ -114,39 +116,54 @@ RUN_OPTION_HELP = {
     "patch": "One-off hook file (.py with def hook(ctx), or .sh) run before the pre hooks",
 }
 _RUN_OPTION_NAMES = ("name", "env", "no_hooks", "patch")
+PER_NODE_HELP = {
+    "runtime": "direct (this node) | slurm: run on every node of the Slurm allocation, one task per node, "
+               "and merge the results (default: the anvil.runtime setting)",
+    "nodes": "Slurm: how many nodes (default: the whole allocation; 1 outside one)",
+}
 
 
-def run_task(*args, **task_kwargs):
+def run_task(*args, per_node: bool = False, **task_kwargs):
     """@task for run-creating tasks: adds --name, --env (iterable), --no-hooks, --patch.
 
     The task function takes ``run_options`` (a RunOptions) instead of those
     four. Auto short flags are off unless asked for, so no option can take
     -h from --help (Invoke gives a task's first option letter as a short flag by default).
+
+    per_node=True (preflight, single-node benchmarks) also adds --runtime and
+    --nodes: under runtime slurm the inv program runs the task once on every
+    node of the allocation and merges the results (runtime.program.fanout);
+    the task itself always runs on one node.
     """
     def decorate(func: Callable) -> Any:
         signature = inspect.signature(func)
         if "run_options" not in signature.parameters:
             raise TypeError(f"{func.__name__}: a @run_task task takes a `run_options` parameter")
-        clash = [n for n in _RUN_OPTION_NAMES if n in signature.parameters]
+        clash = [n for n in _RUN_OPTION_NAMES + (("runtime", "nodes") if per_node else ())
+                 if n in signature.parameters]
         if clash:
             raise TypeError(f"{func.__name__}: parameter(s) {clash} clash with the run options")
         params = [p for p in signature.parameters.values()
                   if p.name != "run_options" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-        added = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=d)
-                 for n, d in (("name", ""), ("env", None), ("no_hooks", False), ("patch", ""))]
+        defaults = [("name", ""), ("env", None), ("no_hooks", False), ("patch", "")]
+        defaults += [("runtime", ""), ("nodes", 0)] if per_node else []
+        added = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=d) for n, d in defaults]
 
         @functools.wraps(func)
         def wrapper(c, *a, **kw):
             options = RunOptions(name=kw.pop("name", "") or None, env=list(kw.pop("env", None) or []),
-                                 no_hooks=bool(kw.pop("no_hooks", False)), patch=kw.pop("patch", "") or None)
+                                 no_hooks=bool(kw.pop("no_hooks", False)), patch=kw.pop("patch", "") or None,
+                                 runtime=kw.pop("runtime", "") or "", nodes=int(kw.pop("nodes", 0) or 0))
             return func(c, *a, run_options=options, **kw)
 
         wrapper.__signature__ = signature.replace(parameters=params + added)
         kwargs = dict(task_kwargs)
         kwargs["iterable"] = list(kwargs.get("iterable") or []) + ["env"]
-        kwargs["help"] = {**RUN_OPTION_HELP, **(kwargs.get("help") or {})}
+        kwargs["help"] = {**RUN_OPTION_HELP, **(PER_NODE_HELP if per_node else {}), **(kwargs.get("help") or {})}
         kwargs.setdefault("auto_shortflags", False)
-        return invoke_task(**kwargs)(wrapper)
+        made = invoke_task(**kwargs)(wrapper)
+        made.per_node = per_node
+        return made
 
     if len(args) == 1 and callable(args[0]) and not task_kwargs:
         return decorate(args[0])

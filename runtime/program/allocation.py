@@ -1,0 +1,120 @@
+"""Slurm transport of a per-node task: `inv preflight.all --runtime slurm` runs on every node.
+
+    results = run_on_allocation(["preflight.all", "--json"], run_dir, settings, nodes=0)
+
+One srun step, one task per node (inside salloc/sbatch: the whole allocation
+unless --nodes says fewer; outside one: srun asks Slurm for --nodes nodes, 1
+by default). Each node runs runtime.program.nodetask, which runs the same
+`inv TASK` locally and writes RUN/hosts/<node>.json; those files become
+HostResults, merged and printed exactly like `inv -H` (runtime.program.fanout).
+A node that was in the step but wrote no result (it died, srun was killed) is
+a failed host with srun's own last words. srun's options come from the
+settings as for training (slurm_partition, slurm_account, slurm_time,
+slurm_extra), so a site's --gpus-per-node or --exclusive goes there.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Mapping
+
+from runtime.launch.commands import in_allocation
+from runtime.launch.slurm import hostnames, require
+from runtime.program.results import HostResult, parse_json_output
+from trainer.errors import UserError
+
+NODE_TASK = "runtime.program.nodetask"
+
+
+class AllocationError(UserError):
+    """srun could not run the step at all (a bad partition, too many nodes, no controller)."""
+
+
+def node_count(nodes: int, env: Mapping[str, str]) -> int:
+    allocated = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 0) if in_allocation(env) else 0
+    if nodes < 0:
+        raise AllocationError(f"--nodes {nodes}: expected 1 or more")
+    if allocated and nodes > allocated:
+        raise AllocationError(f"--nodes {nodes}: this allocation (job {env.get('SLURM_JOB_ID')}) has only "
+                              f"{allocated} node(s)")
+    return nodes or allocated or 1
+
+
+def srun_command(argv: list[str], hosts_dir: Path, settings, nodes: int, inv: str,
+                 job_name: str = "anvil") -> list[str]:
+    options = [f"--nodes={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=0", f"--job-name={job_name[:60]}"]
+    for name, value in (("partition", settings.slurm_partition), ("account", settings.slurm_account),
+                        ("time", settings.slurm_time)):
+        if value:
+            options.append(f"--{name}={value}")
+    timeout = ["--timeout", str(settings.command_timeout)] if settings.command_timeout else []
+    return ["srun", *options, *settings.slurm_extra, sys.executable, "-m", NODE_TASK, str(hosts_dir), *timeout,
+            "--", inv, *argv]
+
+
+def run_on_allocation(argv: list[str], run_dir: Path, settings, nodes: int = 0, inv: str = "",
+                      env: Mapping[str, str] | None = None, job_name: str = "anvil",
+                      progress=None) -> list[HostResult]:
+    """Run `inv ARGV` once on each node; results in the step's node order."""
+    from runtime.program.ssh import local_inv
+
+    env = dict(os.environ if env is None else env)
+    require("srun")
+    count = node_count(nodes, env)
+    hosts_dir = Path(run_dir) / "hosts"
+    hosts_dir.mkdir(parents=True, exist_ok=True)
+    command = srun_command(argv, hosts_dir, settings, count, inv or local_inv(), job_name)
+    # srun's own messages only; each node's output goes to its result file.
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    try:
+        out, err = proc.communicate()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGTERM)        # srun passes it to every node's task, then ends the step
+        try:
+            proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
+    records = _read_results(hosts_dir)
+    srun_said = _last_line(err) or _last_line(out)
+    if not records:
+        raise AllocationError(f"srun ran nothing (exit {proc.returncode}): {srun_said or 'no message'}")
+    step = records[0].get("step_nodes") or ""
+    expected = hostnames(step, env) if step else []
+    found = {r["host"]: r for r in records}
+    results = []
+    for host in expected + [h for h in found if h not in expected]:
+        record = found.get(host)
+        if record is None:
+            why = f"srun exit {proc.returncode}: {srun_said}" if srun_said else f"srun exit {proc.returncode}"
+            results.append(HostResult(host, error=f"no result from this node ({why})"))
+        else:
+            results.append(HostResult(host, exit_code=record.get("exit_code"), stdout=record.get("stdout", ""),
+                                      stderr=record.get("stderr", ""), error=record.get("error"),
+                                      payload=parse_json_output(record.get("stdout", "")),
+                                      seconds=float(record.get("seconds") or 0)))
+        if progress:
+            progress(results[-1])
+    return results
+
+
+def _read_results(hosts_dir: Path) -> list[dict]:
+    records = []
+    for path in sorted(hosts_dir.glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and record.get("host"):
+            records.append(record)
+    return records
+
+
+def _last_line(text: str | None) -> str:
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return lines[-1] if lines else ""

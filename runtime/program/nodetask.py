@@ -1,0 +1,70 @@
+"""One node's part of a task fanned out over a Slurm allocation; srun starts one per node.
+
+    python -m runtime.program.nodetask HOSTS_DIR [--timeout S] -- INV TASK ARGS
+
+Runs ``INV TASK ARGS`` on this node as the node's own, local task: ANVIL_HOST
+is the Slurm node name, INVOKE_ANVIL_RUNTIME=direct (the node does its own
+part; no second fan-out), and its run directory goes under HOSTS_DIR/<node>/.
+Then it writes HOSTS_DIR/<node>.json: {host, exit_code, stdout, stderr,
+seconds, step_nodes, error}. It exits 0 once that file is written, so a node
+whose task fails is a result in the merged report, not the end of the srun
+step for the other nodes. SIGTERM/SIGINT/SIGUSR2 (scancel, Ctrl-C on srun) go
+on to the task, whose result is still recorded.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from trainer.files import write_json_atomic
+
+
+def node_name() -> str:
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("hosts_dir")
+    parser.add_argument("--timeout", type=float, default=0, help="seconds; 0 = none")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    host = node_name()
+    hosts_dir = Path(args.hosts_dir)
+    env = {**os.environ, "ANVIL_HOST": host, "INVOKE_ANVIL_RUNTIME": "direct",
+           "INVOKE_ANVIL_RUNS_DIR": str(hosts_dir / host)}
+    record = {"host": host, "exit_code": None, "stdout": "", "stderr": "", "error": None,
+              "step_nodes": os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST", "")}
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                stdin=subprocess.DEVNULL)
+    except (OSError, IndexError) as exc:
+        record["error"] = f"cannot start {command[0] if command else '(nothing)'}: {getattr(exc, 'strerror', exc)}"
+    else:
+        def forward(signum, _frame):
+            proc.send_signal(signum)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
+            signal.signal(sig, forward)
+        try:
+            out, err = proc.communicate(timeout=args.timeout or None)
+            record["exit_code"] = proc.returncode
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            record["error"] = f"command timed out after {args.timeout:g} s"
+        record["stdout"], record["stderr"] = out, err
+    record["seconds"] = round(time.monotonic() - started, 2)
+    write_json_atomic(hosts_dir / f"{host}.json", record)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

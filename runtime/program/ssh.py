@@ -1,0 +1,188 @@
+"""SSH transport of `inv -H a,b,c TASK`: run `inv TASK` on every host at once over Fabric.
+
+Each host runs ``cd <remote_path> && ANVIL_HOST=<host> <remote_inv> TASK ARGS``
+(Fabric Connections, one thread per host, so ten hosts take about as long as
+one). The remote `inv` runs the task with its own pre and post tasks and
+hooks, exactly as it would locally. Hosts that fail or cannot be reached are
+results with their error (runtime.program.fanout merges and prints them).
+
+Settings (invoke.yaml `anvil:`; -i / -t / -S on the command line win):
+user, key_filename, remote_path (default: this checkout's path, i.e. a shared
+file system), remote_inv (default: the same inv path as here), connect_timeout,
+command_timeout.
+
+    results = run_on_hosts(["n1", "n2"], ["preflight.all", "--json"], options)   # -> list[HostResult]
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from runtime import settings as settings_mod
+from runtime.program.results import HostResult, parse_json_output
+from trainer.errors import UserError
+
+
+@dataclass
+class FanoutOptions:
+    remote_path: str
+    remote_inv: str = ""                 # "" = the program running now (shared file system)
+    user: str | None = None
+    key_filename: list[str] = field(default_factory=list)
+    connect_timeout: float = 10.0
+    command_timeout: float | None = None
+    ssh_config: str | None = None
+    password: str | None = None
+    passphrase: str | None = None
+    runtime_config: str | None = None    # -f FILE, forwarded (shared file system)
+
+
+class FanoutError(UserError):
+    """Bad fan-out input (no hosts, malformed host list)."""
+
+
+def parse_hosts(value: str | Iterable[str], default_hosts: list[str] | None = None) -> list[str]:
+    hosts = settings_mod.split_list(value)
+    if hosts == ["@"]:
+        hosts = list(default_hosts or [])
+        if not hosts:
+            raise FanoutError("-H @ needs anvil.hosts in invoke.yaml (or INVOKE_ANVIL_HOSTS)")
+    if not hosts:
+        raise FanoutError("no hosts given")
+    bad = [h for h in hosts if any(ch.isspace() for ch in h) or h.startswith("-")]
+    if bad:
+        raise FanoutError(f"not a host name: {', '.join(map(repr, bad))}")
+    seen, unique = set(), []
+    for host in hosts:
+        if host not in seen:
+            seen.add(host)
+            unique.append(host)
+    return unique
+
+
+def local_inv() -> str:
+    """The absolute path of the inv running now (what a shared checkout has too)."""
+    program = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    if program and os.path.basename(program) in ("inv", "anvil") and os.path.exists(program):
+        return os.path.abspath(program)
+    return str(Path(sys.executable).with_name("inv"))
+
+
+def remote_command(host: str, argv: list[str], options: FanoutOptions) -> str:
+    """The shell line run on one host; every piece quoted."""
+    inv = [options.remote_inv or local_inv()]
+    if options.runtime_config:
+        inv += ["-f", options.runtime_config]
+    return (f"cd {shlex.quote(options.remote_path)} && ANVIL_HOST={shlex.quote(host)} "
+            f"{shlex.join(inv + list(argv))}")
+
+
+def _connect_kwargs(options: FanoutOptions) -> dict:
+    kwargs: dict = {}
+    if options.key_filename:
+        kwargs["key_filename"] = list(options.key_filename)
+    if options.password:
+        kwargs["password"] = options.password
+    if options.passphrase:
+        kwargs["passphrase"] = options.passphrase
+    return kwargs
+
+
+def _run_one(host: str, argv: list[str], options: FanoutOptions, config) -> HostResult:
+    from fabric import Connection
+    started = time.monotonic()
+    result = HostResult(host)
+    connection = None
+    try:
+        connection = Connection(host, user=options.user or None, config=config,
+                                connect_timeout=options.connect_timeout,
+                                connect_kwargs=_connect_kwargs(options))
+        ran = connection.run(remote_command(host, argv, options), hide=True, warn=True, in_stream=False,
+                             timeout=options.command_timeout or None)
+        result.exit_code, result.stdout, result.stderr = ran.exited, ran.stdout, ran.stderr
+        result.payload = parse_json_output(ran.stdout)
+    except Exception as exc:  # noqa: BLE001 - any SSH trouble is this host's result, not a crash
+        result.error = _describe(exc)
+    finally:
+        if connection is not None:
+            try:
+                connection.close()
+            except Exception:  # noqa: BLE001
+                pass
+    result.seconds = round(time.monotonic() - started, 2)
+    return result
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    name = type(exc).__name__
+    if name == "CommandTimedOut":
+        return f"command timed out after {getattr(exc, 'timeout', '?')} s"
+    if name in ("NoValidConnectionsError", "TimeoutError", "timeout", "socket.timeout") or "timed out" in text:
+        return f"unreachable: {text}"
+    if name == "AuthenticationException":
+        return f"SSH authentication failed: {text}"
+    return f"{name}: {text}"
+
+
+def fabric_config(ssh_config: str | None = None):
+    """A Fabric Config (loads ~/.ssh/config, or the -S file)."""
+    from fabric import Config as FabricConfig
+    return FabricConfig(runtime_ssh_path=ssh_config) if ssh_config else FabricConfig()
+
+
+def _quiet_paramiko() -> None:
+    # paramiko logs a traceback for every refused banner/handshake; the
+    # per-host table reports the same error in one line.
+    import logging
+    logger = logging.getLogger("paramiko")
+    if not logger.handlers:
+        logger.addHandler(logging.NullHandler())
+    logger.propagate = False
+
+
+def run_on_hosts(hosts: list[str], argv: list[str], options: FanoutOptions,
+                 config=None, progress=None) -> list[HostResult]:
+    """Run `inv ARGV` on every host concurrently; results in host order."""
+    _quiet_paramiko()
+    if config is None:
+        config = fabric_config(ssh_config=options.ssh_config)
+    with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
+        futures = {pool.submit(_run_one, host, argv, options, config): host for host in hosts}
+        for future in futures:
+            if progress:
+                future.add_done_callback(lambda f: progress(f.result()))
+        results = {futures[f]: f.result() for f in futures}
+    return [results[h] for h in hosts]
+
+
+def options_from(config, core) -> FanoutOptions:
+    settings = settings_mod.load(_ConfigHolder(config))
+    args = core[0].args
+    keys = list(settings.key_filename) + [os.path.expanduser(k) for k in (args.identity.value or [])]
+    timeout = args["connect-timeout"].value or settings.connect_timeout
+    password = passphrase = None
+    if args["prompt-for-login-password"].value:
+        import getpass
+        password = getpass.getpass("Enter login password for use with SSH auth: ")
+    if args["prompt-for-passphrase"].value:
+        import getpass
+        passphrase = getpass.getpass("Enter passphrase for use unlocking SSH keys: ")
+    runtime_config = args.config.value
+    return FanoutOptions(
+        remote_path=settings.remote_path or str(settings.root), remote_inv=settings.remote_inv,
+        user=settings.user or None, key_filename=keys, connect_timeout=float(timeout),
+        command_timeout=settings.command_timeout or None, ssh_config=args["ssh-config"].value,
+        password=password, passphrase=passphrase,
+        runtime_config=str(Path(runtime_config).resolve()) if runtime_config else None)
+
+
+class _ConfigHolder:
+    def __init__(self, config):
+        self.config = config
