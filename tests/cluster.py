@@ -352,6 +352,19 @@ class Cluster:
         self._start_slurmd(host)
         self.wait_for_nodes([host.name], timeout=timeout)
 
+    def node_tmpfs(self, host: Host | str, target: str, size: str | None) -> None:
+        """Mount a tmpfs of `size` (e.g. "1m") over `target` in the node's own mount namespace
+        (its slurmd's, which job steps inherit): a misconfigured node, such as a container
+        default /dev/shm. size=None unmounts it again."""
+        host = self._slurm_host(host)
+        pid = self.daemons[f"slurmd-{host.name}"][0]
+        command = (["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", target] if size
+                   else ["umount", target])
+        done = subprocess.run(["nsenter", f"--target={pid}", "--mount", *command], capture_output=True,
+                              text=True, timeout=30)
+        if done.returncode != 0:
+            raise ClusterError(f"{' '.join(command)} on {host.name}: {done.stderr.strip()}")
+
     def _slurm_host(self, host: Host | str) -> Host:
         if not self.slurm:
             raise ClusterError("not a Slurm cluster (start it with slurm=True)")

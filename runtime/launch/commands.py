@@ -58,13 +58,21 @@ def slurm_mode(spec: LaunchSpec, env: Mapping[str, str]) -> str:
 
 
 def slurm_nodes(spec: LaunchSpec, env: Mapping[str, str], mode: str) -> int:
+    """Nodes for the step: --nodes, else the allocation's less the excluded ones in it, else 1."""
     allocated = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 0) if mode == "srun" else 0
-    nodes = spec.slurm.nodes or allocated or 1
+    left_out: list[str] = []
+    if allocated and spec.slurm.exclude:
+        from runtime.launch.slurm import hostnames
+        members = hostnames(env.get("SLURM_JOB_NODELIST", ""), env)
+        left_out = [n for n in members if n in set(spec.slurm.exclude)]
+    usable = allocated - len(left_out)
+    nodes = spec.slurm.nodes or usable or 1
     if nodes < 1:
         raise LaunchError(f"--nodes must be >= 1, got {nodes}")
-    if allocated and nodes > allocated:
+    if allocated and nodes > usable:
+        excluded = f" once {', '.join(left_out)} are excluded" if left_out else ""
         raise LaunchError(f"--nodes {nodes}: this allocation (job {env.get('SLURM_JOB_ID')}) has only "
-                          f"{allocated} node(s); ask salloc/sbatch for more, or run outside it to submit")
+                          f"{usable} node(s){excluded}; ask salloc/sbatch for more, or run outside it to submit")
     return nodes
 
 

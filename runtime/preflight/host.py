@@ -9,6 +9,7 @@ from pathlib import Path
 from runtime.preflight.result import FAIL, PASS, WARN, CheckResult
 
 GIB = 1024 ** 3
+SHM_FLOOR_MIB = 64  # Docker's default size; below it even CPU runs fail (no GPU needed to break)
 SHM_MIN_GIB = 8  # Primus node-smoke: /dev/shm >= 8 GiB (NCCL and data-loader workers live there)
 MEMLOCK_MIN_GIB = 32  # Primus node-smoke: RLIMIT_MEMLOCK >= 32 GiB for RDMA registrations
 DISK_WARN_GIB, DISK_FAIL_GIB = 20, 1
@@ -37,11 +38,14 @@ def _shm(inp) -> CheckResult:
     except OSError:
         return CheckResult("host.shm", WARN, None, "/dev/shm missing", "mount a tmpfs at /dev/shm")
     size = st.f_blocks * st.f_frsize / GIB
-    value = f"{size:.1f} GiB"
+    value = f"{size:.1f} GiB" if size >= 0.1 else f"{size * 1024:.0f} MiB"
     fix = "enlarge it (docker: --shm-size=16g or --ipc=host)"
     if inp.machine.has_gpu and size < 1:
         return CheckResult("host.shm", FAIL, value, "/dev/shm under 1 GiB (a container default): NCCL and "
                            "data-loader workers fail with bus errors", fix)
+    if size * 1024 < SHM_FLOOR_MIB:
+        return CheckResult("host.shm", FAIL, value, f"/dev/shm under {SHM_FLOOR_MIB} MiB: torch's shared-memory "
+                           "tensors (data-loader workers, multiprocessing) fail with bus errors", fix)
     if size < (SHM_MIN_GIB if inp.machine.has_gpu else 1):
         return CheckResult("host.shm", WARN, value, f"/dev/shm under {SHM_MIN_GIB} GiB", fix)
     return CheckResult("host.shm", PASS, value, "/dev/shm size")

@@ -88,6 +88,10 @@ class AnvilExecutor(Executor):
             raise Exit(message, exc.exit_code) from None
 
     def _execute(self, *tasks):
+        # Invoke reads INVOKE_* variables into the config only as it runs each call; the
+        # fan-outs below decide before any call (INVOKE_ANVIL_RUNTIME=slurm, _RUNS_DIR, ...).
+        self.config.load_collection(self.collection.configuration())
+        self.config.load_shell_env()
         hosts = self.core[0].args.hosts.value if self.core is not None else None
         if hosts:
             from runtime.program import fanout

@@ -93,16 +93,22 @@ def merge(results: list[HostResult]) -> MergedReport:
 
 
 def _against_median(rows: dict[str, dict]) -> dict[str, dict]:
-    """Each host's measurement as a share of the hosts' median; a host under SLOW_SHARE of it is a WARN."""
+    """Each host's measurement as a share of the hosts' median; under SLOW_SHARE of it is a WARN.
+
+    Two hosts have no majority to say which one is off: each is shown against
+    the better one, without a verdict."""
     if len(rows) < 2:
         return rows
-    median = statistics.median(c["measured"] for c in rows.values())
+    values = [c["measured"] for c in rows.values()]
+    judge = len(rows) >= 3
+    base = statistics.median(values) if judge else max(values)
     out = {}
     for host, c in rows.items():
-        share = c["measured"] / median if median else 1.0
-        slow = share < SLOW_SHARE
+        share = c["measured"] / base if base else 1.0
+        slow = judge and share < SLOW_SHARE
+        of = f"the median of {len(rows)} hosts" if judge else "the better host"
         out[host] = {**c, "status": "WARN" if slow else c.get("status", "PASS"),
-                     "reason": f"{share:.0%} of the median of {len(rows)} hosts" + (" (slow)" if slow else ""),
+                     "reason": f"{share:.0%} of {of}" + (" (slow)" if slow else ""),
                      "fix": "screen this node (inv preflight.all) before training on it" if slow else None}
     return out
 
@@ -185,7 +191,7 @@ def task_argv(context, skip: tuple[str, ...] = ()) -> list[str]:
         if id(arg) in seen or not arg.got_value or arg.name in skip:
             continue
         seen.add(id(arg))
-        flag = "--" + arg.name.replace("_", "-")
+        flag = ("-" if len(arg.name) == 1 else "--") + arg.name.replace("_", "-")
         value = arg.value
         if arg.kind is bool:
             argv.append(flag if value else f"--no-{arg.name.replace('_', '-')}")

@@ -152,8 +152,9 @@ def run_task(*args, per_node: bool = False, **task_kwargs):
         @functools.wraps(func)
         def wrapper(c, *a, **kw):
             options = RunOptions(name=kw.pop("name", "") or None, env=list(kw.pop("env", None) or []),
-                                 no_hooks=bool(kw.pop("no_hooks", False)), patch=kw.pop("patch", "") or None,
-                                 runtime=kw.pop("runtime", "") or "", nodes=int(kw.pop("nodes", 0) or 0))
+                                 no_hooks=bool(kw.pop("no_hooks", False)), patch=kw.pop("patch", "") or None)
+            if per_node:   # (a task of its own with a `runtime` option keeps it: train.pretrain)
+                options.runtime, options.nodes = kw.pop("runtime", "") or "", int(kw.pop("nodes", 0) or 0)
             return func(c, *a, run_options=options, **kw)
 
         wrapper.__signature__ = signature.replace(parameters=params + added)
