@@ -39,15 +39,13 @@ def prepare(c, input=None, out=DEFAULT_DATASET, tokenizer="byte", vocab_size=819
     try:
         val_fraction = float(val_fraction)
     except ValueError:
-        raise Exit(f"data.prepare: --val-fraction wants a number in [0, 1), got {val_fraction!r}", code=1)
-    try:
-        result = prepare_dataset(_paths(input), out, tokenizer, val_fraction=val_fraction,
-                                 text_field=text_field, workers=workers or None,
-                                 shard_tokens=shard_tokens, max_docs=max_docs or None,
-                                 max_tokens=max_tokens or None, vocab_size=vocab_size, seed=seed,
-                                 pattern=pattern, force=force, progress=not quiet)
-    except DataError as exc:
-        raise Exit(f"data.prepare: {exc}", code=1)
+        raise DataError(f"--val-fraction: expected a number in [0, 1), got {val_fraction!r}") from None
+    # a DataError (a UserError) reaches the program's executor: one line, exit 2
+    result = prepare_dataset(_paths(input), out, tokenizer, val_fraction=val_fraction,
+                             text_field=text_field, workers=workers or None,
+                             shard_tokens=shard_tokens, max_docs=max_docs or None,
+                             max_tokens=max_tokens or None, vocab_size=vocab_size, seed=seed,
+                             pattern=pattern, force=force, progress=not quiet)
     if json_:
         print(json.dumps(result, indent=1))
         return
@@ -85,14 +83,11 @@ def prepare(c, input=None, out=DEFAULT_DATASET, tokenizer="byte", vocab_size=819
 def tokenizer(c, vocab_size=8192, input=None, out=None, text_field="text", max_docs=0, pattern=None,
               json_=False):
     """Train a byte-level BPE tokenizer (Hugging Face tokenizers) and save tokenizer.json."""
-    from trainer.data import DataError, train_tokenizer
+    from trainer.data import train_tokenizer
 
     out = out or f"data/tokenizer-bpe{vocab_size}.json"
-    try:
-        result = train_tokenizer(_paths(input), out, vocab_size, text_field=text_field,
-                                 max_docs=max_docs or None, pattern=pattern)
-    except DataError as exc:
-        raise Exit(f"data.tokenizer: {exc}", code=1)
+    result = train_tokenizer(_paths(input), out, vocab_size, text_field=text_field,
+                             max_docs=max_docs or None, pattern=pattern)
     if json_:
         print(json.dumps(result, indent=1))
         return
@@ -111,13 +106,10 @@ def tokenizer(c, vocab_size=8192, input=None, out=None, text_field="text", max_d
 })
 def inspect_(c, path=DEFAULT_DATASET, samples=3, chars=400, split="train", verify=False, json_=False):
     """Token counts, document length histogram, decoded samples and tokenizer of a dataset."""
-    from trainer.data import DataError, inspect_dataset
+    from trainer.data import inspect_dataset
     from trainer.data.inspect import text_bars
 
-    try:
-        report = inspect_dataset(path, samples=samples, sample_chars=chars, split=split, check=verify)
-    except DataError as exc:
-        raise Exit(f"data.inspect: {exc}", code=1)
+    report = inspect_dataset(path, samples=samples, sample_chars=chars, split=split, check=verify)
     if json_:
         print(json.dumps(report, indent=1))
     else:

@@ -20,7 +20,7 @@ def inv(*args, check=True):
 
 
 def assert_clean_failure(proc, message):
-    assert proc.returncode == 1
+    assert proc.returncode == 2  # a user error (DataError is a UserError)
     assert message in proc.stderr + proc.stdout
     assert "Traceback" not in proc.stderr + proc.stdout
 

@@ -225,6 +225,75 @@ def _is_intact(out: Path, manifest: dict) -> bool:
     return True
 
 
+EXPECTED_OUT = "expected a new or empty directory, or an existing Anvil dataset to rebuild"
+
+
+def is_dataset_dir(path: Path) -> bool:
+    """Whether `path` holds an Anvil dataset: its manifest.json carries the format marker
+    (a manifest too damaged to parse still counts when the marker is in its text)."""
+    manifest = Path(path) / MANIFEST
+    try:
+        with open(manifest, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError:
+        return False
+    try:
+        data = json.loads(head)
+    except ValueError:
+        return f'"{FORMAT}"'.encode() in head
+    return isinstance(data, dict) and data.get("format") == FORMAT
+
+
+def check_out(out, inputs: list[str]) -> Path:
+    """The absolute --out, or DataError before anything is touched: --out must be missing,
+    an empty directory or an Anvil dataset, and neither the filesystem root, the current
+    directory or one of its parents, nor inside an input or holding one (the swap that
+    puts a new dataset in place removes what was at --out)."""
+    given = str(out)
+    if not given.strip():
+        raise DataError(f"--out is empty; expected a dataset directory such as data/mine")
+    out = Path(given).expanduser().absolute()
+    real = out.resolve()
+    if real == Path(real.anchor):
+        raise DataError(f"--out {given} is the filesystem root; expected a dataset directory "
+                        f"such as data/mine")
+    cwd = Path.cwd().resolve()
+    if real == cwd or real in cwd.parents:
+        where = "the current directory" if real == cwd else "a parent of the current directory"
+        raise DataError(f"--out {given} is {where} ({real}); expected a dataset directory of its "
+                        f"own such as data/mine")
+    for name in inputs:
+        source = Path(name).resolve()
+        if real == source or source in real.parents:
+            raise DataError(f"--out {given} is {'' if real == source else 'inside '}the input "
+                            f"{source}; expected a directory outside the corpus")
+        if real in source.parents:
+            raise DataError(f"--out {given} holds the input {source}; expected a directory "
+                            f"outside the corpus")
+    for parent in out.parents:  # the nearest thing that exists above --out must be a directory
+        if parent.exists():
+            if not parent.is_dir():
+                raise DataError(f"--out {given}: a file is in the way where a directory is needed "
+                                f"({parent})")
+            break
+    if out.is_symlink() and not out.exists():
+        raise DataError(f"--out {given} is a broken symbolic link; {EXPECTED_OUT}")
+    if out.exists():
+        if not out.is_dir():
+            raise DataError(f"--out {given} is a file, not a directory; {EXPECTED_OUT}")
+        try:
+            entries = sorted(os.listdir(out))
+        except OSError as exc:
+            raise DataError(f"--out {given}: cannot read it ({exc.strerror or exc}); "
+                            f"{EXPECTED_OUT}") from None
+        if entries and not is_dataset_dir(out):
+            shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+            raise DataError(f"--out {given} is a directory holding other things ({len(entries)} "
+                            f"{'entry' if len(entries) == 1 else 'entries'}: {shown}) and not an Anvil dataset (no {MANIFEST} with "
+                            f"format {FORMAT!r}); {EXPECTED_OUT}")
+    return out
+
+
 def prepare(inputs: list[Path] | None = None, out: Path = DEFAULT_OUT, tokenizer: str = "byte", *,
             val_fraction: float = 0.01, text_field: str = "text", workers: int | None = None,
             shard_tokens: int = DEFAULT_SHARD_TOKENS, max_docs: int | None = None,
@@ -233,7 +302,7 @@ def prepare(inputs: list[Path] | None = None, out: Path = DEFAULT_OUT, tokenizer
     """Build (or find up to date) the dataset at `out`. Returns a summary dict with
     "status" ("built" | "up-to-date"), "path", "seconds", "manifest", "notes"."""
     started = time.monotonic()
-    out = Path(out).absolute()
+    out_given = str(out)
     if not 0 <= val_fraction < 1:
         raise DataError(f"--val-fraction must be in [0, 1), got {val_fraction}")
     if shard_tokens < 1:
@@ -258,12 +327,12 @@ def prepare(inputs: list[Path] | None = None, out: Path = DEFAULT_OUT, tokenizer
         tokenizer_id = "json:" + sha256_file(tok_path)
     fingerprint = _fingerprint(files, settings, tokenizer_id)
 
-    if out.exists() and not out.is_dir():
-        raise DataError(f"--out {out} exists and is not a directory")
+    out = check_out(out_given, input_names)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise DataError(f"cannot create {out.parent}: {exc.strerror or exc}") from None
+        raise DataError(f"--out {out_given}: cannot create {out.parent} "
+                        f"({exc.strerror or exc}); expected a writable location") from None
     with _locked(out):
         notes = _recover(out)
         if not force and (out / MANIFEST).is_file():
@@ -309,6 +378,9 @@ def _swap_into_place(tmp: Path, out: Path) -> None:
     if not out.exists():
         tmp.rename(out)
         return
+    if os.listdir(out) and not is_dataset_dir(out):  # filled since check_out looked: keep it
+        raise DataError(f"--out {out} was filled with other things while the dataset was being "
+                        f"built; it was left as it is; {EXPECTED_OUT}")
     old = Path(tempfile.mkdtemp(prefix=f"{out.name}.old-", dir=out.parent))
     old.rmdir()
     out.rename(old)

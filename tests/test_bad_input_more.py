@@ -1,0 +1,103 @@
+"""Bad input through the installed `inv`, as a user types it: one line saying what was wrong
+and what is expected, a non-zero exit (2 for user errors), no traceback, and nothing that
+was already there (datasets, run directories, exports, unrelated files) lost.
+
+Every command runs with its working directory in a fresh temporary folder and every
+output path inside it: a wrong guard must never be able to reach the checkout.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+INV = REPO / ".venv" / "bin" / "inv"
+
+
+def inv(cwd: Path, *args, timeout=300, env=None):
+    """Run the installed inv in `cwd` (a tmp dir), run directories under cwd/runs."""
+    environ = {**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(Path(cwd) / "runs"), **(env or {})}
+    return subprocess.run([str(INV), *map(str, args)], cwd=cwd, env=environ, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def one_line_error(proc, *fragments, code=2) -> str:
+    """The failure is exit `code`, no traceback, and one stderr line holding every fragment."""
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == code, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if all(f in line for f in fragments)]
+    assert lines, f"no line with {fragments} in:\n{proc.stderr[-3000:]}"
+    return lines[0]
+
+
+def tree(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(Path(path).rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def corpus(tmp_path) -> Path:
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for i in range(3):
+        (folder / f"doc{i}.txt").write_text(f"document number {i}\n" * 20)
+    return folder
+
+
+# ---------------------------------------------------------------- 0. data.prepare's --out guard
+
+def test_prepare_refuses_a_folder_holding_other_things(tmp_path, corpus):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine, keep me")
+    proc = inv(tmp_path, "data.prepare", "--input", corpus, "--out", other, "-q")
+    one_line_error(proc, "data.prepare: --out", "holding other things", "notes.txt",
+                   "expected a new or empty directory")
+    assert tree(other) == {"notes.txt": b"mine, keep me"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus", "other"]  # no lock, no temp dir
+
+
+@pytest.mark.parametrize("out,what", [("", "--out is empty"), (".", "is the current directory"),
+                                      ("..", "is a parent of the current directory"),
+                                      ("/", "is the filesystem root")])
+def test_prepare_refuses_the_working_directory_and_above(tmp_path, corpus, out, what):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "keep.txt").write_text("x")
+    proc = inv(work, "data.prepare", "--input", corpus, "--out", out, "-q")
+    one_line_error(proc, "data.prepare:", what, "expected a dataset directory")
+    assert sorted(p.name for p in work.iterdir()) == ["keep.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus", "work"]
+
+
+@pytest.mark.parametrize("out,what", [("corpus", "is the input"), ("corpus/ds", "is inside the input"),
+                                      (".", "is the current directory")])
+def test_prepare_refuses_an_output_at_or_around_an_input(tmp_path, corpus, out, what):
+    before = tree(corpus)
+    proc = inv(tmp_path, "data.prepare", "--input", corpus, "--out", tmp_path / out, "-q")
+    one_line_error(proc, "data.prepare: --out", what)
+    assert tree(corpus) == before
+
+
+def test_prepare_refuses_an_output_holding_an_input(tmp_path):
+    inner = tmp_path / "box" / "corpus"
+    inner.mkdir(parents=True)
+    (inner / "a.txt").write_text("some text here")
+    proc = inv(tmp_path, "data.prepare", "--input", inner, "--out", tmp_path / "box", "-q")
+    one_line_error(proc, "data.prepare: --out", "holds the input", "expected a directory outside the corpus")
+    assert (inner / "a.txt").read_text() == "some text here"
+
+
+def test_prepare_writes_into_missing_or_empty_and_rebuilds_a_dataset(tmp_path, corpus):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert inv(tmp_path, "data.prepare", "--input", corpus, "--out", empty, "-q").returncode == 0
+    assert json.loads((empty / "manifest.json").read_text())["format"] == "anvil-tokens/1"
+    again = inv(tmp_path, "data.prepare", "--input", corpus, "--out", empty, "-q", "--force")
+    assert again.returncode == 0, again.stderr
+    fresh = inv(tmp_path, "data.prepare", "--input", corpus, "--out", tmp_path / "a" / "b", "-q")
+    assert fresh.returncode == 0 and (tmp_path / "a" / "b" / "manifest.json").is_file()
