@@ -101,3 +101,28 @@ def test_prepare_writes_into_missing_or_empty_and_rebuilds_a_dataset(tmp_path, c
     assert again.returncode == 0, again.stderr
     fresh = inv(tmp_path, "data.prepare", "--input", corpus, "--out", tmp_path / "a" / "b", "-q")
     assert fresh.returncode == 0 and (tmp_path / "a" / "b" / "manifest.json").is_file()
+
+
+def runs(cwd: Path) -> list[Path]:
+    folder = Path(cwd) / "runs"
+    return sorted(folder.iterdir()) if folder.is_dir() else []
+
+
+# ---------------------------------------------------------------- 1. a config that is not a YAML text
+
+@pytest.mark.parametrize("content,where", [(b"name: x\n\xff\xfe junk\n", "invalid UTF-8 at byte 8"),
+                                           (b"name: x\x00\n", "NUL byte at byte 7"),
+                                           (bytes(range(256)), "NUL byte at byte 0")])
+def test_binary_config_is_refused(tmp_path, content, where):
+    (tmp_path / "model.bin").write_bytes(content)
+    proc = inv(tmp_path, "train.pretrain", "--config", "model.bin", timeout=120)
+    line = one_line_error(proc, "train.pretrain: model.bin: not a text YAML file", where)
+    assert line.endswith("; expected a YAML config such as configs/tiny.yaml")
+    assert runs(tmp_path) == []
+
+
+def test_directory_as_config_is_refused(tmp_path):
+    (tmp_path / "configs").mkdir()
+    proc = inv(tmp_path, "train.pretrain", "--config", "configs", timeout=120)
+    one_line_error(proc, "train.pretrain: configs: is a directory; expected a YAML config file")
+    assert runs(tmp_path) == []

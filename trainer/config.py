@@ -148,12 +148,7 @@ def load(path: str | Path | None = None, overrides: typing.Iterable[str] = ()) -
     """Read, override and validate a config. Raises ConfigError."""
     path = Path(path) if path is not None else DEFAULT_CONFIG
     src = str(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"{src}: no such config file") from None
-    except OSError as e:
-        raise ConfigError(f"{src}: cannot read: {e.strerror}") from None
+    text = _read_text(path, src)
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -171,6 +166,30 @@ def load(path: str | Path | None = None, overrides: typing.Iterable[str] = ()) -
     cfg = _build(TrainConfig, raw, "", src)
     _check_values(cfg, src)
     return cfg
+
+
+def _read_text(path: Path, src: str) -> str:
+    """The config file's text; a missing file, a directory or binary content is a ConfigError."""
+    expected = f"expected a YAML config such as {DEFAULT_CONFIG.relative_to(DEFAULT_CONFIG.parent.parent)}"
+    if path.is_dir():
+        raise ConfigError(f"{src}: is a directory; expected a YAML config file")
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{src}: no such config file") from None
+    except OSError as e:
+        raise ConfigError(f"{src}: cannot read it ({e.strerror or e}); {expected}") from None
+    nul = data.find(b"\x00")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        where = f"invalid UTF-8 at byte {e.start}"
+        if 0 <= nul < e.start:
+            where = f"NUL byte at byte {nul}"
+        raise ConfigError(f"{src}: not a text YAML file ({where}); {expected}") from None
+    if nul >= 0:
+        raise ConfigError(f"{src}: not a text YAML file (NUL byte at byte {nul}); {expected}")
+    return text.removeprefix("\ufeff")
 
 
 def from_dict(raw: dict, source: str = "<dict>") -> TrainConfig:
