@@ -125,8 +125,9 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     probe = launch_spec(job, settings, env, ["--config", "CONFIG", "--run-dir", "RUN"])
     built = build(probe, {**os.environ, **env.environ()}, Path("RUN"))
     if probe.runtime.startswith("slurm") and not job.dry_run:
-        from runtime.launch.slurm import require
-        require(built.argv[0])            # srun or sbatch: Slurm is there, before a run directory is
+        from runtime.launch.slurm import require, require_controller
+        require(built.argv[0])            # srun or sbatch: Slurm is there, before a run directory is,
+        require_controller(os.environ)    # and its controller answers
     if built.script is not None and not resume:
         resume = "auto"   # a batch job that Slurm requeues resumes from its own run directory
     if job.dry_run:

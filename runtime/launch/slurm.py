@@ -46,6 +46,15 @@ def _run(argv: list[str], env: Mapping[str, str], timeout: float = 60) -> subpro
                           "(`scontrol ping`)?") from None
 
 
+def require_controller(env: Mapping[str, str]) -> None:
+    """LaunchError unless slurmctld answers (`scontrol ping`: instant either way)."""
+    proc = _run(["scontrol", "ping"], env)
+    if proc.returncode != 0:
+        said = (proc.stdout.strip() or proc.stderr.strip()).splitlines()
+        raise LaunchError(f"Slurm's controller does not answer ({said[0] if said else f'exit {proc.returncode}'}): "
+                          "slurmctld is down or unreachable from here; nothing was submitted")
+
+
 def submit(script: Path, env: Mapping[str, str]) -> str:
     """sbatch the script; the job id. A rejected job is one LaunchError with sbatch's reason."""
     proc = _run(["sbatch", "--parsable", str(script)], env)

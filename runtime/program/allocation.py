@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Mapping
 
 from runtime.launch.commands import in_allocation
-from runtime.launch.slurm import hostnames, require
+from runtime.launch.slurm import hostnames, require, require_controller
 from runtime.program.results import HostResult, parse_json_output
 from trainer.errors import UserError
 
@@ -32,6 +32,12 @@ NODE_TASK = "runtime.program.nodetask"
 
 class AllocationError(UserError):
     """srun could not run the step at all (a bad partition, too many nodes, no controller)."""
+
+
+def require_slurm(env: Mapping[str, str]) -> None:
+    """srun is installed and slurmctld answers (LaunchError, exit 2, otherwise)."""
+    require("srun")
+    require_controller(env)
 
 
 def node_count(nodes: int, env: Mapping[str, str]) -> int:

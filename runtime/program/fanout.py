@@ -294,6 +294,7 @@ def run_on_slurm(config, context) -> int:
     settings = settings_mod.load(_ConfigHolder(config))
     _runtime, nodes = per_node_options(context)
     count = allocation.node_count(nodes, os.environ)
+    allocation.require_slurm(os.environ)        # before a run directory is made
 
     def over_srun(argv, run_dir, progress):
         return allocation.run_on_allocation(argv, run_dir, settings, nodes=count, progress=progress,
