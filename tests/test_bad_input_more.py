@@ -48,6 +48,25 @@ def corpus(tmp_path) -> Path:
     return folder
 
 
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, dataset) -> Path:
+    """A tiny finished train.pretrain run (2 steps on CPU, a final checkpoint); read-only for tests."""
+    work = tmp_path_factory.mktemp("finished")
+    sets = [f"data.path={dataset}", "train.steps=2", "data.seq_len=64", "data.batch_size=4",
+            "train.val_interval=0", "train.log_interval=1", "checkpoint.interval=0"]
+    proc = inv(work, "train.pretrain", "--env", "OMP_NUM_THREADS=1",
+               *[arg for item in sets for arg in ("--set", item)], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = runs(work)
+    assert (run / "checkpoints" / "step_2" / "COMPLETE").is_file() and (run / "metrics.jsonl").is_file()
+    return run
+
+
+def runs(cwd: Path) -> list[Path]:
+    folder = Path(cwd) / "runs"
+    return sorted(folder.iterdir()) if folder.is_dir() else []
+
+
 # ---------------------------------------------------------------- 0. data.prepare's --out guard
 
 def test_prepare_refuses_a_folder_holding_other_things(tmp_path, corpus):
@@ -103,11 +122,6 @@ def test_prepare_writes_into_missing_or_empty_and_rebuilds_a_dataset(tmp_path, c
     assert fresh.returncode == 0 and (tmp_path / "a" / "b" / "manifest.json").is_file()
 
 
-def runs(cwd: Path) -> list[Path]:
-    folder = Path(cwd) / "runs"
-    return sorted(folder.iterdir()) if folder.is_dir() else []
-
-
 # ---------------------------------------------------------------- 1. a config that is not a YAML text
 
 @pytest.mark.parametrize("content,where", [(b"name: x\n\xff\xfe junk\n", "invalid UTF-8 at byte 8"),
@@ -126,3 +140,53 @@ def test_directory_as_config_is_refused(tmp_path):
     proc = inv(tmp_path, "train.pretrain", "--config", "configs", timeout=120)
     one_line_error(proc, "train.pretrain: configs: is a directory; expected a YAML config file")
     assert runs(tmp_path) == []
+
+
+# ---------------------------------------------------------------- 2. export / plot outputs that cannot be written
+
+@pytest.mark.parametrize("task,out,fragments", [
+    ("train.export", "/proc/forbidden/x", ["--out /proc/forbidden/x: cannot create /proc/forbidden",
+                                           "No such file or directory"]),
+    ("train.export", "afile/x", ["--out afile/x: a file is in the way where a directory is needed", "afile)"]),
+    ("train.export", "afile", ["--out afile is a file; expected a new directory"]),
+    ("train.export", "adir", ["--out adir exists; expected a new directory"]),
+    ("train.plot", "/proc/forbidden/x.png", ["--out /proc/forbidden/x.png: cannot create /proc/forbidden",
+                                             "No such file or directory"]),
+    ("train.plot", "afile/x.png", ["--out afile/x.png: a file is in the way where a directory is needed"]),
+    ("train.plot", "afile", ["a file is in the way where a directory is needed", "afile)"]),
+    ("train.plot", "x.jpg", ["x.jpg: the output must be a .png file or a directory"]),
+])
+def test_unwritable_output_is_one_line(tmp_path, finished_run, task, out, fragments):
+    (tmp_path / "afile").write_text("mine")
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "adir" / "keep").write_text("mine too")
+    proc = inv(tmp_path, task, finished_run, "--out", out, timeout=120)
+    one_line_error(proc, f"{task}: ", *fragments)
+    assert (tmp_path / "afile").read_text() == "mine" and (tmp_path / "adir" / "keep").read_text() == "mine too"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "afile"]  # no temp left behind
+
+
+@pytest.mark.parametrize("task,run,fragments", [
+    ("train.export", "afile", ["afile: not a directory; expected a run directory or a checkpoint (step_N)"]),
+    ("train.export", "RUN/metrics.jsonl", ["not a directory; expected a run directory or a checkpoint"]),
+    ("train.export", "", ["the run is empty; expected a run directory or a checkpoint (step_N)"]),
+    ("train.plot", "afile", ["afile: not a directory; expected a run directory"]),
+    ("train.plot", "", ["the run is empty; expected a run directory"]),
+])
+def test_export_or_plot_of_something_else_than_a_run(tmp_path, finished_run, task, run, fragments):
+    (tmp_path / "afile").write_text("mine")
+    proc = inv(tmp_path, task, run.replace("RUN", str(finished_run)), timeout=120)
+    one_line_error(proc, f"{task}: ", *fragments)
+
+
+def test_plot_and_export_still_write(tmp_path, finished_run):
+    png = tmp_path / "plots" / "loss.png"
+    assert inv(tmp_path, "train.plot", finished_run, "--out", png, timeout=120).returncode == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.stat().st_mode & 0o777 == 0o666 & ~umask  # as before write_atomic: the umask, not 0600
+    assert not list(png.parent.glob(".*"))
+    proc = inv(tmp_path, "train.export", finished_run, "--out", tmp_path / "hf", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "hf" / "model.safetensors").is_file()

@@ -96,9 +96,13 @@ def export_hf(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike |
 
     from trainer.model import hf_config
 
+    if not str(run_or_checkpoint).strip():
+        raise ExportError("the run is empty; expected a run directory or a checkpoint (step_N)")
     source = Path(run_or_checkpoint).expanduser()
     if not source.exists():
         raise ExportError(f"{source}: no such run or checkpoint directory")
+    if not source.is_dir():
+        raise ExportError(f"{source}: not a directory; expected a run directory or a checkpoint (step_N)")
     dtype = _DTYPE_ALIASES.get(dtype, dtype)
     if dtype not in DTYPES:
         raise ExportError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
@@ -108,21 +112,16 @@ def export_hf(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike |
         raise ExportError(str(exc)) from None
     cfg = _training_config(checkpoint)
     out = Path(out_dir) if out_dir else checkpoint.parent.parent / "export" / f"hf-{checkpoint.name}"
-    if out.exists() and not overwrite:
-        raise ExportError(f"{out} exists; choose another output dir or overwrite it explicitly")
-
+    staging = _staging_dir(out, overwrite)   # before the weights are read: a bad --out fails fast
     try:
-        weights = ck.load_model_state(checkpoint)
-    except ck.CheckpointError as exc:
-        raise ExportError(str(exc)) from None
-    if cfg.model.tie_embeddings:
-        # one tensor on disk; transformers re-ties lm_head to the embedding on load
-        weights.pop("lm_head.weight", None)
-    tensors = {name: t.to(DTYPES[dtype]).contiguous() for name, t in sorted(weights.items())}
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp", dir=out.parent))
-    try:
+        try:
+            weights = ck.load_model_state(checkpoint)
+        except ck.CheckpointError as exc:
+            raise ExportError(str(exc)) from None
+        if cfg.model.tie_embeddings:
+            # one tensor on disk; transformers re-ties lm_head to the embedding on load
+            weights.pop("lm_head.weight", None)
+        tensors = {name: t.to(DTYPES[dtype]).contiguous() for name, t in sorted(weights.items())}
         save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
         config = hf_config(cfg.model, torch_dtype=dtype)
         config.update(_tokenizer_files(_dataset_dir(cfg, checkpoint), staging))
@@ -134,7 +133,41 @@ def export_hf(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike |
                       if config.get(k) is not None}
         (staging / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
         ck.replace_dir(staging, out)  # overwrite: swapped, so a failure never leaves half of each
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ExportError(f"cannot write the export at {out} ({exc.strerror or exc}); "
+                          f"the partial export was removed") from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return out
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """The nearest existing path above `path` when it is not a directory."""
+    for parent in path.absolute().parents:
+        if parent.exists():
+            return None if parent.is_dir() else parent
+    return None
+
+
+def _staging_dir(out: Path, overwrite: bool) -> Path:
+    """An empty folder beside `out` to build the export in; ExportError when `out` cannot
+    be written there (exists, a file in the way, no permission, no such device...)."""
+    blocker = _file_in_the_way(out)
+    if blocker is not None:
+        raise ExportError(f"--out {out}: a file is in the way where a directory is needed ({blocker})")
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"--out {out} is a file; expected a new directory for the export")
+    if out.exists() and not overwrite:
+        raise ExportError(f"--out {out} exists; expected a new directory (an export is never "
+                          f"written over an existing one)")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ExportError(f"--out {out}: cannot create {exc.filename or out.parent} "
+                          f"({exc.strerror or exc})") from None
+    try:
+        return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp", dir=out.parent))
+    except OSError as exc:
+        raise ExportError(f"--out {out}: cannot write in {out.parent} ({exc.strerror or exc})") from None

@@ -9,10 +9,13 @@ extra); drawn with the Agg backend, so no display is needed.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
+
 from trainer.errors import UserError
+from trainer.files import write_atomic
 
 PANELS = ("Loss", "Throughput", "Memory", "Learning rate and gradient norm")
 
@@ -25,6 +28,8 @@ def read_metrics(run_dir: Path) -> tuple[dict[int, dict], dict[int, dict], list[
     """(train records by step, val records by step, steps at which a resume restarted the
     log). Lines cut short by a kill are skipped."""
     path = Path(run_dir) / "metrics.jsonl"
+    if Path(run_dir).exists() and not Path(run_dir).is_dir():
+        raise PlotError(f"{run_dir}: not a directory; expected a run directory (it holds metrics.jsonl)")
     if not Path(run_dir).is_dir():
         raise PlotError(f"{run_dir}: no such run directory")
     if not path.is_file():
@@ -138,6 +143,8 @@ def _title(run_dir: Path, train: dict) -> str:
 def plot_run(run_dir: str | os.PathLike, out_png: str | os.PathLike | None = None) -> Path:
     """Draw RUN_DIR/metrics.jsonl to out_png (a .png path or a directory; default
     RUN_DIR/plots/metrics.png); returns the PNG's path."""
+    if not str(run_dir).strip():
+        raise PlotError("the run is empty; expected a run directory (it holds metrics.jsonl)")
     run_dir = Path(run_dir)
     train, val, resumes = read_metrics(run_dir)
     try:
@@ -150,15 +157,29 @@ def plot_run(run_dir: str | os.PathLike, out_png: str | os.PathLike | None = Non
         out = out / "metrics.png"
     if out.suffix.lower() != ".png":
         raise PlotError(f"{out}: the output must be a .png file or a directory")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig = build_figure(train, val, resumes, title=_title(run_dir, train))
-    tmp = out.with_name(f".{out.name}.tmp")
+    blocker = next((p for p in out.absolute().parents if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise PlotError(f"--out {out}: a file is in the way where a directory is needed ({blocker})")
+    if out.is_dir():
+        raise PlotError(f"--out {out} is a directory; expected a .png file or a directory to put "
+                        f"metrics.png in")
     try:
-        fig.savefig(tmp, dpi=110, format="png")
-        os.replace(tmp, out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PlotError(f"--out {out}: cannot create {exc.filename or out.parent} "
+                        f"({exc.strerror or exc})") from None
+    fig = build_figure(train, val, resumes, title=_title(run_dir, train))
+    try:
+        buffer = io.BytesIO()
+        fig.savefig(buffer, dpi=110, format="png")
     finally:
         from matplotlib import pyplot as plt
 
         plt.close(fig)
-        tmp.unlink(missing_ok=True)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        write_atomic(out, buffer.getvalue(), mode=0o666 & ~umask)  # as savefig made it: umask, not 0600
+    except OSError as exc:
+        raise PlotError(f"--out {out}: cannot write it in {out.parent} ({exc.strerror or exc})") from None
     return out
