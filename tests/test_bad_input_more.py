@@ -190,3 +190,14 @@ def test_plot_and_export_still_write(tmp_path, finished_run):
     proc = inv(tmp_path, "train.export", finished_run, "--out", tmp_path / "hf", timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (tmp_path / "hf" / "model.safetensors").is_file()
+
+
+# ---------------------------------------------------------------- 3. an empty config
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n# and another\n", "---\n"])
+def test_empty_config_is_refused(tmp_path, text):
+    (tmp_path / "empty.yaml").write_text(text)
+    proc = inv(tmp_path, "train.pretrain", "--config", "empty.yaml", timeout=120)
+    one_line_error(proc, "train.pretrain: empty.yaml: config is empty; expected a mapping of sections "
+                         "(model:, data:, optim:, train:, ...)")
+    assert runs(tmp_path) == []

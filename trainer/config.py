@@ -156,8 +156,9 @@ def load(path: str | Path | None = None, overrides: typing.Iterable[str] = ()) -
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(f"{src}: invalid YAML{where}: {problem}") from None
-    if raw is None:
-        raw = {}
+    if raw is None:  # 0 bytes, blank, or only comments: nothing to train with; not the defaults
+        raise ConfigError(f"{src}: config is empty; expected a mapping of sections "
+                          f"(model:, data:, optim:, train:, ...)")
     if not isinstance(raw, dict):
         raise ConfigError(f"{src}: expected a mapping of sections at the top level, "
                           f"got {type(raw).__name__}")
