@@ -201,3 +201,25 @@ def test_empty_config_is_refused(tmp_path, text):
     one_line_error(proc, "train.pretrain: empty.yaml: config is empty; expected a mapping of sections "
                          "(model:, data:, optim:, train:, ...)")
     assert runs(tmp_path) == []
+
+
+# ---------------------------------------------------------------- 4. inf / nan in float fields; the lr range
+
+@pytest.mark.parametrize("item,key,got", [
+    ("optim.lr=.inf", "optim.lr", "inf"), ("optim.lr=nan", "optim.lr", "'nan'"),
+    ("optim.lr=1e999", "optim.lr", "'1e999'"), ("optim.betas=[0.9, .nan]", "optim.betas[1]", "nan"),
+    ("model.norm_eps=inf", "model.norm_eps", "'inf'"), ("optim.grad_clip=-.inf", "optim.grad_clip", "-inf"),
+    ("schedule.min_lr_ratio=.nan", "schedule.min_lr_ratio", "nan"),
+    ("model.rope_scaling={factor: .inf}", "model.rope_scaling.factor", "inf"),
+])
+def test_inf_and_nan_are_refused_in_every_float_field(tmp_path, item, key, got):
+    proc = inv(tmp_path, "train.pretrain", "--set", item, timeout=120)
+    one_line_error(proc, f"tiny.yaml: {key}: expected a finite number, got {got}")
+    assert runs(tmp_path) == []
+
+
+@pytest.mark.parametrize("lr", ["2", "0", "-1e-3"])
+def test_learning_rate_must_be_in_zero_one(tmp_path, lr):
+    proc = inv(tmp_path, "train.pretrain", "--set", f"optim.lr={lr}", timeout=120)
+    one_line_error(proc, "tiny.yaml: optim.lr: expected a learning rate in (0, 1], e.g. 3e-4, got")
+    assert runs(tmp_path) == []

@@ -63,7 +63,7 @@ def test_dump_roundtrip(tmp_path):
     ("train:\n  steps: 1.5\n", "train.steps", "expected an integer"),
     ("train:\n  compile: 'yes'\n", "train.compile", "expected true or false"),
     ("train:\n  activation_checkpoint: some\n", "train.activation_checkpoint", "'selective'"),
-    ("optim:\n  lr: -1.0\n", "optim.lr", "expected a positive number"),
+    ("optim:\n  lr: -1.0\n", "optim.lr", "expected a learning rate in (0, 1]"),
     ("optim:\n  betas: [0.9]\n", "optim.betas", "two numbers"),
     ("model:\n  n_heads: 8\n  n_kv_heads: 3\n", "model.n_kv_heads", "a divisor of model.n_heads"),
     ("data:\n  seq_len: 4096\nmodel:\n  max_seq_len: 1024\n", "data.seq_len", "at most model.max_seq_len"),

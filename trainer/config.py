@@ -8,6 +8,7 @@ expected, before anything starts.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -280,13 +281,17 @@ def _convert(tp, value, key: str, src: str):
         if isinstance(value, bool):
             raise bad()
         if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):  # PyYAML reads "3e-4" as a string
+            number = float(value)
+        elif isinstance(value, str):  # PyYAML reads "3e-4" as a string
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 raise bad() from None
-        raise bad()
+        else:
+            raise bad()
+        if not math.isfinite(number):  # .inf, .nan, "inf", 1e999: every float field, list items too
+            raise ConfigError(f"{src}: {key}: expected a finite number, got {value!r}")
+        return number
     if tp is str:
         if not isinstance(value, str):
             raise bad()
@@ -338,7 +343,7 @@ def _check_values(cfg: TrainConfig, src: str) -> None:
     need(d.batch_size > 0, "data.batch_size", "a positive integer")
     need(d.grad_accum > 0, "data.grad_accum", "a positive integer")
     o = cfg.optim
-    need(o.lr > 0, "optim.lr", "a positive number")
+    need(0 < o.lr <= 1, "optim.lr", "a learning rate in (0, 1], e.g. 3e-4")
     need(o.weight_decay >= 0, "optim.weight_decay", "a number >= 0")
     need(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), "optim.betas",
          "two numbers in [0, 1), e.g. [0.9, 0.95]")
