@@ -152,6 +152,8 @@ def _save_matmuls_policy(ctx, op, *args, **kwargs):
 
 _SAVE_OPS = {
     torch.ops.aten.mm.default,
+    torch.ops.aten._scaled_mm.default,   # FP8 linear layers (precision.fp8)
+    torch.ops.aten.max.default,          # their tensorwise amax: a scalar, saves a pass over x
     torch.ops.aten._scaled_dot_product_flash_attention.default,
     torch.ops.aten._scaled_dot_product_efficient_attention.default,
     torch.ops.aten._scaled_dot_product_cudnn_attention.default,

@@ -3,9 +3,10 @@
     run(cfg, run_dir, resume=None) -> exit code (0 ok, 1 failure, 3 stopped on a signal)
 
 Order of model construction (torchtitan's): build (on the meta device for very
-large FSDP models) -> kernels.patch -> activation checkpointing -> torch.compile
-of the blocks -> DDP / FSDP2 -> materialise and init. The loop makes no host
-sync per step except at the log interval (loss and grad norm fetched there).
+large FSDP models) -> kernels.patch -> FP8 linear layers (precision.fp8) ->
+activation checkpointing -> torch.compile of the blocks -> DDP / FSDP2 ->
+materialise and init. The loop makes no host sync per step except at the log
+interval (loss and grad norm fetched there).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from trainer import distributed, metrics, optim
+from trainer import distributed, fp8, metrics, optim
 from trainer.config import SYNTHETIC, TrainConfig, dump
 from trainer.errors import UserError
 from trainer.files import write_json_atomic
@@ -36,7 +37,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from trainer.data import DataError
     from trainer.profiling import ProfileSettingsError
     return (ConfigError, DataError, CheckpointError, distributed.DistributedError, TrainError,
-            ProfileSettingsError)
+            ProfileSettingsError, fp8.Fp8Error)
 
 
 # --------------------------------------------------------------------------- data
@@ -85,6 +86,7 @@ def apply_kernels(model: Transformer) -> Transformer:
 
 def build_model(cfg: TrainConfig, info: distributed.DistInfo, log):
     """Returns (model, train_model): the plain module (checkpoints, eval) and what to call."""
+    fp8.check_supported(cfg, info.device)  # before building: a CPU run fails at once (exit 2)
     use_fsdp = cfg.parallel.strategy == "fsdp" and info.distributed
     meta = use_fsdp and cfg.parallel.meta_init
     torch.manual_seed(cfg.train.seed)  # same initial weights on every rank
@@ -96,6 +98,11 @@ def build_model(cfg: TrainConfig, info: distributed.DistInfo, log):
     if cfg.train.kernels:
         model = apply_kernels(model)
         log.info("kernels: fused kernels patched in (kernels.patch)")
+    model.fp8_state = None  # read by the loop: FSDP float8 scales after each optimizer step
+    if fp8.enabled(cfg):
+        model.fp8_state = fp8.convert(model, cfg.precision.fp8, fsdp=use_fsdp, device=info.device,
+                                      compile=cfg.train.compile)
+        log.info(model.fp8_state.describe())
     for layer in model.model.layers:
         layer.activation_checkpoint = cfg.train.activation_checkpoint
     if cfg.train.compile:
@@ -155,6 +162,9 @@ def run(cfg: TrainConfig, run_dir: Path | str, resume: str | None = None, log=No
     info = distributed.init(cfg)
     try:
         return _train(cfg, run_dir, resume, info, log, started, checkpoint, signals)
+    except fp8.Fp8Error as exc:  # precision.fp8 where it cannot run: its own exit status, 2
+        log.error(f"error: {exc}")
+        return exc.exit_code
     finally:
         distributed.shutdown(info)
 
@@ -176,7 +186,7 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
     strategy = cfg.parallel.strategy if info.distributed else "single process"
     log.info(f"model {cfg.model.name}: {n_params:,} parameters, {fpt / 1e9:.3f} GFLOP/token; "
              f"{strategy}, compute {distributed.compute_dtype(cfg, info.device)}, "
-             f"params {cfg.precision.params}, activation checkpointing "
+             f"params {cfg.precision.params}, fp8 {cfg.precision.fp8}, activation checkpointing "
              f"{cfg.train.activation_checkpoint}")
 
     optimizer = optim.build_optimizer(model, cfg.optim, info.device)
@@ -252,6 +262,7 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
                 loss_sum += loss.detach()
             grad_norm = optim.clip_grad_norm(model.parameters(), cfg.optim.grad_clip, optimizer)
             optimizer.step()
+            fp8.after_optimizer_step(model, model.fp8_state)
             optimizer.zero_grad(set_to_none=True)
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
