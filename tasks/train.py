@@ -5,14 +5,19 @@
                        [--name X] [--env K=V]... [--no-hooks] [--patch FILE] [--json]
     inv train.export RUN [--format hf] [--out DIR] [--dtype bfloat16]
     inv train.plot RUN [--out DIR]
+    inv train.plan [--config X] [--gpus N] [--nodes M] [--gpu MODEL] [--set k=v]... [--json]
 
 pretrain: validate the config, resolve the environment (its env: block is a layer), make the
 run directory with its snapshot (runtime.runs.run.execute), write the config as used, and launch
 `python -m trainer` through torchrun (one process per visible GPU, one on CPU).
+
+plan: parameters, FLOPs per token and the per-GPU memory of the run (trainer.plan), against the
+memory of the detected GPU or of the named one (envs' profiles); nothing is started.
 """
 from __future__ import annotations
 
 import json as jsonlib
+import re
 import sys
 
 from invoke import Collection, task
@@ -90,7 +95,55 @@ def plot(c, run, out=""):
     print(path)
 
 
+PLAN_HELP = {
+    "config": "Training config YAML (default: configs/tiny.yaml)",
+    "set": "Config override KEY=VALUE, e.g. data.batch_size=2 (repeatable)",
+    "gpus": "GPUs per node (default: the detected or named machine's count, e.g. H100:4; 1 without a GPU)",
+    "nodes": "Nodes (default 1); the data-parallel world is gpus x nodes",
+    "gpu": "Plan for this GPU model: H100, H200, MI300X, MI250X, A100-40GB ... (default: detect)",
+    "json": "Print the plan as JSON",
+}
+
+
+def _plan_device(gpu: str, cfg):
+    """(trainer.plan.Device, GPU count) of the named or detected GPU; envs raises EnvError (exit 2)."""
+    import envs
+    from trainer.plan import Device
+
+    memory = None
+    sized = re.fullmatch(r"(.+?)[-_ ]?(\d+(?:\.\d+)?)\s*(?:GB|GiB|G)(:\d+)?", gpu.strip(), re.IGNORECASE)
+    if sized:  # A100-40GB: the A100 profile, 40 GiB
+        memory, gpu = float(sized.group(2)), sized.group(1) + (sized.group(3) or "")
+    resolved = envs.resolve(gpu=gpu.strip() or None, config_env=cfg.env)
+    machine = resolved.machine
+    if not machine.has_gpu:
+        return Device(source="no GPU detected"), 1
+    alloc = next((v for k, v in resolved.environ().items()
+                  if k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF")), "")
+    source = ("--gpu" if memory else f"envs/profiles/{machine.profile}.py") if machine.source == "override" \
+        else f"detected by {machine.source}"
+    return Device(machine.model or machine.name, memory or machine.memory_gib, machine.vendor,
+                  "expandable_segments:true" in alloc.replace(" ", "").lower(), source), machine.count
+
+
+@task(auto_shortflags=False, iterable=["set_"], help=PLAN_HELP)
+def plan(c, config="", set_=None, gpus=None, nodes=1, gpu="", json=False):
+    """Plan before launch: parameters, FLOPs/token, per-GPU memory; does it fit, largest batch."""
+    from trainer import config as trainer_config
+    from trainer.plan import PlanError, make_plan, render
+
+    if gpus is not None and not re.fullmatch(r"\s*-?\d+\s*", str(gpus)):
+        raise PlanError(f"--gpus {gpus!r}: expected a positive integer")
+    cfg = trainer_config.load(config or None, list(set_ or []))
+    device, count = _plan_device(gpu, cfg)
+    result = make_plan(cfg, gpus=count if gpus is None else int(gpus), nodes=nodes, device=device,
+                       config_path=config or str(trainer_config.DEFAULT_CONFIG.relative_to(
+                           trainer_config.DEFAULT_CONFIG.parents[1])))
+    print(jsonlib.dumps(result.to_dict(), indent=2) if json else render(result))
+
+
 ns = Collection("train")
 ns.add_task(pretrain)
 ns.add_task(export)
 ns.add_task(plot)
+ns.add_task(plan)

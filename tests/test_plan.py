@@ -1,0 +1,241 @@
+"""trainer.plan / `inv train.plan`: the plan is checked against reality where a CPU can check it
+(the real model's parameters, the MFU FLOP count, autograd's saved tensors) and against figures
+measured on an H200 (BENCHMARKS.md); the rest against hand-computed Llama 3 numbers."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer import plan as planner
+from trainer.config import load
+from trainer.model import Transformer, flops_per_token
+from trainer.plan import GIB, Device, ParamCount, make_plan, memory
+
+REPO = Path(__file__).resolve().parents[1]
+INV = REPO / ".venv" / "bin" / "inv"
+H100 = Device("H100", 80, "nvidia", True)
+H200 = Device("H200", 141, "nvidia", True)
+
+
+def cfg_of(name: str, *sets: str):
+    return load(REPO / "configs" / f"{name}.yaml", list(sets))
+
+
+# ---- against the real model ------------------------------------------------------------------
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_parameters_match_the_real_tiny_model_exactly(tied):
+    cfg = cfg_of("tiny", f"model.tie_embeddings={str(tied).lower()}")
+    model = Transformer(cfg.model)
+    real = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    assert planner.param_shapes(cfg.model) == real
+    count = ParamCount.of(cfg.model)
+    assert count.total == model.num_params() == make_plan(cfg).params.total
+    assert count.non_embedding == model.num_params(exclude_embedding=True)
+    layer = model.model.layers[0]
+    assert count.per_layer == sum(p.numel() for p in layer.parameters())
+    assert count.layer_matmul == sum(p.numel() for p in layer.parameters() if p.dim() == 2)
+
+
+def test_flops_per_token_is_the_mfu_formula_itself(monkeypatch):
+    cfg = cfg_of("tiny")
+    model = Transformer(cfg.model)
+    # What trainer/train.py hands Metrics for MFU:
+    expected = flops_per_token(cfg.model, model.num_params(exclude_embedding=True), cfg.data.seq_len)
+    assert make_plan(cfg).flops_per_token == expected
+    # ...and it is that function, called: not a second copy of the formula.
+    import trainer.model
+    monkeypatch.setattr(trainer.model, "flops_per_token", lambda m, n, t: 12345)
+    assert make_plan(cfg).flops_per_token == 12345
+
+
+@pytest.mark.parametrize("weights", ["bf16", "fp32_autocast"])
+def test_layer_activation_formula_is_what_autograd_saves(weights):
+    """Saved tensors of one real decoder layer on CPU (bf16, SDPA's CPU flash kernel with GQA)
+    against layer_activation_bytes(mode none), byte for byte; autocast's weight copies apart."""
+    cfg = cfg_of("tiny")
+    m = cfg.model
+    B, T = 2, 48                               # B * T = 96: no weight has a dimension of 96
+    torch.manual_seed(0)
+    model = Transformer(m)
+    dtype = torch.bfloat16 if weights == "bf16" else torch.float32
+    model.to(dtype)
+    x = torch.randn(B, T, m.dim, dtype=dtype, requires_grad=True)
+    cos, sin = model.model.rotary_emb(T)
+    layer = model.model.layers[0]
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = (storage.nbytes(), tuple(t.shape))
+        return t
+
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=weights != "bf16")
+    with autocast, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(x, cos, sin)
+    per_token = sum(n for n, shape in saved.values() if shape[0] in (B, B * T))
+    copies = sum(n for n, shape in saved.values() if shape[0] not in (1, B, B * T))  # cast weights
+    world_one = planner.dtypes(cfg if weights != "bf16" else cfg_of("tiny", "precision.params=bf16"), 1)
+    assert world_one.casts == (weights != "bf16")
+    assert per_token == B * T * planner.layer_activation_bytes(m, T, "none", world_one)
+    assert copies == (2 * ParamCount.of(m).layer_matmul if weights != "bf16" else 0)
+
+
+def test_h200_measurements_in_benchmarks_md():
+    """Llama-3.2-1B, batch 4 x 4096, no checkpointing, one H200: peak allocated as measured."""
+    base = ["data.batch_size=4", "data.seq_len=4096", "train.activation_checkpoint=none",
+            "precision.compute=bf16"]
+    measured = {("bf16", False): 57.3, ("bf16", True): 26.7, ("fp32", True): 40.9}
+    for (params, kernels), gib in measured.items():
+        cfg = cfg_of("llama3_1b", *base, f"precision.params={params}", f"train.kernels={str(kernels).lower()}")
+        got = memory(cfg, 1, H200).peak_bytes / GIB
+        assert abs(got / gib - 1) < 0.01, (params, kernels, got, gib)
+
+
+# ---- hand-computed Llama 3 figures --------------------------------------------------------------
+
+def test_llama3_8b_on_8_h100_hand_computed():
+    cfg = cfg_of("llama3_8b")                  # selective checkpointing, batch 1 x 8192, FSDP, fp32 weights
+    plan = make_plan(cfg, gpus=8, device=H100)
+    D, F, V, L, T, H, Dkv = 4096, 14336, 128256, 32, 8192, 32, 1024
+    layer = 2 * D + 2 * D * D + 2 * D * Dkv + 3 * D * F
+    assert layer == 218_112_000
+    n = L * layer + 2 * V * D + D
+    assert n == plan.params.total == 8_030_261_248               # "8.03B"
+    assert plan.flops_per_token == 6 * (n - V * D) + 12 * L * H * 128 * T == 57_914_449_920
+    mem = plan.memory
+    state = {t.key: t.bytes for t in mem.state}
+    assert state == {"weights": n * 4 // 8, "gradients": n * 4 // 8, "optimizer": n * 8 // 8}
+    selective = 2 * D + 2 * (4 * D + 2 * Dkv) + 2 * 2 * F + 4 * H   # input, mm + SDPA outputs, lse
+    assert mem.activations == L * T * selective == 26_877_100_032   # 25.03 GiB
+    peak = mem.peak
+    assert peak.key == "loss_backward"
+    terms = {t.key: t.bytes for t in peak.terms}
+    assert terms["loss"] == 12 * T * V                        # 11.74 GiB of logits and their grads
+    assert terms["fsdp_root"] == 2 * (V * D + D + V * D)      # bf16 embedding, norm, head
+    assert terms["fsdp_layers"] == 2 * layer                  # the last layer stays gathered
+    assert terms["final"] == T * (4 * D + 2 * D + 4 + 2 * D)
+    assert peak.bytes == sum(terms.values()) == (n * 12 // 8 + 2 * (2 * V * D + D) + 2 * layer
+                                                 + L * T * selective + T * (8 * D + 4) + 12 * T * V)
+    assert round(peak.bytes / GIB, 2) == 50.60
+    assert plan.fits and plan.max_batch == {"none": 0, "selective": 1, "full": 4}
+    one = make_plan(cfg, gpus=1, device=H100)                 # 16 bytes a parameter alone: 120 GiB
+    assert one.fits is False and one.memory.peak_bytes > 16 * n
+
+
+def test_activation_checkpointing_lowers_activations_and_the_peak():
+    for name in ("tiny", "llama3_8b", "llama3_70b"):
+        cfg = cfg_of(name)
+        for world in (1, 8):
+            by = {mode: memory(cfg, world, H100, mode=mode) for mode in planner.AC_MODES}
+            assert by["none"].activations > by["selective"].activations > by["full"].activations > 0
+            assert by["none"].peak_bytes > by["selective"].peak_bytes > by["full"].peak_bytes
+
+
+def test_more_gpus_lower_the_per_gpu_sharded_state():
+    cfg = cfg_of("llama3_70b")
+    state = []
+    for gpus, nodes in ((2, 1), (4, 1), (8, 1), (8, 2), (8, 4)):
+        mem = make_plan(cfg, gpus=gpus, nodes=nodes, device=H200).memory
+        state.append(sum(t.bytes for t in mem.state))
+        assert state[-1] == pytest.approx(16 * mem_params(cfg) / (gpus * nodes), rel=1e-3)
+    assert state == sorted(state, reverse=True) and len(set(state)) == len(state)
+
+
+def mem_params(cfg) -> int:
+    return ParamCount.of(cfg.model).total
+
+
+def test_largest_batch_fits_and_is_monotonic():
+    cfg = cfg_of("llama3_8b")
+    previous = {mode: -1 for mode in planner.AC_MODES}
+    for gib in (40, 64, 80, 141, 192, 288):
+        device = Device("GPU", gib, "nvidia", True)
+        best = make_plan(cfg, gpus=8, device=device).max_batch
+        assert best["none"] <= best["selective"] <= best["full"]
+        for mode, b in best.items():
+            assert b >= previous[mode]          # more memory never fits less
+            previous[mode] = b
+            if b:
+                assert memory(cfg, 8, device, b, mode).fits(8)
+            assert not memory(cfg, 8, device, b + 1, mode).fits(8)
+    assert previous["full"] > 4
+
+
+def test_bad_counts_are_plan_errors():
+    cfg = cfg_of("tiny")
+    for kwargs in ({"gpus": 0}, {"gpus": -1}, {"nodes": 0}, {"gpus": 1.5}):
+        with pytest.raises(planner.PlanError, match="expected a positive integer"):
+            make_plan(cfg, **kwargs)
+
+
+# ---- through the installed inv ------------------------------------------------------------------
+
+def inv(*args):
+    return subprocess.run([str(INV), "train.plan", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "ANVIL_GPU": ""})
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("model: [1\n")
+    cases = [(["--gpus", "0"], "--gpus 0: expected a positive integer"),
+             (["--nodes", "0"], "--nodes 0: expected a positive integer"),
+             (["--gpus", "eight"], "--gpus 'eight'"),
+             (["--gpu", "NOPE9000"], "unknown GPU model 'NOPE9000'"),
+             (["--config", str(broken)], "invalid YAML"),
+             (["--config", str(tmp_path / "missing.yaml")], "no such config file"),
+             (["--set", "data.batch_size=0"], "data.batch_size: expected a positive integer")]
+    for args, message in cases:
+        proc = inv(*args)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0] and lines[0].startswith("train.plan: "), (args, lines)
+        assert "Traceback" not in proc.stderr + proc.stdout and not proc.stdout.strip()
+
+
+def test_llama3_70b_on_8_h200_says_whether_it_fits():
+    args = ["--config", "configs/llama3_70b.yaml", "--gpus", "8", "--gpu", "H200"]
+    table = inv(*args)
+    assert table.returncode == 0, table.stderr
+    verdict = table.stdout.strip().splitlines()[-1]
+    # fp32 weights + gradients + AdamW = 16 bytes a parameter: 131 GiB per GPU on 8 before anything else
+    assert verdict.startswith("DOES NOT FIT on 8 x H200: needs ") and "of 141 GiB per GPU" in verdict
+    assert "--nodes 2" in verdict and "--set precision.params=bf16" in verdict
+    assert "largest data.batch_size" in table.stdout and "FSDP2 over 8 ranks" in table.stdout
+    as_json = json.loads(inv(*args, "--json").stdout)
+    assert as_json["fits"] is False and as_json["verdict"] == verdict
+    assert as_json["device"] == {"name": "H200", "memory_gib": 141, "vendor": "nvidia",
+                                 "source": "envs/profiles/h200.py"}
+    two = json.loads(inv(*args, "--nodes", "2", "--json").stdout)
+    assert two["fits"] is True and two["run"]["world_size"] == 16
+    assert two["verdict"].startswith("FITS on 8 x H200 x 2 nodes")
+
+
+def test_named_memory_and_no_gpu():
+    a100 = json.loads(inv("--config", "configs/llama3_8b.yaml", "--gpu", "A100-40GB:8", "--json").stdout)
+    assert a100["device"]["memory_gib"] == 40 and a100["run"]["gpus"] == 8
+    if not Path("/dev/nvidia0").exists() and not Path("/dev/kfd").exists():
+        here = inv("--config", "configs/tiny.yaml")
+        assert here.returncode == 0 and here.stdout.strip().splitlines()[-1].startswith("NO GPU TO CHECK")
+
+
+def test_plan_check_stops_cleanly_without_a_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: plan_check would measure")
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.plan_check", "--config", "configs/tiny.yaml",
+                           "--ac", "none,full"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"plan_check: no GPU visible to torch ({torch.__version__}): nothing measured; run it on a GPU machine"]
+    report = json.loads(proc.stdout)
+    assert [r["ac"] for r in report["runs"]] == ["none", "full"]
+    assert report["runs"][0]["plan_peak_allocated_gib"] > report["runs"][1]["plan_peak_allocated_gib"]

@@ -1,0 +1,706 @@
+"""Plan before launch: parameters, FLOPs per token and the GPU memory a training run needs.
+
+    plan = make_plan(cfg, gpus=8, nodes=1, device=Device("H100", 80, "nvidia"))
+    print(render(plan))            # tables and the verdict line; plan.to_dict() for --json
+
+Everything is arithmetic over the config; nothing is allocated. The model is the one in
+trainer/model.py as trainer/train.py and trainer/distributed.py run it, so the figures follow
+their choices: what autograd saves in each block, the trainer's selective checkpointing policy,
+FSDP2 as `distributed.wrap` applies it, AdamW from trainer/optim.py. The parameter count is
+checked exactly against the real model, and the FLOPs per token are trainer.model's
+flops_per_token (the MFU count), called, not rewritten (tests/test_plan.py).
+
+Symbols: D dim, F ffn_dim, H heads, Dkv = n_kv_heads * head_dim, L layers, V vocab,
+T seq_len, N = batch_size * T tokens per micro-batch, W the data-parallel world (gpus * nodes);
+bytes: p per parameter (4 fp32, 2 bf16: precision.params), c per activation in the compute
+dtype (2 bf16, 4 fp32), r of the residual stream (c under FSDP2 and with bf16 weights, where
+the whole block runs in c; 4 with fp32 weights under autocast, whose residual stays fp32).
+
+Saved for backward, per decoder layer and token (bytes):
+
+    no checkpointing, eager modules (trainer/model.py):
+      RMSNorm, twice          4D + rD + 4    fp32 copy of x (kept by pow), x * rsqrt in r, rsqrt
+      inputs of the linears   cD * k         the normed x; k = 1 + 1 when r == c (q/k/v share one
+                                             tensor, gate/up another), k = 3 + 2 under autocast,
+                                             which casts the input once per linear
+      attention (SDPA)        2cD + 2cDkv    rotated q and k, v, the output (o_proj's input)
+                              + 4H           logsumexp (fp32) of the flash / cuDNN kernels
+      SwiGLU                  4cF            gate, up, silu(gate), silu(gate) * up
+      RoPE                    0              only the [T, head_dim] cos/sin tables
+    train.kernels (fused RMSNorm, RoPE, SwiGLU): RMSNorm rD + 4 (x, rstd); SwiGLU 3cF (gate, up,
+      output); the rest as above
+    selective (trainer.model._SAVE_OPS: keep matmul and attention outputs, recompute the rest):
+      rD + c(4D + 2Dkv) + 2cF + 4H           layer input; q, k, v, o_proj and down_proj outputs,
+                                             SDPA output and logsumexp; gate, up
+    full: rD                                 the layer input only
+    fp32 compute on a GPU runs SDPA's math kernel (flash needs 16-bit): 4cD + cHT per token
+      instead (scaled q, k and v repeated to H heads, output, the T x T probabilities)
+
+The no-checkpointing formula is exact against autograd's saved tensors on CPU (test_plan.py
+counts them with saved_tensors_hooks, bf16 weights and fp32 weights under autocast).
+Checkpointing adds, during each layer's backward, the recomputed rest of that one layer.
+
+Around the layers: the final norm and the LM head's input (4D + rD + 4 + cD per token; fused:
+rD + 4); the loss. Eager `linear_cross_entropy` makes c*V logits, a fp32 copy and fp32
+log-probs (kept): (c + 8) * V * N bytes in forward; its backward holds the log-probs, the NLL
+gradient and the log-softmax gradient, 12 * V * N: the largest single item of a Llama 3 run
+at long sequences. With train.kernels the fused linear cross-entropy never makes the logits:
+a chunk of C x V (kernels.fused_linear_cross_entropy.default_chunk) plus the gradients of the
+hidden states (cDN) and of the head (cVD), computed in forward.
+
+State: weights p, gradients p and AdamW's exp_avg + exp_avg_sq 2p per parameter (torch's
+AdamW keeps its moments in the parameter's dtype: fp32 with fp32 weights, bf16 with
+precision.params=bf16). Under FSDP2 (parallel.strategy fsdp and W > 1) each is the rank's dim-0
+shard, ceil(rows / W) * cols per tensor, and the all-gathered copies in c come on top: the root
+group (embedding, final norm, LM head) through forward and backward, the last layer (kept
+gathered by distributed.wrap), and in backward a window of layers: the one computing, the one
+prefetched, its unsharded gradients and the fp32 reduce-scatter input (reduce_dtype fp32),
+max(3c + 4, 2c + 8) bytes per layer parameter. Without FSDP, fp32 weights under bf16 autocast
+add bf16 copies of every matmul weight (autocast's cache; autograd keeps them for backward
+when nothing is checkpointed), DDP a second copy of the gradients (its buckets). With
+data.grad_accum > 1 the gradients live through the next micro-batches; under FSDP2's no-sync
+they are unsharded and fp32 (4 bytes per parameter of the whole model on every rank).
+
+Peak allocated = the largest of these moments: forward end (in the loss), the loss backward
+(all activations still held), the first layer's backward (head gradient, recompute, gradient
+transients), the end of backward / optimizer step (weights + gradients + optimizer, plus the
+root's reduce-scatter under FSDP2) and, for FSDP2 without parallel.meta_init, the full model
+built on each GPU before sharding. Checked on an H200 (BENCHMARKS.md, Llama-3.2-1B, batch
+4 x 4096, one GPU): eager bf16 57.3 GiB measured / 57.2 planned, --kernels 26.7 / 26.8,
+--kernels with fp32 weights 40.9 / 41.0 (test_plan.py keeps these).
+
+Needed = peak * (1 + fragmentation) + context + communicator. Assumptions, not measurements:
+fragmentation 5% with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set by the CUDA
+profile), 10% without; CUDA context 0.75 GiB, ROCm (HIP runtime and code objects) 1.0 GiB;
+NCCL / RCCL buffers 1.0 GiB when W > 1. torch.compile lowers activation and loss memory
+(Inductor fuses the upcast and recomputes); the plan counts eager, an upper bound there.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+
+from trainer.config import ModelConfig, TrainConfig
+from trainer.errors import UserError
+
+GIB = 1024 ** 3
+AC_MODES = ("none", "selective", "full")
+MAX_BATCH_SEARCH = 1 << 20
+CONTEXT_GIB = {"nvidia": 0.75, "amd": 1.0}
+COMM_GIB = 1.0
+FRAGMENTATION = {True: 0.05, False: 0.10}
+
+
+class PlanError(UserError):
+    """Bad input to the planner (a GPU count, a node count): exit 2."""
+
+
+@dataclass(frozen=True)
+class Device:
+    """The GPU planned for: its name and memory per device (None: not known)."""
+
+    name: str | None = None
+    memory_gib: float | None = None
+    vendor: str | None = None              # "nvidia" | "amd"
+    expandable_segments: bool | None = None  # None: as the vendor's profile does (CUDA: on)
+    source: str = ""                       # where memory_gib came from, for the report
+
+    @property
+    def context_gib(self) -> float:
+        return CONTEXT_GIB.get(self.vendor or "nvidia", 0.75)
+
+    @property
+    def fragmentation(self) -> float:
+        expandable = self.expandable_segments
+        if expandable is None:
+            expandable = self.vendor == "nvidia"
+        return FRAGMENTATION[bool(expandable)]
+
+
+# --------------------------------------------------------------------------- parameters
+
+def param_shapes(m: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter of trainer.model.Transformer, by its name in named_parameters()."""
+    q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
+    shapes = {"model.embed_tokens.weight": (m.vocab_size, m.dim)}
+    for i in range(m.n_layers):
+        pre = f"model.layers.{i}."
+        shapes.update({
+            pre + "input_layernorm.weight": (m.dim,),
+            pre + "self_attn.q_proj.weight": (q, m.dim),
+            pre + "self_attn.k_proj.weight": (kv, m.dim),
+            pre + "self_attn.v_proj.weight": (kv, m.dim),
+            pre + "self_attn.o_proj.weight": (m.dim, q),
+            pre + "post_attention_layernorm.weight": (m.dim,),
+            pre + "mlp.gate_proj.weight": (m.ffn_dim, m.dim),
+            pre + "mlp.up_proj.weight": (m.ffn_dim, m.dim),
+            pre + "mlp.down_proj.weight": (m.dim, m.ffn_dim),
+        })
+    shapes["model.norm.weight"] = (m.dim,)
+    if not m.tie_embeddings:   # a tied head is the embedding's tensor, listed once
+        shapes["lm_head.weight"] = (m.vocab_size, m.dim)
+    return shapes
+
+
+def _numel(shape) -> int:
+    return math.prod(shape)
+
+
+def _shard_numel(shape, world: int) -> int:
+    """Elements of one rank's FSDP2 shard: dim 0 split in `world` padded chunks."""
+    return -(-shape[0] // world) * _numel(shape[1:])
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    total: int           # Transformer.num_params()
+    non_embedding: int   # Transformer.num_params(exclude_embedding=True): flops_per_token's input
+    per_layer: int
+    layer_matmul: int    # one layer's linear weights (what autocast copies)
+    root: int            # embedding + final norm + LM head: FSDP2's root group
+
+    @classmethod
+    def of(cls, m: ModelConfig) -> "ParamCount":
+        shapes = param_shapes(m)
+        total = sum(_numel(s) for s in shapes.values())
+        layer = [s for n, s in shapes.items() if n.startswith("model.layers.0.")]
+        embed = m.vocab_size * m.dim
+        return cls(total=total, non_embedding=total if m.tie_embeddings else total - embed,
+                   per_layer=sum(_numel(s) for s in layer),
+                   layer_matmul=sum(_numel(s) for s in layer if len(s) == 2),
+                   root=total - m.n_layers * sum(_numel(s) for s in layer))
+
+
+# --------------------------------------------------------------------------- activations
+
+@dataclass(frozen=True)
+class Dtypes:
+    p: int          # bytes per parameter
+    c: int          # bytes per activation in the compute dtype
+    r: int          # bytes per element of the residual stream
+    fsdp: bool
+    ddp: bool
+
+    @property
+    def casts(self) -> bool:
+        """Autocast: fp32 residual and weights, each linear casts its input (and weight) to c."""
+        return self.r != self.c
+
+
+def dtypes(cfg: TrainConfig, world: int) -> Dtypes:
+    p = 2 if cfg.precision.params == "bf16" else 4
+    c = 4 if cfg.precision.compute == "fp32" else 2   # auto is bf16 on a GPU
+    fsdp = cfg.parallel.strategy == "fsdp" and world > 1
+    ddp = cfg.parallel.strategy == "ddp" and world > 1
+    if fsdp:
+        return Dtypes(p, c, c, True, False)      # MixedPrecisionPolicy(param_dtype=c) casts all
+    if p == 2:
+        return Dtypes(2, 2, 2, False, ddp)       # bf16 weights: no autocast, all bf16
+    return Dtypes(4, c, 4, False, ddp)          # fp32 weights, autocast to c (or plain fp32)
+
+
+def layer_activation_bytes(m: ModelConfig, seq_len: int, mode: str, dt: Dtypes,
+                           kernels: bool = False) -> int:
+    """Bytes one decoder layer keeps for backward per token (the module docstring's table)."""
+    D, F, H = m.dim, m.ffn_dim, m.n_heads
+    Dkv = m.n_kv_heads * m.head_dim
+    c, r = dt.c, dt.r
+    flash = c == 2
+    if mode == "full":
+        return r * D
+    if mode == "selective":
+        attn = c * D + 4 * H if flash else 0      # the math kernel's ops are not in _SAVE_OPS
+        return r * D + c * (3 * D + 2 * Dkv) + attn + 2 * c * F
+    if mode != "none":
+        raise PlanError(f"activation checkpointing {mode!r}: expected one of {', '.join(AC_MODES)}")
+    norms = 2 * (r * D + 4) if kernels else 2 * (4 * D + r * D + 4)
+    linear_inputs = c * D * ((3 + 2) if dt.casts else 2)
+    if flash:
+        attn = 2 * c * D + 2 * c * Dkv + 4 * H
+    else:
+        attn = 4 * c * D + c * H * seq_len
+    mlp = (3 if kernels else 4) * c * F
+    return norms + linear_inputs + attn + mlp
+
+
+def _flce_chunk(n_tokens: int, m: ModelConfig) -> tuple[int, str]:
+    """Tokens per chunk of the fused linear cross-entropy, as kernels computes it."""
+    try:
+        from kernels.fused_linear_cross_entropy import default_chunk
+    except Exception as exc:  # no Triton here: plan with the whole batch as one chunk (upper bound)
+        return n_tokens, f"kernels not importable ({type(exc).__name__}): loss chunk taken as all tokens"
+    return default_chunk(n_tokens, m.dim, m.vocab_size), ""
+
+
+# --------------------------------------------------------------------------- memory
+
+@dataclass
+class Term:
+    key: str
+    label: str
+    bytes: int
+    note: str = ""
+
+    @property
+    def gib(self) -> float:
+        return self.bytes / GIB
+
+
+@dataclass
+class Moment:
+    key: str
+    label: str
+    terms: list[Term]
+
+    @property
+    def bytes(self) -> int:
+        return sum(t.bytes for t in self.terms)
+
+
+@dataclass
+class Memory:
+    """Per-GPU memory of one configuration at one batch size and checkpointing mode."""
+
+    batch_size: int
+    mode: str
+    state: list[Term]          # weights, gradients, optimizer (always shown)
+    moments: list[Moment]
+    activations: int           # all layers, this mode
+    device: Device
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def peak(self) -> Moment:
+        return max(self.moments, key=lambda mo: mo.bytes)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.peak.bytes
+
+    @property
+    def fragmentation_bytes(self) -> int:
+        return int(self.peak_bytes * self.device.fragmentation)
+
+    def overhead_bytes(self, world: int) -> int:
+        return int((self.device.context_gib + (COMM_GIB if world > 1 else 0.0)) * GIB)
+
+    def needed_bytes(self, world: int) -> int:
+        return self.peak_bytes + self.fragmentation_bytes + self.overhead_bytes(world)
+
+    def fits(self, world: int) -> bool | None:
+        if not self.device.memory_gib:
+            return None
+        return self.needed_bytes(world) <= self.device.memory_gib * GIB
+
+
+def _gib(x: float) -> str:
+    return f"{x / GIB:.2f}"
+
+
+def _count(x: float) -> str:
+    """8.03e9 -> '8.03 G', 57.9e9 -> '57.91 G' (SI prefixes, for parameters and FLOPs)."""
+    for prefix, scale in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.2f} {prefix}"
+    return f"{x:.0f} "
+
+
+def memory(cfg: TrainConfig, world: int, device: Device, batch_size: int | None = None,
+           mode: str | None = None) -> Memory:
+    """Per-GPU memory of `cfg` on `world` data-parallel ranks (the module docstring's model)."""
+    m = cfg.model
+    batch = cfg.data.batch_size if batch_size is None else batch_size
+    mode = mode or cfg.train.activation_checkpoint
+    kernels = cfg.train.kernels
+    dt = dtypes(cfg, world)
+    p, c = dt.p, dt.c
+    shapes = param_shapes(m)
+    count = ParamCount.of(m)
+    T = cfg.data.seq_len
+    N = batch * T
+    V, D, L = m.vocab_size, m.dim, m.n_layers
+    notes: list[str] = []
+
+    # State: full on every rank, or the rank's FSDP2 shard.
+    local = sum(_shard_numel(s, world) for s in shapes.values()) if dt.fsdp else count.total
+    share = f", 1/{world} shard" if dt.fsdp else ""
+    pname = "fp32" if p == 4 else "bf16"
+    weights = Term("weights", f"weights ({pname}{share})", p * local, f"{count.total:,} parameters")
+    grads = Term("gradients", f"gradients ({pname}{share})", p * local,
+                 "live from the backward on, as activations are freed")
+    optim = Term("optimizer", f"optimizer: AdamW exp_avg + exp_avg_sq ({pname}{share})", 2 * p * local)
+
+    # Activations and the loss.
+    per_token_layer = layer_activation_bytes(m, T, mode, dt, kernels)
+    none_layer = layer_activation_bytes(m, T, "none", dt, kernels)
+    acts = L * N * per_token_layer
+    act_term = Term("activations", f"activations ({L} layers, checkpointing {mode})", acts,
+                    f"{per_token_layer:,} B per token per layer x {N:,} tokens")
+    if kernels:
+        final = Term("final", "final norm", N * (dt.r * D + 4))
+        chunk, why = _flce_chunk(N, m)
+        if why:
+            notes.append(why)
+        gx, gw = c * N * D, c * V * D
+        head_cast = c * N * D if dt.casts else 0
+        loss_fwd = Term("loss", "loss: fused linear cross-entropy (forward)",
+                        c * min(chunk, N) * V + gx + gw + head_cast,
+                        f"chunk {min(chunk, N):,} x {V:,} + grad of hidden and head")
+        loss_bwd = Term("loss", "loss: fused linear cross-entropy (backward)",
+                        gx + gw + (p * V * D if (p != c and not dt.fsdp) else 0),
+                        "grad of hidden and head, computed in forward")
+    else:
+        final = Term("final", "final norm + LM head input", N * (4 * D + dt.r * D + 4 + c * D))
+        fwd_per = (8 if c == 4 else c + 8) * V
+        loss_fwd = Term("loss", "loss: logits (forward)", N * fwd_per,
+                        f"{'' if c == 4 else 'bf16 logits + '}fp32 logits + log-probs, {N:,} x {V:,}")
+        loss_bwd = Term("loss", "loss: logits (backward)", 12 * N * V,
+                        f"log-probs + 2 fp32 gradients, 12 B x {N:,} tokens x {V:,} vocab")
+    recompute = (none_layer - per_token_layer) * N
+    transient = N * (3 * c * m.ffn_dim + 2 * c * D)
+    layer_work = Term("layer_bwd", "one layer's backward: recompute + activation gradients",
+                      recompute + transient,
+                      (f"recompute {_gib(recompute)} + " if recompute else "") + f"grads {_gib(transient)}")
+
+    # What comes on top of the state, by strategy.
+    shared: list[Term] = []          # at every moment from forward to the end of backward
+    fwd_extra: list[Term] = []
+    bwd_extra: list[Term] = []
+    layer_extra: list[Term] = []
+    end_extra: list[Term] = []
+    if dt.fsdp:
+        layer_numel = world * sum(_shard_numel(s, world) for n, s in shapes.items()
+                                  if n.startswith("model.layers.0."))
+        root_numel = world * sum(_shard_numel(s, world) for n, s in shapes.items()
+                                 if not n.startswith("model.layers."))
+        root = Term("fsdp_root", "FSDP2 root all-gathered (embedding, norm, LM head)", c * root_numel)
+        if cfg.parallel.reshard_after_forward:
+            gathered = Term("fsdp_layers", "FSDP2 last layer all-gathered", c * layer_numel,
+                            "distributed.wrap keeps it for backward")
+        else:
+            gathered = Term("fsdp_layers", "FSDP2 layers all-gathered (reshard_after_forward off)",
+                            c * layer_numel * L)
+        window = Term("fsdp_window", "FSDP2 backward window (gathered, prefetched, grads, reduce-scatter)",
+                      max(3 * c + 4, 2 * c + 8) * layer_numel
+                      + (c * layer_numel * L if not cfg.parallel.reshard_after_forward else 0))
+        head_grad = Term("head_grad", "LM head gradient, unsharded until the root's reduce-scatter",
+                         c * V * D)
+        shared.append(root)
+        fwd_extra.append(gathered)
+        bwd_extra.append(gathered)
+        layer_extra += [head_grad, window]
+        # The root's gradients are reduce-scattered last, after its parameters were resharded;
+        # the first layer's fp32 reduce-scatter input may still be in flight.
+        end_extra.append(Term("fsdp_root_rs", "FSDP2 root: unsharded gradients + fp32 reduce-scatter input",
+                              (c + 4) * root_numel + 4 * layer_numel,
+                              "and the first layer's reduce-scatter input"))
+        if cfg.data.grad_accum > 1:
+            shared.append(Term("carry", "gradients between micro-batches (FSDP2 no-sync: unsharded fp32)",
+                               4 * count.total, f"data.grad_accum {cfg.data.grad_accum}"))
+            notes.append("FSDP2 accumulates unsharded fp32 gradients of the whole model between "
+                         "micro-batches (set_requires_gradient_sync(False)); data.grad_accum 1 with a "
+                         "larger batch_size avoids that")
+    else:
+        if dt.casts:
+            copies_all = c * (L * count.layer_matmul + V * D)
+            copies_saved = (c * L * count.layer_matmul if mode == "none" else 0) + (0 if kernels else c * V * D)
+            fwd_extra.append(Term("copies", "bf16 weight copies (autocast cache)", copies_all,
+                                  "fp32 weights cast for bf16 matmuls"))
+            if copies_saved:
+                label = ("bf16 weight copies saved for backward" if mode == "none"
+                         else "bf16 LM head copy saved for backward")
+                bwd_extra.append(Term("copies", label, copies_saved))
+            if mode == "none":   # the LM head's copy is gone once the loss backward ran
+                layer_extra.append(Term("copies", "bf16 layer weight copies saved for backward",
+                                        c * L * count.layer_matmul))
+        layer_extra.append(Term("head_grad", "LM head gradient", p * V * D))
+        if dt.ddp:
+            buckets = Term("ddp", "DDP gradient buckets (a second copy of the gradients)", p * count.total)
+            shared.append(buckets)
+            end_extra.append(buckets)
+        if cfg.data.grad_accum > 1:
+            shared.append(Term("carry", "gradients between micro-batches", p * count.total,
+                               f"data.grad_accum {cfg.data.grad_accum}"))
+
+    base = [weights, optim]
+    moments = [
+        Moment("forward", "forward end (loss forward)",
+               base + shared + fwd_extra + [act_term, final, loss_fwd]),
+        Moment("loss_backward", "loss backward",
+               base + shared + bwd_extra + [act_term, final, loss_bwd]),
+        Moment("layer_backward", "first layer's backward",
+               base + shared + layer_extra + [act_term, layer_work]),
+        Moment("step", "end of backward / optimizer step",
+               base + [grads] + end_extra),
+    ]
+    if dt.fsdp and not cfg.parallel.meta_init:
+        moments.append(Moment("init", "model built on each GPU before sharding (meta_init off)",
+                              [Term("init", "full model on each GPU", p * count.total,
+                                    "parallel.meta_init=true builds it on the meta device")]))
+    if c == 4:
+        notes.append("fp32 compute: SDPA runs its math kernel (flash needs bf16/fp16), which keeps "
+                     "T x T attention probabilities per head")
+    return Memory(batch, mode, [weights, grads, optim], moments, acts, device, notes)
+
+
+# --------------------------------------------------------------------------- the plan
+
+@dataclass
+class Plan:
+    cfg: TrainConfig
+    config_path: str
+    gpus: int
+    nodes: int
+    device: Device
+    params: ParamCount
+    flops_per_token: int
+    memory: Memory                      # at the config's batch and checkpointing mode
+    by_mode: dict[str, Memory]          # the config's batch under each mode
+    max_batch: dict[str, int | None]    # largest data.batch_size that fits, per mode
+    hints: list[str]
+
+    @property
+    def world(self) -> int:
+        return self.gpus * self.nodes
+
+    @property
+    def fits(self) -> bool | None:
+        return self.memory.fits(self.world)
+
+    @property
+    def strategy(self) -> str:
+        dt = dtypes(self.cfg, self.world)
+        if dt.fsdp:
+            return f"FSDP2 over {self.world} ranks"
+        if dt.ddp:
+            return f"DDP over {self.world} ranks"
+        if self.cfg.parallel.strategy == "fsdp":
+            return "one process (parallel.strategy fsdp needs 2+ GPUs: nothing is sharded)"
+        return "one process"
+
+    @property
+    def tokens_per_step(self) -> int:
+        d = self.cfg.data
+        return d.batch_size * d.seq_len * d.grad_accum * self.world
+
+    def verdict(self) -> str:
+        mem, world = self.memory, self.world
+        need = mem.needed_bytes(world) / GIB
+        where = f"{self.gpus} x {self.device.name}" + (f" x {self.nodes} nodes" if self.nodes > 1 else "")
+        batch = f"data.batch_size {mem.batch_size}, checkpointing {mem.mode}"
+        if self.fits is None:
+            return (f"NO GPU TO CHECK: needs {need:.1f} GiB per GPU ({batch}); name one with "
+                    f"--gpu MODEL (e.g. --gpu H100)")
+        total = self.device.memory_gib
+        if self.fits:
+            best = ", ".join(f"{b} ({mo})" for mo, b in self.max_batch.items())
+            return (f"FITS on {where}: needs {need:.1f} of {total:g} GiB per GPU ({need / total:.0%}) "
+                    f"at {batch}; largest data.batch_size: {best}")
+        line = (f"DOES NOT FIT on {where}: needs {need:.1f} of {total:g} GiB per GPU "
+                f"({need / total:.0%}) at {batch}")
+        return line + (f"; would fit with {' | '.join(self.hints)}" if self.hints else "")
+
+    def to_dict(self) -> dict:
+        mem, world = self.memory, self.world
+
+        def terms(ts):
+            return [{"key": t.key, "label": t.label, "bytes": t.bytes, "gib": round(t.gib, 3),
+                     "note": t.note} for t in ts]
+
+        return {
+            "config": self.config_path, "name": self.cfg.name,
+            "model": {"name": self.cfg.model.name, "params": self.params.total,
+                      "params_non_embedding": self.params.non_embedding,
+                      "flops_per_token": self.flops_per_token,
+                      "layers": self.cfg.model.n_layers, "dim": self.cfg.model.dim,
+                      "vocab_size": self.cfg.model.vocab_size},
+            "run": {"gpus": self.gpus, "nodes": self.nodes, "world_size": world,
+                    "strategy": self.strategy, "params_dtype": self.cfg.precision.params,
+                    "compute_dtype": "fp32" if self.cfg.precision.compute == "fp32" else "bf16",
+                    "batch_size": mem.batch_size, "seq_len": self.cfg.data.seq_len,
+                    "grad_accum": self.cfg.data.grad_accum, "tokens_per_step": self.tokens_per_step,
+                    "activation_checkpoint": mem.mode, "kernels": self.cfg.train.kernels,
+                    "compile": self.cfg.train.compile},
+            "device": {"name": self.device.name, "memory_gib": self.device.memory_gib,
+                       "vendor": self.device.vendor, "source": self.device.source},
+            "memory": {
+                "state": terms(mem.state),
+                "peak_moment": mem.peak.key,
+                "peak_terms": terms(mem.peak.terms),
+                "moments_gib": {mo.key: round(mo.bytes / GIB, 3) for mo in mem.moments},
+                "peak_allocated_gib": round(mem.peak_bytes / GIB, 3),
+                "fragmentation_gib": round(mem.fragmentation_bytes / GIB, 3),
+                "context_and_comm_gib": round(mem.overhead_bytes(world) / GIB, 3),
+                "needed_gib": round(mem.needed_bytes(world) / GIB, 3),
+                "device_gib": self.device.memory_gib,
+            },
+            "activation_checkpointing": [
+                {"mode": mo, "activations_gib": round(m.activations / GIB, 3),
+                 "needed_gib": round(m.needed_bytes(world) / GIB, 3), "fits": m.fits(world),
+                 "max_batch_size": self.max_batch.get(mo)}
+                for mo, m in self.by_mode.items()],
+            "fits": self.fits,
+            "hints": self.hints,
+            "notes": self.notes,
+            "verdict": self.verdict(),
+        }
+
+    @property
+    def notes(self) -> list[str]:
+        notes = list(self.memory.notes)
+        if self.cfg.train.compile:
+            notes.append("torch.compile: planned as eager, an upper bound (Inductor fuses the loss "
+                         "upcast and recomputes cheap ops)")
+        if getattr(self.cfg.precision, "fp8", "off") != "off":
+            notes.append("precision.fp8: not modelled (planned as bf16)")
+        return notes
+
+
+def _largest_batch(cfg: TrainConfig, world: int, device: Device, mode: str) -> int | None:
+    if not device.memory_gib:
+        return None
+
+    def fits(b: int) -> bool:
+        return bool(memory(cfg, world, device, b, mode).fits(world))
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= MAX_BATCH_SEARCH and fits(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, MAX_BATCH_SEARCH + 1)
+    while hi - lo > 1:   # fits(lo), not fits(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def _with(cfg: TrainConfig, **changes) -> TrainConfig:
+    """A copy of cfg with dotted changes: _with(cfg, **{"precision.params": "bf16"})."""
+    out = copy.deepcopy(cfg)
+    for key, value in changes.items():
+        section, _, name = key.partition(".")
+        setattr(getattr(out, section), name, value)
+    return out
+
+
+def _hints(cfg: TrainConfig, gpus: int, nodes: int, device: Device) -> list[str]:
+    """What would make a run that does not fit fit: more GPUs, more checkpointing, bf16 weights."""
+    hints = []
+    world = gpus * nodes
+    fsdp = cfg if cfg.parallel.strategy == "fsdp" else _with(cfg, **{"parallel.strategy": "fsdp"})
+    switch = "" if fsdp is cfg else " --set parallel.strategy=fsdp"
+    if world > 1 and fsdp is not cfg and memory(fsdp, world, device).fits(world):
+        hints.append(switch.strip())
+    else:
+        tries = [(g, 1) for g in (2, 4, 8) if g > gpus and nodes == 1] + \
+                [(max(gpus, 8) if nodes == 1 and gpus < 8 else gpus, n) for n in range(nodes + 1, 1025)]
+        for g, n in tries:
+            if g * n > world and memory(fsdp, g * n, device).fits(g * n):
+                hints.append((f"--gpus {g}" if g != gpus else "") + (f" --nodes {n}" if n != nodes else "")
+                             + switch)
+                hints[-1] = hints[-1].strip()
+                break
+    order = AC_MODES[AC_MODES.index(cfg.train.activation_checkpoint) + 1:]
+    for mode in order:
+        if memory(cfg, world, device, mode=mode).fits(world):
+            hints.append(f"--set train.activation_checkpoint={mode}")
+            break
+    if cfg.precision.params == "fp32":
+        bf16 = _with(cfg, **{"precision.params": "bf16"})
+        if memory(bf16, world, device).fits(world):
+            hints.append("--set precision.params=bf16")
+    return hints
+
+
+def make_plan(cfg: TrainConfig, gpus: int = 1, nodes: int = 1, device: Device = Device(),
+              config_path: str = "") -> Plan:
+    """The plan of `cfg` on `nodes` nodes of `gpus` GPUs each (raises PlanError on bad counts)."""
+    for name, value in (("gpus", gpus), ("nodes", nodes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise PlanError(f"--{name} {value!r}: expected a positive integer")
+    if device.memory_gib is not None and device.memory_gib <= 0:
+        raise PlanError(f"GPU memory {device.memory_gib!r} GiB: expected a positive number")
+    from trainer.model import flops_per_token   # torch: only once the input is known to be good
+    world = gpus * nodes
+    count = ParamCount.of(cfg.model)
+    fpt = flops_per_token(cfg.model, count.non_embedding, cfg.data.seq_len)
+    mem = memory(cfg, world, device)
+    by_mode = {mode: memory(cfg, world, device, mode=mode) for mode in AC_MODES}
+    max_batch = {mode: _largest_batch(cfg, world, device, mode) for mode in AC_MODES}
+    fits = mem.fits(world)
+    hints = _hints(cfg, gpus, nodes, device) if fits is False else []
+    return Plan(cfg, config_path, gpus, nodes, device, count, fpt, mem, by_mode, max_batch, hints)
+
+
+# --------------------------------------------------------------------------- report
+
+def render(plan: Plan) -> str:
+    """The plan as text: a header, the memory table, the checkpointing table, notes, the verdict."""
+    from tabulate import tabulate
+
+    cfg, mem, world = plan.cfg, plan.memory, plan.world
+    m = cfg.model
+    dev = plan.device
+    if dev.name and dev.memory_gib:
+        gpu = f"{plan.gpus} x {dev.name} ({dev.memory_gib:g} GiB{', ' + dev.source if dev.source else ''})"
+    else:
+        gpu = f"no GPU detected (name one with --gpu); {plan.gpus} GPU(s)"
+    nodes = f"{plan.nodes} nodes" if plan.nodes > 1 else "1 node"
+    compute = "fp32" if cfg.precision.compute == "fp32" else "bf16"
+    embedding = "with the tied embedding once" if m.tie_embeddings else "without the embedding"
+    header = [
+        ("config", f"{plan.config_path or cfg.name} ({cfg.name})"),
+        ("GPUs", f"{gpu} per node, {nodes}: {plan.strategy}"),
+        ("model", f"{_count(plan.params.total).replace(' G', ' B')} parameters ({plan.params.total:,}; "
+                  f"{plan.params.non_embedding:,} {embedding}), {m.n_layers} layers, "
+                  f"dim {m.dim}, vocab {m.vocab_size}"),
+        ("FLOPs", f"{_count(plan.flops_per_token)}FLOP per token (trainer.model.flops_per_token, the MFU "
+                  f"count); {_count(plan.flops_per_token * plan.tokens_per_step)}FLOP per optimizer step "
+                  f"of {plan.tokens_per_step:,} tokens"),
+        ("batch", f"data.batch_size {mem.batch_size} x seq_len {cfg.data.seq_len} = "
+                  f"{mem.batch_size * cfg.data.seq_len:,} tokens per GPU, grad_accum {cfg.data.grad_accum}"),
+        ("precision", f"params {cfg.precision.params}, compute {compute}; activation checkpointing "
+                      f"{mem.mode}; kernels {'on' if cfg.train.kernels else 'off'}"),
+    ]
+    out = [tabulate(header, tablefmt="plain")]
+
+    peak = mem.peak
+    rows, seen = [], set()
+    for t in peak.terms:
+        rows.append([t.label, _gib(t.bytes), t.note])
+        seen.add(t.key)
+    for t in mem.state:
+        if t.key not in seen:
+            rows.append([t.label, _gib(t.bytes), f"not at this peak: {t.note}" if t.note else "not at this peak"])
+    rows.append(["= peak allocated", _gib(mem.peak_bytes), f"at the {peak.label}"])
+    frag = dev.fragmentation
+    rows.append([f"fragmentation reserve ({frag:.0%})", _gib(mem.fragmentation_bytes),
+                 "expandable segments" if frag == FRAGMENTATION[True] else "no expandable segments"])
+    rows.append([("ROCm" if dev.vendor == "amd" else "CUDA") + " context"
+                 + (" + " + ("RCCL" if dev.vendor == "amd" else "NCCL") + " buffers" if world > 1 else ""),
+                 _gib(mem.overhead_bytes(world)), "assumed"])
+    total = f"of {dev.memory_gib:g} GiB" if dev.memory_gib else ""
+    rows.append(["= needed per GPU", _gib(mem.needed_bytes(world)), total])
+    out.append(tabulate(rows, headers=["memory per GPU", "GiB", ""], tablefmt="simple",
+                        disable_numparse=True, colalign=("left", "right", "left")))
+    others = [f"{mo.label} {_gib(mo.bytes)}" for mo in mem.moments if mo is not peak]
+    out.append("other moments (GiB allocated): " + "; ".join(others))
+
+    ac_rows = []
+    for mode, mm in plan.by_mode.items():
+        fit = mm.fits(world)
+        best = plan.max_batch.get(mode)
+        ac_rows.append([mode + (" (config)" if mode == mem.mode else ""), _gib(mm.activations),
+                        _gib(mm.needed_bytes(world)), {True: "yes", False: "no", None: "?"}[fit],
+                        "?" if best is None else str(best)])
+    out.append(tabulate(ac_rows, headers=["activation checkpointing", "activations GiB",
+                                          f"needed GiB at batch {mem.batch_size}", "fits",
+                                          "largest data.batch_size"],
+                        tablefmt="simple", disable_numparse=True,
+                        colalign=("left", "right", "right", "left", "right")))
+    for note in plan.notes:
+        out.append(f"note: {note}")
+    out.append(plan.verdict())
+    return "\n\n".join(out[:-1]) + "\n\n" + out[-1] if len(out) > 1 else out[0]
