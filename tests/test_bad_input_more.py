@@ -223,3 +223,55 @@ def test_learning_rate_must_be_in_zero_one(tmp_path, lr):
     proc = inv(tmp_path, "train.pretrain", "--set", f"optim.lr={lr}", timeout=120)
     one_line_error(proc, "tiny.yaml: optim.lr: expected a learning rate in (0, 1], e.g. 3e-4, got")
     assert runs(tmp_path) == []
+
+
+# ---------------------------------------------------------------- 5. a shard holding ids outside the vocabulary
+
+@pytest.fixture
+def damaged(tmp_path, dataset) -> Path:
+    """A copy of the session dataset with ids >= the vocabulary written into its first train
+    shard, every 50th token from token 100 on: same size, so only the ids tell."""
+    import shutil
+
+    import numpy as np
+
+    copy = tmp_path / "damaged"
+    shutil.copytree(dataset, copy)
+    shard = copy / "train" / "000000.bin"
+    size = shard.stat().st_size
+    tokens = np.memmap(shard, dtype=np.uint16, mode="r+")
+    tokens[100::50] = 1000
+    tokens.flush()
+    del tokens
+    assert shard.stat().st_size == size
+    return copy
+
+
+def damage_line(ds: Path, token_id=1000, at=100) -> str:
+    return (f"dataset {ds} is damaged: {ds}/train/000000.bin holds token id {token_id} at token {at}, "
+            f"outside the tokenizer's vocabulary of 259 (ids 0..258); prepare it again with --force")
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_inspect_finds_ids_outside_the_vocabulary(tmp_path, damaged, verify):
+    proc = inv(tmp_path, "data.inspect", "--path", damaged, "--samples", "0", *(["--verify"] if verify else []))
+    one_line_error(proc, "data.inspect: " + damage_line(damaged))
+
+
+def test_inspect_scans_large_datasets_only_with_verify(damaged, monkeypatch):
+    from trainer.data import DataError, inspect
+    monkeypatch.setattr(inspect, "SCAN_LIMIT_BYTES", 0)  # as if the shards were over 1 GiB
+    assert inspect.inspect_dataset(damaged, samples=0)["token_ids_checked"] is False
+    with pytest.raises(DataError, match="is damaged: .* holds token id 1000 at token 100"):
+        inspect.inspect_dataset(damaged, samples=0, check=True)
+
+
+def test_training_stops_on_ids_outside_the_vocabulary(tmp_path, damaged):
+    sets = [f"data.path={damaged}", "train.steps=3", "data.seq_len=64", "data.batch_size=16",
+            "train.val_interval=0", "checkpoint.interval=0"]
+    proc = inv(tmp_path, "train.pretrain", "--env", "OMP_NUM_THREADS=1",
+               *[arg for item in sets for arg in ("--set", item)], timeout=300)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    prefix = damage_line(damaged).split(" holds")[0]
+    assert f"error: {prefix} holds token id 1000 at token " in proc.stderr
+    assert "outside the tokenizer's vocabulary of 259 (ids 0..258); prepare it again with --force" in proc.stderr

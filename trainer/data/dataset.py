@@ -27,6 +27,13 @@ def dtype_for_vocab(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
 
 
+def bad_token_error(root: Path, file: Path, token_id: int, position: int, vocab_size: int) -> DataError:
+    """The one message for a shard holding an id the tokenizer cannot have made."""
+    return DataError(f"dataset {root} is damaged: {file} holds token id {token_id} at token {position}, "
+                     f"outside the tokenizer's vocabulary of {vocab_size} (ids 0..{vocab_size - 1}); "
+                     f"prepare it again with --force")
+
+
 def read_manifest(path: Path) -> dict:
     path = Path(path)
     manifest_path = path / MANIFEST
@@ -50,7 +57,8 @@ class SplitStream:
         self.name = name
         self.info = info
         self.documents = int(info["documents"])
-        self._shards, starts = [], [0]
+        self.root = root
+        self._shards, self._files, starts = [], [], [0]
         for shard in info["shards"]:
             file = root / shard["file"]
             expected = int(shard["tokens"]) * dtype.itemsize
@@ -64,6 +72,7 @@ class SplitStream:
                                 f"the manifest says {expected}; prepare it again with --force")
             if expected:
                 self._shards.append(np.memmap(file, dtype=dtype, mode="r"))
+                self._files.append(file)
                 starts.append(starts[-1] + int(shard["tokens"]))
         self._starts = np.asarray(starts, dtype=np.int64)
         self.tokens = int(self._starts[-1])
@@ -85,6 +94,21 @@ class SplitStream:
             parts.append(part)
             need -= len(part)
         return np.concatenate(parts)
+
+    def locate(self, position: int) -> tuple[Path, int]:
+        """(shard file, token index inside it) of token `position` of the split."""
+        shard = int(np.searchsorted(self._starts, position, side="right")) - 1
+        return self._files[shard], position - int(self._starts[shard])
+
+    def check_ids(self, vocab_size: int, chunk: int = 1 << 24) -> None:
+        """Scan every shard (a max() per chunk of `chunk` tokens); DataError naming the
+        file and the position of the first id outside 0..vocab_size-1."""
+        for file, tokens in zip(self._files, self._shards):
+            for start in range(0, len(tokens), chunk):
+                part = tokens[start:start + chunk]
+                if int(part.max()) >= vocab_size:
+                    at = int(np.argmax(part >= vocab_size))
+                    raise bad_token_error(self.root, file, int(part[at]), start + at, vocab_size)
 
     @cached_property
     def doc_starts(self) -> np.ndarray:

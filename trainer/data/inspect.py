@@ -39,19 +39,29 @@ def verify(dataset: Dataset) -> list[str]:
     return bad
 
 
+SCAN_LIMIT_BYTES = 1 << 30  # token ids are scanned by default up to this much shard data
+
+
 def inspect_dataset(path, samples: int = 3, sample_chars: int = 400, split: str = "train",
                     seed: int = 0, check: bool = False) -> dict:
-    """A report on a prepared dataset (plain data; the task prints it)."""
+    """A report on a prepared dataset (plain data; the task prints it). Every token id is
+    checked against the tokenizer's vocabulary when the shards total at most 1 GiB or with
+    `check` (which also recomputes the checksums); an id outside it is a DataError."""
     ds = Dataset(path)
     tok = load_tokenizer(path)
     m = ds.manifest
+    shard_bytes = sum(int(shard["tokens"]) * ds.dtype.itemsize
+                      for info in m["splits"].values() for shard in info["shards"])
+    scan = check or shard_bytes <= SCAN_LIMIT_BYTES
     report = {"path": str(ds.path), "created": m.get("created"), "anvil_version": m.get("anvil_version"),
               "dtype": m["dtype"], "documents": m["documents"], "tokens": m["tokens"],
               "tokenizer": m["tokenizer"], "source": {k: v for k, v in m["source"].items()
                                                       if k != "skipped_examples"},
-              "splits": {}, "samples": []}
+              "splits": {}, "samples": [], "token_ids_checked": scan}
     for name in m["splits"]:
         stream = ds.split(name)
+        if scan:
+            stream.check_ids(ds.vocab_size)
         lengths = stream.doc_lengths()
         stats = {"documents": stream.documents, "tokens": stream.tokens,
                  "shards": len(m["splits"][name]["shards"])}

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .dataset import Dataset
+from .dataset import Dataset, bad_token_error
 from .errors import DataError
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -196,8 +196,13 @@ class TokenLoader(_Loader):
 
     def _rows(self, samples: np.ndarray) -> np.ndarray:
         rows = np.empty((len(samples), self.seq_len + 1), dtype=np.int64)
-        for i, w in enumerate(self.window_ids(samples)):
+        windows = self.window_ids(samples)
+        for i, w in enumerate(windows):
             rows[i] = self.stream.read(int(w) * self.seq_len, self.seq_len + 1)
+        if len(rows) and int(rows.max()) >= self.vocab_size:  # one max() per batch: a damaged shard
+            i, j = np.argwhere(rows >= self.vocab_size)[0]
+            file, at = self.stream.locate(int(windows[i]) * self.seq_len + int(j))
+            raise bad_token_error(self.dataset.path, file, int(rows[i, j]), at, self.vocab_size)
         return rows
 
     def _identity(self) -> dict:
