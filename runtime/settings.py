@@ -35,6 +35,9 @@ DEFAULTS: dict[str, Any] = {
     "slurm_extra": "",           # more srun/sbatch options, space-separated (e.g. "--qos=high")
     "container_engine": "",      # docker | podman | apptainer (runtime=container)
     "container_image": "",
+    "container_mounts": "",      # more SRC:DST[:ro] mounts, comma-separated (the checkout and run dir always are)
+    "container_python": "python3",   # the interpreter inside the image that runs the agent and ranks
+    "container_extra": "",       # more `run` options, space-separated (e.g. "--pull=never")
     "hooks_dir": "hooks",        # the only folder hooks are taken from
     "connect_timeout": 10,       # seconds, SSH connect
     "command_timeout": 0,        # seconds per remote command, 0 = no limit
@@ -62,6 +65,9 @@ class Settings:
     slurm_extra: list[str] = field(default_factory=list)
     container_engine: str = ""
     container_image: str = ""
+    container_mounts: list[str] = field(default_factory=list)
+    container_python: str = "python3"
+    container_extra: list[str] = field(default_factory=list)
     hooks_dir: Path = Path("hooks")
     connect_timeout: float = 10.0
     command_timeout: float = 0.0
@@ -138,6 +144,9 @@ def from_mapping(values: Mapping[str, Any] | None, root: Path) -> Settings:
         slurm_extra=shlex.split(str(raw["slurm_extra"] or "")),
         container_engine=str(raw["container_engine"] or ""),
         container_image=str(raw["container_image"] or ""),
+        container_mounts=split_list(raw["container_mounts"]),
+        container_python=str(raw["container_python"] or "python3"),
+        container_extra=shlex.split(str(raw["container_extra"] or "")),
         hooks_dir=under_root(raw["hooks_dir"] or "hooks"),
         connect_timeout=_number("connect_timeout", raw["connect_timeout"]),
         command_timeout=_number("command_timeout", raw["command_timeout"]),

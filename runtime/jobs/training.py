@@ -67,8 +67,10 @@ def previous_checkpoint(runs_dir: Path, name: str) -> str | None:
     return None
 
 
-def launch_spec(job: TrainingJob, settings, env, args: list[str], job_name: str = "anvil"):
-    """The LaunchSpec of this job, its Slurm options from the task's options over the settings."""
+def launch_spec(job: TrainingJob, settings, env, args: list[str], job_name: str = "anvil",
+                mounts: list[str] = ()):
+    """The LaunchSpec of this job, its Slurm options from the task's options over the settings;
+    `mounts` (the dataset) go into a container beside the settings' container_mounts."""
     from runtime.launch import ContainerOptions, LaunchSpec, SlurmOptions
     from runtime.settings import RUNTIMES
 
@@ -87,10 +89,13 @@ def launch_spec(job: TrainingJob, settings, env, args: list[str], job_name: str 
                          account=job.account or settings.slurm_account, time=job.time or settings.slurm_time,
                          job_name=job_name[:60],
                          exclude=list(job.exclude), extra=list(settings.slurm_extra), wait=job.wait)
+    container = ContainerOptions(engine=settings.container_engine or "docker", image=settings.container_image,
+                                 mounts=list(settings.container_mounts) + list(mounts),
+                                 extra=list(settings.container_extra))
     return LaunchSpec(module="trainer", args=args, runtime=runtime, nproc=job.nproc or None,
                       gpus=env.machine.count, vendor=env.machine.vendor, node_local=env.node_local(),
-                      slurm=slurm, container=ContainerOptions(engine=settings.container_engine or "docker",
-                                                              image=settings.container_image))
+                      python=settings.container_python if "container" in runtime else "",
+                      slurm=slurm, container=container)
 
 
 def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: list[str] = ()) -> dict:
@@ -101,7 +106,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     from runtime.runs import nodes as nodes_mod
     from runtime.runs import outcome
     from runtime.runs.run import execute
-    from trainer.config import DEFAULT_CONFIG, dump, load
+    from trainer.config import DEFAULT_CONFIG, SYNTHETIC, dump, load
     from trainer.train import check_data
 
     sets = list(job.sets) + ["train.compile=true"] * job.compile + ["train.kernels=true"] * job.kernels
@@ -122,7 +127,9 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     if resume == "auto":
         resume = previous_checkpoint(settings.runs_dir, name) or "auto"
     # Check the launch before a run directory exists (bad --nproc, --nodes, runtime, image).
-    probe = launch_spec(job, settings, env, ["--config", "CONFIG", "--run-dir", "RUN"])
+    # a container sees the checkout and the run directory; the dataset may live elsewhere
+    data_mounts = [] if cfg.data.path == SYNTHETIC else [str(Path(cfg.data.path).resolve())]
+    probe = launch_spec(job, settings, env, ["--config", "CONFIG", "--run-dir", "RUN"], mounts=data_mounts)
     built = build(probe, {**os.environ, **env.environ()}, Path("RUN"))
     if probe.runtime.startswith("slurm") and not job.dry_run:
         from runtime.launch.slurm import require, require_controller
@@ -133,7 +140,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     if job.dry_run:
         print(dump(cfg))
         args = ["--config", "RUN_DIR/config.yaml", "--run-dir", "RUN_DIR"] + (["--resume", resume] if resume else [])
-        spec = launch_spec(job, settings, env, args)
+        spec = launch_spec(job, settings, env, args, mounts=data_mounts)
         launch(spec, {**os.environ, **env.environ()}, run_dir=Path("RUN_DIR"), dry_run=True)
         return {"run_dir": None, "summary": None, "dry_run": True}
 
@@ -142,7 +149,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
         args = ["--config", str(run.path / "config.yaml"), "--run-dir", str(run.path)]
         if resume:
             args += ["--resume", resume]
-        spec = launch_spec(job, settings, env, args, job_name=f"anvil-{run.path.name}")
+        spec = launch_spec(job, settings, env, args, job_name=f"anvil-{run.path.name}", mounts=data_mounts)
         if excluded:
             run.update_metadata(excluded_nodes=excluded)
             print(f"excluding {len(excluded)} node(s) that failed preflight in {job.exclude_from}: "

@@ -42,6 +42,16 @@ from trainer.files import write_json_atomic
 
 
 
+
+def container_engine(environ) -> str | None:
+    """The engine this agent runs under, if any: podman sets container=podman, docker leaves
+    /.dockerenv, apptainer sets APPTAINER_CONTAINER."""
+    if environ.get("container"):
+        return environ["container"]
+    if environ.get("APPTAINER_CONTAINER") or environ.get("SINGULARITY_CONTAINER"):
+        return "apptainer"
+    return "docker" if os.path.exists("/.dockerenv") else None
+
 def expand_hostlist(text: str) -> list[str]:
     """Slurm's compressed host list: "n[1-3,5],gpu07,x[01-02]" -> ["n1", "n2", ...] (no scontrol needed)."""
     hosts: list[str] = []
@@ -209,7 +219,8 @@ class Agent:
                   "exit_code": code, "first_failure": self.first_failure,
                   "signal": signal.Signals(self.stop_signal).name if self.stop_signal else None,
                   "start": self.started, "end": time.time(), "slurm_job_id": self.environ.get("SLURM_JOB_ID"),
-                  "restart_count": int(self.environ.get("SLURM_RESTART_COUNT", 0) or 0)}
+                  "restart_count": int(self.environ.get("SLURM_RESTART_COUNT", 0) or 0),
+                  "container": container_engine(self.environ)}
         path = Path(run_dir) / "logs" / f"agent-{self.node_rank}.json"
         try:
             write_json_atomic(path, record)

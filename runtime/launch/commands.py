@@ -120,7 +120,8 @@ def container_prefix(spec: LaunchSpec, env: Mapping[str, str], run_dir: Path | N
         for bind in binds:
             cmd += ["--bind", bind]
         return cmd + list(opts.extra) + [opts.image]   # apptainer passes the environment through
-    cmd = [opts.engine, "run", "--rm", "--network=host", "--ipc=host", f"--shm-size={opts.shm_size}",
+    # --ipc=host: the host's /dev/shm, so no --shm-size (podman refuses one with the host's IPC namespace).
+    cmd = [opts.engine, "run", "--rm", "--network=host", "--ipc=host",
            "-w", workdir]
     if spec.vendor == "rocm":
         cmd += ["--device=/dev/kfd", "--device=/dev/dri", "--group-add=video",
@@ -164,7 +165,8 @@ def build(spec: LaunchSpec, env: Mapping[str, str] | None = None, run_dir: Path 
         raise LaunchError(f"unknown runtime {spec.runtime!r} ({' | '.join(RUNTIMES)})")
     nproc = processes_per_node(spec, env)
     in_container = "container" in spec.runtime
-    wrap = container_prefix(spec, env, run_dir) if in_container else []
+    # the names passed into the container are those of the environment the launch really gets
+    wrap = container_prefix(spec, launch_env(spec, env, run_dir), run_dir) if in_container else []
     python = _python(spec, in_container)
     if spec.runtime in ("direct", "container"):
         return Built(wrap + agent_command(spec, nproc, python), nproc=nproc)

@@ -54,7 +54,6 @@ class ContainerOptions:
     image: str = ""
     mounts: list[str] = field(default_factory=list)  # "src:dst" or a path mounted at itself
     extra: list[str] = field(default_factory=list)
-    shm_size: str = "16g"
 
 
 @dataclass

@@ -75,6 +75,18 @@ def rank_error(run_dir: Path, rank: int) -> str | None:
     return None
 
 
+def launcher_said(run_dir: Path) -> str | None:
+    """The last line the launch command printed (logs/launcher.log), e.g. a container engine's error."""
+    try:
+        lines = (Path(run_dir) / "logs" / "launcher.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if line.strip() and not line.startswith("$ "):
+            return line.strip()[:300]
+    return None
+
+
 def failure_summary(run_dir: Path, expected_nodes: int | None = None) -> str | None:
     """One line: which rank on which host failed first, and why; None when nothing is known."""
     outcome = read(run_dir)
@@ -89,7 +101,9 @@ def failure_summary(run_dir: Path, expected_nodes: int | None = None) -> str | N
     if expected_nodes and len(outcome.nodes) < expected_nodes:
         seen = {n.node_rank for n in outcome.nodes}
         missing = [str(i) for i in range(expected_nodes) if i not in seen]
-        parts.append(f"node rank(s) {', '.join(missing)} left no report (the node or its launcher was killed)")
+        said = launcher_said(run_dir)
+        parts.append(f"node rank(s) {', '.join(missing)} left no report (the node or its launcher was killed"
+                     + (f"; the launch printed: {said}" if said else "") + ")")
     if not parts:
         errors = []
         for rank in sorted({r for n in outcome.nodes for r in n.ranks} or {0}):
