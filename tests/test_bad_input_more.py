@@ -275,3 +275,30 @@ def test_training_stops_on_ids_outside_the_vocabulary(tmp_path, damaged):
     prefix = damage_line(damaged).split(" holds")[0]
     assert f"error: {prefix} holds token id 1000 at token " in proc.stderr
     assert "outside the tokenizer's vocabulary of 259 (ids 0..258); prepare it again with --force" in proc.stderr
+
+
+# ---------------------------------------------------------------- 6. snapshot.list and a broken metadata.json
+
+def test_list_shows_runs_with_unreadable_metadata(tmp_path):
+    root = tmp_path / "runs"
+    for name, content in [("2026-01-01T00-00-00_good", json.dumps({"task": "env.show", "status": "ok",
+                                                                     "start": "2026-01-01T00:00:00"})),
+                          ("2026-01-02T00-00-00_cut", '{"task": "train.pretrain", "sta'),
+                          ("2026-01-03T00-00-00_binary", b"\xff\xfe\x00"),
+                          ("2026-01-04T00-00-00_list", "[1, 2]")]:
+        (root / name).mkdir(parents=True)
+        target = root / name / "metadata.json"
+        target.write_bytes(content) if isinstance(content, bytes) else target.write_text(content)
+    (root / "not-a-run").mkdir()  # no metadata.json at all: not a run, not listed
+    proc = inv(tmp_path, "snapshot.list", timeout=60)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    lines = {line.split()[-1]: line for line in proc.stdout.splitlines()[2:]}
+    assert sorted(lines) == ["2026-01-01T00-00-00_good", "2026-01-02T00-00-00_cut",
+                             "2026-01-03T00-00-00_binary", "2026-01-04T00-00-00_list"]
+    assert "env.show" in lines["2026-01-01T00-00-00_good"]
+    assert "(metadata.json unreadable: not valid JSON: Unterminated string" in lines["2026-01-02T00-00-00_cut"]
+    assert "(metadata.json unreadable: not UTF-8 text at byte 0)" in lines["2026-01-03T00-00-00_binary"]
+    assert "(metadata.json unreadable: not a JSON object (a list))" in lines["2026-01-04T00-00-00_list"]
+    rows = json.loads(inv(tmp_path, "snapshot.list", "--json", timeout=60).stdout)
+    assert [r["dir"] for r in rows if r.get("problem")] == ["2026-01-02T00-00-00_cut", "2026-01-03T00-00-00_binary",
+                                                           "2026-01-04T00-00-00_list"]

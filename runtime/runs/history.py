@@ -58,13 +58,50 @@ def load(path: str | Path, runs_dir: Path | None = None) -> Recorded:
                     rundir.read_json(run_dir / "git.json", {}) or {})
 
 
+def _read_metadata(path: Path) -> tuple[dict | None, str]:
+    """(metadata, "") of a run directory, or (None, why it cannot be read)."""
+    try:
+        data = json.loads((path / rundir.METADATA).read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        return None, "missing"
+    except OSError as exc:
+        return None, exc.strerror or str(exc)
+    except UnicodeDecodeError as exc:
+        return None, f"not UTF-8 text at byte {exc.start}"
+    except json.JSONDecodeError as exc:
+        return None, f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+    if not isinstance(data, dict):
+        return None, f"not a JSON object (a {type(data).__name__})"
+    return data, ""
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
 def list_rows(runs_dir: Path, limit: int | None = None) -> list[dict]:
+    """One row per run under runs_dir, oldest first. A folder whose metadata.json cannot be
+    read is listed too, its status saying why; one without metadata.json is not a run."""
     rows = []
-    for path, md in rundir.iter_runs(runs_dir):
+    runs_dir = Path(runs_dir)
+    folders = sorted(p for p in runs_dir.iterdir() if p.is_dir() and not p.name.startswith(".")) \
+        if runs_dir.is_dir() else []
+    for path in folders:
+        md, problem = _read_metadata(path)
+        if problem == "missing":
+            continue
+        if md is None:
+            rows.append({"start": "", "task": "", "name": "", "status": f"(metadata.json unreadable: {problem})",
+                         "hosts": "", "seconds": None, "replay_of": "", "dir": path.name,
+                         "problem": f"metadata.json unreadable: {problem}"})
+            continue
+        hosts = md.get("hosts")
+        replay_of = md.get("replay_of")
         rows.append({"start": md.get("start"), "task": md.get("task"), "name": md.get("name") or "",
-                     "status": md.get("status"), "hosts": ",".join(md.get("hosts") or []),
-                     "seconds": md.get("duration_s"), "replay_of": Path(md["replay_of"]).name
-                     if md.get("replay_of") else "", "dir": path.name})
+                     "status": md.get("status"),
+                     "hosts": ",".join(map(str, hosts)) if isinstance(hosts, list) else _text(hosts),
+                     "seconds": md.get("duration_s"),
+                     "replay_of": Path(str(replay_of)).name if replay_of else "", "dir": path.name})
     return rows[-limit:] if limit else rows
 
 
