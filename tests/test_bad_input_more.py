@@ -302,3 +302,41 @@ def test_list_shows_runs_with_unreadable_metadata(tmp_path):
     rows = json.loads(inv(tmp_path, "snapshot.list", "--json", timeout=60).stdout)
     assert [r["dir"] for r in rows if r.get("problem")] == ["2026-01-02T00-00-00_cut", "2026-01-03T00-00-00_binary",
                                                            "2026-01-04T00-00-00_list"]
+
+
+# ---------------------------------------------------------------- 7. Ctrl-C during data.prepare
+
+@pytest.mark.parametrize("existing", [True, False])
+def test_ctrl_c_during_prepare_keeps_the_old_dataset_and_leaves_no_temp(tmp_path, corpus, existing):
+    import signal
+    import time
+
+    out = tmp_path / "ds"
+    if existing:
+        assert inv(tmp_path, "data.prepare", "--input", corpus, "--out", out, "-q").returncode == 0
+    before = tree(out) if existing else {}
+    # the default corpus (the stdlib, ~12 M tokens) in 1000-token shards: seconds of work
+    proc = subprocess.Popen([str(INV), "data.prepare", "--out", str(out), "--shard-tokens", "1000", "--force",
+                             "--workers", "2"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True,
+                            env={**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs")})
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        tmps = list(tmp_path.glob("ds.tmp-*"))
+        if tmps and len(list(tmps[0].glob("train/*.bin"))) >= 3:
+            break
+        time.sleep(0.01)
+    assert proc.poll() is None, "prepare finished before it could be interrupted"
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C on a terminal does: the whole process group
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stdout + stderr and "KeyboardInterrupt" not in stderr, stderr
+    if existing:
+        assert (f"data.prepare: interrupted (Ctrl-C): stopped before the new dataset was complete; "
+                f"the dataset already at {out} is intact and the partial one was removed") in stderr
+        assert tree(out) == before
+    else:
+        assert (f"data.prepare: interrupted (Ctrl-C): stopped before the dataset was complete; "
+                f"the partial one was removed and nothing was put at {out}") in stderr
+        assert not out.exists()
+    assert not list(tmp_path.glob("ds.tmp-*")) and not list(tmp_path.glob("ds.old-*"))

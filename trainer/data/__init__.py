@@ -6,14 +6,15 @@
     SyntheticLoader(vocab_size, seq_len, batch_size, rank, world_size, seed)
     load_tokenizer(dataset_dir)                    the tokenizer a dataset was made with
     inspect_dataset(dataset_dir)                   counts, length histogram, decoded samples
-    DataError                                      problems a user can fix
+    DataError                                      problems a user can fix (exit 2)
+    Interrupted                                    Ctrl-C stopped a build; partial output removed (exit 130)
 """
 from .dataset import Dataset, read_manifest
-from .errors import DataError
+from .errors import DataError, Interrupted
 from .inspect import inspect_dataset
 from .loader import SyntheticLoader, TokenLoader
 from .prepare import prepare, train_tokenizer
 from .tokenizers import ByteTokenizer, get_tokenizer, load_tokenizer
 
-__all__ = ["ByteTokenizer", "DataError", "Dataset", "SyntheticLoader", "TokenLoader", "get_tokenizer",
+__all__ = ["ByteTokenizer", "DataError", "Dataset", "Interrupted", "SyntheticLoader", "TokenLoader", "get_tokenizer",
            "inspect_dataset", "load_tokenizer", "prepare", "read_manifest", "train_tokenizer"]

@@ -1,7 +1,14 @@
-"""The one exception type the data package raises for problems a user can fix."""
-from trainer.errors import UserError
-
+"""The exception types the data package raises: DataError for problems a user can fix
+(exit 2), Interrupted for a Ctrl-C that stopped a build cleanly (exit 130)."""
+from trainer.errors import AnvilError, UserError
+from trainer.signals import EXIT_INTERRUPTED
 
 
 class DataError(UserError):
     """Bad input, a missing dataset, a full disk: the message says what and where."""
+
+
+class Interrupted(AnvilError):
+    """Ctrl-C stopped a data task; the message says what was (not) left behind."""
+
+    exit_code = EXIT_INTERRUPTED

@@ -15,8 +15,10 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 from array import array
 from contextlib import contextmanager
@@ -27,7 +29,7 @@ import numpy as np
 
 from . import sources
 from .dataset import FORMAT, MANIFEST, dtype_for_vocab, read_manifest
-from .errors import DataError
+from .errors import DataError, Interrupted
 from .tokenizers import ByteTokenizer, get_tokenizer, sha256_file, train_bpe
 
 DEFAULT_OUT = Path("data/stdlib")
@@ -49,6 +51,14 @@ def anvil_version() -> str:
 # ---------------------------------------------------------------- worker side
 
 _worker_tokenizer = None
+
+
+def _init_pool_worker(tokenizer_name: str) -> None:
+    # Ctrl-C reaches the whole process group: the main process stops the pool and cleans up;
+    # the workers leave that to it instead of each printing a KeyboardInterrupt traceback.
+    # They start with SIGINT ignored already (see _results); this keeps it so either way.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _init_worker(tokenizer_name)
 
 
 def _init_worker(tokenizer_name: str) -> None:
@@ -300,7 +310,35 @@ def prepare(inputs: list[Path] | None = None, out: Path = DEFAULT_OUT, tokenizer
             max_tokens: int | None = None, vocab_size: int = DEFAULT_BPE_VOCAB, seed: int = 0,
             pattern: str | None = None, force: bool = False, progress: bool = True) -> dict:
     """Build (or find up to date) the dataset at `out`. Returns a summary dict with
-    "status" ("built" | "up-to-date"), "path", "seconds", "manifest", "notes"."""
+    "status" ("built" | "up-to-date"), "path", "seconds", "manifest", "notes".
+    Ctrl-C becomes Interrupted (exit 130) once the partial output is removed."""
+    state = {"out": None, "had_dataset": False, "tmp": None, "done": False}
+    try:
+        return _prepare(inputs, out, tokenizer, state, val_fraction=val_fraction, text_field=text_field,
+                        workers=workers, shard_tokens=shard_tokens, max_docs=max_docs,
+                        max_tokens=max_tokens, vocab_size=vocab_size, seed=seed, pattern=pattern,
+                        force=force, progress=progress)
+    except KeyboardInterrupt:
+        target = state["out"]
+        if target is None:
+            raise Interrupted("interrupted (Ctrl-C) before anything was written") from None
+        if state["tmp"] is None:
+            intact = f"; the dataset already at {target} is intact" if state["had_dataset"] else ""
+            raise Interrupted(f"interrupted (Ctrl-C) before anything was written at {target}{intact}") from None
+        if state["done"]:
+            raise Interrupted(f"interrupted (Ctrl-C) as the new dataset was put in place: {target} "
+                              f"holds it, complete") from None
+        if state["had_dataset"]:
+            raise Interrupted(f"interrupted (Ctrl-C): stopped before the new dataset was complete; "
+                              f"the dataset already at {target} is intact and the partial one "
+                              f"was removed") from None
+        raise Interrupted(f"interrupted (Ctrl-C): stopped before the dataset was complete; the "
+                          f"partial one was removed and nothing was put at {target}") from None
+
+
+def _prepare(inputs, out, tokenizer: str, state: dict, *, val_fraction: float, text_field: str,
+             workers: int | None, shard_tokens: int, max_docs: int | None, max_tokens: int | None,
+             vocab_size: int, seed: int, pattern: str | None, force: bool, progress: bool) -> dict:
     started = time.monotonic()
     out_given = str(out)
     if not 0 <= val_fraction < 1:
@@ -328,6 +366,7 @@ def prepare(inputs: list[Path] | None = None, out: Path = DEFAULT_OUT, tokenizer
     fingerprint = _fingerprint(files, settings, tokenizer_id)
 
     out = check_out(out_given, input_names)
+    state["out"] = out
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -335,6 +374,7 @@ def prepare(inputs: list[Path] | None = None, out: Path = DEFAULT_OUT, tokenizer
                         f"({exc.strerror or exc}); expected a writable location") from None
     with _locked(out):
         notes = _recover(out)
+        state["had_dataset"] = is_dataset_dir(out)
         if not force and (out / MANIFEST).is_file():
             try:
                 existing = read_manifest(out)
@@ -343,25 +383,50 @@ def prepare(inputs: list[Path] | None = None, out: Path = DEFAULT_OUT, tokenizer
             if existing and existing.get("fingerprint") == fingerprint and _is_intact(out, existing):
                 return {"status": "up-to-date", "path": str(out), "manifest": existing,
                         "seconds": time.monotonic() - started, "notes": notes}
-        tmp = Path(tempfile.mkdtemp(prefix=f"{out.name}.tmp-", dir=out.parent))
+        tmp = state["tmp"] = Path(tempfile.mkdtemp(prefix=f"{out.name}.tmp-", dir=out.parent))
         try:
             manifest = _build(files, tmp, tokenizer, settings, workers, progress, input_names,
                               is_default, vocab_size)
             manifest["fingerprint"] = fingerprint
             _write_json(tmp / MANIFEST, manifest)
-            _swap_into_place(tmp, out)
+            with _ctrl_c_deferred():  # the two renames of the swap happen both or neither
+                _swap_into_place(tmp, out)
+                state["done"] = True
         except OSError as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove(tmp)
             if exc.errno in _DISK_FULL:
                 raise DataError(f"disk full while writing the dataset next to {out} "
                                 f"({os.strerror(exc.errno)}); the partial output was removed and "
                                 f"any earlier dataset at {out} is unchanged") from None
             raise DataError(f"cannot write the dataset at {out}: {exc}") from None
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove(tmp)
             raise
     return {"status": "built", "path": str(out), "manifest": manifest,
             "seconds": time.monotonic() - started, "notes": notes + manifest["source"]["skipped_examples"]}
+
+
+@contextmanager
+def _ctrl_c_deferred():
+    """Hold a Ctrl-C (SIGINT) back until the block is over, then raise KeyboardInterrupt.
+    Only the main thread can set handlers; elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
+
+
+def _remove(path: Path) -> None:
+    """rmtree that a second Ctrl-C cannot cut short (it is raised once the folder is gone)."""
+    with _ctrl_c_deferred():
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _write_json(path: Path, obj) -> None:
@@ -482,7 +547,16 @@ def _results(jobs, tok_name: str, workers: int):
         return
     # spawn: a fork after tokenizers' thread pool has run (e.g. BPE just trained) can deadlock
     ctx = multiprocessing.get_context("spawn")
-    pool = ctx.Pool(workers, initializer=_init_worker, initargs=(tok_name,))
+    # An ignored SIGINT survives exec and Python keeps it ignored at start-up: the workers are
+    # started with it ignored, so a Ctrl-C halfway through their imports cannot make each print
+    # a traceback. (The main process ignores it only for the few milliseconds of the spawns.)
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        pool = ctx.Pool(workers, initializer=_init_pool_worker, initargs=(tok_name,))
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
     try:
         yield pool.imap(_tokenize_file, jobs, chunksize=4)
     finally:
