@@ -47,6 +47,30 @@ class Profile:
 
 
 @dataclass(frozen=True)
+class Floors:
+    """What one healthy device of a model measures at least in the node screen (preflight.perf).
+
+    gemm_tflops: bf16 8192^3 matmul; hbm_gbps: device-to-device copy, bytes
+    read + written; h2d_gbps: pinned host-to-device copy; allreduce_gbps:
+    nccl-tests-style busbw of a 1 GiB all-reduce over `allreduce_gpus` GPUs of
+    one node (the check is skipped with another GPU count). `ref` says where
+    the numbers come from: published thresholds or measurements where they
+    exist, otherwise a stated fraction of the datasheet figure.
+    """
+
+    gemm_tflops: float
+    hbm_gbps: float
+    h2d_gbps: float
+    allreduce_gbps: Optional[float] = None
+    allreduce_gpus: int = 8
+    ref: str = ""
+
+    def as_dict(self) -> dict:
+        return {"gemm_tflops": self.gemm_tflops, "hbm_gbps": self.hbm_gbps, "h2d_gbps": self.h2d_gbps,
+                "allreduce_gbps": self.allreduce_gbps}
+
+
+@dataclass(frozen=True)
 class GpuModel:
     """What Anvil knows about one GPU model: how to recognise it and its peak.
 
@@ -68,6 +92,7 @@ class GpuModel:
     compute_units: Optional[int] = None  # set only where it tells two models apart
     peak_variants: tuple = ()
     aliases: tuple = field(default=())
+    floors: Optional[Floors] = None  # node-screen minimums (preflight.perf)
 
     @property
     def runtime(self) -> str:

@@ -34,10 +34,19 @@ HELP = {
     "require-gpu": "No GPU is a FAIL (default: a WARN, so CPU machines pass)",
     "allow-unknown-gpu": "A GPU without an Anvil profile is a WARN, not a FAIL (env ANVIL_ALLOW_UNKNOWN_GPU=1)",
 }
-ALL = ("gpu", "host", "software", "network", "affinity")
+ALL = ("gpu", "host", "software", "network", "affinity", "screen")
+PERF_HELP = {
+    "floor": "Floor NAME=VALUE over the GPU profile's (gemm_tflops, hbm_gbps, h2d_gbps, allreduce_gbps; repeatable)",
+    "baseline": "Also fail a GPU more than --tolerance below this baseline (a --save-baseline file)",
+    "save-baseline": "Write this node's figures to FILE, the baseline for other nodes (run it on a known-good node)",
+    "tolerance": "How far under the baseline still passes (default 0.05 = 5%)",
+    "timeout": "Seconds per GPU before it counts as hung (default 120)",
+}
 
 
-def run_preflight(c, task_name, names, gpu, site, json, require_gpu, allow_unknown_gpu, run_options):
+def run_preflight(c, task_name, names, gpu, site, json, require_gpu, allow_unknown_gpu, run_options,
+                  inputs_extra=None, after=None):
+    """Run the named checks into one table / JSON document; `after(inputs, run)` runs before the verdict."""
     import envs
     from runtime import settings as settings_mod
     from runtime.preflight import FAIL, CheckInputs, run_checks, table, worst
@@ -49,8 +58,11 @@ def run_preflight(c, task_name, names, gpu, site, json, require_gpu, allow_unkno
     host = os.environ.get("ANVIL_HOST") or socket.gethostname()
 
     def body(run):
-        inputs = CheckInputs(machine, env, runs_dir, require_gpu=require_gpu, allow_unknown_gpu=allow_unknown_gpu)
+        inputs = CheckInputs(machine, env, runs_dir, require_gpu=require_gpu, allow_unknown_gpu=allow_unknown_gpu,
+                             **(inputs_extra or {}))
         results = run_checks(names, inputs)
+        if after:
+            after(inputs, run)
         payload = {"host": host, "status": worst(results), "checks": [r.to_dict() for r in results],
                    "machine": machine.to_dict(), "run_dir": str(run.path)}
         run.write_json("preflight.json", payload)
@@ -89,9 +101,35 @@ software = _check_task(("software",), "Versions: driver, ROCm/CUDA, torch build,
 network = _check_task(("network",), "Network: interfaces, RDMA ports, NCCL_SOCKET_IFNAME / NCCL_IB_HCA exist, "
                                     "route to MASTER_ADDR.")
 affinity = _check_task(("affinity",), "GPU to NUMA/CPU mapping; warns where ranks would run on the far socket.")
-all_checks = _check_task(ALL, "All checks in one table (gpu, host, software, network, affinity); exit 1 on FAIL.")
+screen = _check_task(("screen",), "Fast node screen: each GPU in its own process (init, 256 MiB, finite GEMM), "
+                                  "kernel log scanned for GPU faults, machine checks, hung tasks.")
+all_checks = _check_task(ALL, "All checks in one table (gpu, host, software, network, affinity, screen); "
+                              "exit 1 on FAIL.")
+
+
+@run_task(help={**HELP, **PERF_HELP}, per_node=True, iterable=["floor"])
+def perf(c, gpu="", site="", json=False, require_gpu=False, allow_unknown_gpu=False, floor=None, baseline="",
+         save_baseline="", tolerance=0.05, timeout=0.0, run_options=None):
+    """GPU performance screen: GEMM, HBM copy, host-to-device per GPU and the local all-reduce, against
+    the GPU model's floors (and a --baseline); exit 1 on FAIL."""
+    from runtime.preflight import perf as perf_mod
+    from trainer.files import write_json_atomic
+
+    extra = {"floors": perf_mod.parse_floors(floor), "tolerance": perf_mod.check_tolerance(tolerance),
+             "baseline": perf_mod.read_baseline(baseline) if baseline else None, "timeout": float(timeout)}
+
+    def save(inputs, run):
+        if save_baseline:
+            document = perf_mod.baseline_document(inputs)
+            write_json_atomic(save_baseline, document)
+            run.write_json("baseline.json", document)
+            print(f"baseline written to {save_baseline}: " + ", ".join(f"{k} {v:.4g}"
+                                                                     for k, v in document["measured"].items()))
+    run_preflight(c, "preflight.perf", ("perf",), gpu, site, json, require_gpu, allow_unknown_gpu, run_options,
+                  inputs_extra=extra, after=save)
+
 
 ns = Collection("preflight")
 for _name, _task in (("gpu", gpu), ("host", host), ("software", software), ("network", network),
-                     ("affinity", affinity), ("all", all_checks)):
+                     ("affinity", affinity), ("screen", screen), ("perf", perf), ("all", all_checks)):
     ns.add_task(_task, name=_name)

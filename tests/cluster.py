@@ -6,7 +6,7 @@ Each cluster gets its own private subnet 10.213.N.0/24 (N = a free number
 addresses inside namespaces that the cluster itself created are ever used.
 
     root namespace  bridge anvbrN, address 10.213.N.1  (where `inv -H` runs)
-    host i          namespace anvN-hI, veth eth0, address 10.213.N.(10+i),
+    host i          namespace anvN-hI, interface eth0 (node1) or enp<i>s0, address 10.213.N.(10+i),
                     its own UTS namespace (hostname nodeI) and its own sshd
     down host j     namespace anvN-dJ with an address but no sshd: connecting
                     is refused at once, as for a node whose sshd is dead
@@ -126,6 +126,8 @@ class Host:
     up: bool         # runs sshd
     pidfile: str = ""
     slurmd_pidfile: str = ""   # slurm clusters: this node's slurmd
+    iface: str = "eth0"        # its interface: eth0 on node1, enp<i>s0 on the others (as on mixed
+                               # hardware), so values computed on the wrong node show
 
     def __str__(self) -> str:
         return self.address
@@ -207,6 +209,7 @@ class Cluster:
             index = i if up else n_hosts + i
             return Host(name=f"node{index}", address=f"{net}.{FIRST_HOST_OCTET + index}",
                         netns=f"anv{number}-{kind}{i}", veth=f"anv{number}{kind}{i}", up=up,
+                        iface="eth0" if index == 1 else f"enp{index}s0",
                         pidfile=str(workdir / f"sshd-node{index}.pid") if up else "")
 
         return cls(number=number, bridge=f"anvbr{number}", bridge_address=f"{net}.1",
@@ -401,9 +404,9 @@ class Cluster:
         _ip("link", "set", host.veth, "master", self.bridge)
         _ip("link", "set", host.veth, "up")
         inside = ["-n", host.netns]
-        _ip(*inside, "link", "set", peer, "name", "eth0")
-        _ip(*inside, "addr", "add", f"{host.address}/24", "dev", "eth0")
-        _ip(*inside, "link", "set", "eth0", "up")
+        _ip(*inside, "link", "set", peer, "name", host.iface)
+        _ip(*inside, "addr", "add", f"{host.address}/24", "dev", host.iface)
+        _ip(*inside, "link", "set", host.iface, "up")
         _ip(*inside, "link", "set", "lo", "up")
         # No default route: the hosts reach each other and the bridge, nothing else.
 

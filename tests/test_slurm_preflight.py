@@ -52,6 +52,10 @@ def test_preflight_runs_once_per_node_and_writes_the_node_lists(slurm_cluster, t
     report = json.loads((run / "report.json").read_text())
     shm = next(c for c in report["checks"] if c["name"] == "host.shm")
     assert set(shm["hosts"]) == {"node1", "node2"}
+    # each node looked at itself: its own interface (named differently on node2), marked as differing
+    ifaces = next(c for c in report["checks"] if c["name"] == "network.interfaces")
+    assert ifaces["hosts"]["node1"]["value"] == "eth0" and ifaces["hosts"]["node2"]["value"] == "enp2s0"
+    assert ifaces["differs"] is True
     for node in ("node1", "node2"):      # each node's own run, on the shared file system
         (own,) = (run / "hosts" / node).glob("*_preflight.all")
         assert json.loads((own / "preflight.json").read_text())["host"] == node

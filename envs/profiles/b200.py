@@ -1,6 +1,6 @@
 """NVIDIA B200 (Blackwell, sm_100, 180 GB HBM3e usable)."""
 from envs.profiles import refs
-from envs.spec import GpuModel, model_profile, setting
+from envs.spec import Floors, GpuModel, model_profile, setting
 
 MODEL = GpuModel(
     key="b200", name="B200", vendor="nvidia", arch="sm_100", memory_gib=180,
@@ -8,6 +8,10 @@ MODEL = GpuModel(
     peak_ref=("NVIDIA Blackwell datasheet (nvidia.com): 4.5 PFLOP/s bf16 with sparsity per B200 = 2250 dense; "
               + refs.TORCHTITAN_PEAK),
     patterns=(r"\bB200",), device_ids=(), default_count=8,
+    floors=Floors(gemm_tflops=1200, hbm_gbps=5000, h2d_gbps=40, allreduce_gbps=550, allreduce_gpus=8,
+                  ref="estimates: about 53% of the 2250 TFLOP/s dense peak and 63% of the 8 TB/s HBM3e datasheet "
+                      "figure; PCIe Gen5 x16 for H2D; all-reduce an estimate for NVLink 5 (1.8 TB/s per GPU); "
+                      "not measured by Anvil"),
 )
 
 PROFILE = model_profile(

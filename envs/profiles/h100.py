@@ -1,6 +1,6 @@
 """NVIDIA H100 (Hopper, sm_90). The SXM part is the default; PCIe and NVL run lower clocks."""
 from envs.profiles import refs
-from envs.spec import GpuModel, model_profile
+from envs.spec import Floors, GpuModel, model_profile
 
 MODEL = GpuModel(
     key="h100", name="H100", vendor="nvidia", arch="sm_90", memory_gib=80,
@@ -9,6 +9,10 @@ MODEL = GpuModel(
               + refs.TORCHTITAN_PEAK),
     patterns=(r"\bH100",), device_ids=(), default_count=8,
     peak_variants=(("PCIe", 756), ("NVL", 835)),
+    floors=Floors(gemm_tflops=600, hbm_gbps=2400, h2d_gbps=40, allreduce_gbps=360, allreduce_gpus=8,
+                  ref="about 60% of the 989 TFLOP/s dense peak and 72% of the 3.35 TB/s HBM3 datasheet figure; "
+                      "PCIe Gen5 x16 (64 GB/s) for H2D; all-reduce 78% of Azure node health checks' H100 NCCL "
+                      "threshold (460 GB/s, github.com/Azure/azurehpc-health-checks)"),
 )
 
 PROFILE = model_profile(MODEL)

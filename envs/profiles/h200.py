@@ -1,6 +1,6 @@
 """NVIDIA H200 (Hopper, sm_90, 141 GB HBM3e): H100 compute, more and faster memory."""
 from envs.profiles import refs
-from envs.spec import GpuModel, model_profile
+from envs.spec import Floors, GpuModel, model_profile
 
 MODEL = GpuModel(
     key="h200", name="H200", vendor="nvidia", arch="sm_90", memory_gib=141,
@@ -9,6 +9,10 @@ MODEL = GpuModel(
               + refs.TORCHTITAN_PEAK),
     patterns=(r"\bH200",), device_ids=(), default_count=8,
     peak_variants=(("NVL", 835),),
+    floors=Floors(gemm_tflops=650, hbm_gbps=3400, h2d_gbps=40, allreduce_gbps=360, allreduce_gpus=8,
+                  ref="about 83% of Anvil's own H200 measurements (bf16 8192^3 769-798 TFLOP/s, device copy 4.3 TB/s; "
+                      "BENCHMARKS.md); PCIe Gen5 x16 for H2D; all-reduce as H100 (same NVLink 4 fabric; Azure node "
+                      "health checks' H100 NCCL threshold 460 GB/s)"),
 )
 
 PROFILE = model_profile(MODEL)

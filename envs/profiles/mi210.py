@@ -1,11 +1,14 @@
 """AMD Instinct MI210 (CDNA2, one GCD per card, PCIe)."""
-from envs.spec import GpuModel, model_profile
+from envs.spec import Floors, GpuModel, model_profile
 
 MODEL = GpuModel(
     key="mi210", name="MI210", vendor="amd", arch="gfx90a", memory_gib=64,
     peak_tflops=181,
     peak_ref="AMD Instinct MI210 datasheet (amd.com): 181 TFLOP/s peak bf16",
     patterns=(r"MI210",), device_ids=(0x740F,), default_count=4,
+    floors=Floors(gemm_tflops=100, hbm_gbps=1000, h2d_gbps=20, allreduce_gbps=None,
+                   ref="estimates: about 55% of the 181 TFLOP/s peak and 63% of the 1.6 TB/s HBM2e figure; "
+                       "PCIe Gen4 x16 for H2D; no local all-reduce floor"),
 )
 
 PROFILE = model_profile(MODEL)

@@ -4,7 +4,7 @@ MI250 and MI250X share PCI id 0x740c and rocm-smi calls both "MI250 (MCM)";
 they differ in compute units per GCD (110 vs 104), which is checked where a
 probe reports it. LUMI-G and Frontier nodes have 4 modules = 8 GCDs."""
 from envs.profiles import refs
-from envs.spec import GpuModel, model_profile
+from envs.spec import Floors, GpuModel, model_profile
 
 MODEL = GpuModel(
     key="mi250x", name="MI250X", vendor="amd", arch="gfx90a", memory_gib=64,
@@ -13,6 +13,10 @@ MODEL = GpuModel(
               + refs.TORCHTITAN_PEAK),
     patterns=(r"MI250X?\b",), device_ids=(0x740C, 0x7408), default_count=8,
     compute_units=110,
+    floors=Floors(gemm_tflops=100, hbm_gbps=1000, h2d_gbps=20, allreduce_gbps=None,
+                    ref="estimates per GCD: about 52% of the 191.5 TFLOP/s peak and 63% of the 1.6 TB/s HBM2e "
+                        "figure; H2D over Infinity Fabric (36 GB/s per link on LUMI/Frontier nodes); no local "
+                        "all-reduce floor"),
 )
 
 PROFILE = model_profile(MODEL)

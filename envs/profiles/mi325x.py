@@ -1,12 +1,15 @@
 """AMD Instinct MI325X (CDNA3 like MI300X, 256 GB HBM3E)."""
 from envs.profiles import rocm
-from envs.spec import GpuModel, model_profile
+from envs.spec import Floors, GpuModel, model_profile
 
 MODEL = GpuModel(
     key="mi325x", name="MI325X", vendor="amd", arch="gfx942", memory_gib=256,
     peak_tflops=1307.4,
     peak_ref="AMD Instinct MI325X datasheet (amd.com): 1307.4 TFLOP/s dense bf16, same compute as MI300X",
     patterns=(r"MI325X",), device_ids=(0x74A5,), default_count=8,
+    floors=Floors(gemm_tflops=600, hbm_gbps=2000, h2d_gbps=44, allreduce_gbps=314, allreduce_gpus=8,
+                    ref="as MI300X (same compute dies and Infinity Fabric): Primus node_smoke tier-2 minimums, "
+                        "Azure node health checks' MI300X thresholds"),
 )
 
 PROFILE = model_profile(MODEL, *rocm.CDNA3_PLUS)

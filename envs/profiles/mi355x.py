@@ -1,6 +1,6 @@
 """AMD Instinct MI355X (CDNA4, gfx950, liquid-cooled, higher clocks than MI350X)."""
 from envs.profiles import refs, rocm
-from envs.spec import GpuModel, model_profile, setting
+from envs.spec import Floors, GpuModel, model_profile, setting
 
 # gfx950 (MI350X and MI355X): Primus's only MI355X setting.
 GFX950 = (
@@ -12,6 +12,9 @@ MODEL = GpuModel(
     peak_tflops=2500,
     peak_ref="AMD Instinct MI355X datasheet (amd.com): 2.5 PFLOP/s dense bf16; torchtitan uses 2500",
     patterns=(r"MI355X",), device_ids=(0x75A3,), default_count=8,
+    floors=Floors(gemm_tflops=600, hbm_gbps=2000, h2d_gbps=44, allreduce_gbps=314, allreduce_gpus=8,
+                    ref="Primus node_smoke tier-2 minimums for the MI3xx series; no MI355X-specific published "
+                        "thresholds found, so these are MI300X-level and loose for this GPU"),
 )
 
 PROFILE = model_profile(MODEL, *rocm.CDNA3_PLUS, *GFX950)

@@ -147,6 +147,13 @@ def follow(job_id: str, env: Mapping[str, str], log: Path | None, out: IO) -> in
             last_state = shown
         last = info
         if state in TERMINAL_STATES:
+            # A job requeued by its own batch script (`scontrol requeue`) can show the
+            # killed attempt's end for a moment before it is PENDING again: look twice.
+            time.sleep(POLL_S)
+            again = job_info(job_id, env)
+            if again is not None and (again.get("JobState") not in TERMINAL_STATES
+                                      or again.get("Restarts") != info.get("Restarts")):
+                continue
             break
         time.sleep(POLL_S)
     if tail:

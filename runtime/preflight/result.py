@@ -34,6 +34,11 @@ class CheckInputs:
     root: Path = Path("/")  # stands in for "/" when reading /sys and /proc
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     cpus: Optional[set] = None  # CPUs ranks started from here may use (default: this process's affinity)
+    timeout: float = 0.0  # seconds per device for the screen and perf checks (0: their defaults)
+    floors: dict = field(default_factory=dict)  # perf floors given with --floor, over the GPU profile's
+    baseline: Optional[dict] = None  # a recorded baseline (--baseline FILE)
+    tolerance: float = 0.05  # how far under the baseline still passes
+    measured: Optional[dict] = None  # perf: what was measured (for --save-baseline)
 
     def var(self, name: str) -> Optional[str]:
         """The value a launched process sees: the resolved environment over the shell's."""
