@@ -72,12 +72,10 @@ def perf(device) -> dict:
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     out = torch.empty(n, n, device=device, dtype=torch.bfloat16)
     gemm_s = _timed(lambda: torch.matmul(a, b, out=out), device, iters=10 if gpu else 3)
-    del a, b, out
     copy_bytes = 2 ** 30 if gpu else 32 * 2 ** 20
     src = torch.empty(copy_bytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     copy_s = _timed(lambda: dst.copy_(src), device)
-    del src, dst
     h2d_bytes = 256 * 2 ** 20 if gpu else 32 * 2 ** 20
     host = torch.empty(h2d_bytes, dtype=torch.uint8, pin_memory=gpu)
     target = torch.empty(h2d_bytes, dtype=torch.uint8, device=device)

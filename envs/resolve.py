@@ -68,6 +68,17 @@ class ResolvedEnv:
                 "vars": {name: var.to_dict() for name, var in sorted(self.vars.items())},
                 "warnings": self.warnings}
 
+    @classmethod
+    def from_json(cls, data: dict) -> "ResolvedEnv":
+        """The inverse of to_json: another host's `inv env.show --json`."""
+        known = set(Machine.__dataclass_fields__)
+        machine = Machine(**{k: v for k, v in data["machine"].items() if k in known})
+        resolved = cls(machine, data.get("site"), data.get("layers", []), warnings=data.get("warnings", []))
+        for name, var in data.get("vars", {}).items():
+            history = [Change(**h) for h in var.get("history", [])]
+            resolved.vars[name] = Var(name, var["value"], var["source"], var["reason"], var["ref"], history)
+        return resolved
+
 
 @dataclass
 class Context:

@@ -5,7 +5,9 @@ import json as jsonlib
 import sys
 
 from invoke import Collection, task
-from invoke.exceptions import Exit
+
+from runtime.jobs.environment import print_warnings, resolve_on_hosts, resolved_env
+from trainer.errors import AnvilError, UserError
 
 COMMON_HELP = {
     "gpu": "Show another machine's profile: MI300X, H100, MI250X:8 ... (default: detect; env ANVIL_GPU)",
@@ -14,22 +16,6 @@ COMMON_HELP = {
     "env": "KEY=VALUE on top of every layer (repeatable)",
     "json": "Print JSON instead of a table",
 }
-
-
-def resolved_env(gpu=None, site=None, config=None, env=None):
-    """Resolve as the task options say; user errors become one message and exit code 2."""
-    import envs
-    try:
-        config_env = envs.load_config_env(config) if config else None
-        return envs.resolve(gpu=gpu or None, site=site or None, config_env=config_env, overrides=env or (),
-                            config_ref=f"{config} (env:)" if config else "the training config's env: block")
-    except envs.EnvError as exc:
-        raise Exit(f"env: {exc}", 2)
-
-
-def print_warnings(warnings) -> None:
-    for warning in warnings:
-        print(f"WARNING: {warning}", file=sys.stderr)
 
 
 def _table(rows, headers=()) -> str:
@@ -42,10 +28,7 @@ def _table(rows, headers=()) -> str:
 def detect(c, gpu="", json=False):
     """Detect the GPUs: vendor, model, architecture, count, memory, driver, ROCm/CUDA version."""
     import envs
-    try:
-        machine = envs.detect(gpu or None)
-    except envs.EnvError as exc:
-        raise Exit(f"env.detect: {exc}", 2)
+    machine = envs.detect(gpu or None)
     if json:
         print(jsonlib.dumps(machine.to_dict(), indent=2))
         return
@@ -88,8 +71,8 @@ def explain(c, var, gpu="", site="", config="", env=None, json=False):
     resolved = resolved_env(gpu, site, config, env)
     entry = resolved.vars.get(var)
     if entry is None:
-        raise Exit(f"env.explain: no layer sets {var} for {resolved.machine.summary()} "
-                   f"(layers: {' -> '.join(resolved.layers)}); inv env.show lists what is set", 1)
+        raise AnvilError(f"no layer sets {var} for {resolved.machine.summary()} "
+                         f"(layers: {' -> '.join(resolved.layers)}); inv env.show lists what is set", 1)
     if json:
         print(jsonlib.dumps(entry.to_dict(), indent=2))
         return
@@ -116,7 +99,7 @@ def export(c, gpu="", site="", config="", env=None, output=""):
     try:
         write_text(output, text)
     except OSError as exc:
-        raise Exit(f"env.export: cannot write {output}: {exc.strerror or exc}", 2)
+        raise UserError(f"cannot write {output}: {exc.strerror or exc}") from None
     print(f"wrote {output} ({len(resolved.environ())} variables); use: source {output}")
 
 
@@ -128,12 +111,12 @@ def diff(c, a="", b="", hosts="", site="", all=False, json=False):
     """Two profiles (-a MI300X -b H100) or two hosts (--hosts a,b) side by side."""
     import envs
     if hosts:
-        left_name, right_name, left, right = _host_envs(c, hosts)
+        left_name, right_name, left, right = resolve_on_hosts(c, hosts)
     elif a and b:
         left_name, right_name = a, b
         left, right = resolved_env(a, site), resolved_env(b, site)
     else:
-        raise Exit("env.diff: give -a MODEL -b MODEL, or --hosts HOST1,HOST2", 2)
+        raise UserError("give -a MODEL -b MODEL, or --hosts HOST1,HOST2")
     rows = envs.diff(left, right, all_vars=all)
     if json:
         print(jsonlib.dumps({"a": left_name, "b": right_name, "rows": rows}, indent=2))
@@ -150,42 +133,6 @@ def _cell(value, source) -> str:
     if source is None:
         return "-"
     return f"{'(unset)' if value is None else value}  [{source}]"
-
-
-def _host_envs(c, hosts):
-    """Resolve on two hosts through the runner's fan-out (each runs `inv env.show --json`)."""
-    names = [h.strip() for h in hosts.split(",") if h.strip()]
-    if len(names) != 2:
-        raise Exit("env.diff --hosts takes exactly two hosts: --hosts a,b", 2)
-    from runtime.program import ssh
-    from runtime import settings as settings_mod
-    settings = settings_mod.load(c)
-    options = ssh.FanoutOptions(
-        remote_path=settings.remote_path or str(settings.root), remote_inv=settings.remote_inv,
-        user=settings.user or None, key_filename=list(settings.key_filename),
-        connect_timeout=float(settings.connect_timeout), command_timeout=settings.command_timeout or None)
-    results = dict(zip(names, ssh.run_on_hosts(names, ["env.show", "--json"], options)))
-    resolved = []
-    for name in names:
-        outcome = results[name]
-        if not outcome.ok or not isinstance(outcome.payload, dict):
-            why = outcome.error or (outcome.stderr.strip().splitlines() or [f"exit status {outcome.exit_code}"])[-1]
-            raise Exit(f"env.diff: {name}: {why}", 1)
-        resolved.append(_from_json(outcome.payload))
-    return names[0], names[1], resolved[0], resolved[1]
-
-
-def _from_json(data):
-    """A ResolvedEnv rebuilt from `inv env.show --json` output of another host."""
-    from envs.machine import Machine
-    from envs.resolve import Change, ResolvedEnv, Var
-    fields = set(Machine.__dataclass_fields__)
-    machine = Machine(**{k: v for k, v in data["machine"].items() if k in fields})
-    resolved = ResolvedEnv(machine, data.get("site"), data.get("layers", []), warnings=data.get("warnings", []))
-    for name, var in data.get("vars", {}).items():
-        history = [Change(**h) for h in var.get("history", [])]
-        resolved.vars[name] = Var(name, var["value"], var["source"], var["reason"], var["ref"], history)
-    return resolved
 
 
 ns = Collection("env")

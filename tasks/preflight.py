@@ -22,10 +22,10 @@ import os
 import socket
 
 from invoke import Collection
-from invoke.exceptions import Exit
 
+from runtime.jobs.environment import print_warnings, resolved_env
 from runtime.runs.run import run_task
-from tasks.env import print_warnings, resolved_env
+from trainer.errors import AnvilError
 
 HELP = {
     "gpu": "Validate the environment another GPU model's profile gives (default: this node's)",
@@ -76,7 +76,7 @@ def run_preflight(c, task_name, names, gpu, site, json, require_gpu, allow_unkno
         print_warnings(env.warnings)
         failed = [r.name for r in results if r.status == FAIL]
         if failed:
-            raise Exit(f"{task_name}: {len(failed)} check(s) FAIL: {', '.join(failed)}", 1)
+            raise AnvilError(f"{len(failed)} check(s) FAIL: {', '.join(failed)}", 1)
         return {"status": payload["status"], "checks": len(results)}
 
     return execute(c, run_options.spec(task_name, env=env, extra={"checks": list(names)}), body)

@@ -21,9 +21,9 @@ import re
 import sys
 
 from invoke import Collection, task
-from invoke.exceptions import Exit
 
 from runtime.runs.run import run_task
+from trainer.errors import UserError
 
 PRETRAIN_HELP = {
     "config": "Training config YAML (default: configs/tiny.yaml)",
@@ -74,12 +74,9 @@ def pretrain(c, config="", set_=None, nproc=0, resume="", compile=False, kernels
 def export(c, run, format="hf", out="", dtype="bfloat16"):
     """Export a checkpoint for transformers' LlamaForCausalLM."""
     if format != "hf":
-        raise Exit(f"train.export: unknown --format {format!r} (hf)", 2)
-    from trainer.export import ExportError, export_hf
-    try:
-        path = export_hf(run, out or None, dtype=dtype)
-    except ExportError as exc:
-        raise Exit(f"train.export: {exc}", 2)
+        raise UserError(f"unknown --format {format!r} (hf)")
+    from trainer.export import export_hf
+    path = export_hf(run, out or None, dtype=dtype)      # ExportError: a UserError, one line, exit 2
     print(f"exported to {path}")
 
 
@@ -87,11 +84,8 @@ def export(c, run, format="hf", out="", dtype="bfloat16"):
             "out": "Output .png file or directory (default: RUN/plots/metrics.png)"})
 def plot(c, run, out=""):
     """Draw loss, throughput and memory over steps to PNG."""
-    from trainer.plot import PlotError, plot_run
-    try:
-        path = plot_run(run, out or None)
-    except PlotError as exc:
-        raise Exit(f"train.plot: {exc}", 2)
+    from trainer.plot import plot_run
+    path = plot_run(run, out or None)                    # PlotError: a UserError, one line, exit 2
     print(path)
 
 

@@ -93,8 +93,8 @@ class AnvilExecutor(Executor):
         self.config.load_collection(self.collection.configuration())
         self.config.load_shell_env()
         hosts = self.core[0].args.hosts.value if self.core is not None else None
+        from runtime.program import fanout
         if hosts:
-            from runtime.program import fanout
             code = fanout.run_cli(self.collection, self.config, self.core, tasks)
             if code:
                 raise Exit(code=code)
@@ -106,7 +106,6 @@ class AnvilExecutor(Executor):
             if not self._on_slurm(context):
                 results.update(super().execute(context))
                 continue
-            from runtime.program import fanout
             self.current_task = context.name
             code = fanout.run_on_slurm(self.config, context)
             if code:

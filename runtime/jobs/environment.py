@@ -1,0 +1,52 @@
+"""The environment a task's run gets, resolved as its options say: here, or on two other hosts.
+
+    env = resolved_env(gpu="MI300X", site=None, config="configs/x.yaml", env=["NCCL_DEBUG=INFO"])
+    print_warnings(env.warnings)
+    a, b, env_a, env_b = resolve_on_hosts(c, "node1,node2")     # env.diff --hosts
+
+Bad input (an unknown GPU or site, a malformed KEY=VALUE, an unreadable config)
+raises envs.EnvError, a UserError: the inv program shows its message, exit 2.
+"""
+from __future__ import annotations
+
+import sys
+
+from trainer.errors import AnvilError, UserError
+
+
+def resolved_env(gpu=None, site=None, config=None, env=None):
+    import envs
+
+    config_env = envs.load_config_env(config) if config else None
+    return envs.resolve(gpu=gpu or None, site=site or None, config_env=config_env, overrides=env or (),
+                        config_ref=f"{config} (env:)" if config else "the training config's env: block")
+
+
+def print_warnings(warnings) -> None:
+    for warning in warnings:
+        print(f"WARNING: {warning}", file=sys.stderr)
+
+
+def resolve_on_hosts(c, hosts: str):
+    """(name_a, name_b, env_a, env_b): each host resolves its own (`inv env.show --json` over SSH)."""
+    from envs.resolve import ResolvedEnv
+    from runtime import settings as settings_mod
+    from runtime.program import ssh
+
+    names = [h.strip() for h in hosts.split(",") if h.strip()]
+    if len(names) != 2:
+        raise UserError("--hosts takes exactly two hosts: --hosts a,b")
+    settings = settings_mod.load(c)
+    options = ssh.FanoutOptions(
+        remote_path=settings.remote_path or str(settings.root), remote_inv=settings.remote_inv,
+        user=settings.user or None, key_filename=list(settings.key_filename),
+        connect_timeout=float(settings.connect_timeout), command_timeout=settings.command_timeout or None)
+    results = dict(zip(names, ssh.run_on_hosts(names, ["env.show", "--json"], options)))
+    resolved = []
+    for name in names:
+        outcome = results[name]
+        if not outcome.ok or not isinstance(outcome.payload, dict):
+            why = outcome.error or (outcome.stderr.strip().splitlines() or [f"exit status {outcome.exit_code}"])[-1]
+            raise AnvilError(f"{name}: {why}", 1)
+        resolved.append(ResolvedEnv.from_json(outcome.payload))
+    return names[0], names[1], resolved[0], resolved[1]
