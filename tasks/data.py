@@ -2,14 +2,19 @@
 import json
 
 from invoke import Collection, task
-from invoke.exceptions import Exit
 
 DEFAULT_DATASET = "data/stdlib"
 
 
 def _paths(values) -> list[str] | None:
-    """--input may repeat and may hold comma-separated paths."""
-    paths = [p for v in values or () for p in v.split(",") if p]
+    """--input may repeat and may hold comma-separated paths; None when it was not given.
+    Given but naming nothing (--input '', --input ,) is an error, not the default corpus."""
+    from trainer.data import DataError
+
+    paths = [p for v in values or () for p in v.split(",") if p.strip()]
+    if values and not paths:
+        raise DataError("--input is empty; expected a file or directory (leave --input out for "
+                        "the Python standard library)")
     return paths or None
 
 
@@ -17,7 +22,7 @@ def _paths(values) -> list[str] | None:
     "input": "text/JSONL file or directory (.gz too); repeat or comma-separate. Default: the Python stdlib",
     "out": f"dataset directory to write (default {DEFAULT_DATASET})",
     "tokenizer": "byte (default), bpe (trained on the inputs), or a tokenizer.json path",
-    "vocab_size": "vocabulary size when --tokenizer bpe (default 8192)",
+    "vocab_size": "vocabulary size when --tokenizer bpe (default 8192; only with bpe)",
     "val_fraction": "share of documents held out for validation (default 0.01)",
     "text_field": "JSONL field holding the text (default text)",
     "workers": "worker processes (default: all cores)",
@@ -30,16 +35,21 @@ def _paths(values) -> list[str] | None:
     "quiet": "no progress display",
     "json": "print the result as JSON",
 })
-def prepare(c, input=None, out=DEFAULT_DATASET, tokenizer="byte", vocab_size=8192, val_fraction="0.01",
+def prepare(c, input=None, out=DEFAULT_DATASET, tokenizer="byte", vocab_size=0, val_fraction="0.01",
             text_field="text", workers=0, shard_tokens=1 << 27, max_docs=0, max_tokens=0, pattern=None,
             seed=0, force=False, quiet=False, json_=False):
     """Tokenize a corpus into train/val token shards with a manifest (atomic, parallel)."""
     from trainer.data import DataError, prepare as prepare_dataset
+    from trainer.data.prepare import DEFAULT_BPE_VOCAB
 
     try:
         val_fraction = float(val_fraction)
     except ValueError:
         raise DataError(f"--val-fraction: expected a number in [0, 1), got {val_fraction!r}") from None
+    if vocab_size and tokenizer != "bpe":
+        raise DataError(f"--vocab-size applies to --tokenizer bpe only (with {tokenizer!r} the "
+                        f"vocabulary is the tokenizer's own); expected --tokenizer bpe or no --vocab-size")
+    vocab_size = vocab_size or DEFAULT_BPE_VOCAB
     # a DataError (a UserError) reaches the program's executor: one line, exit 2
     result = prepare_dataset(_paths(input), out, tokenizer, val_fraction=val_fraction,
                              text_field=text_field, workers=workers or None,
@@ -85,13 +95,19 @@ def tokenizer(c, vocab_size=8192, input=None, out=None, text_field="text", max_d
     """Train a byte-level BPE tokenizer (Hugging Face tokenizers) and save tokenizer.json."""
     from trainer.data import train_tokenizer
 
+    from trainer.data import DataError
+
+    if out is not None and not out.strip():
+        raise DataError("--out is empty; expected a file path such as data/bpe8192.json "
+                        f"(left out: data/tokenizer-bpe{vocab_size}.json)")
     out = out or f"data/tokenizer-bpe{vocab_size}.json"
     result = train_tokenizer(_paths(input), out, vocab_size, text_field=text_field,
                              max_docs=max_docs or None, pattern=pattern)
     if json_:
         print(json.dumps(result, indent=1))
         return
-    print(f"trained BPE (vocab {result['vocab_size']:,}) on {result['files']:,} files in "
+    print(f"trained BPE (vocab {result['vocab_size']:,}) on {result['files']:,} "
+          f"file{'' if result['files'] == 1 else 's'} in "
           f"{result['seconds']:.1f}s -> {result['path']}")
     print(f"use it: inv data.prepare --tokenizer {out}")
 
@@ -106,7 +122,7 @@ def tokenizer(c, vocab_size=8192, input=None, out=None, text_field="text", max_d
 })
 def inspect_(c, path=DEFAULT_DATASET, samples=3, chars=400, split="train", verify=False, json_=False):
     """Token counts, document length histogram, decoded samples and tokenizer of a dataset."""
-    from trainer.data import inspect_dataset
+    from trainer.data import DataError, inspect_dataset
     from trainer.data.inspect import text_bars
 
     report = inspect_dataset(path, samples=samples, sample_chars=chars, split=split, check=verify)
@@ -121,8 +137,8 @@ def inspect_(c, path=DEFAULT_DATASET, samples=3, chars=400, split="train", verif
         print(f"tokenizer: {tok['kind']}, vocab {tok['vocab_size']:,}, bos {tok['bos_id']}, "
               f"eos {tok['eos_id']}, pad {tok['pad_id']}" + (f", {tok['path']}" if tok.get("path") else ""))
         src = report["source"]
-        print(f"source: {', '.join(src['inputs'])} ({src['files_used']:,}/{src['files']:,} files used, "
-              f"skipped {src['skipped'] or 'none'})")
+        print(f"source: {', '.join(map(str, src.get('inputs') or ['?']))} ({src.get('files_used', '?')}/"
+              f"{src.get('files', '?')} files used, skipped {src.get('skipped') or 'none'})")
         cols = ["documents", "tokens", "shards", "min_len", "median_len", "mean_len", "max_len"]
         rows = [[name] + [s.get(k, "") for k in cols] for name, s in report["splits"].items()]
         print(tabulate(rows, headers=["split"] + cols, intfmt=","))
@@ -132,7 +148,9 @@ def inspect_(c, path=DEFAULT_DATASET, samples=3, chars=400, split="train", verif
             print(f"\n--- {sample['split']} document {sample['document']} ({sample['tokens']:,} tokens) ---")
             print(sample["text"])
     if verify and report["checksums_bad"]:
-        raise Exit(f"data.inspect: checksum mismatch in {', '.join(report['checksums_bad'])}", code=1)
+        raise DataError(f"dataset {report['path']} is damaged: the sha256 of "
+                        f"{', '.join(report['checksums_bad'])} differs from the manifest; "
+                        f"prepare it again with --force")
     if verify and not json_:
         print("\nchecksums: all shards match the manifest")
 

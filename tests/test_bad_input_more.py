@@ -340,3 +340,146 @@ def test_ctrl_c_during_prepare_keeps_the_old_dataset_and_leaves_no_temp(tmp_path
                 f"the partial one was removed and nothing was put at {out}") in stderr
         assert not out.exists()
     assert not list(tmp_path.glob("ds.tmp-*")) and not list(tmp_path.glob("ds.old-*"))
+
+
+# ---------------------------------------------------------------- 8. data.* options: exit 2, one line, no fallback
+
+@pytest.fixture(scope="module")
+def playground(tmp_path_factory) -> Path:
+    """A folder with a small corpus, a dataset, damaged copies of it and odd files. Commands
+    that run here must be refused: whatever they do, nothing in it may change."""
+    import shutil
+
+    from trainer.data import prepare
+
+    root = tmp_path_factory.mktemp("playground")
+    (root / "corpus").mkdir()
+    for i in range(3):
+        (root / "corpus" / f"d{i}.txt").write_text(f"document {i} " * 50)
+    (root / "bin.dat").write_bytes(b"\x00\x01\x02binary")
+    (root / "afile").write_text("text")
+    (root / "emptydir").mkdir()
+    (root / "tokdir").mkdir()
+    (root / "one.jsonl").write_text('{"text": "x"}\n')
+    prepare([root / "corpus"], root / "ds", progress=False, workers=1)
+
+    def damaged(name, edit):
+        shutil.copytree(root / "ds", root / name)
+        edit(root / name)
+
+    def manifest(edit):
+        def apply(path):
+            m = json.loads((path / "manifest.json").read_text())
+            edit(m)
+            (path / "manifest.json").write_text(json.dumps(m))
+        return apply
+
+    damaged("cut", lambda p: (p / "manifest.json").write_text('{"format": "anvil-tokens/1", '))
+    damaged("nokeys", lambda p: (p / "manifest.json").write_text('{"format": "anvil-tokens/1"}'))
+    damaged("binman", lambda p: (p / "manifest.json").write_bytes(b"\xff\xfe\x00"))
+    damaged("noshard", lambda p: (p / "train" / "000000.bin").unlink())
+    damaged("short", lambda p: os.truncate(p / "train" / "000000.bin", 10))
+    damaged("notok", manifest(lambda m: m["tokenizer"].update(kind="bpe")))
+    damaged("nosplits", manifest(lambda m: m.update(splits={})))
+    damaged("badsum", lambda p: (p / "train" / "000000.bin").write_bytes(
+        b"A\x00" + (p / "train" / "000000.bin").read_bytes()[2:]))
+    return root
+
+
+DATA_CASES = [
+    # data.prepare
+    ("data.prepare --input {w}/corpus --out {w}/o --shard-tokens -5",
+     "--shard-tokens: expected a positive number of tokens per shard, got -5"),
+    ("data.prepare --input {w}/corpus --out {w}/o --shard-tokens 0",
+     "--shard-tokens: expected a positive number of tokens per shard, got 0"),
+    ("data.prepare --input {w}/corpus --out {w}/o --max-docs -1",
+     "--max-docs: expected a positive number (0 or left out: no limit), got -1"),
+    ("data.prepare --input {w}/corpus --out {w}/o --max-tokens -1",
+     "--max-tokens: expected a positive number (0 or left out: no limit), got -1"),
+    ("data.prepare --input {w}/corpus --out {w}/o --val-fraction 1.5", "--val-fraction: expected a number in [0, 1), got 1.5"),
+    ("data.prepare --input {w}/corpus --out {w}/o --val-fraction -0.1", "--val-fraction: expected a number in [0, 1), got -0.1"),
+    ("data.prepare --input {w}/corpus --out {w}/o --val-fraction nan", "--val-fraction: expected a number in [0, 1), got nan"),
+    ("data.prepare --input {w}/corpus --out {w}/o --val-fraction abc", "--val-fraction: expected a number in [0, 1), got 'abc'"),
+    ("data.prepare --input {w}/corpus --out {w}/o --tokenizer bpe --vocab-size -5",
+     "--vocab-size -5 is too small: a byte-level BPE needs at least 259"),
+    ("data.prepare --input {w}/corpus --out {w}/o --tokenizer bpe --vocab-size 100",
+     "--vocab-size 100 is too small: a byte-level BPE needs at least 259"),
+    ("data.prepare --input {w}/corpus --out {w}/o --vocab-size 5000",
+     "--vocab-size applies to --tokenizer bpe only"),
+    ("data.prepare --input {w}/corpus --out {w}/o --tokenizer nosuch",
+     "--tokenizer nosuch: no such file; expected byte, bpe or the path of a Hugging Face tokenizer.json"),
+    ("data.prepare --input {w}/corpus --out {w}/o --tokenizer {w}/tokdir",
+     "tokdir: a directory without a tokenizer.json; expected byte, bpe or the path"),
+    ("data.prepare --input {w}/corpus --out {w}/o --tokenizer {w}/bin.dat",
+     "bin.dat is not a text file (NUL byte at byte 0); expected a Hugging Face tokenizer.json"),
+    ("data.prepare --input {w}/corpus --out {w}/o --tokenizer {w}/afile",
+     "afile is not JSON (Expecting value: line 1 column 1 (char 0)); expected a Hugging Face tokenizer.json"),
+    ("data.prepare --input {w}/corpus --out {w}/o --tokenizer ''", "--tokenizer is empty; expected byte, bpe"),
+    ("data.prepare --input {w}/corpus --out {w}/o --pattern '*.nothing'",
+     "no input files found in {w}/corpus matching '*.nothing'; expected text or JSONL files"),
+    ("data.prepare --input {w}/corpus --out {w}/o --pattern ''", "--pattern is empty; expected a file-name glob"),
+    ("data.prepare --input {w}/nosuch --out {w}/o", "input not found: {w}/nosuch; expected existing files"),
+    ("data.prepare --input {w}/bin.dat --out {w}/o",
+     "no usable documents in {w}/bin.dat (1 file; skipped: 1 binary); expected UTF-8 text files"),
+    ("data.prepare --input '' --out {w}/o", "--input is empty; expected a file or directory"),
+    ("data.prepare --input , --out {w}/o", "--input is empty; expected a file or directory"),
+    ("data.prepare --input {w}/corpus --out {w}/afile", "--out {w}/afile is a file, not a directory"),
+    ("data.prepare --input {w}/corpus --out {w}/afile/ds",
+     "a file is in the way where a directory is needed ({w}/afile)"),
+    ("data.prepare --input {w}/corpus --out /proc/forbidden/ds",
+     "--out /proc/forbidden/ds: cannot create /proc/forbidden (No such file or directory)"),
+    ("data.prepare --input {w}/corpus --out {w}/o --workers -3",
+     "--workers: expected a positive number of processes (0 or left out: all cores), got -3"),
+    ("data.prepare --input {w}/corpus --out {w}/o --text-field ''", "--text-field is empty; expected the JSONL field"),
+    ("data.prepare --input {w}/one.jsonl --out {w}/o --text-field nope",
+     "(1 file; skipped: 1 missing_text_field); expected UTF-8 text files or JSONL lines with a string field 'nope'"),
+    # data.tokenizer
+    ("data.tokenizer --vocab-size 300 --input {w}/corpus --out ''", "--out is empty; expected a file path"),
+    ("data.tokenizer --vocab-size 300 --input {w}/corpus --out {w}/emptydir", "emptydir is a directory; expected a file path"),
+    ("data.tokenizer --vocab-size 300 --input {w}/corpus --out {w}/afile",
+     "afile exists and is not a tokenizer.json; expected a new file"),
+    ("data.tokenizer --vocab-size 300 --input {w}/corpus --out {w}/afile/t.json",
+     "a file is in the way where a directory is needed ({w}/afile)"),
+    ("data.tokenizer --vocab-size 300 --input {w}/corpus --out /proc/forbidden/t.json",
+     "--out /proc/forbidden/t.json: cannot create /proc/forbidden (No such file or directory)"),
+    ("data.tokenizer --vocab-size 300 --input {w}/corpus --out {w}/corpus/d1.txt", "is inside the input {w}/corpus"),
+    ("data.tokenizer --vocab-size 300 --input {w}/corpus --out {w}/ds/manifest.json", "is not a tokenizer.json"),
+    ("data.tokenizer --vocab-size 0 --input {w}/corpus --out {w}/t.json", "--vocab-size 0 is too small"),
+    ("data.tokenizer --vocab-size 300 --input '' --out {w}/t.json", "--input is empty"),
+    ("data.tokenizer --vocab-size 300 --input {w}/bin.dat --out {w}/t.json", "no usable documents in {w}/bin.dat"),
+    ("data.tokenizer --vocab-size 300 --input {w}/corpus --out {w}/t.json --max-docs -1", "--max-docs: expected a positive"),
+    ("data.tokenizer --vocab-size 300 --input {w}/corpus --out {w}/t.json --text-field ''", "--text-field is empty"),
+    ("data.tokenizer --vocab-size 300 --input {w}/corpus --out {w}/t.json --pattern ''", "--pattern is empty"),
+    # data.inspect
+    ("data.inspect --path ''", "the dataset path is empty; expected a dataset directory"),
+    ("data.inspect --path {w}/afile", "afile is a file, not a directory; expected a dataset directory"),
+    ("data.inspect --path {w}/corpus", "no prepared dataset at {w}/corpus (no manifest.json)"),
+    ("data.inspect --path {w}/ds --split nosuch", "has no split 'nosuch'; expected one of: train, val"),
+    ("data.inspect --path {w}/ds --samples -1", "--samples: expected a number of documents >= 0, got -1"),
+    ("data.inspect --path {w}/ds --chars -1", "--chars: expected a positive number of characters per sample, got -1"),
+    ("data.inspect --path {w}/ds --chars 0", "--chars: expected a positive number of characters per sample, got 0"),
+    ("data.inspect --path {w}/cut", "cut/manifest.json is not valid JSON (")
+    , ("data.inspect --path {w}/nokeys", "nokeys/manifest.json has dtype None (expected uint16 or uint32); the dataset is damaged"),
+    ("data.inspect --path {w}/binman", "binman/manifest.json is not text (invalid UTF-8 at byte 0); the dataset is damaged"),
+    ("data.inspect --path {w}/noshard", "is incomplete: {w}/noshard/train/000000.bin is missing; prepare it again"),
+    ("data.inspect --path {w}/short", "short/train/000000.bin has 10 bytes, the manifest says"),
+    ("data.inspect --path {w}/notok", "was made with a bpe tokenizer but its tokenizer.json is missing"),
+    ("data.inspect --path {w}/nosplits", "has no split 'train'; expected one of: (none)"),
+    ("data.inspect --path {w}/badsum --verify --samples 0",
+     "badsum is damaged: the sha256 of train/000000.bin differs from the manifest; prepare it again with --force"),
+]
+
+
+@pytest.mark.parametrize("command,message", DATA_CASES, ids=[c for c, _ in DATA_CASES])
+def test_data_option_is_one_line_and_exit_2(playground, command, message):
+    import shlex
+
+    before = tree(playground)
+    args = [a.replace("{w}", str(playground)) for a in shlex.split(command)]
+    task = args[0]
+    proc = inv(playground, *args, "-q" if task == "data.prepare" else "--json", timeout=120)
+    one_line_error(proc, f"{task}: ", message.replace("{w}", str(playground)))
+    after = tree(playground)
+    locks = {name for name in set(after) - set(before) if name.startswith(".") and name.endswith(".lock")}
+    assert all(after[name] == b"" for name in locks)  # data.prepare's lock files stay, empty, by design
+    assert {k: v for k, v in after.items() if k not in locks} == before  # nothing else written, no temp

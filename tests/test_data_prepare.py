@@ -127,7 +127,7 @@ def test_bad_inputs_are_clear_errors(tmp_path):
     assert tree_digest(good) == before
     with pytest.raises(DataError, match="val-fraction"):
         prepare([corpus], good, val_fraction=1.5, progress=False)
-    with pytest.raises(DataError, match="not 'byte', 'bpe' or a tokenizer.json"):
+    with pytest.raises(DataError, match="gpt2: no such file; expected byte, bpe or the path of a Hugging Face tokenizer.json"):
         prepare([corpus], good, tokenizer="gpt2", progress=False)
     assert not list(tmp_path.glob("ds.tmp-*"))
 

@@ -55,7 +55,7 @@ def test_default_corpus_and_bpe_tokenizer(tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["data.prepare", "--input", "/no/such/corpus", "--out", "{tmp}/x"], "input not found: /no/such/corpus"),
     (["data.prepare", "--input", "{tmp}", "--out", "{tmp}/x", "--val-fraction", "lots"], "--val-fraction"),
-    (["data.prepare", "--out", "{tmp}/x", "--tokenizer", "{tmp}/none.json"], "not 'byte', 'bpe' or a tokenizer"),
+    (["data.prepare", "--out", "{tmp}/x", "--tokenizer", "{tmp}/none.json"], "no such file; expected byte, bpe or the path of a Hugging Face tokenizer.json"),
     (["data.inspect", "--path", "{tmp}/missing"], "no prepared dataset"),
     (["data.tokenizer", "--vocab-size", "10", "--out", "{tmp}/t.json"], "too small"),
 ])

@@ -57,7 +57,7 @@ def test_tokenizer_json_problems_are_clear(tmp_path):
     with pytest.raises(DataError, match="not found"):
         get_tokenizer(tmp_path / "missing.json")
     (tmp_path / "broken.json").write_text("{ not json")
-    with pytest.raises(DataError, match="cannot load tokenizer"):
+    with pytest.raises(DataError, match="broken.json is not JSON .*; expected a Hugging Face tokenizer.json"):
         get_tokenizer(tmp_path / "broken.json")
     from tokenizers import Tokenizer, models
 

@@ -35,19 +35,66 @@ def bad_token_error(root: Path, file: Path, token_id: int, position: int, vocab_
 
 
 def read_manifest(path: Path) -> dict:
+    """The manifest of the dataset at `path`, checked for the keys readers use; DataError
+    saying what is wrong (no dataset, not a directory, a damaged manifest) otherwise."""
+    if not str(path).strip():
+        raise DataError("the dataset path is empty; expected a dataset directory made by inv data.prepare")
     path = Path(path)
     manifest_path = path / MANIFEST
+    if path.exists() and not path.is_dir():
+        raise DataError(f"{path} is a file, not a directory; expected a dataset directory made by "
+                        f"inv data.prepare")
     try:
-        manifest = json.loads(manifest_path.read_text())
+        raw = manifest_path.read_bytes()
     except FileNotFoundError:
         hint = ("run `inv data.prepare` to build it" if not path.exists()
                 else "it is not a finished dataset; run `inv data.prepare` again")
         raise DataError(f"no prepared dataset at {path} (no {MANIFEST}); {hint}") from None
-    except (OSError, ValueError) as exc:
-        raise DataError(f"cannot read {manifest_path}: {exc}") from None
+    except OSError as exc:
+        raise DataError(f"cannot read {manifest_path} ({exc.strerror or exc})") from None
+    damaged = f"the dataset is damaged; prepare it again with --force"
+    try:
+        manifest = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{manifest_path} is not text (invalid UTF-8 at byte {exc.start}); {damaged}") from None
+    except ValueError as exc:
+        raise DataError(f"{manifest_path} is not valid JSON ({exc}); {damaged}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise DataError(f"{manifest_path} is not an Anvil dataset manifest (format {FORMAT!r} expected)")
+    problem = _manifest_problem(manifest)
+    if problem:
+        raise DataError(f"{manifest_path} {problem}; {damaged}")
     return manifest
+
+
+def _manifest_problem(m: dict) -> str:
+    """What is missing or mistyped in a manifest's keys that readers rely on ("" if nothing)."""
+    def count(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    if m.get("dtype") not in ("uint16", "uint32"):
+        return f"has dtype {m.get('dtype')!r} (expected uint16 or uint32)"
+    tok = m.get("tokenizer")
+    if not isinstance(tok, dict) or not isinstance(tok.get("kind"), str) or not count(tok.get("vocab_size")):
+        return "has no tokenizer kind and vocab_size"
+    for key in ("documents", "tokens"):
+        if not count(m.get(key)):
+            return f"has no {key} count"
+    splits = m.get("splits")
+    if not isinstance(splits, dict):
+        return "has no splits"
+    for name, split in splits.items():
+        if not isinstance(split, dict) or not count(split.get("documents")) or not isinstance(
+                split.get("shards"), list):
+            return f"has no documents count or shard list for split {name!r}"
+        for shard in split["shards"]:
+            if not isinstance(shard, dict) or not isinstance(shard.get("file"), str) or not count(
+                    shard.get("tokens")):
+                return f"has a shard of split {name!r} without a file name and token count"
+        index = split.get("doc_index")
+        if index is not None and not (isinstance(index, dict) and isinstance(index.get("file"), str)):
+            return f"has a document index of split {name!r} without a file name"
+    return ""
 
 
 class SplitStream:
@@ -131,6 +178,8 @@ class Dataset:
     """A prepared dataset directory (manifest.json + shards)."""
 
     def __init__(self, path: str | Path):
+        if not str(path).strip():  # Path("") would be the current directory
+            read_manifest("")
         self.path = Path(path)
         self.manifest = read_manifest(self.path)
         self.dtype = np.dtype(self.manifest["dtype"])
@@ -139,5 +188,6 @@ class Dataset:
     def split(self, name: str) -> SplitStream:
         splits = self.manifest["splits"]
         if name not in splits:
-            raise DataError(f"dataset {self.path} has no split {name!r} (it has {', '.join(splits)})")
+            raise DataError(f"dataset {self.path} has no split {name!r}; expected one of: "
+                            f"{', '.join(splits) or '(none)'}")
         return SplitStream(self.path, name, splits[name], self.dtype)

@@ -47,15 +47,20 @@ def inspect_dataset(path, samples: int = 3, sample_chars: int = 400, split: str 
     """A report on a prepared dataset (plain data; the task prints it). Every token id is
     checked against the tokenizer's vocabulary when the shards total at most 1 GiB or with
     `check` (which also recomputes the checksums); an id outside it is a DataError."""
+    if samples < 0:
+        raise DataError(f"--samples: expected a number of documents >= 0, got {samples}")
+    if sample_chars < 1:
+        raise DataError(f"--chars: expected a positive number of characters per sample, got {sample_chars}")
     ds = Dataset(path)
     tok = load_tokenizer(path)
     m = ds.manifest
     shard_bytes = sum(int(shard["tokens"]) * ds.dtype.itemsize
                       for info in m["splits"].values() for shard in info["shards"])
     scan = check or shard_bytes <= SCAN_LIMIT_BYTES
+    source = m.get("source") if isinstance(m.get("source"), dict) else {}
     report = {"path": str(ds.path), "created": m.get("created"), "anvil_version": m.get("anvil_version"),
               "dtype": m["dtype"], "documents": m["documents"], "tokens": m["tokens"],
-              "tokenizer": m["tokenizer"], "source": {k: v for k, v in m["source"].items()
+              "tokenizer": m["tokenizer"], "source": {k: v for k, v in source.items()
                                                       if k != "skipped_examples"},
               "splits": {}, "samples": [], "token_ids_checked": scan}
     for name in m["splits"]:
@@ -70,9 +75,7 @@ def inspect_dataset(path, samples: int = 3, sample_chars: int = 400, split: str 
                       "mean_len": round(float(lengths.mean()), 1), "max_len": int(lengths.max())}
         stats["histogram"] = length_histogram(lengths)
         report["splits"][name] = stats
-    if split not in m["splits"]:
-        raise DataError(f"dataset {ds.path} has no split {split!r}")
-    stream = ds.split(split)
+    stream = ds.split(split)  # DataError naming the splits there are
     if samples and stream.documents:
         # a seeded, evenly spread choice of documents, the same on every call
         rng = np.random.default_rng(int.from_bytes(hashlib.sha256(f"{seed}".encode()).digest()[:4], "big"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import itertools
 import json
 import multiprocessing
 import os
@@ -30,7 +31,7 @@ import numpy as np
 from . import sources
 from .dataset import FORMAT, MANIFEST, dtype_for_vocab, read_manifest
 from .errors import DataError, Interrupted
-from .tokenizers import ByteTokenizer, get_tokenizer, sha256_file, train_bpe
+from .tokenizers import SPECIAL_TOKENS, ByteTokenizer, get_tokenizer, train_bpe
 
 DEFAULT_OUT = Path("data/stdlib")
 DEFAULT_SHARD_TOKENS = 1 << 27
@@ -236,6 +237,50 @@ def _is_intact(out: Path, manifest: dict) -> bool:
 
 
 EXPECTED_OUT = "expected a new or empty directory, or an existing Anvil dataset to rebuild"
+EXPECTED_TOKENIZER = "expected byte, bpe or the path of a Hugging Face tokenizer.json"
+
+
+def check_options(*, val_fraction: float = 0.01, shard_tokens: int = 1, max_docs: int | None = None,
+                  max_tokens: int | None = None, workers: int | None = None, text_field: str = "text",
+                  pattern: str | None = None) -> None:
+    """DataError naming the first option whose value cannot work, and what it expects."""
+    if not (isinstance(val_fraction, (int, float)) and 0 <= val_fraction < 1):  # nan fails too
+        raise DataError(f"--val-fraction: expected a number in [0, 1), got {val_fraction!r}")
+    if shard_tokens < 1:
+        raise DataError(f"--shard-tokens: expected a positive number of tokens per shard, got {shard_tokens}")
+    for name, value in (("--max-docs", max_docs), ("--max-tokens", max_tokens)):
+        if value is not None and value < 1:
+            raise DataError(f"{name}: expected a positive number (0 or left out: no limit), got {value}")
+    if workers is not None and workers < 1:
+        raise DataError(f"--workers: expected a positive number of processes (0 or left out: "
+                        f"all cores), got {workers}")
+    if not text_field.strip():
+        raise DataError("--text-field is empty; expected the JSONL field holding the text, e.g. text")
+    if pattern is not None and not pattern.strip():
+        raise DataError("--pattern is empty; expected a file-name glob such as '*.txt' "
+                        "(left out: every file)")
+
+
+def check_bpe_vocab(vocab_size: int) -> None:
+    minimum = 256 + len(SPECIAL_TOKENS)
+    if vocab_size < minimum:
+        raise DataError(f"--vocab-size {vocab_size} is too small: a byte-level BPE needs at least "
+                        f"{minimum} (256 bytes + {len(SPECIAL_TOKENS)} specials)")
+
+
+def tokenizer_path(tokenizer: str) -> Path:
+    """The tokenizer.json that --tokenizer names (a file, or a directory holding one)."""
+    if not str(tokenizer).strip():
+        raise DataError(f"--tokenizer is empty; {EXPECTED_TOKENIZER}")
+    path = Path(tokenizer).expanduser()
+    if path.is_dir():
+        if not (path / "tokenizer.json").is_file():
+            raise DataError(f"--tokenizer {tokenizer}: a directory without a tokenizer.json; "
+                            f"{EXPECTED_TOKENIZER}")
+        return path / "tokenizer.json"
+    if not path.exists():
+        raise DataError(f"--tokenizer {tokenizer}: no such file; {EXPECTED_TOKENIZER}")
+    return path
 
 
 def is_dataset_dir(path: Path) -> bool:
@@ -341,13 +386,13 @@ def _prepare(inputs, out, tokenizer: str, state: dict, *, val_fraction: float, t
              vocab_size: int, seed: int, pattern: str | None, force: bool, progress: bool) -> dict:
     started = time.monotonic()
     out_given = str(out)
-    if not 0 <= val_fraction < 1:
-        raise DataError(f"--val-fraction must be in [0, 1), got {val_fraction}")
-    if shard_tokens < 1:
-        raise DataError(f"--shard-tokens must be positive, got {shard_tokens}")
-    for name, value in (("--max-docs", max_docs), ("--max-tokens", max_tokens)):
-        if value is not None and value < 1:
-            raise DataError(f"{name} must be positive, got {value}")
+    check_options(val_fraction=val_fraction, shard_tokens=shard_tokens, max_docs=max_docs,
+                  max_tokens=max_tokens, workers=workers, text_field=text_field, pattern=pattern)
+    tok = None
+    if tokenizer == "bpe":
+        check_bpe_vocab(vocab_size)
+    elif tokenizer != "byte":
+        tok = get_tokenizer(tokenizer_path(tokenizer))  # a bad file fails here, before any writing
     files, input_names, is_default = sources.resolve_inputs(inputs, pattern)
 
     settings = {"val_fraction": val_fraction, "text_field": text_field, "shard_tokens": shard_tokens,
@@ -358,11 +403,7 @@ def _prepare(inputs, out, tokenizer: str, state: dict, *, val_fraction: float, t
     elif tokenizer == "byte":
         tokenizer_id = "byte"
     else:
-        tok_path = Path(tokenizer)
-        tok_path = tok_path / "tokenizer.json" if tok_path.is_dir() else tok_path
-        if not tok_path.is_file():
-            raise DataError(f"--tokenizer: {tokenizer} is not 'byte', 'bpe' or a tokenizer.json file")
-        tokenizer_id = "json:" + sha256_file(tok_path)
+        tokenizer_id = "json:" + tok.sha256
     fingerprint = _fingerprint(files, settings, tokenizer_id)
 
     out = check_out(out_given, input_names)
@@ -386,7 +427,7 @@ def _prepare(inputs, out, tokenizer: str, state: dict, *, val_fraction: float, t
         tmp = state["tmp"] = Path(tempfile.mkdtemp(prefix=f"{out.name}.tmp-", dir=out.parent))
         try:
             manifest = _build(files, tmp, tokenizer, settings, workers, progress, input_names,
-                              is_default, vocab_size)
+                              is_default, vocab_size, tok)
             manifest["fingerprint"] = fingerprint
             _write_json(tmp / MANIFEST, manifest)
             with _ctrl_c_deferred():  # the two renames of the swap happen both or neither
@@ -454,13 +495,13 @@ def _swap_into_place(tmp: Path, out: Path) -> None:
 
 
 def _build(files, tmp: Path, tokenizer: str, settings: dict, workers, progress: bool,
-           input_names: list[str], is_default: bool, vocab_size: int) -> dict:
+           input_names: list[str], is_default: bool, vocab_size: int, tok=None) -> dict:
     max_docs, max_tokens = settings["max_docs"], settings["max_tokens"]
     if tokenizer == "bpe":
         texts = sources.iter_texts(files, settings["text_field"], max_docs)
         tok = train_bpe(texts, vocab_size, tmp / "tokenizer.json")
     else:
-        tok = get_tokenizer(tokenizer)
+        tok = tok or get_tokenizer(tokenizer)
         if tok.kind != "byte":
             shutil.copyfile(tok.path, tmp / "tokenizer.json")
     tok_name = "byte" if tok.kind == "byte" else str(tmp / "tokenizer.json")
@@ -511,8 +552,9 @@ def _build(files, tmp: Path, tokenizer: str, settings: dict, workers, progress: 
         raise
     if not docs:
         detail = ", ".join(f"{n} {r}" for r, n in sorted(skipped.items())) or "nothing readable"
-        raise DataError(f"no usable documents in {', '.join(input_names)} ({len(files)} files; "
-                        f"skipped: {detail})")
+        raise DataError(f"no usable documents in {', '.join(input_names)} ({len(files)} "
+                        f"file{'' if len(files) == 1 else 's'}; skipped: {detail}); expected UTF-8 "
+                        f"text files or JSONL lines with a string field {settings['text_field']!r}")
     return {
         "format": FORMAT,
         "anvil_version": anvil_version(),
@@ -569,11 +611,79 @@ def train_tokenizer(inputs: list[Path] | None, out: Path, vocab_size: int = DEFA
                     pattern: str | None = None) -> dict:
     """Train a byte-level BPE tokenizer on a corpus (default: the stdlib) and save it."""
     started = time.monotonic()
+    check_options(text_field=text_field, pattern=pattern, max_docs=max_docs)
+    check_bpe_vocab(vocab_size)
     files, input_names, _ = sources.resolve_inputs(inputs, pattern)
-    texts = sources.iter_texts(files, text_field, max_docs)
+    out = _check_tokenizer_out(out, input_names)
+    skipped: dict[str, int] = {}
+    texts = _counted_texts(files, text_field, max_docs, skipped)
+    first = next(texts, None)  # a corpus with nothing usable must not give an alphabet-only BPE
+    if first is None:
+        detail = ", ".join(f"{n} {r}" for r, n in sorted(skipped.items())) or "nothing readable"
+        raise DataError(f"no usable documents in {', '.join(input_names)} ({len(files)} "
+                        f"file{'' if len(files) == 1 else 's'}; skipped: {detail}); expected UTF-8 "
+                        f"text files or JSONL lines with a string field {text_field!r}")
+    texts = itertools.chain([first], texts)
     try:
-        tok = train_bpe(texts, vocab_size, Path(out))
+        tok = train_bpe(texts, vocab_size, out)
     except OSError as exc:
-        raise DataError(f"cannot write {out}: {exc}") from None
-    return {"path": str(Path(out).absolute()), "vocab_size": tok.vocab_size, "inputs": input_names,
+        raise DataError(f"--out {out}: cannot write it ({exc.strerror or exc}); it is as it was") from None
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted (Ctrl-C) while training the tokenizer; nothing was written "
+                          f"and {out} is as it was") from None
+    return {"path": str(out), "vocab_size": tok.vocab_size, "inputs": input_names,
             "files": len(files), "sha256": tok.sha256, "seconds": time.monotonic() - started}
+
+
+def _counted_texts(files, text_field: str, max_docs: int | None, skipped: dict):
+    """The texts of the files in order (at most max_docs), adding skips by reason to `skipped`."""
+    count = 0
+    for source in files:
+        read = sources.read_documents(source, text_field)
+        for reason, n in read.skipped.items():
+            skipped[reason] = skipped.get(reason, 0) + n
+        for _key, text in read.documents:
+            if max_docs is not None and count >= max_docs:
+                return
+            count += 1
+            yield text
+
+
+def _is_tokenizer_json(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read(64 << 20))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "model" in data and "added_tokens" in data
+
+
+def _check_tokenizer_out(out, inputs: list[str]) -> Path:
+    """The absolute path data.tokenizer may write, or DataError: not '', not a directory, not
+    a file in the corpus, and an existing file only when it is a tokenizer.json itself."""
+    given = str(out)
+    example = "expected a file path such as data/bpe8192.json"
+    if not given.strip():
+        raise DataError(f"--out is empty; {example}")
+    path = Path(given).expanduser().absolute()
+    if path.is_dir():
+        raise DataError(f"--out {given} is a directory; {example} (or {given}/tokenizer.json)")
+    for name in inputs:
+        source = Path(name).resolve()
+        if path.resolve() == source or source in path.resolve().parents:
+            raise DataError(f"--out {given} is {'' if path.resolve() == source else 'inside '}the input "
+                            f"{source}; {example} outside the corpus")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise DataError(f"--out {given}: a file is in the way where a directory is needed ({parent})")
+            break
+    if path.exists() and not _is_tokenizer_json(path):
+        raise DataError(f"--out {given} exists and is not a tokenizer.json; expected a new file, or a "
+                        f"tokenizer.json to replace")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"--out {given}: cannot create {exc.filename or path.parent} "
+                        f"({exc.strerror or exc})") from None
+    return path

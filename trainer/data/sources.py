@@ -73,7 +73,9 @@ def resolve_inputs(inputs: list[Path] | None, pattern: str | None = None
         names = [str(r) for r in roots]
     if not files:
         raise DataError(f"no input files found in {', '.join(names)}"
-                        + (f" matching {pattern!r}" if pattern else ""))
+                        + (f" matching {pattern!r}" if pattern else "")
+                        + "; expected text or JSONL files (.gz too)"
+                        + (" or another --pattern" if pattern else ""))
     return files, names, not inputs
 
 
@@ -83,7 +85,7 @@ def expand_inputs(inputs: list[Path], pattern: str = "*", exclude_dirs: set[str]
     the inputs in the order given, each directory walked in sorted order."""
     missing = [str(p) for p in inputs if not Path(p).exists()]
     if missing:
-        raise DataError(f"input not found: {', '.join(missing)}")
+        raise DataError(f"input not found: {', '.join(missing)}; expected existing files or directories")
     files: list[SourceFile] = []
     for given in map(Path, inputs):
         if given.is_file():

@@ -77,10 +77,27 @@ class JsonTokenizer:
         self.kind = kind
         if not self.path.is_file():
             raise DataError(f"tokenizer file not found: {self.path}")
+        expected = "expected a Hugging Face tokenizer.json"
         try:
-            self._tok = Tokenizer.from_file(str(self.path))
-        except Exception as exc:  # tokenizers raises a bare Exception on bad JSON
-            raise DataError(f"cannot load tokenizer {self.path}: {exc}") from None
+            data = self.path.read_bytes()
+        except OSError as exc:
+            raise DataError(f"cannot read the tokenizer {self.path} ({exc.strerror or exc})") from None
+        nul = data.find(b"\x00")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            where = f"NUL byte at byte {nul}" if 0 <= nul < exc.start else f"invalid UTF-8 at byte {exc.start}"
+            raise DataError(f"tokenizer {self.path} is not a text file ({where}); {expected}") from None
+        if nul >= 0:
+            raise DataError(f"tokenizer {self.path} is not a text file (NUL byte at byte {nul}); {expected}")
+        try:
+            json.loads(text)
+        except ValueError as exc:
+            raise DataError(f"tokenizer {self.path} is not JSON ({exc}); {expected}") from None
+        try:
+            self._tok = Tokenizer.from_str(text)
+        except Exception as exc:  # tokenizers raises a bare Exception on a wrong structure
+            raise DataError(f"cannot load the tokenizer {self.path} ({exc}); {expected}") from None
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self.bos_id = self._find(_BOS_NAMES)
         self.eos_id = self._find(_EOS_NAMES)
@@ -139,18 +156,17 @@ def _is_our_bpe(path: Path) -> bool:
 
 def load_tokenizer(dataset_dir: str | Path):
     """The tokenizer a prepared dataset was made with (from its manifest.json)."""
+    from .dataset import read_manifest
+
     dataset_dir = Path(dataset_dir)
-    manifest_path = dataset_dir / "manifest.json"
-    try:
-        spec = json.loads(manifest_path.read_text())["tokenizer"]
-    except FileNotFoundError:
-        raise DataError(f"no prepared dataset at {dataset_dir} (manifest.json missing); "
-                        f"run `inv data.prepare --out {dataset_dir}`") from None
-    except (ValueError, KeyError) as exc:
-        raise DataError(f"{manifest_path} is not a valid dataset manifest ({exc})") from None
+    spec = read_manifest(dataset_dir)["tokenizer"]  # checked: a dict with kind and vocab_size
     if spec["kind"] == "byte":
         return ByteTokenizer()
-    tok = JsonTokenizer(dataset_dir / spec.get("path", "tokenizer.json"), kind=spec["kind"])
+    file = dataset_dir / str(spec.get("path") or "tokenizer.json")
+    if not file.is_file():
+        raise DataError(f"dataset {dataset_dir} was made with a {spec['kind']} tokenizer but its "
+                        f"{file.name} is missing; prepare it again with --force")
+    tok = JsonTokenizer(file, kind=spec["kind"])
     if spec.get("sha256") and tok.sha256 != spec["sha256"]:
         raise DataError(f"{tok.path} does not match the manifest (sha256 differs); "
                         f"the dataset was modified, prepare it again")
@@ -165,6 +181,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, out: Path, min_frequency: i
     if vocab_size < 256 + len(SPECIAL_TOKENS):
         raise DataError(f"--vocab-size {vocab_size} is too small: a byte-level BPE needs at "
                         f"least {256 + len(SPECIAL_TOKENS)} (256 bytes + {len(SPECIAL_TOKENS)} specials)")
+    from trainer.files import write_atomic
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -173,8 +190,5 @@ def train_bpe(texts: Iterable[str], vocab_size: int, out: Path, min_frequency: i
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(texts, trainer=trainer)
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tok.save(str(tmp))
-    tmp.replace(out)
+    write_atomic(out, tok.to_str(pretty=True))  # a unique temp file beside it, fsync, rename
     return JsonTokenizer(out, kind="bpe")
