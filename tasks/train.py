@@ -59,7 +59,7 @@ def pretrain(c, config="", set_=None, nproc=0, resume="", compile=False, kernels
                       account=account, time=time, wait=wait, exclude=list(exclude or []),
                       exclude_from=exclude_from, dry_run=dry_run)
     result = run_training(c, "train.pretrain", job, run_options)
-    if result.get("dry_run"):
+    if result.get("dry_run") or result.get("complete"):
         return
     # The trainer's rank 0 has shown the summary table (tabulate) on the console already.
     if json:

@@ -49,6 +49,12 @@ def test_pretrain_end_to_end(tmp_path, dataset):
     assert json.loads((run / "metadata.json").read_text())["status"] == "ok"
     assert (run / "env.json").is_file() and (run / "checkpoints" / "step_12" / "COMPLETE").is_file()
 
+    # --resume auto on the finished run: says it is complete, makes no new run, saves nothing again.
+    again = inv(tmp_path, *args, "--resume", "auto")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "already complete at step 12 of train.steps=12" in again.stdout
+    assert run_dirs(tmp_path) == [run]
+
 
 def test_bad_config_is_one_message_and_no_run(tmp_path):
     proc = inv(tmp_path, "train.pretrain", "--set", "optim.lr=fast", timeout=60)

@@ -67,6 +67,19 @@ def previous_checkpoint(runs_dir: Path, name: str) -> str | None:
     return None
 
 
+def finished_at(checkpoint: str, steps: int) -> int | None:
+    """The checkpoint's step if it already reached `steps` (the run is complete), else None."""
+    from trainer.checkpoint import read_meta
+
+    if checkpoint in ("", "auto"):
+        return None
+    try:
+        step = int(read_meta(Path(checkpoint)).get("step", -1))
+    except (AnvilError, ValueError, TypeError):
+        return None
+    return step if step >= steps else None
+
+
 def launch_spec(job: TrainingJob, settings, env, args: list[str], job_name: str = "anvil",
                 mounts: list[str] = ()):
     """The LaunchSpec of this job, its Slurm options from the task's options over the settings;
@@ -126,6 +139,11 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     resume = job.resume
     if resume == "auto":
         resume = previous_checkpoint(settings.runs_dir, name) or "auto"
+        done = finished_at(resume, cfg.train.steps)
+        if done is not None and not job.dry_run and task_name == "train.pretrain":
+            print(f"{name}: already complete at step {done} of train.steps={cfg.train.steps} ({resume}); "
+                  f"nothing to do (--set train.steps=N with a larger N trains on from there)")
+            return {"run_dir": None, "summary": None, "complete": resume}
     # Check the launch before a run directory exists (bad --nproc, --nodes, runtime, image).
     # a container sees the checkout and the run directory; the dataset may live elsewhere
     data_mounts = [] if cfg.data.path == SYNTHETIC else [str(Path(cfg.data.path).resolve())]
