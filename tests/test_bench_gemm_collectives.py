@@ -86,11 +86,28 @@ def test_inv_bench_rejects_bad_input_in_one_line(tmp_path):
     repo = Path(__file__).resolve().parents[1]
     env_args = ("-f", str(_settings(tmp_path, tmp_path / "runs")))
     for args, message in ((("bench.gemm", "-M", "0"), "must be positive"),
+                          (("bench.gemm", "-M", "abc"), "-M: expected an integer, got 'abc'"),
                           (("bench.allreduce", "--sizes", "12Q"), "bad size"),
                           (("bench.kernels",), "needs a CUDA or ROCm GPU")):
         out = _inv(repo, *env_args, *args)
         assert out.returncode != 0
         assert message in out.stderr and "Traceback" not in out.stderr
+    assert _inv(repo, *env_args, "bench.gemm", "-M", "abc").returncode == 2
+
+
+def test_inv_bench_dry_run_prints_the_environment_and_command_and_starts_nothing(tmp_path):
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    env_args = ("-f", str(_settings(tmp_path, tmp_path / "runs")))
+    gemm = _inv(repo, *env_args, "bench.gemm", "-M", "64", "--dry-run")
+    assert gemm.returncode == 0, gemm.stderr
+    assert gemm.stdout.splitlines()[-1].endswith("-m benchmarks.gemm -M 64 --dtype bf16 --iters 20 --json")
+    assert "export TOKENIZERS_PARALLELISM=false" in gemm.stdout
+    collective = _inv(repo, *env_args, "bench.allreduce", "--sizes", "64K", "--dry-run")
+    assert collective.returncode == 0, collective.stderr
+    assert "-m runtime.launch.agent --nproc 2 -- " in collective.stdout and "--sizes 64K" in collective.stdout
+    assert not (tmp_path / "runs").exists()
 
 
 def _settings(tmp_path, runs):

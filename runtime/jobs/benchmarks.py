@@ -9,6 +9,8 @@ Both results carry "measurements" rows, the shape the fan-out merges per node
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import subprocess
 import sys
 
@@ -24,10 +26,14 @@ def check_gemm(m: int, n: int, k: int, dtype: str) -> None:
         raise UserError(f"unknown --dtype {dtype!r} ({', '.join(DTYPES)})")
 
 
+def gemm_argv(m: int, n: int, k: int, dtype: str, iters: int) -> list[str]:
+    return [sys.executable, "-m", "benchmarks.gemm", "-M", str(m), "--dtype", dtype, "--iters", str(iters),
+            "--json"] + (["-N", str(n)] if n else []) + (["-K", str(k)] if k else [])
+
+
 def gemm(run, m: int, n: int, k: int, dtype: str, iters: int) -> dict:
     """benchmarks.gemm in a child process that gets the run's environment (TunableOp, hipBLASLt, ...)."""
-    argv = [sys.executable, "-m", "benchmarks.gemm", "-M", str(m), "--dtype", dtype, "--iters", str(iters),
-            "--json"] + (["-N", str(n)] if n else []) + (["-K", str(k)] if k else [])
+    argv = gemm_argv(m, n, k, dtype, iters)
     proc = subprocess.run(argv, env=run.env, capture_output=True, text=True)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
@@ -50,15 +56,33 @@ def check_collective(op: str, sizes: str) -> None:
         raise UserError(str(exc)) from None
 
 
-def collective(settings, run, env, op: str, sizes: str, iters: int, nproc: int) -> dict:
-    """benchmarks.collectives through the configured runtime on this node; its report with measurements."""
-    from runtime.launch import LaunchSpec, launch
+def collective_spec(settings, env, op: str, sizes: str, iters: int, nproc: int, out):
+    from runtime.launch import LaunchSpec
 
-    out = run.path / "collectives.json"
     procs = nproc or (None if env.machine.count else 2)  # a collective needs two ranks
-    spec = LaunchSpec(module="benchmarks.collectives", runtime=settings.runtime, nproc=procs,
+    return LaunchSpec(module="benchmarks.collectives", runtime=settings.runtime, nproc=procs,
                       gpus=env.machine.count, vendor=env.machine.vendor,
                       args=["--op", op, "--sizes", sizes, "--iters", str(iters), "--out", str(out)])
+
+
+def dry_run(env, argv: list[str] | None = None, spec=None) -> None:
+    """--dry-run: the resolved environment and the exact command; nothing starts, no run directory."""
+    from runtime.launch import launch
+
+    for name, value in sorted(env.environ().items()):
+        print(f"export {name}={shlex.quote(value)}")
+    if spec is not None:
+        launch(spec, {**os.environ, **env.environ()}, run_dir=None, dry_run=True)
+    else:
+        print(shlex.join(argv or []))
+
+
+def collective(settings, run, env, op: str, sizes: str, iters: int, nproc: int) -> dict:
+    """benchmarks.collectives through the configured runtime on this node; its report with measurements."""
+    from runtime.launch import launch
+
+    out = run.path / "collectives.json"
+    spec = collective_spec(settings, env, op, sizes, iters, nproc, out)
     code = launch(spec, env=run.env, run_dir=run.path, masker=run.masker)
     if code != 0 or not out.is_file():
         raise AnvilError(f"the benchmark exited with status {code}; see {run.path}/logs", code or 1)
