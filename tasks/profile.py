@@ -11,9 +11,9 @@ what you can read (LUMI's advice). Writes RUN/profile/rank{R}.trace.json
 import json as jsonlib
 
 from invoke import Collection
-from invoke.exceptions import Exit
 
 from runtime.runs.run import run_task
+from trainer.errors import AnvilError
 
 HELP = {
     "config": "Training config YAML (default: configs/tiny.yaml)",
@@ -38,11 +38,24 @@ def train(c, config="", set_=None, steps="3:6", ranks="0", top=15, nproc=0, comp
     from runtime.jobs.training import TrainingJob, run_training
     from trainer.profiling import ProfileSettingsError, parse_ranks, parse_steps
 
+    # the option names the user typed, not the variables they travel in (ANVIL_PROFILE_*)
     try:
         _, end = parse_steps(steps)
-        parse_ranks(ranks)
-    except ProfileSettingsError as exc:
-        raise Exit(f"profile.train: {exc}", 2)
+    except ProfileSettingsError:
+        raise ProfileSettingsError(f"--steps {steps!r}: expected START:END with 1 <= START < END "
+                                   f"(end exclusive), e.g. 3:6") from None
+    try:
+        chosen = parse_ranks(ranks)
+    except ProfileSettingsError:
+        chosen = set()
+    if chosen is not None and (not chosen or min(chosen) < 0):
+        raise ProfileSettingsError(f"--ranks {ranks!r}: expected global ranks >= 0 such as 0 or 0,8, "
+                                   f"or all")
+    if top < 1:
+        raise ProfileSettingsError(f"--top: expected a positive number of operators, got {top}")
+    if nproc < 0:
+        raise ProfileSettingsError(f"--nproc: expected a positive number of processes per node "
+                                   f"(0 or left out: one per visible GPU), got {nproc}")
     # Stop right after the window: the point is the trace, not the model.
     sets = list(set_ or []) + [f"train.steps={end - 1}", "checkpoint.interval=0", "checkpoint.save_final=false"]
     job = TrainingJob(config=config, sets=sets, nproc=nproc, compile=compile, kernels=kernels, gpu=gpu, site=site)
@@ -51,8 +64,8 @@ def train(c, config="", set_=None, steps="3:6", ranks="0", top=15, nproc=0, comp
     profile_dir = result["run_dir"] / "profile"
     reports = sorted(profile_dir.glob("rank*.ops.json"))
     if not reports:
-        raise Exit(f"profile.train: no trace was written (is rank {ranks} in this job?); see "
-                   f"{result['run_dir']}/logs", 1)
+        raise AnvilError(f"no trace was written (is rank {ranks} in this job?); see "
+                         f"{result['run_dir']}/logs", exit_code=1)
     for path in reports:
         report = jsonlib.loads(path.read_text())
         print(f"\nrank {report['rank']}, steps {report['steps'][0]}..{report['steps'][1] - 1}: "

@@ -2,24 +2,25 @@
 import json as jsonlib
 
 from invoke import Collection, task
-from invoke.exceptions import Exit
 
 from runtime import settings as settings_mod
+from trainer.errors import AnvilError
+
+# Errors (SettingsError, RunDirError, ReplayError: UserErrors) reach the program's executor,
+# which prints them as one line prefixed with the task's name and exits with their code.
 
 
 def _settings(c):
-    try:
-        return settings_mod.load(c)
-    except settings_mod.SettingsError as exc:
-        raise Exit(str(exc), 2)
+    return settings_mod.load(c)
 
 
 def _load(c, path):
-    from runtime.runs import history, rundir
-    try:
-        return history.load(path, _settings(c).runs_dir)
-    except rundir.RunDirError as exc:
-        raise Exit(str(exc), 2)
+    from runtime.runs import history
+    return history.load(path, _settings(c).runs_dir)
+
+
+def _cell(value) -> str:
+    return value.get("value") if isinstance(value, dict) else value
 
 
 @task(auto_shortflags=False, help={"limit": "Show only the newest N runs", "json": "Print JSON"})
@@ -56,8 +57,9 @@ def show(c, run, json=False):
     print(f"{rec.path}\n")
     print(tabulate([["task", md.get("task")], ["name", md.get("name") or ""], ["status", md.get("status")],
                     ["error", md.get("error") or ""], ["start", md.get("start")], ["end", md.get("end")],
-                    ["seconds", md.get("duration_s")], ["hosts", ",".join(md.get("hosts") or [])],
-                    ["command", " ".join(md.get("argv") or [])], ["replay of", md.get("replay_of") or ""],
+                    ["seconds", md.get("duration_s")], ["hosts", history.hosts_text(md)],
+                    ["command", history.argv_text(md, skip_program=False)],
+                    ["replay of", md.get("replay_of") or ""],
                     ["git", f"{rec.git.get('commit')}{' (dirty)' if rec.git.get('dirty') else ''}"]],
                    tablefmt="plain"))
     print("\nmachine and versions")
@@ -67,12 +69,14 @@ def show(c, run, json=False):
     print(tabulate(sorted(summary.items()), tablefmt="plain"))
     if rec.env:
         print("\nenvironment")
-        print(tabulate([[name, v.get("value"), v.get("source")] for name, v in sorted(rec.env.items())],
+        print(tabulate([[name, _cell(v), v.get("source") if isinstance(v, dict) else ""]
+                        for name, v in sorted(rec.env.items())],
                        headers=["variable", "value", "source"]))
     if rec.configs:
         print("\nconfigs: " + ", ".join(sorted(rec.configs)))
-    for finding in md.get("diagnosis") or []:
-        print(f"\nknown problem [{finding.get('problem')}]: {finding.get('advice')}")
+    for finding in md.get("diagnosis") if isinstance(md.get("diagnosis"), list) else []:
+        if isinstance(finding, dict):
+            print(f"\nknown problem [{finding.get('problem')}]: {finding.get('advice')}")
 
 
 @task(auto_shortflags=False, help={"a": "First run directory", "b": "Second run directory",
@@ -99,10 +103,7 @@ def replay(c, run, force=False, dry_run=False):
     """Run a recorded task again with its recorded config and environment, into a new run."""
     from tabulate import tabulate
     from runtime.runs import replay as replay_mod
-    try:
-        plan = replay_mod.plan(run, _settings(c).runs_dir)
-    except replay_mod.ReplayError as exc:
-        raise Exit(f"replay: {exc}", 2)
+    plan = replay_mod.plan(run, _settings(c).runs_dir)
     differences = replay_mod.check_machine(plan.recorded)
     if differences:
         print(tabulate([[d.item, d.recorded, d.here, "yes" if d.blocking else ""] for d in differences],
@@ -116,13 +117,14 @@ def replay(c, run, force=False, dry_run=False):
     if dry_run:
         return
     if blocking and not force:
-        raise Exit(f"replay refused: this machine differs in {', '.join(blocking)}; "
-                   f"use --force to replay anyway", 3)
+        raise AnvilError(f"replay refused: this machine differs in {', '.join(blocking)}; "
+                         f"use --force to replay anyway", exit_code=3)
     code, new_run = replay_mod.run(plan)
     if new_run is not None:
         print(f"new run: {new_run} (replay of {plan.recorded.path.name})")
     if code:
-        raise Exit(code=code)
+        raise AnvilError(f"the replay of {plan.recorded.path.name} exited with status {code}"
+                         + (f" (new run: {new_run})" if new_run is not None else ""), exit_code=code)
 
 
 ns = Collection("snapshot")

@@ -483,3 +483,84 @@ def test_data_option_is_one_line_and_exit_2(playground, command, message):
     locks = {name for name in set(after) - set(before) if name.startswith(".") and name.endswith(".lock")}
     assert all(after[name] == b"" for name in locks)  # data.prepare's lock files stay, empty, by design
     assert {k: v for k, v in after.items() if k not in locks} == before  # nothing else written, no temp
+
+
+# ---------------------------------------------------------------- 8. snapshot.* and profile.* options
+
+@pytest.fixture
+def recorded(tmp_path, finished_run) -> Path:
+    """tmp_path/runs with a copy of the finished run and damaged copies of it."""
+    import shutil
+
+    runs_dir = tmp_path / "runs"
+
+    def copy(name, edit=None):
+        shutil.copytree(finished_run, runs_dir / name, ignore=shutil.ignore_patterns("checkpoints"))
+        if edit:
+            edit(runs_dir / name)
+
+    copy("good")
+    copy("cut_md", lambda p: (p / "metadata.json").write_text('{"task": '))
+    copy("bad_env", lambda p: (p / "env.json").write_text("[1"))
+    copy("list_machine", lambda p: (p / "machine.json").write_text("[1, 2]"))
+    copy("str_vars", lambda p: (p / "env.json").write_text('{"vars": "x"}'))
+    copy("bin_versions", lambda p: (p / "versions.json").write_bytes(b"\xff\xfe"))
+
+    def argv(value):
+        def edit(p):
+            md = json.loads((p / "metadata.json").read_text())
+            md["argv"] = value
+            (p / "metadata.json").write_text(json.dumps(md))
+        return edit
+
+    copy("no_argv", argv([]))
+    copy("str_argv", argv("inv train.pretrain"))
+    (tmp_path / "afile").write_text("x")
+    return runs_dir
+
+
+SNAPSHOT_CASES = [
+    ("snapshot.list --limit -1", "--limit: expected a number of runs >= 1 (0 or left out: all), got -1"),
+    ("snapshot.show ''", "the run is empty; expected a run directory (a path, or a name under {runs})"),
+    ("snapshot.show nosuch", "nosuch: no such run directory; expected a run directory (a path, or a name under {runs})"),
+    ("snapshot.show afile", "afile: not a directory; expected a run directory"),
+    ("snapshot.show .", ".: not a run directory (no metadata.json); expected a run directory"),
+    ("snapshot.show cut_md", "cut_md/metadata.json: not valid JSON (Expecting value: line 1 column 10 (char 9)); "
+                             "the run directory is damaged"),
+    ("snapshot.show bad_env", "bad_env/env.json: not valid JSON ("),
+    ("snapshot.show list_machine", "list_machine/machine.json: expected a JSON object, got a list; the run directory is damaged"),
+    ("snapshot.show str_vars", "str_vars/env.json: 'vars' is not a JSON object; the run directory is damaged"),
+    ("snapshot.show bin_versions", "bin_versions/versions.json: not UTF-8 text (byte 0); the run directory is damaged"),
+    ("snapshot.diff -a good -b list_machine", "list_machine/machine.json: expected a JSON object, got a list"),
+    ("snapshot.diff -a '' -b good", "the run is empty; expected a run directory"),
+    ("snapshot.replay '' --dry-run", "the run is empty; expected a run directory"),
+    ("snapshot.replay no_argv --dry-run", "no_argv: no recorded command line"),
+    ("snapshot.replay str_argv --dry-run",
+     "str_argv: the recorded command line (metadata.json 'argv') is not a list of strings; the run directory is damaged"),
+    ("snapshot.replay str_vars --dry-run", "str_vars/env.json: 'vars' is not a JSON object"),
+    ("profile.train --steps abc", "--steps 'abc': expected START:END with 1 <= START < END (end exclusive), e.g. 3:6"),
+    ("profile.train --steps 0:3", "--steps '0:3': expected START:END with 1 <= START < END"),
+    ("profile.train --ranks ''", "--ranks '': expected global ranks >= 0 such as 0 or 0,8, or all"),
+    ("profile.train --ranks 0,-2", "--ranks '0,-2': expected global ranks >= 0"),
+    ("profile.train --top 0", "--top: expected a positive number of operators, got 0"),
+    ("profile.train --nproc -1", "--nproc: expected a positive number of processes per node"),
+]
+
+
+@pytest.mark.parametrize("command,message", SNAPSHOT_CASES, ids=[c for c, _ in SNAPSHOT_CASES])
+def test_snapshot_and_profile_option_is_one_line_and_exit_2(tmp_path, recorded, command, message):
+    import shlex
+
+    names = sorted(p.name for p in recorded.iterdir())
+    args = shlex.split(command)
+    proc = inv(tmp_path, *args, timeout=120)
+    one_line_error(proc, f"{args[0]}: ", message.replace("{runs}", str(recorded)))
+    assert sorted(p.name for p in recorded.iterdir()) == names  # no run directory made
+
+
+def test_snapshot_show_and_diff_still_work(tmp_path, recorded):
+    shown = inv(tmp_path, "snapshot.show", "good", timeout=120)
+    assert shown.returncode == 0 and "train.pretrain" in shown.stdout, shown.stderr
+    assert inv(tmp_path, "snapshot.diff", "-a", "good", "-b", "good", timeout=120).stdout.strip() == "no differences"
+    listed = inv(tmp_path, "snapshot.list", "--limit", "2", "--json", timeout=120)
+    assert [row["dir"] for row in json.loads(listed.stdout)] == ["str_argv", "str_vars"]

@@ -74,4 +74,4 @@ def test_inv_profile_train_traces_one_rank_of_two(tmp_path, dataset):
 def test_inv_profile_train_rejects_a_bad_window(tmp_path):
     proc = inv(tmp_path, "profile.train", "--steps", "5:2")
     assert proc.returncode == 2
-    assert "ANVIL_PROFILE_STEPS='5:2'" in proc.stderr and "Traceback" not in proc.stderr
+    assert "--steps '5:2': expected START:END with 1 <= START < END" in proc.stderr and "Traceback" not in proc.stderr

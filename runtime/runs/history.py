@@ -24,11 +24,15 @@ class Recorded:
 
     @property
     def gpu(self) -> dict:
-        return self.machine.get("gpu") or {}
+        gpu = self.machine.get("gpu")
+        return gpu if isinstance(gpu, dict) else {}
 
 
 def _parse_config(path: Path) -> Any:
-    text = path.read_text(encoding="utf-8", errors="replace")
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        return f"(unreadable: {exc.strerror or exc})"
     if path.suffix == ".json":
         try:
             return json.loads(text)
@@ -43,19 +47,54 @@ def _parse_config(path: Path) -> Any:
     return text
 
 
+def _object(path: Path) -> dict:
+    """A run file that holds a JSON object ({} when absent); RunDirError when it is damaged."""
+    try:
+        data = rundir.read_json(path, {})
+    except rundir.RunDirError as exc:  # not valid JSON
+        raise rundir.RunDirError(f"{exc}; the run directory is damaged") from None
+    except UnicodeDecodeError as exc:
+        raise rundir.RunDirError(f"{path}: not UTF-8 text (byte {exc.start}); the run directory is "
+                                 f"damaged") from None
+    except OSError as exc:
+        raise rundir.RunDirError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise rundir.RunDirError(f"{path}: expected a JSON object, got a {type(data).__name__}; "
+                                 f"the run directory is damaged")
+    return data
+
+
 def load(path: str | Path, runs_dir: Path | None = None) -> Recorded:
-    run_dir = rundir.resolve(path, runs_dir)
+    """One recorded run, by path or by name under runs_dir. RunDirError (exit 2) says what
+    is wrong: not a run, or a record file that is damaged."""
+    where = f" (a path, or a name under {runs_dir})" if runs_dir is not None else ""
+    if not str(path).strip():
+        raise rundir.RunDirError(f"the run is empty; expected a run directory{where}")
+    named = runs_dir is not None and (Path(runs_dir) / str(path)).is_dir()
+    if Path(path).exists() and not Path(path).is_dir() and not named:
+        raise rundir.RunDirError(f"{path}: not a directory; expected a run directory{where}")
+    try:
+        run_dir = rundir.resolve(path, runs_dir)
+    except rundir.RunDirError as exc:
+        raise rundir.RunDirError(f"{exc}; expected a run directory{where}") from None
     configs = {}
     config_dir = run_dir / "configs"
     if config_dir.is_dir():
         for item in sorted(config_dir.iterdir()):
             if item.is_file():
                 configs[item.name] = _parse_config(item)
-    env = rundir.read_json(run_dir / "env.json", {}) or {}
-    return Recorded(run_dir, rundir.metadata(run_dir), env.get("vars") or {},
-                    rundir.read_json(run_dir / "machine.json", {}) or {},
-                    rundir.read_json(run_dir / "versions.json", {}) or {}, configs,
-                    rundir.read_json(run_dir / "git.json", {}) or {})
+    metadata = _object(run_dir / rundir.METADATA)
+    if not metadata:
+        raise rundir.RunDirError(f"{run_dir}: {rundir.METADATA} is empty; the run directory is damaged")
+    env = _object(run_dir / "env.json")
+    variables = env.get("vars") or {}
+    if not isinstance(variables, dict):
+        raise rundir.RunDirError(f"{run_dir / 'env.json'}: 'vars' is not a JSON object; the run "
+                                 f"directory is damaged")
+    return Recorded(run_dir, metadata, variables, _object(run_dir / "machine.json"),
+                    _object(run_dir / "versions.json"), configs, _object(run_dir / "git.json"))
 
 
 def _read_metadata(path: Path) -> tuple[dict | None, str]:
@@ -80,8 +119,11 @@ def _text(value: Any) -> str:
 
 
 def list_rows(runs_dir: Path, limit: int | None = None) -> list[dict]:
-    """One row per run under runs_dir, oldest first. A folder whose metadata.json cannot be
-    read is listed too, its status saying why; one without metadata.json is not a run."""
+    """One row per run under runs_dir, oldest first (the newest `limit` only, when given). A
+    folder whose metadata.json cannot be read is listed too, its status saying why; one
+    without metadata.json is not a run."""
+    if limit is not None and limit < 1:
+        raise rundir.RunDirError(f"--limit: expected a number of runs >= 1 (0 or left out: all), got {limit}")
     rows = []
     runs_dir = Path(runs_dir)
     folders = sorted(p for p in runs_dir.iterdir() if p.is_dir() and not p.name.startswith(".")) \
@@ -95,11 +137,9 @@ def list_rows(runs_dir: Path, limit: int | None = None) -> list[dict]:
                          "hosts": "", "seconds": None, "replay_of": "", "dir": path.name,
                          "problem": f"metadata.json unreadable: {problem}"})
             continue
-        hosts = md.get("hosts")
         replay_of = md.get("replay_of")
         rows.append({"start": md.get("start"), "task": md.get("task"), "name": md.get("name") or "",
-                     "status": md.get("status"),
-                     "hosts": ",".join(map(str, hosts)) if isinstance(hosts, list) else _text(hosts),
+                     "status": md.get("status"), "hosts": hosts_text(md),
                      "seconds": md.get("duration_s"),
                      "replay_of": Path(str(replay_of)).name if replay_of else "", "dir": path.name})
     return rows[-limit:] if limit else rows
@@ -152,9 +192,22 @@ def diff(a: Recorded, b: Recorded) -> list[dict]:
     versions_b = {k: v for k, v in flatten(b.versions).items() if k != "executable"}
     rows += _compare("version", versions_a, versions_b)
     rows += _compare("machine", machine_summary(a), machine_summary(b))
-    run_a = {"task": a.metadata.get("task"), "argv": " ".join(a.metadata.get("argv", [])[1:]),
+    run_a = {"task": a.metadata.get("task"), "argv": argv_text(a.metadata),
              "status": a.metadata.get("status"), "git": a.git.get("commit"), "dirty": a.git.get("dirty")}
-    run_b = {"task": b.metadata.get("task"), "argv": " ".join(b.metadata.get("argv", [])[1:]),
+    run_b = {"task": b.metadata.get("task"), "argv": argv_text(b.metadata),
              "status": b.metadata.get("status"), "git": b.git.get("commit"), "dirty": b.git.get("dirty")}
     rows += _compare("run", run_a, run_b)
     return rows
+
+
+def argv_text(metadata: dict, skip_program: bool = True) -> str:
+    """The recorded command line as text (whatever type a damaged metadata.json holds)."""
+    argv = metadata.get("argv")
+    if not isinstance(argv, list):
+        return _text(argv)
+    return " ".join(map(str, argv[1:] if skip_program else argv))
+
+
+def hosts_text(metadata: dict) -> str:
+    hosts = metadata.get("hosts")
+    return ",".join(map(str, hosts)) if isinstance(hosts, list) else _text(hosts)

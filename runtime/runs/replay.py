@@ -82,9 +82,17 @@ def check_machine(recorded: history.Recorded, current_machine: dict | None = Non
 
 
 def _replay_argv(metadata: dict, run_dir: Path) -> tuple[list[str], list[str]]:
-    argv = list(metadata.get("argv") or [])[1:]
+    recorded = metadata.get("argv") or []
+    if not isinstance(recorded, list) or not all(isinstance(a, str) for a in recorded):
+        raise ReplayError(f"{run_dir}: the recorded command line (metadata.json 'argv') is not a list "
+                          f"of strings; the run directory is damaged")
+    argv = recorded[1:]
     if not argv:
         raise ReplayError(f"{run_dir}: no recorded command line")
+    for key in ("config_sources", "config_options"):
+        if not isinstance(metadata.get(key) or {}, dict):
+            raise ReplayError(f"{run_dir}: metadata.json '{key}' is not a JSON object; the run "
+                              f"directory is damaged")
     swaps = {}
     for name, source in (metadata.get("config_sources") or {}).items():
         copy = run_dir / "configs" / rundir.slug(Path(name).name)
@@ -131,9 +139,9 @@ def plan(path: str | Path, runs_dir: Path | None = None) -> ReplayPlan:
     argv, notes = _replay_argv(recorded.metadata, recorded.path)
     env = {name: str(rec["value"]) for name, rec in recorded.env.items()
            if isinstance(rec, dict) and rec.get("value") not in (None, MASK) and name not in MACHINE_IDENTITY}
-    cwd = Path(recorded.metadata.get("cwd") or recorded.metadata.get("project_root") or ".")
+    cwd = Path(str(recorded.metadata.get("cwd") or recorded.metadata.get("project_root") or "."))
     if not cwd.is_dir():
-        cwd = Path(recorded.metadata.get("project_root") or ".")
+        cwd = Path(str(recorded.metadata.get("project_root") or "."))
     return ReplayPlan(recorded, argv, env, cwd, notes)
 
 
