@@ -70,3 +70,27 @@ def test_missing_data_says_how_to_prepare(tmp_path):
     assert proc.returncode == 2
     assert "inv data.prepare" in proc.stderr and "tokenizer.json" in proc.stderr
     assert run_dirs(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_progress_bar_on_the_terminal_only(tmp_path, dataset):
+    """Rank 0 draws its bar on the terminal inv runs on (a pty from `script`), never into logs or pipes."""
+    import shlex
+    import shutil
+
+    if shutil.which("script") is None:
+        pytest.skip("needs util-linux script (a pseudo-terminal)")
+    argv = [str(INV), "train.pretrain", "--set", f"data.path={dataset}", "--set", "train.steps=6",
+            "--set", "data.seq_len=32", "--set", "train.val_interval=0", "--set", "checkpoint.interval=0"]
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env["INVOKE_ANVIL_RUNS_DIR"] = str(tmp_path / "runs")
+    typescript = tmp_path / "typescript"
+    done = subprocess.run(["script", "-qec", shlex.join(argv), str(typescript)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert "6/6 100%" in typescript.read_text(errors="replace")      # drawn on the terminal
+    (run,) = run_dirs(tmp_path)
+    for log in (run / "logs").glob("*.log"):
+        assert "[#" not in log.read_text(), log                          # never in the logs
+    piped = inv(tmp_path, *argv[1:])                                      # no terminal: no bar at all
+    assert piped.returncode == 0 and "\r\x1b[K" not in piped.stdout + piped.stderr

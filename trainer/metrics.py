@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
+
+from trainer import ranklog
 
 GIB = 1024 ** 3
 
@@ -71,7 +72,8 @@ class ProgressBar:
 
     def __init__(self, total: int, enabled: bool):
         self.total = total
-        self.enabled = enabled and sys.stderr.isatty()
+        self.out = ranklog.terminal() if enabled else None
+        self.enabled = self.out is not None
         self.start = time.perf_counter()
         self.first_step = None
 
@@ -88,14 +90,14 @@ class ProgressBar:
         if done > 0:
             left = (time.perf_counter() - self.start) / done * (self.total - step)
             eta = f" eta {int(left // 60)}m{int(left % 60):02d}s"
-        sys.stderr.write(f"\r\033[K[{'#' * filled}{'.' * (width - filled)}] "
-                         f"{step}/{self.total} {frac:4.0%}{eta} {text}")
-        sys.stderr.flush()
+        self.out.write(f"\r\033[K[{'#' * filled}{'.' * (width - filled)}] "
+                       f"{step}/{self.total} {frac:4.0%}{eta} {text}")
+        self.out.flush()
 
     def clear(self) -> None:
         if self.enabled:
-            sys.stderr.write("\r\033[K")
-            sys.stderr.flush()
+            self.out.write("\r\033[K")
+            self.out.flush()
 
 
 class Metrics:

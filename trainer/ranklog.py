@@ -108,3 +108,20 @@ def setup(run_dir: Path | str | None, rank: int | None = None, local_rank: int |
         console.setFormatter(_ConsoleFormatter(FORMAT, DATEFMT))
         logger.addHandler(console)
     return logger
+
+
+#: Set by the launcher when `inv` itself runs on a terminal: rank 0 draws its bar there.
+PROGRESS_TTY_VAR = "ANVIL_PROGRESS_TTY"
+
+
+def terminal():
+    """Where the bar may go: our own stderr if it is a terminal, else the terminal `inv` runs on
+    (/dev/tty, when the launcher said there is one): never a pipe, so never a log file."""
+    if sys.stderr.isatty():
+        return sys.stderr
+    if os.environ.get(PROGRESS_TTY_VAR) == "1":
+        try:
+            return open("/dev/tty", "w", encoding="utf-8")
+        except OSError:
+            return None
+    return None

@@ -20,6 +20,7 @@ from typing import IO, Mapping
 
 from runtime.launch.commands import build, launch_env
 from runtime.launch.spec import PASSED_SIGNALS, LaunchError, LaunchSpec
+from trainer.ranklog import PROGRESS_TTY_VAR
 from trainer.files import write_atomic
 
 
@@ -115,6 +116,8 @@ def launch(spec: LaunchSpec, env: Mapping[str, str], run_dir: Path | None = None
     """
     built = build(spec, env, run_dir)
     child_env = launch_env(spec, env, run_dir)
+    if spec.runtime == "direct" and sys.stderr.isatty() and not env.get("CI"):
+        child_env[PROGRESS_TTY_VAR] = "1"   # rank 0's progress bar goes to this terminal, not to the logs
     out = stdout or sys.stdout
     if dry_run:
         if built.script is not None:
