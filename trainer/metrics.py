@@ -128,8 +128,12 @@ class Metrics:
                 try:
                     from torch.utils.tensorboard import SummaryWriter
                     self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
-                except Exception:  # tensorboard not installed: the JSONL has everything
+                except Exception as exc:  # tensorboard not installed: the JSONL has everything
                     self._tb = None
+                    self.log.warning("logging.tensorboard is on but TensorBoard cannot be used here (%s): "
+                                     "off for this run; metrics.jsonl has every figure (pip install "
+                                     "tensorboard to turn it on)", str(exc).splitlines()[0] if str(exc) else
+                                     type(exc).__name__)
 
     # -- measurements
 
