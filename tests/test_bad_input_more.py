@@ -564,3 +564,22 @@ def test_snapshot_show_and_diff_still_work(tmp_path, recorded):
     assert inv(tmp_path, "snapshot.diff", "-a", "good", "-b", "good", timeout=120).stdout.strip() == "no differences"
     listed = inv(tmp_path, "snapshot.list", "--limit", "2", "--json", timeout=120)
     assert [row["dir"] for row in json.loads(listed.stdout)] == ["str_argv", "str_vars"]
+
+
+# ---------------------------------------------------------------- 2 (more). damaged runs given to export / plot
+
+def test_plot_of_binary_metrics_and_export_of_a_damaged_checkpoint(tmp_path, finished_run):
+    import shutil
+
+    (tmp_path / "binary").mkdir()
+    (tmp_path / "binary" / "metrics.jsonl").write_bytes(b"\xff\xfe\x00\n")
+    proc = inv(tmp_path, "train.plot", "binary", "--out", tmp_path / "p.png", timeout=120)
+    one_line_error(proc, "train.plot: binary/metrics.jsonl: no training steps logged yet")
+    damaged = tmp_path / "damaged"
+    shutil.copytree(finished_run, damaged)
+    for shard in (damaged / "checkpoints" / "step_2").glob("*.distcp"):
+        shard.unlink()
+    proc = inv(tmp_path, "train.export", "damaged", "--out", tmp_path / "hf", timeout=300)
+    one_line_error(proc, "train.export: damaged/checkpoints/step_2: cannot read its weights (No such file or "
+                         "directory: ", "the checkpoint is damaged; export another step_N")
+    assert not (tmp_path / "hf").exists() and not list(tmp_path.glob(".hf*"))

@@ -118,6 +118,9 @@ def export_hf(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike |
             weights = ck.load_model_state(checkpoint)
         except ck.CheckpointError as exc:
             raise ExportError(str(exc)) from None
+        except (Exception, _dcp_exception()) as exc:  # a damaged checkpoint: a file missing or cut short
+            raise ExportError(f"{checkpoint}: cannot read its weights ({_first_cause(exc)}); the "
+                              f"checkpoint is damaged; export another step_N") from None
         if cfg.model.tie_embeddings:
             # one tensor on disk; transformers re-ties lm_head to the embedding on load
             weights.pop("lm_head.weight", None)
@@ -141,6 +144,29 @@ def export_hf(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike |
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return out
+
+
+def _dcp_exception() -> type[BaseException]:
+    """torch.distributed.checkpoint's CheckpointException (a BaseException: `except Exception`
+    misses it), which wraps each rank's failure."""
+    try:
+        from torch.distributed.checkpoint.api import CheckpointException
+    except ImportError:
+        return Exception
+    return CheckpointException
+
+
+def _first_cause(exc: BaseException) -> str:
+    """The innermost reason: DCP's CheckpointException carries the per-rank failures."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        inner = next(iter(failures.values()))  # (exception, traceback summary)
+        inner = inner[0] if isinstance(inner, tuple) and inner else inner
+        if isinstance(inner, BaseException):
+            exc = inner
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def _file_in_the_way(path: Path) -> Path | None:

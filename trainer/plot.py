@@ -36,7 +36,7 @@ def read_metrics(run_dir: Path) -> tuple[dict[int, dict], dict[int, dict], list[
         raise PlotError(f"{run_dir}: no metrics.jsonl (rank 0 writes it from the first logged "
                         "step; has this run trained yet?)")
     train, val, resumes, last = {}, {}, [], 0
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8", errors="replace") as f:  # damaged lines are skipped below
         for line in f:
             try:
                 record = json.loads(line)
