@@ -26,10 +26,10 @@ def ctx(tmp_path) -> Context:
 def test_run_dir_names_are_unique_and_writes_atomic(tmp_path):
     when = datetime(2026, 11, 22, 10, 31, 5)
     first = rundir.create(tmp_path, "train.pretrain", "llama 8b", when=when)
-    second = rundir.create(tmp_path, "train.pretrain", "llama 8b", host="node2", when=when)
-    third = rundir.create(tmp_path, "train.pretrain", "llama 8b", host="node2", when=when)
+    second = rundir.create(tmp_path, "train.pretrain", "llama 8b", when=when)
+    third = rundir.create(tmp_path, "train.pretrain", "llama 8b", when=when)
     assert first.name == "2026-11-22T10-31-05_train.pretrain_llama-8b"
-    assert second.name == first.name + "@node2" and third.name == first.name + "-2"
+    assert second.name == first.name + "-2" and third.name == first.name + "-3"   # one suffix scheme
     target = first / "sub" / "x.json"
     rundir.write_text(target, "{}")
     assert target.read_text() == "{}" and [p.name for p in target.parent.iterdir()] == ["x.json"]

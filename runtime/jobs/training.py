@@ -128,7 +128,11 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     config_path = job.config or str(DEFAULT_CONFIG)
     env = envs.resolve(gpu=job.gpu or None, site=job.site or None, config_env=cfg.env,
                        overrides=list(run_options.env) + list(extra_env), config_ref=f"{config_path} (env:)")
-    for warning in env.warnings:
+    warnings = list(env.warnings)
+    if cfg.schedule.warmup_steps >= cfg.train.steps:
+        warnings.append(f"schedule.warmup_steps={cfg.schedule.warmup_steps} >= train.steps={cfg.train.steps}: "
+                        "the learning rate never leaves warmup")
+    for warning in warnings:
         print(f"WARNING: {warning}")
     settings = settings_mod.load(c)
     excluded: dict[str, list[str]] = {}

@@ -381,7 +381,7 @@ def create(ctx, spec: RunSpec) -> Run:
                              "reason": "recorded in the replayed run"}
     masker = Masker.from_environ(values)
     try:
-        path = rundir.create(settings.runs_dir, spec.task, spec.name, host=host)
+        path = rundir.create(settings.runs_dir, spec.task, spec.name)
     except OSError as exc:
         raise Exit(f"cannot create a run directory under {settings.runs_dir}: {exc.strerror or exc}", 2)
     started = time.time()

@@ -47,14 +47,15 @@ def dir_name(task: str, name: str | None = None, when: datetime | None = None) -
     return f"{stamp}_{slug(task)}" + (f"_{slug(name)}" if name else "")
 
 
-def create(runs_dir: Path, task: str, name: str | None = None, host: str | None = None,
-           when: datetime | None = None) -> Path:
-    """Make a fresh run directory; never reuses one (hosts share runs/ over NFS)."""
+def create(runs_dir: Path, task: str, name: str | None = None, when: datetime | None = None) -> Path:
+    """Make a fresh run directory; never reuses one (hosts share runs/ over NFS).
+
+    A name taken in the same second gets one suffix scheme: `-2`, `-3`, ... (the host is in
+    metadata.json; a second scheme such as `@host` made names hard to predict)."""
     runs_dir = Path(runs_dir)
     runs_dir.mkdir(parents=True, exist_ok=True)
     base = dir_name(task, name, when)
-    candidates = [base] + ([f"{base}@{slug(host)}"] if host else [])
-    candidates += [f"{base}-{i}" for i in range(2, 1000)]
+    candidates = [base] + [f"{base}-{i}" for i in range(2, 1000)]
     for candidate in candidates:
         path = runs_dir / candidate
         try:
