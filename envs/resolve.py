@@ -144,7 +144,7 @@ def resolve(machine: Optional[Machine] = None, gpu: Optional[str] = None, site: 
             else:
                 value, reason = entry.value, entry.reason
             _apply(result.vars, entry.name, value, profile.label, reason, entry.ref,
-                   computed=isinstance(entry, Computed))
+                   computed=isinstance(entry, Computed) and entry.per_node)
     if config_env:
         result.layers.append("config")
         for name, value in config_env.items():
@@ -216,8 +216,11 @@ def compute_here(names: Iterable[str], environ: Optional[Mapping[str, str]] = No
     environ = os.environ if environ is None else environ
     stack = [profiles.BASE, *profiles.VENDOR_PROFILES.values(), *profiles.MODEL_PROFILES.values(),
              *(site.PROFILE for site in sites.SITES.values())]
-    # The last layer that computes a name wins, as in resolve().
-    computers = {e.name: e for profile in stack for e in profile.entries if isinstance(e, Computed)}
+    # The last layer that computes a name wins, as in resolve(). Only per-node values: one that is
+    # the same for the whole job (a GPU model's peak) keeps what the launch host resolved, since
+    # searching every model's profile here would pick an arbitrary model's.
+    computers = {e.name: e for profile in stack for e in profile.entries
+                 if isinstance(e, Computed) and e.per_node}
     machine = Machine(vendor="cpu", model=None, name="not probed", arch=None, count=0, memory_gib=None)
     ctx = Context(machine, environ, hostname or socket.gethostname())
     out: dict[str, str] = {}

@@ -28,6 +28,8 @@ class Computed:
     compute: Callable[..., ComputeResult]  # compute(ctx) -> value | (value, detail) | None
     reason: str
     ref: str
+    per_node: bool = True  # each node of a multi-node job computes its own (interface, host name);
+    #                        False: one value for the whole job (the GPU model's peak)
 
 
 Entry = Union[Setting, Computed]
@@ -103,8 +105,9 @@ def setting(name: str, value: Optional[str], reason: str, ref: str) -> Setting:
     return Setting(name, value, reason, ref)
 
 
-def computed(name: str, compute: Callable[..., ComputeResult], reason: str, ref: str) -> Computed:
-    return Computed(name, compute, reason, ref)
+def computed(name: str, compute: Callable[..., ComputeResult], reason: str, ref: str,
+             per_node: bool = True) -> Computed:
+    return Computed(name, compute, reason, ref, per_node)
 
 
 def model_profile(model: GpuModel, *entries: Entry) -> Profile:
@@ -121,7 +124,8 @@ def model_profile(model: GpuModel, *entries: Entry) -> Profile:
         setting("ANVIL_GPU_ARCH", model.arch, f"{model.name} is {model.arch}; kernels and caches key on it",
                 "vendor ISA/compute-capability tables (ROCm GPU specs; CUDA compute capabilities)"),
         computed("ANVIL_GPU_PEAK_TFLOPS", peak,
-                 f"dense bf16 peak of one {model.name} device, the MFU denominator", model.peak_ref),
+                 f"dense bf16 peak of one {model.name} device, the MFU denominator", model.peak_ref,
+                 per_node=False),
     )
     return Profile(model.key, "model", f"{model.name} ({model.arch})", base + tuple(entries))
 

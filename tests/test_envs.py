@@ -343,3 +343,13 @@ def test_diff_two_profiles():
                                             envs.resolve(gpu="H100", site="none"))}
     assert rows["ANVIL_GPU_PEAK_TFLOPS"]["a"] == "1307.4" and rows["ANVIL_GPU_PEAK_TFLOPS"]["b"] == "989"
     assert rows["HSA_NO_SCRATCH_RECLAIM"]["b"] is None and "NCCL_DEBUG" not in rows
+
+
+def test_a_job_wide_value_is_not_recomputed_per_node():
+    """The GPU peak is the model's, the same on every node: a node must not recompute it from
+    every model's profile (it once came back as B200's 2250 on an H100 job)."""
+    resolved = envs.resolve(gpu="H100")
+    assert resolved.vars["ANVIL_GPU_PEAK_TFLOPS"].value == "989"
+    assert "ANVIL_GPU_PEAK_TFLOPS" not in resolved.node_local()
+    assert "ANVIL_GPU_PEAK_TFLOPS" not in envs.compute_here(["ANVIL_GPU_PEAK_TFLOPS", "ANVIL_HOST"])
+    assert "ANVIL_HOST" in resolved.node_local()

@@ -107,3 +107,18 @@ def test_ranklog_format_files_and_console_rank(tmp_path, capsys, monkeypatch):
     for name in ("t.rank3", "t.rank0", "t.rank5"):
         for handler in logging.getLogger(name).handlers:
             handler.close()
+
+
+def test_atomic_writes_get_the_mode_open_would_give(tmp_path):
+    """Not mkstemp's 0600: run directories on a shared file system are readable by the team."""
+    import os
+
+    from trainer.files import write_atomic
+
+    old = os.umask(0o022)
+    try:
+        path = write_atomic(tmp_path / "a.json", "{}")
+        assert path.stat().st_mode & 0o777 == 0o644
+        assert write_atomic(tmp_path / "b", "x", mode=0o600).stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(old)

@@ -13,8 +13,16 @@ from pathlib import Path
 from typing import Any
 
 
+def _umask_mode() -> int:
+    """0o666 less the umask: the mode open() would give a new file (mkstemp's is 0600)."""
+    current = os.umask(0o022)
+    os.umask(current)
+    return 0o666 & ~current
+
+
 def write_atomic(path: str | Path, data: str | bytes, mode: int | None = None) -> Path:
-    """Replace `path` with `data` in one step; the folder is created if missing."""
+    """Replace `path` with `data` in one step; the folder is created if missing. The file gets
+    `mode`, or what a plain open() would give it (teammates on a shared cluster can read runs)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -23,8 +31,7 @@ def write_atomic(path: str | Path, data: str | bytes, mode: int | None = None) -
             handle.write(data.encode("utf-8") if isinstance(data, str) else data)
             handle.flush()
             os.fsync(handle.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
+        os.chmod(tmp, mode if mode is not None else _umask_mode())
         os.replace(tmp, path)
     except BaseException:
         try:
