@@ -50,7 +50,7 @@ class Machine:
 
     def to_dict(self) -> dict:
         data = asdict(self)
-        data["memory"] = self.memory_gib  # CONTRACTS name
+        data["memory"] = self.memory_gib  # the key `inv env.detect --json` has always used
         return data
 
 

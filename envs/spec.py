@@ -8,7 +8,7 @@ comes from, so `inv env.explain VAR` can say why a value is what it is.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 ComputeResult = Union[None, str, "tuple[str, str]"]
@@ -93,7 +93,6 @@ class GpuModel:
     default_count: int = 8
     compute_units: Optional[int] = None  # set only where it tells two models apart
     peak_variants: tuple = ()
-    aliases: tuple = field(default=())
     floors: Optional[Floors] = None  # node-screen minimums (preflight.perf)
 
     @property

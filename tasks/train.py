@@ -9,7 +9,8 @@
 
 pretrain: validate the config, resolve the environment (its env: block is a layer), make the
 run directory with its snapshot (runtime.runs.run.execute), write the config as used, and launch
-`python -m trainer` through torchrun (one process per visible GPU, one on CPU).
+`python -m trainer` through Anvil's per-node agent (runtime.launch.agent: one process per visible GPU,
+one on CPU; one agent per node under Slurm).
 
 plan: parameters, FLOPs per token and the per-GPU memory of the run (trainer.plan), against the
 memory of the detected GPU or of the named one (envs' profiles); nothing is started.

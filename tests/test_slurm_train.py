@@ -188,3 +188,26 @@ def test_bad_slurm_input_is_one_message(slurm_cluster, dataset, tmp_path):
     assert no_slurm.returncode == 2 and "`sbatch` not found" in no_slurm.stderr, no_slurm.stderr[-2000:]
     assert "Traceback" not in too_many.stderr + no_slurm.stderr
     assert not any((run / "metrics.jsonl").exists() for run in (tmp_path / "runs").glob("*"))
+
+
+def test_ctrl_c_while_following_a_job_leaves_it_running_and_says_so(slurm_cluster, dataset, tmp_path):
+    env = _env(slurm_cluster, tmp_path)
+    proc = subprocess.Popen([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "1", "--name", "fol",
+                             *_args(dataset, steps=400)], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = None
+    try:
+        job = _wait_for(lambda: _job_id(tmp_path), 60, "the job id")
+        time.sleep(2)
+        proc.send_signal(signal.SIGINT)            # Ctrl-C to inv only: no terminal, so no question
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, out[-2000:] + err[-2000:]
+        assert f"stopped following Slurm job {job}; it keeps running" in err and "Traceback" not in err
+        assert json.loads((_only_run(tmp_path) / "metadata.json").read_text())["status"] == "detached"
+        state = slurm_cluster.slurm_run("scontrol", "show", "job", job).stdout
+        assert "JobState=RUNNING" in state or "JobState=PENDING" in state, state
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if job:
+            slurm_cluster.slurm_run("scancel", job)

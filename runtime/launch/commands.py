@@ -105,7 +105,7 @@ def container_prefix(spec: LaunchSpec, env: Mapping[str, str], run_dir: Path | N
     if opts.engine not in ENGINES:
         raise LaunchError(f"unknown container engine {opts.engine!r} ({' | '.join(ENGINES)})")
     if not opts.image:
-        raise LaunchError("container runtime needs an image (anvil.container_image or --image)")
+        raise LaunchError("container runtime needs an image (the anvil.container_image setting, e.g. INVOKE_ANVIL_CONTAINER_IMAGE=...)")
     workdir = spec.workdir or os.getcwd()
     mounts = [str(CHECKOUT), workdir] + ([str(run_dir)] if run_dir else []) + list(opts.mounts)
     binds = []

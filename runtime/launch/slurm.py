@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Mapping
 
 from runtime.launch.spec import EXIT_INTERRUPTED, Built, LaunchError
+from trainer.errors import AnvilError
 from trainer.files import write_atomic
 
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -161,6 +162,14 @@ def follow(job_id: str, env: Mapping[str, str], log: Path | None, out: IO) -> in
     return exit_status(info)
 
 
+class FollowStopped(AnvilError):
+    """Ctrl-C while following a submitted job: it was cancelled, or it keeps running unfollowed."""
+
+    def __init__(self, message: str, status: str):
+        super().__init__(message, EXIT_INTERRUPTED)
+        self.status = status
+
+
 def _ask_cancel(job_id: str, env: Mapping[str, str], out: IO) -> None:
     if sys.stdin is not None and sys.stdin.isatty():
         try:
@@ -169,9 +178,10 @@ def _ask_cancel(job_id: str, env: Mapping[str, str], out: IO) -> None:
             answer = ""
         if answer.strip().lower() in ("y", "yes"):
             cancel(job_id, env)
-            print(f"slurm: job {job_id} cancelled", file=out)
-            return
-    print(f"\nslurm: job {job_id} keeps running; `scancel {job_id}` stops it", file=out)
+            raise FollowStopped(f"Slurm job {job_id} cancelled (its ranks checkpoint on the way out when "
+                                "they can; `inv train.pretrain --resume RUN` continues)", "cancelled")
+    raise FollowStopped(f"stopped following Slurm job {job_id}; it keeps running (`scancel {job_id}` stops it, "
+                        f"`scontrol show job {job_id}` shows it)", "detached")
 
 
 def submit_and_follow(built: Built, env: Mapping[str, str], run_dir: Path | None, wait: bool = True,
@@ -191,7 +201,7 @@ def submit_and_follow(built: Built, env: Mapping[str, str], run_dir: Path | None
         signal.signal(signal.SIGINT, signal.default_int_handler)
         return follow(job_id, env, log, out)
     except KeyboardInterrupt:
-        _ask_cancel(job_id, env, out)
-        return EXIT_INTERRUPTED
+        _ask_cancel(job_id, env, out)       # raises FollowStopped
+        raise
     finally:
         signal.signal(signal.SIGINT, previous)

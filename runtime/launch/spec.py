@@ -65,7 +65,7 @@ class LaunchSpec:
     gpus: int | None = None              # GPUs detected on this node (envs.detect().count)
     vendor: str = "cpu"                  # rocm | cuda | cpu: container device flags
     plain: bool = False                  # direct, one process, no agent (no rendezvous)
-    master_port: int = 0                 # 0: a free port (single node) or 29500 + job id (Slurm)
+    master_port: int = 0                 # 0: a free port (single node) or one derived from the Slurm job id
     python: str = ""                     # interpreter ("" = this one; "python3" inside containers)
     workdir: str = ""                    # "" = current directory
     node_local: list[str] = field(default_factory=list)  # variables each node computes for itself

@@ -18,7 +18,7 @@ task receives them as ``run_options`` (a RunOptions).
 runs --patch and the pre hooks (which may extend the env), calls body(run),
 runs the post hooks (also after a failure, told the outcome), finishes
 metadata.json and returns body's result. On failure it reads the logs for
-known signatures (runtime.runs.diagnose) and raises invoke.exceptions.Exit with
+known signatures (runtime.runs.diagnose) and raises RunFailed (an AnvilError) with
 one clear message and the process's exit code.
 
 Replays (runtime.runs.replay) start the task again with ANVIL_REPLAY_OF=<old run>:
@@ -44,7 +44,7 @@ from invoke import task as invoke_task
 from invoke.exceptions import Exit, UnexpectedExit
 
 from runtime import settings as settings_mod
-from trainer.errors import AnvilError
+from trainer.errors import AnvilError, UserError
 from trainer.secrets import MASK, Masker
 
 
@@ -235,7 +235,7 @@ def _replay_layer(replay_of: str) -> tuple[Path | None, dict[str, str]]:
     try:
         original = rundir.resolve(replay_of)
     except rundir.RunDirError as exc:
-        raise Exit(f"replay: {exc}", 2)
+        raise UserError(f"replay: {exc}") from None
     recorded = rundir.read_json(original / "env.json", {}) or {}
     values = {name: rec.get("value") for name, rec in (recorded.get("vars") or {}).items()
               if isinstance(rec, dict) and rec.get("value") not in (None, MASK) and name not in MACHINE_IDENTITY}
@@ -269,7 +269,7 @@ def _write_config(run: Run, file_name: str, config: Any) -> None:
         try:
             text = source.read_text(encoding="utf-8")
         except OSError as exc:
-            raise Exit(f"config {source}: {exc.strerror or exc}", 2)
+            raise UserError(f"config {source}: {exc.strerror or exc}") from None
         run.write_text(rel, text)
         run.spec.config_sources.setdefault(file_name, str(config))
         return
@@ -313,7 +313,7 @@ def _run_pre(run: Run) -> None:
         if spec.patch:
             patch = Path(spec.patch).expanduser()
             if not patch.is_file():
-                raise Exit(f"--patch {spec.patch}: no such file", 2)
+                raise UserError(f"--patch {spec.patch}: no such file")
             run.write_text(Path("hooks") / f"patch_{patch.name}", patch.read_text(errors="replace"))
             records.append(hooks_mod.run_file(patch.resolve(), ctx, cwd=run.settings.root))
         records += hooks_mod.run_phase(run.settings.hooks_dir, ctx, cwd=run.settings.root)
@@ -367,7 +367,7 @@ def create(ctx, spec: RunSpec) -> Run:
     try:
         settings = settings_mod.load(ctx)
     except settings_mod.SettingsError as exc:
-        raise Exit(f"invoke.yaml: {exc}", 2) from None
+        raise UserError(f"invoke.yaml: {exc}") from None
     argv = list(spec.argv if spec.argv is not None else sys.argv)
     host = os.environ.get("ANVIL_HOST") or socket.gethostname()
     values, sources, warnings = _env_layers(spec.env)
@@ -383,7 +383,7 @@ def create(ctx, spec: RunSpec) -> Run:
     try:
         path = rundir.create(settings.runs_dir, spec.task, spec.name)
     except OSError as exc:
-        raise Exit(f"cannot create a run directory under {settings.runs_dir}: {exc.strerror or exc}", 2)
+        raise UserError(f"cannot create a run directory under {settings.runs_dir}: {exc.strerror or exc}") from None
     started = time.time()
     metadata = {
         "task": spec.task, "name": spec.name, "status": "running",
@@ -430,7 +430,7 @@ def execute(ctx, spec: RunSpec, body: Callable[[Run], Any]) -> Any:
         if spec.hooks:
             _run_pre(run)
         result = body(run)
-    except BaseException as exc:  # noqa: BLE001 - recorded, post hooks told, then re-raised as Exit
+    except BaseException as exc:  # noqa: BLE001 - recorded, post hooks told, then re-raised as RunFailed
         failure = exc
     outcome = {"status": (getattr(failure, "status", None) or "failed") if failure else "ok",
                "error": _error_text(failure) if failure else None}
