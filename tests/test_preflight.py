@@ -1,6 +1,7 @@
 """Preflight: the checks on real and sample sysfs trees, and `inv preflight.*` through the installed inv."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -169,9 +170,9 @@ def test_preflight_require_gpu_fails_here(inv):
 
 # ---- the shipped train.pretrain pre hooks, through the real hook engine ---------------------
 
-def run_pretrain_pre_hooks(repo: Path, config: dict, cwd: Path):
+def run_pretrain_pre_hooks(repo: Path, config: dict, cwd: Path, run_dir: Path | None = None):
     from runtime.runs import hooks
-    ctx = hooks.HookContext(task="train.pretrain", phase="pre", config=config)
+    ctx = hooks.HookContext(task="train.pretrain", phase="pre", config=config, run_dir=run_dir)
     old = os.getcwd()
     os.chdir(cwd)  # data.path is relative to the working directory
     try:
@@ -180,16 +181,19 @@ def run_pretrain_pre_hooks(repo: Path, config: dict, cwd: Path):
         os.chdir(old)
 
 
-def test_pretrain_hooks_check_the_dataset(repo, tmp_path):
-    from runtime.runs.hooks import HookError
-    with pytest.raises(HookError, match=r"10_check_data.py failed: .*data.path data/none: no such directory.*"
-                                        r"inv data.prepare --out data/none"):
-        run_pretrain_pre_hooks(repo, {"data": {"path": "data/none"}}, tmp_path)
-    (tmp_path / "data/half").mkdir(parents=True)
-    with pytest.raises(HookError, match="no manifest.json"):
-        run_pretrain_pre_hooks(repo, {"data": {"path": "data/half"}}, tmp_path)
-    (tmp_path / "data/half/manifest.json").write_text(json.dumps({"tokens": 1234}))
-    records = run_pretrain_pre_hooks(repo, {"data": {"path": "data/half"}}, tmp_path)
+def test_pretrain_hooks_record_the_dataset_fingerprint(repo, tmp_path):
+    (tmp_path / "data/mine").mkdir(parents=True)
+    manifest = json.dumps({"tokens": 1234, "fingerprint": "abc", "tokenizer": {"kind": "byte"},
+                           "splits": {"train": {"tokens": 1000}, "val": {"tokens": 234}}})
+    (tmp_path / "data/mine/manifest.json").write_text(manifest)
+    run = tmp_path / "run"
+    run.mkdir()
+    records = run_pretrain_pre_hooks(repo, {"data": {"path": "data/mine"}}, tmp_path, run)
     # both hooks ran; on this CPU machine the GPUs-idle hook passes with nothing to check
-    assert [r.path.name for r in records] == ["10_check_data.py", "20_gpus_idle.py"] and all(r.ok for r in records)
-    assert run_pretrain_pre_hooks(repo, {"data": {"path": "synthetic"}}, tmp_path)[0].ok
+    assert [r.path.name for r in records] == ["10_dataset_fingerprint.py", "20_gpus_idle.py"]
+    assert all(r.ok for r in records)
+    recorded = json.loads((run / "dataset.json").read_text())
+    assert recorded["manifest_sha256"] == hashlib.sha256(manifest.encode()).hexdigest()
+    assert recorded["fingerprint"] == "abc" and recorded["splits"] == {"train": 1000, "val": 234}
+    assert run_pretrain_pre_hooks(repo, {"data": {"path": "synthetic"}}, tmp_path, run)[0].ok
+    assert json.loads((run / "dataset.json").read_text()) == {"path": "synthetic"}
