@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -123,16 +124,28 @@ def test_prepare_writes_into_missing_or_empty_and_rebuilds_a_dataset(tmp_path, c
 
 
 # ---------------------------------------------------------------- 1. a config that is not a YAML text
+# (through inv for the main cases; the loader in-process for the variants: each inv train.pretrain
+# costs seconds of imports before the config is read)
 
 @pytest.mark.parametrize("content,where", [(b"name: x\n\xff\xfe junk\n", "invalid UTF-8 at byte 8"),
-                                           (b"name: x\x00\n", "NUL byte at byte 7"),
-                                           (bytes(range(256)), "NUL byte at byte 0")])
+                                           (b"name: x\x00\n", "NUL byte at byte 7")])
 def test_binary_config_is_refused(tmp_path, content, where):
     (tmp_path / "model.bin").write_bytes(content)
     proc = inv(tmp_path, "train.pretrain", "--config", "model.bin", timeout=120)
     line = one_line_error(proc, "train.pretrain: model.bin: not a text YAML file", where)
     assert line.endswith("; expected a YAML config such as configs/tiny.yaml")
     assert runs(tmp_path) == []
+
+
+def test_binary_config_variants(tmp_path):
+    from trainer.config import ConfigError, load
+
+    (tmp_path / "all.bin").write_bytes(bytes(range(256)))
+    with pytest.raises(ConfigError, match=r"all.bin: not a text YAML file \(NUL byte at byte 0\)"):
+        load(tmp_path / "all.bin")
+    (tmp_path / "late.bin").write_bytes(b"a: 1\n\xe9\x00")
+    with pytest.raises(ConfigError, match=r"late.bin: not a text YAML file \(invalid UTF-8 at byte 5\)"):
+        load(tmp_path / "late.bin")
 
 
 def test_directory_as_config_is_refused(tmp_path):
@@ -194,35 +207,61 @@ def test_plot_and_export_still_write(tmp_path, finished_run):
 
 # ---------------------------------------------------------------- 3. an empty config
 
-@pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n# and another\n", "---\n"])
+EMPTY = "config is empty; expected a mapping of sections (model:, data:, optim:, train:, ...)"
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n# and another\n"])
 def test_empty_config_is_refused(tmp_path, text):
     (tmp_path / "empty.yaml").write_text(text)
     proc = inv(tmp_path, "train.pretrain", "--config", "empty.yaml", timeout=120)
-    one_line_error(proc, "train.pretrain: empty.yaml: config is empty; expected a mapping of sections "
-                         "(model:, data:, optim:, train:, ...)")
+    one_line_error(proc, f"train.pretrain: empty.yaml: {EMPTY}")
     assert runs(tmp_path) == []
+
+
+@pytest.mark.parametrize("text", ["\n\n", "---\n", "   \n# x\n"])
+def test_empty_config_variants(tmp_path, text):
+    from trainer.config import ConfigError, load
+
+    (tmp_path / "empty.yaml").write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load(tmp_path / "empty.yaml")
+    assert str(info.value) == f"{tmp_path / 'empty.yaml'}: {EMPTY}"
 
 
 # ---------------------------------------------------------------- 4. inf / nan in float fields; the lr range
 
-@pytest.mark.parametrize("item,key,got", [
-    ("optim.lr=.inf", "optim.lr", "inf"), ("optim.lr=nan", "optim.lr", "'nan'"),
-    ("optim.lr=1e999", "optim.lr", "'1e999'"), ("optim.betas=[0.9, .nan]", "optim.betas[1]", "nan"),
-    ("model.norm_eps=inf", "model.norm_eps", "'inf'"), ("optim.grad_clip=-.inf", "optim.grad_clip", "-inf"),
-    ("schedule.min_lr_ratio=.nan", "schedule.min_lr_ratio", "nan"),
-    ("model.rope_scaling={factor: .inf}", "model.rope_scaling.factor", "inf"),
-])
-def test_inf_and_nan_are_refused_in_every_float_field(tmp_path, item, key, got):
+@pytest.mark.parametrize("item,key,got", [("optim.lr=.inf", "optim.lr", "inf"),
+                                          ("optim.betas=[0.9, .nan]", "optim.betas[1]", "nan")])
+def test_inf_and_nan_are_refused(tmp_path, item, key, got):
     proc = inv(tmp_path, "train.pretrain", "--set", item, timeout=120)
     one_line_error(proc, f"tiny.yaml: {key}: expected a finite number, got {got}")
     assert runs(tmp_path) == []
 
 
-@pytest.mark.parametrize("lr", ["2", "0", "-1e-3"])
-def test_learning_rate_must_be_in_zero_one(tmp_path, lr):
-    proc = inv(tmp_path, "train.pretrain", "--set", f"optim.lr={lr}", timeout=120)
-    one_line_error(proc, "tiny.yaml: optim.lr: expected a learning rate in (0, 1], e.g. 3e-4, got")
+@pytest.mark.parametrize("item,key,got", [
+    ("optim.lr=nan", "optim.lr", "'nan'"), ("optim.lr=1e999", "optim.lr", "'1e999'"),
+    ("model.norm_eps=inf", "model.norm_eps", "'inf'"), ("optim.grad_clip=-.inf", "optim.grad_clip", "-inf"),
+    ("schedule.min_lr_ratio=.nan", "schedule.min_lr_ratio", "nan"),
+    ("model.rope_scaling={factor: .inf}", "model.rope_scaling.factor", "inf"),
+    ("optim.betas=[.inf, 0.9]", "optim.betas[0]", "inf"),
+])
+def test_inf_and_nan_in_every_float_field(item, key, got):
+    from trainer.config import ConfigError, load
+
+    with pytest.raises(ConfigError, match=re.escape(f"tiny.yaml: {key}: expected a finite number, got {got}")):
+        load(None, [item])
+
+
+def test_learning_rate_must_be_in_zero_one(tmp_path):
+    from trainer.config import ConfigError, load
+
+    proc = inv(tmp_path, "train.pretrain", "--set", "optim.lr=2", timeout=120)
+    one_line_error(proc, "tiny.yaml: optim.lr: expected a learning rate in (0, 1], e.g. 3e-4, got 2.0")
     assert runs(tmp_path) == []
+    for lr in ("0", "-1e-3", "1.0000001"):
+        with pytest.raises(ConfigError, match=re.escape("optim.lr: expected a learning rate in (0, 1], e.g. 3e-4")):
+            load(None, [f"optim.lr={lr}"])
+    assert load(None, ["optim.lr=1"]).optim.lr == 1.0
 
 
 # ---------------------------------------------------------------- 5. a shard holding ids outside the vocabulary
