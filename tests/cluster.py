@@ -368,6 +368,31 @@ class Cluster:
         if done.returncode != 0:
             raise ClusterError(f"{' '.join(command)} on {host.name}: {done.stderr.strip()}")
 
+    def slow_link(self, host: Host | str, delay_ms: float | None, rate: str | None = None) -> str:
+        """Make one host's link slow, as a bad cable or NIC would: `tc qdisc add dev <its bridge-side
+        veth> root netem delay <delay_ms>ms` (everything sent to the host waits; every path to it is
+        slow). rate="100mbit" shapes it instead (tbf; with delay_ms too: netem ... rate), for
+        kernels without sch_netem. slow_link(host, None) removes it. Returns the qdisc set ('')."""
+        found = next((h for h in self.all_hosts if host in (h, h.name, h.address)), None)
+        if found is None:
+            raise ClusterError(f"no host {host} in cluster {self.number}")
+        host = found
+        subprocess.run(["tc", "qdisc", "del", "dev", host.veth, "root"], capture_output=True,
+                       stdin=subprocess.DEVNULL)            # none there yet: nothing to remove
+        if delay_ms is None and rate is None:
+            return ""
+        if delay_ms is not None:
+            qdisc = ["netem", "delay", f"{delay_ms:g}ms"] + (["rate", rate] if rate else [])
+        else:
+            qdisc = ["tbf", "rate", rate, "burst", "64kb", "latency", "200ms"]
+        done = subprocess.run(["tc", "qdisc", "add", "dev", host.veth, "root", *qdisc], capture_output=True,
+                              text=True, stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            hint = " (this kernel has no sch_netem: pass rate= instead)" if qdisc[0] == "netem" else ""
+            raise ClusterError(f"tc qdisc add dev {host.veth} root {' '.join(qdisc)}: "
+                               f"{done.stderr.strip()}{hint}")
+        return " ".join(qdisc)
+
     def _slurm_host(self, host: Host | str) -> Host:
         if not self.slurm:
             raise ClusterError("not a Slurm cluster (start it with slurm=True)")
