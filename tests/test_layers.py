@@ -57,6 +57,19 @@ def test_imports_point_down_only():
     assert not wrong, "imports against the layer order:\n" + "\n".join(sorted(wrong))
 
 
+def test_task_modules_are_thin_and_stand_alone():
+    """A task module imports no other task module (shared logic lives in runtime/) and raises no
+    invoke Exit (errors are AnvilErrors; runtime.program.cli is the one place that makes exit codes)."""
+    wrong = []
+    for path in sorted((ROOT / "tasks").glob("*.py")):
+        for name in _imports(path):
+            if name.startswith("tasks.") or name == "tasks":
+                wrong.append(f"{path.name} imports {name}")
+        if "raise Exit(" in path.read_text():
+            wrong.append(f"{path.name} raises invoke's Exit")
+    assert not wrong, "\n".join(wrong)
+
+
 def test_no_import_cycles():
     files = _project_files()
     modules = {_module_name(p) for p in files}
