@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Protocol, Sequence
 
 from runtime.preflight.result import FAIL, PASS, WARN, CheckResult
-from trainer.errors import UserError
+from trainer.errors import AnvilError, UserError
 
 RATIO = 0.7                 # a pair under 0.7 x the median is slow
 MAX_ROUNDS = 4              # pairwise rounds at most (3 nodes need 3 to name a slow one)
@@ -72,6 +72,12 @@ Progress = Callable[[str], None]
 
 class CommError(UserError):
     """Bad input for the comm check (too few hosts, a bad size, no allocation)."""
+
+
+class CommFailed(AnvilError):
+    """The screen ran and a node (or the all-reduce across all of them) failed: exit status 1."""
+
+    exit_code = 1
 
 
 # ---- what is measured ------------------------------------------------------------------------
@@ -813,8 +819,6 @@ def run_comm_check(c, hosts: list[str] | str | None, slurm: bool, size: str = "6
     for SSH (default: from the anvil settings); transport: measure through this one instead."""
     import json as jsonlib
 
-    from invoke.exceptions import Exit
-
     from benchmarks.collectives import parse_size
     from runtime import settings as settings_mod
     from runtime.program import ssh
@@ -880,7 +884,7 @@ def run_comm_check(c, hosts: list[str] | str | None, slurm: bool, size: str = "6
         if report.failed:
             what = (f"{len(report.failing)} of {len(report.hosts)} node(s) failing: {', '.join(report.failing)}"
                     if report.failing else "the all-reduce across all nodes failed")
-            raise Exit(what, 1)
+            raise CommFailed(what)
         return document
 
     extra = {"hosts_checked": host_list, "size": size, "iters": int(iters), "transport": "srun" if slurm else "ssh"}
