@@ -30,7 +30,7 @@ HELP = {
 
 
 @run_task(help=HELP, iterable=["set_"])
-def train(c, config="", set_=None, steps="3:6", ranks="0", top=15, nproc=0, compile=False, kernels=False,
+def train(c, config=None, set_=None, steps="3:6", ranks="0", top=15, nproc=0, compile=False, kernels=False,
           gpu="", site="", run_options=None):
     """Profile a few training steps on chosen ranks: chrome trace + the operators that took longest."""
     from tabulate import tabulate

@@ -310,7 +310,7 @@ def test_training_stops_on_ids_outside_the_vocabulary(tmp_path, damaged):
             "train.val_interval=0", "checkpoint.interval=0"]
     proc = inv(tmp_path, "train.pretrain", "--env", "OMP_NUM_THREADS=1",
                *[arg for item in sets for arg in ("--set", item)], timeout=300)
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]   # the rank's UserError
     prefix = damage_line(damaged).split(" holds")[0]
     assert f"error: {prefix} holds token id 1000 at token " in proc.stderr
     assert "outside the tokenizer's vocabulary of 259 (ids 0..258); prepare it again with --force" in proc.stderr
@@ -622,3 +622,16 @@ def test_plot_of_binary_metrics_and_export_of_a_damaged_checkpoint(tmp_path, fin
     one_line_error(proc, "train.export: damaged/checkpoints/step_2: cannot read its weights (No such file or "
                          "directory: ", "the checkpoint is damaged; export another step_N")
     assert not (tmp_path / "hf").exists() and not list(tmp_path.glob(".hf*"))
+
+
+# ---------------------------------------------------------------- more: options checked before anything starts
+
+def test_empty_config_option_missing_resume_and_missing_argument_are_exit_2(tmp_path):
+    for argv, expected in ((["train.pretrain", "--config", ""], "--config is empty; expected a YAML config"),
+                           (["train.pretrain", "--resume", str(tmp_path / "nosuch"), "--dry-run",
+                             "--set", "data.path=synthetic"],
+                            "no such file or directory"),
+                           (["snapshot.diff", "-a", "x"], "did not receive required positional arguments")):
+        proc = inv(tmp_path, *argv)
+        assert proc.returncode == 2 and expected in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "runs").exists()

@@ -42,7 +42,7 @@ def main(argv=None) -> int:
         return 130
     except train.user_errors() as exc:
         log.error(f"error: {exc}")
-        return train.EXIT_FAILED
+        return getattr(exc, "exit_code", train.EXIT_FAILED)   # a UserError (bad config, data): 2
     except Exception as exc:
         import torch
         if isinstance(exc, torch.OutOfMemoryError):

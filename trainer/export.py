@@ -23,6 +23,7 @@ import torch
 
 from trainer import checkpoint as ck
 from trainer.errors import UserError
+from trainer.files import file_in_the_way
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32",
@@ -169,18 +170,10 @@ def _first_cause(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
-def _file_in_the_way(path: Path) -> Path | None:
-    """The nearest existing path above `path` when it is not a directory."""
-    for parent in path.absolute().parents:
-        if parent.exists():
-            return None if parent.is_dir() else parent
-    return None
-
-
 def _staging_dir(out: Path, overwrite: bool) -> Path:
     """An empty folder beside `out` to build the export in; ExportError when `out` cannot
     be written there (exists, a file in the way, no permission, no such device...)."""
-    blocker = _file_in_the_way(out)
+    blocker = file_in_the_way(out)
     if blocker is not None:
         raise ExportError(f"--out {out}: a file is in the way where a directory is needed ({blocker})")
     if out.exists() and not out.is_dir():

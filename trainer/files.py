@@ -42,6 +42,14 @@ def write_atomic(path: str | Path, data: str | bytes, mode: int | None = None) -
     return path
 
 
+def file_in_the_way(path: str | Path) -> Path | None:
+    """The nearest existing folder above `path` when it is a file (so `path` cannot be made)."""
+    for parent in Path(path).absolute().parents:
+        if parent.exists():
+            return None if parent.is_dir() else parent
+    return None
+
+
 def to_json(obj: Any) -> str:
     return json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n"
 

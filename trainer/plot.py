@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from trainer.errors import UserError
-from trainer.files import write_atomic
+from trainer.files import file_in_the_way, write_atomic
 
 PANELS = ("Loss", "Throughput", "Memory", "Learning rate and gradient norm")
 
@@ -157,8 +157,8 @@ def plot_run(run_dir: str | os.PathLike, out_png: str | os.PathLike | None = Non
         out = out / "metrics.png"
     if out.suffix.lower() != ".png":
         raise PlotError(f"{out}: the output must be a .png file or a directory")
-    blocker = next((p for p in out.absolute().parents if p.exists()), None)
-    if blocker is not None and not blocker.is_dir():
+    blocker = file_in_the_way(out)
+    if blocker is not None:
         raise PlotError(f"--out {out}: a file is in the way where a directory is needed ({blocker})")
     if out.is_dir():
         raise PlotError(f"--out {out} is a directory; expected a .png file or a directory to put "

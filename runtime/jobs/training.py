@@ -37,7 +37,7 @@ class JobStopped(AnvilError):
 
 @dataclass
 class TrainingJob:
-    config: str = ""                    # "" = configs/tiny.yaml
+    config: str | None = None           # None = configs/tiny.yaml
     sets: list[str] = field(default_factory=list)
     nproc: int = 0                      # 0 = one per visible GPU, one on CPU
     resume: str = ""                    # "", "auto", or a run / checkpoint path
@@ -122,6 +122,8 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     from trainer.config import DEFAULT_CONFIG, SYNTHETIC, dump, load
     from trainer.train import check_data
 
+    if job.config is not None and not str(job.config).strip():
+        raise UserError("--config is empty; expected a YAML config such as configs/tiny.yaml")
     sets = list(job.sets) + ["train.compile=true"] * job.compile + ["train.kernels=true"] * job.kernels
     cfg = load(job.config or None, sets)
     check_data(cfg)
@@ -141,6 +143,9 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
         job.exclude = sorted(set(job.exclude) | set(excluded))
     name = run_options.name or cfg.name
     resume = job.resume
+    if resume not in ("", "auto"):
+        from trainer.checkpoint import resolve as resolve_checkpoint
+        resolve_checkpoint(resume, Path("."), what="--resume")   # CheckpointError now, not in every rank later
     if resume == "auto":
         resume = previous_checkpoint(settings.runs_dir, name) or "auto"
         done = finished_at(resume, cfg.train.steps)

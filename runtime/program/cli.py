@@ -188,11 +188,15 @@ class AnvilProgram(Program):
         return parser
 
     def parse_tasks(self):
+        from invoke.exceptions import ParseError
         try:
             super().parse_tasks()
         except ValueError as exc:
             # Invoke casts typed options (int) while parsing and lets the ValueError out.
             raise Exit(_bad_value_message(self.core.unparsed, exc), 2) from None
+        except ParseError as exc:
+            # A missing or unknown option is a user error (exit 2), as everywhere else in inv.
+            raise Exit(str(exc), 2) from None
         swallowed = self.core_via_tasks.args["config"].got_value
         if swallowed and any(t == "--config" or t.startswith("--config=") for t in self.core.unparsed):
             names = ", ".join(t.name for t in self.tasks) or "this task"
