@@ -1,20 +1,45 @@
-"""Training throughput of Anvil's trainer against transformers (+ Liger-Kernel), same machine.
+"""Training throughput of Anvil's trainer against torchtitan and transformers (+ Liger-Kernel).
 
     python -m benchmarks.train_throughput [--config configs/llama3_1b.yaml] [--batch 4]
-        [--seq 4096] [--steps 12] [--variants hf_liger,eager,compile,kernels,compile_kernels]
+        [--seq 4096] [--steps 12] [--nproc 1] [--profile-steps 2]
+        [--variants hf_liger,titan_eager,titan_compile,kernels,compile_kernels]
         [--out DIR] [--json]
+    python -m benchmarks.train_throughput --quality --config configs/llama3_1b.yaml
+        --data data/stdlib_bpe8k --batch 8 --seq 1024 --steps 300
+        --variants compile_kernels_fp32,compile_kernels_fp32_fp8,compile_kernels_fp32_fp8rw
 
-Every variant runs in a fresh process. Anvil's variants are the real trainer
-(`python -m trainer`, synthetic tokens, log interval 1), read back from its
-metrics.jsonl; the reference variants (hf, hf_liger) are transformers'
-LlamaForCausalLM with SDPA attention (Liger: apply_liger_kernel_to_llama with
-RoPE, RMSNorm, SwiGLU and fused linear cross-entropy), bf16 weights, fused
-AdamW. Reported: medians over steps 4..steps of tokens/s and step time, MFU with
-torchtitan's FLOP count against --peak-tflops, and peak allocated GPU memory
-(whole process: weights, optimizer state and activations) over those steps.
+Every variant runs in fresh processes (--nproc of them, one per GPU, through
+torch.distributed.run when more than one). Anvil's variants are the real
+trainer (`python -m trainer`, synthetic tokens, log interval 1), read back from
+its metrics.jsonl. torchtitan's are its own Trainer and Llama 3 model
+(torchtitan.train.Trainer, the llama3 train spec) with the same shape from
+--config, the same synthetic token stream (Anvil's SyntheticLoader), local
+batch, sequence length, precision, FSDP2, activation checkpointing (its
+per-op selective policy where Anvil's config says selective) and compile
+setting; tied embeddings are tied on one GPU as in Anvil. The reference
+variants (hf, hf_liger) are transformers' LlamaForCausalLM with SDPA attention
+(Liger: apply_liger_kernel_to_llama with RoPE, RMSNorm, SwiGLU and fused linear
+cross-entropy), bf16 weights, fused AdamW, one GPU. Reported: medians over
+steps 4..steps of tokens/s per GPU and step time, MFU with one FLOP count for
+every variant (torchtitan's formula on Anvil's parameter count of the shape)
+against --peak-tflops, and peak allocated GPU memory of rank 0 (weights,
+optimizer state and activations) over those steps. With --profile-steps N, N
+more steps after the measured window run under torch.profiler and rank 0's
+trace is split into matmul, attention, exposed communication and the rest.
 
-Variant names: hf, hf_liger, and for Anvil any of eager|compile|kernels|compile_kernels,
-optionally suffixed _fp32 (fp32 master weights + bf16 autocast instead of bf16 weights).
+Variant names:
+  hf, hf_liger
+  Anvil:      {eager|compile|kernels|compile_kernels}[_fp32][_fp8|_fp8rw]
+  torchtitan: titan_{eager|compile}[_fp32][_fp8|_fp8rw]
+_fp32: fp32 master weights (+ bf16 autocast, or FSDP2's bf16 mixed precision)
+instead of bf16 weights; _fp8 / _fp8rw: FP8 linear layers, torchao float8
+tensorwise / rowwise (Anvil: precision.fp8; torchtitan: its float8 converter,
+with float8 all-gather and precomputed scales under FSDP for tensorwise; the
+output head stays bf16 in both).
+
+--quality trains each variant on a real prepared dataset (--data) for --steps
+and compares every loss curve with the first variant's: final and mean loss
+differences, against --tolerance.
 """
 from __future__ import annotations
 
@@ -28,9 +53,15 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_VARIANTS = "hf_liger,eager,compile,kernels,compile_kernels"
+DEFAULT_VARIANTS = "hf_liger,titan_eager,titan_compile,eager,compile,kernels,compile_kernels"
 FIRST_MEASURED_STEP = 4
 GIB = 1024 ** 3
+ANVIL_BASES = ("eager", "compile", "kernels", "compile_kernels")
+TITAN_BASES = ("titan_eager", "titan_compile")
+FP8_SUFFIXES = {"fp8": "tensorwise", "fp8rw": "rowwise"}
+# Kept off on these machines whatever the caller's environment says (NVLink multicast can
+# take a shared host's GPUs out of service).
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 def parse_args(argv=None):
@@ -40,6 +71,17 @@ def parse_args(argv=None):
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--variants", default=DEFAULT_VARIANTS)
+    p.add_argument("--nproc", type=int, default=1, help="GPUs (processes) per variant")
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="profile this many steps after the measured ones; split rank 0's GPU time")
+    p.add_argument("--quality", action="store_true",
+                   help="loss curves on real data (--data) instead of throughput")
+    p.add_argument("--data", default="", help="--quality: a prepared dataset (inv data.prepare)")
+    p.add_argument("--tolerance", type=float, default=0.01,
+                   help="--quality: allowed relative difference of the mean loss over the last "
+                        "50 steps and of the final validation loss against the first variant")
+    p.add_argument("--sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra config overrides for Anvil's trainer (and the shape torchtitan copies)")
     p.add_argument("--peak-tflops", type=float,
                    default=float(os.environ.get("ANVIL_GPU_PEAK_TFLOPS") or 989.0),
                    help="bf16 dense peak of one GPU (MFU denominator; H100/H200 SXM: 989)")
@@ -52,26 +94,104 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def _model_cfg(args):
+def _train_cfg(args):
     from trainer.config import load
-    return load(args.config, [f"data.seq_len={args.seq}"]).model
+    return load(args.config, [f"data.seq_len={args.seq}", *args.sets])
+
+
+def _model_cfg(args):
+    return _train_cfg(args).model
+
+
+def parse_variant(name: str) -> dict:
+    """'compile_kernels_fp32_fp8' -> {family: anvil, base: compile_kernels, compile: True,
+    kernels: True, params: fp32, fp8: tensorwise}; ValueError for an unknown name."""
+    if name in ("hf", "hf_liger"):
+        return {"family": "hf", "base": name, "compile": False, "kernels": name == "hf_liger",
+                "params": "bf16", "fp8": "off"}
+    bases = sorted(ANVIL_BASES + TITAN_BASES, key=len, reverse=True)
+    base = next((b for b in bases if name == b or name.startswith(b + "_")), None)
+    if base is None:
+        raise ValueError(f"unknown variant {name!r}")
+    params, fp8 = "bf16", "off"
+    for token in filter(None, name[len(base):].split("_")):
+        if token == "fp32" and params == "bf16" and fp8 == "off":
+            params = "fp32"
+        elif token in FP8_SUFFIXES and fp8 == "off":
+            fp8 = FP8_SUFFIXES[token]
+        else:
+            raise ValueError(f"variant {name!r}: unexpected suffix {token!r} "
+                             "(allowed, in this order: _fp32, then _fp8 or _fp8rw)")
+    family = "titan" if base.startswith("titan_") else "anvil"
+    return {"family": family, "base": base, "compile": "compile" in base,
+            "kernels": base.endswith("kernels"), "params": params, "fp8": fp8}
+
+
+def flops_for_shape(cfg) -> tuple[int, int]:
+    """(parameters, FLOPs per token) of Anvil's model of this shape: one count for every variant."""
+    import torch
+
+    from trainer.model import Transformer, flops_per_token
+    with torch.device("meta"):
+        model = Transformer(cfg.model)
+    return model.num_params(), flops_per_token(cfg.model, model.num_params(exclude_embedding=True),
+                                               cfg.data.seq_len)
+
+
+# --------------------------------------------------------------------------- measuring
+
+def _summarise(args, times: list[float], peaks: list, fpt: int, n_params: int, world: int = 1) -> dict:
+    """Medians over steps FIRST_MEASURED_STEP..args.steps (1-based) of per-step wall times."""
+    steady = slice(FIRST_MEASURED_STEP - 1, args.steps)
+    step_s = statistics.median(times[steady])
+    tps = args.batch * args.seq / step_s  # per GPU
+    mem = [m for m in peaks[steady] if m is not None]
+    return {"tokens_per_s": tps, "step_time_s": step_s, "mfu": tps * fpt / (args.peak_tflops * 1e12),
+            "tflops": tps * fpt / 1e12, "peak_mem_gib": max(mem) if mem else None,
+            "params": n_params, "flops_per_token": fpt, "world_size": world,
+            "step_times_s": [round(t, 5) for t in times]}
+
+
+class _Profiled:
+    """torch.profiler around steps steps+1 .. steps+profile_steps of rank 0 (as Anvil's
+    StepProfiler by default); the trace goes to `path`."""
+
+    def __init__(self, args, path: Path, rank: int = 0):
+        self.first, self.last = args.steps + 1, args.steps + args.profile_steps
+        self.path, self.prof, self.rank = path, None, rank
+
+    def before(self, step: int) -> None:
+        if step == self.first and self.prof is None and self.rank == 0:
+            import torch
+            from torch.profiler import ProfilerActivity, profile
+            self.prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+            self.prof.__enter__()
+
+    def after(self, step: int) -> None:
+        if step == self.last and self.prof is not None:
+            import torch
+            torch.cuda.synchronize()
+            self.prof.__exit__(None, None, None)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.prof.export_chrome_trace(str(self.path))
+            self.prof = None
 
 
 # --------------------------------------------------------------------------- reference (HF)
 
-def run_hf(args, liger: bool) -> dict:
+def run_hf(args, liger: bool, out: Path) -> dict:
     """transformers LlamaForCausalLM training steps, in this process."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from trainer.model import flops_per_token, hf_config
+    from trainer.model import hf_config
 
-    cfg = _model_cfg(args)
+    cfg = _train_cfg(args)
     if liger:
         from liger_kernel.transformers import apply_liger_kernel_to_llama
         apply_liger_kernel_to_llama(rope=True, rms_norm=True, swiglu=True,
                                     fused_linear_cross_entropy=True, cross_entropy=False)
-    hf_cfg = {k: v for k, v in hf_config(cfg).items()
+    hf_cfg = {k: v for k, v in hf_config(cfg.model).items()
               if k not in ("architectures", "model_type", "torch_dtype")}
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
@@ -79,16 +199,16 @@ def run_hf(args, liger: bool) -> dict:
         model = LlamaForCausalLM(LlamaConfig(**hf_cfg, attn_implementation="sdpa"))
     model.to(torch.bfloat16).train()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=device.type == "cuda")
-    n_params = sum(p.numel() for p in model.parameters())
-    fpt = flops_per_token(cfg, n_params if cfg.tie_embeddings else
-                          n_params - model.model.embed_tokens.weight.numel(), args.seq)
+    n_params, fpt = flops_for_shape(cfg)
     gen = torch.Generator().manual_seed(0)
+    prof = _Profiled(args, out / f"trace_{'hf_liger' if liger else 'hf'}.json")
     times, peaks = [], []
-    for step in range(1, args.steps + 1):
-        x = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), generator=gen).to(device)
+    for step in range(1, args.steps + args.profile_steps + 1):
+        x = torch.randint(0, cfg.model.vocab_size, (args.batch, args.seq), generator=gen).to(device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
             torch.cuda.synchronize()
+        prof.before(step)
         start = time.perf_counter()
         loss = model(input_ids=x, labels=x).loss
         loss.backward()
@@ -97,49 +217,337 @@ def run_hf(args, liger: bool) -> dict:
         loss_value = loss.item()  # sync
         times.append(time.perf_counter() - start)
         peaks.append(torch.cuda.max_memory_allocated() / GIB if device.type == "cuda" else None)
+        prof.after(step)
         print(f"step {step} loss {loss_value:.4f} {times[-1] * 1000:.0f} ms", flush=True)
-    steady = slice(FIRST_MEASURED_STEP - 1, None)
-    step_s = statistics.median(times[steady])
-    tps = args.batch * args.seq / step_s
-    mem = [m for m in peaks[steady] if m is not None]
-    return {"tokens_per_s": tps, "step_time_s": step_s, "mfu": tps * fpt / (args.peak_tflops * 1e12),
-            "tflops": tps * fpt / 1e12, "peak_mem_gib": max(mem) if mem else None,
-            "params": n_params, "flops_per_token": fpt}
+    result = _summarise(args, times, peaks, fpt, n_params)
+    if args.profile_steps:
+        result["trace"] = str(prof.path)
+    return result
 
 
 # --------------------------------------------------------------------------- Anvil
 
-def run_anvil(args, variant: str, out: Path, env: dict) -> dict:
-    """The real trainer on synthetic tokens; figures read back from its metrics.jsonl."""
-    base = variant.removesuffix("_fp32")
-    run_dir = Path(args.run_root or out) / f"run_{variant}"
+def _launcher(args) -> list[str]:
+    """argv prefix that starts --nproc ranks (torchrun's environment: RANK, LOCAL_RANK, ...)."""
+    if args.nproc <= 1:
+        return [sys.executable]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={args.nproc}"]
+
+
+def anvil_argv(args, variant: str, run_dir: Path, steps: int | None = None) -> list[str]:
+    spec = parse_variant(variant)
+    total = args.steps + args.profile_steps if steps is None else steps
     sets = ["data.path=synthetic", f"data.batch_size={args.batch}", f"data.seq_len={args.seq}",
-            "data.grad_accum=1", f"train.steps={args.steps}", "train.log_interval=1",
+            "data.grad_accum=1", f"train.steps={total}", "train.log_interval=1",
             "train.val_batches=0", "checkpoint.interval=0", "checkpoint.save_final=false",
             "logging.progress=false", "logging.tensorboard=false", "precision.compute=bf16",
-            f"precision.params={'fp32' if variant.endswith('_fp32') else 'bf16'}"]
-    argv = [sys.executable, "-m", "trainer", "--config", args.config, "--run-dir", str(run_dir)]
+            f"precision.params={spec['params']}", *args.sets]
+    if spec["fp8"] != "off":  # (a bare `off` is YAML 1.1's false: leave the config's default)
+        sets.append(f"precision.fp8={spec['fp8']}")
+    argv = [*_launcher(args), "-m", "trainer", "--config", args.config, "--run-dir", str(run_dir)]
     for item in sets:
         argv += ["--set", item]
-    argv += {"eager": [], "compile": ["--compile"], "kernels": ["--kernels"],
-             "compile_kernels": ["--compile", "--kernels"]}[base]
-    code = _stream(argv, env, args.timeout, out / "bench.log", variant)
+    return argv + ["--compile"] * spec["compile"] + ["--kernels"] * spec["kernels"]
+
+
+def run_anvil(args, variant: str, out: Path, env: dict) -> dict:
+    """The real trainer on synthetic tokens; figures read back from its metrics.jsonl."""
+    run_dir = Path(args.run_root or out) / f"run_{variant}"
+    env = dict(env)
+    if args.profile_steps:
+        # StepProfiler counts completed steps: "a:b" records steps a .. b-1
+        env["ANVIL_PROFILE_STEPS"] = f"{args.steps + 1}:{args.steps + args.profile_steps + 1}"
+    code = _stream(anvil_argv(args, variant, run_dir), env, args.timeout, out / "bench.log", variant)
     if code != 0:
         raise RuntimeError(f"trainer exited with {code}")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steady = [r for r in records if r["kind"] == "train" and r["step"] >= FIRST_MEASURED_STEP]
+    train = sorted((r for r in records if r["kind"] == "train"), key=lambda r: r["step"])
     summary = json.loads((run_dir / "summary.json").read_text())
-    step_s = statistics.median(r["step_time_s"] for r in steady)
-    tps = args.batch * args.seq / step_s
-    fpt = summary["flops_per_token"]
-    mem = [r["gpu_mem_gib"] for r in steady if r.get("gpu_mem_gib") is not None]
-    return {"tokens_per_s": tps, "step_time_s": step_s, "mfu": tps * fpt / (args.peak_tflops * 1e12),
-            "tflops": tps * fpt / 1e12, "peak_mem_gib": max(mem) if mem else None,
-            "params": summary["params"], "flops_per_token": fpt,
-            "final_loss": summary["final_loss"]}
+    n_params, fpt = flops_for_shape(_train_cfg(args))
+    result = _summarise(args, [r["step_time_s"] for r in train], [r.get("gpu_mem_gib") for r in train],
+                        fpt, n_params, summary.get("world_size", args.nproc))
+    result["final_loss"] = summary.get("final_loss")
+    trace = run_dir / "profile" / "rank0.trace.json"
+    if args.profile_steps and trace.is_file():
+        result["trace"] = str(trace)
+    return result
+
+
+# --------------------------------------------------------------------------- torchtitan
+
+def _import_datasets_or_stub() -> bool:
+    """torchtitan imports HF `datasets` at module level for its C4 loaders, which these runs
+    never use (they read Anvil's synthetic stream). Where `datasets` does not import (e.g. a
+    pyarrow it does not accept), a stub with the imported names stands in; True if stubbed."""
+    try:
+        import datasets  # noqa: F401
+        return False
+    except Exception:
+        import types
+        stub = types.ModuleType("datasets")
+        dist_stub = types.ModuleType("datasets.distributed")
+
+        def unavailable(*_a, **_k):
+            raise RuntimeError("HF datasets is not importable here (stubbed by the benchmark)")
+        stub.Dataset = stub.IterableDataset = type("Unavailable", (), {})
+        stub.load_dataset = unavailable
+        dist_stub.split_dataset_by_node = unavailable
+        stub.distributed = dist_stub
+        sys.modules["datasets"], sys.modules["datasets.distributed"] = stub, dist_stub
+        return True
+
+
+def titan_model_args(model_cfg, seq_len: int):
+    """torchtitan TransformerModelArgs with exactly Anvil's shape (FFN width, GQA, RoPE scaling)."""
+    from torchtitan.models.llama3 import TransformerModelArgs
+    from torchtitan.models.llama3.model.args import RoPEScalingArgs
+
+    rs = model_cfg.rope_scaling
+    # torchtitan's FFN width: multiple_of * ceil(int(multiplier * int(8 * dim / 3)) / multiple_of);
+    # multiple_of = ffn_dim and a multiplier just under ffn_dim / int(8 dim / 3) give ffn_dim.
+    base = int(2 * 4 * model_cfg.dim / 3)
+    scaling = (RoPEScalingArgs(scaling_factor=rs.factor, low_freq_factor=rs.low_freq_factor,
+                               high_freq_factor=rs.high_freq_factor,
+                               original_max_position_embeddings=rs.original_max_position_embeddings)
+               if rs is not None else  # factor 1: the scaling formula is the identity
+               RoPEScalingArgs(scaling_factor=1.0, low_freq_factor=1.0, high_freq_factor=4.0))
+    return TransformerModelArgs(
+        dim=model_cfg.dim, n_layers=model_cfg.n_layers, n_heads=model_cfg.n_heads,
+        n_kv_heads=model_cfg.n_kv_heads, vocab_size=model_cfg.vocab_size,
+        multiple_of=model_cfg.ffn_dim, ffn_dim_multiplier=model_cfg.ffn_dim / base * (1 - 1e-9),
+        norm_eps=model_cfg.norm_eps, rope_theta=model_cfg.rope_theta,
+        rope_scaling_args=scaling, max_seq_len=seq_len)
+
+
+def titan_job_args(args, variant: str, dump: Path, tie: bool) -> list[str]:
+    """torchtitan's command line (its JobConfig) for the variant, matching Anvil's settings."""
+    spec = parse_variant(variant)
+    cfg = _train_cfg(args)
+    ac = cfg.train.activation_checkpoint
+    argv = ["--job.dump_folder", str(dump), "--model.name", "anvil_llama3", "--model.flavor",
+            "tied" if tie else "anvil",
+            "--training.local_batch_size", str(args.batch), "--training.seq_len", str(args.seq),
+            "--training.steps", str(args.steps + args.profile_steps),
+            "--training.max_norm", str(cfg.optim.grad_clip),
+            "--training.dtype", "float32" if spec["params"] == "fp32" else "bfloat16",
+            "--training.mixed_precision_param", "bfloat16",
+            "--optimizer.name", "AdamW", "--optimizer.lr", str(cfg.optim.lr),
+            "--optimizer.eps", str(cfg.optim.eps), "--optimizer.weight_decay", str(cfg.optim.weight_decay),
+            "--optimizer.implementation", "fused",
+            "--lr_scheduler.warmup_steps", "2",
+            "--metrics.log_freq", "1", "--checkpoint.no-enable", "--validation.no-enable",
+            "--parallelism.data_parallel_shard_degree", "-1",
+            "--parallelism.fsdp_reshard_after_forward",
+            "default" if cfg.parallel.reshard_after_forward else "never",
+            "--activation_checkpoint.mode", {"none": "none", "selective": "selective",
+                                             "full": "full"}[ac]]
+    if ac == "selective":
+        argv += ["--activation_checkpoint.selective_ac_option", "op"]
+    if spec["compile"]:
+        argv += ["--compile.enable", "--compile.components", "model,loss"]
+    if spec["fp8"] != "off":
+        argv += ["--model.converters", "quantize.linear.float8",
+                 "--quantize.linear.float8.filter_fqns", "output"]
+        if spec["fp8"] == "rowwise":
+            argv += ["--quantize.linear.float8.recipe_name", "rowwise"]
+        else:
+            argv += ["--quantize.linear.float8.enable_fsdp_float8_all_gather",
+                     "--quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp"]
+    return argv
+
+
+def run_titan(args, variant: str, out: Path) -> dict | None:
+    """One rank of torchtitan's Trainer (its llama3 spec, Anvil's shape and data); rank 0 returns
+    the result. Runs inside the process(es) _launcher started."""
+    import dataclasses as dc
+
+    import torch
+    stubbed = _import_datasets_or_stub()
+    import torchtitan
+    import torchtitan.protocols.train_spec as ts
+    from torchtitan.config import ConfigManager
+    from torchtitan.models.llama3 import Transformer as TitanTransformer
+    from torchtitan.models.llama3 import get_train_spec
+    from torchtitan.tools.logging import init_logger
+    from torchtitan.train import Trainer
+
+    from trainer.data import SyntheticLoader
+
+    cfg = _train_cfg(args)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    # Anvil ties the LM head to the embedding where the config says so; torchtitan's FSDP plan
+    # shards the two in different units, so they are tied on one GPU only.
+    tie = cfg.model.tie_embeddings and world == 1
+
+    class TiedTransformer(TitanTransformer):
+        def init_weights(self, *a, **k):
+            super().init_weights(*a, **k)
+            self.output.weight = self.tok_embeddings.weight  # after to_empty(), which unties
+
+    class Loader:
+        """Anvil's synthetic token stream in torchtitan's (input dict, labels) form."""
+
+        def __init__(self, dp_world_size, dp_rank, tokenizer=None, job_config=None, **_):
+            self.inner = SyntheticLoader(cfg.model.vocab_size, seq_len=args.seq, batch_size=args.batch,
+                                         rank=dp_rank, world_size=dp_world_size, seed=0)
+
+        def __iter__(self):
+            for x, y in self.inner:
+                yield {"input": x}, y
+
+        def state_dict(self):
+            return self.inner.state_dict()
+
+        def load_state_dict(self, state):
+            self.inner.load_state_dict(state)
+
+    margs = titan_model_args(cfg.model, args.seq)
+    spec = dc.replace(get_train_spec(), model_cls=TiedTransformer if tie else TitanTransformer,
+                      model_args={"tied" if tie else "anvil": margs},
+                      build_dataloader_fn=lambda **kw: Loader(**kw),
+                      build_tokenizer_fn=None, build_validator_fn=None)
+    if "anvil_llama3" not in ts._extra_train_specs:
+        ts.register_train_spec("anvil_llama3", spec)
+    job = ConfigManager().parse_args(titan_job_args(args, variant, out / f"titan_{variant}", tie))
+    profiled = _Profiled(args, out / f"trace_{variant}.json", int(os.environ.get("RANK", "0")))
+    times, peaks, seen = [], [], [0]
+
+    class TimedTrainer(Trainer):
+        def __init__(self, job_config):
+            super().__init__(job_config)
+            # torchtitan's metrics reset the peak-memory counter when they log (inside
+            # train_step): read the step's peak just before that reset.
+            monitor = self.metrics_processor.device_memory_monitor
+            reset = monitor.reset_peak_stats
+
+            def read_then_reset():
+                seen[0] = max(seen[0], torch.cuda.max_memory_allocated())
+                reset()
+            monitor.reset_peak_stats = read_then_reset
+
+        def train_step(self, data_iterator):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            seen[0] = 0
+            profiled.before(self.step)
+            start = time.perf_counter()
+            super().train_step(data_iterator)   # logs every step: loss and grad norm .item()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+            peaks.append(max(seen[0], torch.cuda.max_memory_allocated()) / GIB)
+            profiled.after(self.step)
+
+    init_logger()  # torchtitan's own per-step log lines (loss, memory, tps) into bench.log
+    trainer = TimedTrainer(job)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    if rank != 0:
+        return None
+    n_params, fpt = flops_for_shape(cfg)
+    result = _summarise(args, times, peaks, fpt, n_params, world)
+    result.update(torchtitan=getattr(torchtitan, "__version__", None), tied=tie,
+                  datasets_stubbed=stubbed, titan_params=sum(p.numel() for p in trainer.model_parts[0].parameters()))
+    if args.profile_steps:
+        result["trace"] = str(profiled.path)
+    return result
 
 
 # --------------------------------------------------------------------------- where the time goes
+
+BREAKDOWN = [  # (category, substrings of GPU kernel names), first match wins
+    ("communication", ("nccl",)),
+    ("attention", ("flash", "fmha", "attention", "sdpa", "cudnn")),
+    ("matmul", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90_", "sm100_", "matmul",
+                "scaled_mm", "_mm_", "wgmma", "ck_tile", "hipblaslt", "tensile")),
+]
+
+
+def kernel_category(name: str) -> str:
+    low = name.lower()
+    if low.startswith(("triton_poi", "triton_red", "triton_per")):
+        # Inductor's pointwise/reduction kernels are named after the ops they were fused for
+        # ("triton_poi_fused__scaled_mm__to_copy_...": an FP8 cast feeding _scaled_mm)
+        return "other"
+    return next((c for c, keys in BREAKDOWN if any(k in low for k in keys)), "other")
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _length(intervals) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def _minus(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Length of union(a) not covered by union(b); both already unions."""
+    total, j = 0.0, 0
+    for s, e in a:
+        cur = s
+        while j < len(b) and b[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < e:
+            if b[k][0] > cur:
+                total += b[k][0] - cur
+            cur = max(cur, b[k][1])
+            k += 1
+        if cur < e:
+            total += e - cur
+    return total
+
+
+def trace_breakdown(trace: str | Path | dict, steps: int, step_time_s: float | None = None) -> dict:
+    """GPU time per step of a torch.profiler chrome trace (one rank), in ms: matmul, attention,
+    communication (all, and exposed: NCCL kernels running while no compute kernel does), other
+    kernels, idle (no kernel at all), and 'everything else' = the measured step time minus
+    matmul, attention and exposed communication."""
+    doc = trace if isinstance(trace, dict) else json.loads(Path(trace).read_text())
+    kernels = [e for e in doc.get("traceEvents", [])
+               if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    if not kernels:
+        return {"error": "no GPU kernels in the trace"}
+    per_cat: dict[str, float] = {}
+    compute, comm, totals = [], [], {}
+    for e in kernels:
+        start, dur = float(e["ts"]), float(e.get("dur", 0))
+        cat = kernel_category(e.get("name", "")) if e.get("cat") == "kernel" else "other"
+        per_cat[cat] = per_cat.get(cat, 0.0) + dur
+        (comm if cat == "communication" else compute).append((start, start + dur))
+        key = (cat, e.get("name", "")[:80])
+        totals[key] = totals.get(key, 0.0) + dur
+    compute_u, comm_u = _union(compute), _union(comm)
+    span = max(b for _, b in compute_u + comm_u) - min(a for a, _ in compute_u + comm_u)
+    ms = 1e-3 / steps
+    out = {"steps": steps, "window_ms": round(span * ms, 3),
+           "matmul_ms": round(per_cat.get("matmul", 0.0) * ms, 3),
+           "attention_ms": round(per_cat.get("attention", 0.0) * ms, 3),
+           "other_kernels_ms": round(per_cat.get("other", 0.0) * ms, 3),
+           "communication_ms": round(per_cat.get("communication", 0.0) * ms, 3),
+           "exposed_communication_ms": round(_minus(comm_u, compute_u) * ms, 3),
+           "idle_ms": round((span - _length(_union(compute + comm))) * ms, 3),
+           "top_kernels": [[cat, name, round(us * ms, 3)] for (cat, name), us in
+                           sorted(totals.items(), key=lambda kv: -kv[1])[:12]]}
+    if step_time_s:
+        out["step_ms"] = round(step_time_s * 1000, 2)
+        out["everything_else_ms"] = round(step_time_s * 1000 - out["matmul_ms"] - out["attention_ms"]
+                                          - out["exposed_communication_ms"], 2)
+    return out
+
+
+# --------------------------------------------------------------------------- kernel categories (profile worker)
 
 CATEGORIES = [  # (category, substrings of CUDA kernel names), first match wins
     ("attention", ("flash", "fmha", "attention", "sdpa", "cudnn")),
@@ -242,6 +650,72 @@ def attention_backends(args) -> dict:
     return {"attention_fwd_bwd_ms_per_layer": out}
 
 
+# --------------------------------------------------------------------------- FP8 quality
+
+def run_quality(args, out: Path, env: dict) -> dict:
+    """Each variant trains on the real dataset args.data (same seed, same batches); every loss
+    curve is compared with the first variant's."""
+    from trainer.data import load_tokenizer
+    if not args.data:
+        raise SystemExit("--quality needs --data DIR (a dataset from inv data.prepare)")
+    vocab = load_tokenizer(Path(args.data)).vocab_size
+    vocab = -(-vocab // 64) * 64                      # the LM head's width, padded as usual
+    warmup = max(1, args.steps // 10)
+    runs = {}
+    for variant in [v.strip() for v in args.variants.split(",") if v.strip()]:
+        run_dir = Path(args.run_root or out) / f"quality_{variant}"
+        argv = anvil_argv(args, variant, run_dir, steps=args.steps)
+        argv = [a.replace("data.path=synthetic", f"data.path={args.data}") for a in argv]
+        for item in (f"model.vocab_size={vocab}", f"schedule.warmup_steps={warmup}",
+                     "train.val_batches=16", "train.val_interval=0"):
+            argv += ["--set", item]
+        t0 = time.time()
+        code = _stream(argv, env, args.timeout, out / "bench.log", f"quality {variant}")
+        if code != 0:
+            runs[variant] = {"error": f"trainer exited with {code}"}
+            continue
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        losses = [r["loss"] for r in sorted((r for r in records if r["kind"] == "train"),
+                                            key=lambda r: r["step"])]
+        val = [r["val_loss"] for r in records if r["kind"] == "val"]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        runs[variant] = {"losses": [round(x, 5) for x in losses], "val_loss": val[-1] if val else None,
+                         "step_time_s": summary.get("step_time_s"), "wall_s": round(time.time() - t0, 1)}
+        print(json.dumps({"variant": variant, "final_loss": losses[-1], "val_loss": runs[variant]["val_loss"]}),
+              flush=True)
+    return {"runs": runs, "comparison": compare_losses(runs, args.tolerance), "vocab_size": vocab,
+            "data": args.data, "steps": args.steps, "tolerance": args.tolerance}
+
+
+def compare_losses(runs: dict, tolerance: float, tail: int = 50) -> list[dict]:
+    """Each run against the first: mean loss over the last `tail` steps, final validation loss,
+    the largest per-step gap after the first 10 steps; ok when both relative differences are
+    within `tolerance`."""
+    ok_runs = [(name, r) for name, r in runs.items() if not r.get("error")]
+    if len(ok_runs) < 2:
+        return []
+    ref_name, ref = ok_runs[0]
+    rows = []
+    for name, r in ok_runs[1:]:
+        n = min(len(ref["losses"]), len(r["losses"]))
+        k = min(tail, n)
+        ref_mean = statistics.fmean(ref["losses"][n - k:n])
+        mean = statistics.fmean(r["losses"][n - k:n])
+        gaps = [abs(a - b) for a, b in zip(ref["losses"][10:n], r["losses"][10:n])]
+        row = {"variant": name, "reference": ref_name, "steps": n,
+               f"mean_loss_last{k}": round(mean, 4), f"reference_mean_loss_last{k}": round(ref_mean, 4),
+               "mean_loss_rel_diff": round((mean - ref_mean) / ref_mean, 5),
+               "max_step_gap": round(max(gaps), 4) if gaps else None}
+        checks = [abs(row["mean_loss_rel_diff"]) <= tolerance]
+        if r.get("val_loss") is not None and ref.get("val_loss") is not None:
+            row["val_loss"], row["reference_val_loss"] = round(r["val_loss"], 4), round(ref["val_loss"], 4)
+            row["val_loss_rel_diff"] = round((r["val_loss"] - ref["val_loss"]) / ref["val_loss"], 5)
+            checks.append(abs(row["val_loss_rel_diff"]) <= tolerance)
+        row["within_tolerance"] = all(checks)
+        rows.append(row)
+    return rows
+
+
 # --------------------------------------------------------------------------- driver
 
 def _stream(argv, env, timeout, log_path: Path, label: str) -> int:
@@ -259,8 +733,9 @@ def _stream(argv, env, timeout, log_path: Path, label: str) -> int:
 def _versions() -> dict:
     import torch
     out = {"torch": torch.__version__, "python": sys.version.split()[0],
-           "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
-    for name in ("triton", "transformers", "liger_kernel"):
+           "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+           "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0}
+    for name in ("triton", "transformers", "liger_kernel", "torchtitan", "torchao"):
         try:
             from importlib.metadata import version
             out[name] = version(name.replace("_", "-"))
@@ -269,36 +744,95 @@ def _versions() -> dict:
     return out
 
 
+def titan_counterpart(variant: str) -> str | None:
+    """The torchtitan variant with the same compile / precision / fp8 settings."""
+    spec = parse_variant(variant)
+    if spec["family"] != "anvil":
+        return None
+    name = "titan_compile" if spec["compile"] else "titan_eager"
+    if spec["params"] == "fp32":
+        name += "_fp32"
+    return name + {"off": "", "tensorwise": "_fp8", "rowwise": "_fp8rw"}[spec["fp8"]]
+
+
 def table(results: list[dict]) -> str:
     from tabulate import tabulate
-    anchor = next((r for r in results if r["variant"] == "hf_liger" and r.get("tokens_per_s")), None)
+    ok = {r["variant"]: r for r in results if r.get("tokens_per_s")}
+    anchor = ok.get("hf_liger")
     rows = []
     for r in results:
         if r.get("error"):
-            rows.append([r["variant"], "failed", "", "", "", "", r["error"][:60]])
+            rows.append([r["variant"], "failed", "", "", "", "", "", r["error"][:60]])
             continue
         rel = f"{r['tokens_per_s'] / anchor['tokens_per_s']:.2f}x" if anchor else ""
+        twin = ok.get(titan_counterpart(r["variant"]) or "")
+        vs_titan = f"{r['tokens_per_s'] / twin['tokens_per_s']:.2f}x" if twin else ""
         mem = f"{r['peak_mem_gib']:.1f}" if r.get("peak_mem_gib") is not None else "n/a"
         rows.append([r["variant"], f"{r['tokens_per_s']:,.0f}", f"{r['step_time_s'] * 1000:.0f}",
-                     f"{r['tflops']:.0f}", f"{r['mfu']:.1%}", mem, rel])
-    return tabulate(rows, headers=["variant", "tokens/s", "ms/step", "TFLOP/s", "MFU",
-                                   "peak GiB", "vs hf_liger"], tablefmt="github")
+                     f"{r['tflops']:.0f}", f"{r['mfu']:.1%}", mem, rel, vs_titan])
+    return tabulate(rows, headers=["variant", "tokens/s/GPU", "ms/step", "TFLOP/s", "MFU",
+                                   "peak GiB", "vs hf_liger", "vs torchtitan"], tablefmt="github")
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def _worker(args, out: Path) -> int:
     if args.worker in ("profile", "attention"):
         result = profile_anvil(args) if args.worker == "profile" else attention_backends(args)
         print(json.dumps(result, indent=1), flush=True)
         return 0
-    if args.worker:
-        result = run_hf(args, liger=args.worker == "hf_liger")
+    spec = parse_variant(args.worker)
+    result = (run_titan(args, args.worker, out) if spec["family"] == "titan"
+              else run_hf(args, liger=args.worker == "hf_liger", out=out))
+    if result is not None:
         print("RESULT " + json.dumps(result), flush=True)
-        return 0
+    return 0
+
+
+def run_worker_variant(args, variant: str, out: Path, env: dict) -> dict:
+    """hf / titan variants: this module again, in fresh process(es); rank 0 prints RESULT."""
+    spec = parse_variant(variant)
+    if spec["family"] == "hf" and args.nproc > 1:
+        raise RuntimeError("the transformers variants run on one GPU (--nproc 1)")
+    env = dict(env)
+    if args.nproc <= 1 and spec["family"] == "titan":  # torchtitan always makes a process group
+        import socket
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    argv = [*(_launcher(args) if spec["family"] == "titan" else [sys.executable]),
+            "-m", "benchmarks.train_throughput", "--worker", variant, "--config", args.config,
+            "--batch", str(args.batch), "--seq", str(args.seq), "--steps", str(args.steps),
+            "--profile-steps", str(args.profile_steps), "--peak-tflops", str(args.peak_tflops),
+            "--out", str(out)]
+    for item in args.sets:
+        argv += ["--sets", item]
+    code = _stream(argv, env, args.timeout, out / "bench.log", variant)
+    own = (out / "bench.log").read_text(errors="replace").rsplit(f"===== {variant}: ", 1)[-1]
+    lines = [line for line in own.splitlines() if line.startswith("RESULT ")]
+    if code != 0 or not lines:
+        raise RuntimeError(f"worker exited with {code}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     out = Path(args.out or f"/tmp/train_throughput_{int(time.time())}")
+    if args.worker:
+        return _worker(args, out)
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "ANVIL_GPU_PEAK_TFLOPS": str(args.peak_tflops), "PYTHONUNBUFFERED": "1",
+           **SAFE_ENV,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    if args.quality:
+        report = run_quality(args, out, env)
+        report.update(versions=_versions(), date=time.strftime("%Y-%m-%d"), config=args.config,
+                      batch=args.batch, seq=args.seq)
+        (out / "quality.json").write_text(json.dumps(report, indent=2))
+        from tabulate import tabulate
+        print(tabulate([{k: v for k, v in row.items() if k != "reference"} for row in report["comparison"]],
+                       headers="keys", tablefmt="github"))
+        return 0 if report["comparison"] and all(r["within_tolerance"] for r in report["comparison"]) else 1
     started = time.time()
     results = []
     for variant in [v.strip() for v in args.variants.split(",") if v.strip()]:
@@ -307,27 +841,25 @@ def main(argv=None) -> int:
             continue
         t0 = time.time()
         try:
-            if variant in ("hf", "hf_liger"):
-                argv_w = [sys.executable, "-m", "benchmarks.train_throughput", "--worker", variant,
-                          "--config", args.config, "--batch", str(args.batch), "--seq", str(args.seq),
-                          "--steps", str(args.steps), "--peak-tflops", str(args.peak_tflops)]
-                code = _stream(argv_w, env, args.timeout, out / "bench.log", variant)
-                own = (out / "bench.log").read_text().rsplit(f"===== {variant}: ", 1)[-1]
-                lines = [line for line in own.splitlines() if line.startswith("RESULT ")]
-                if code != 0 or not lines:
-                    raise RuntimeError(f"worker exited with {code}")
-                result = json.loads(lines[-1][len("RESULT "):])
-            else:
+            if parse_variant(variant)["family"] == "anvil":
                 result = run_anvil(args, variant, out, env)
+            else:
+                result = run_worker_variant(args, variant, out, env)
         except Exception as exc:  # one failing variant must not lose the others
             result = {"error": f"{type(exc).__name__}: {exc}"}
+        if result.get("trace"):
+            try:
+                result["breakdown"] = trace_breakdown(result["trace"], args.profile_steps,
+                                                      result["step_time_s"])
+            except Exception as exc:  # the figures stand without it
+                result["breakdown"] = {"error": f"{type(exc).__name__}: {exc}"}
         result.update(variant=variant, wall_s=round(time.time() - t0, 1))
         results.append(result)
-        print(json.dumps(result), flush=True)
+        print(json.dumps({k: v for k, v in result.items() if k != "step_times_s"}), flush=True)
         (out / "results.json").write_text(json.dumps(
             {"results": results, "versions": _versions(), "batch": args.batch, "seq": args.seq,
-             "steps": f"{FIRST_MEASURED_STEP}-{args.steps} medians", "config": args.config,
-             "date": time.strftime("%Y-%m-%d")}, indent=2))
+             "nproc": args.nproc, "steps": f"{FIRST_MEASURED_STEP}-{args.steps} medians",
+             "config": args.config, "sets": args.sets, "date": time.strftime("%Y-%m-%d")}, indent=2))
     print(json.dumps({"versions": _versions()}) if args.json else table(results))
     return 0 if all(not r.get("error") for r in results) else 1
 
