@@ -129,7 +129,28 @@ def perf(c, gpu="", site="", json=False, require_gpu=False, allow_unknown_gpu=Fa
                   inputs_extra=extra, after=save)
 
 
+@run_task(help={"hosts": "Nodes to screen, comma-separated (default: anvil.hosts; under Slurm: the allocation's)",
+                "size": "All-reduce message size of each measurement, e.g. 64M",
+                "iters": "Timed all-reduces per measurement",
+                "runtime": "direct (SSH to --hosts) | slurm: srun steps inside this allocation "
+                           "(default: the anvil.runtime setting)",
+                "timeout": "Seconds per launch before it counts as failed (default 120)",
+                "nproc": "Ranks per node (default: one per GPU, one on a CPU node)",
+                "slow-below": "A pair under this % of the median pair busbw is slow (default 70)",
+                "json": "Print the report as JSON"})
+def comm(c, hosts="", size="64M", iters=10, runtime="", timeout=0, nproc=0, slow_below=70, json=False,
+         run_options=None):
+    """Cross-node communication: all-reduce over all nodes, then node pairs in rounds; names the slow node or link."""
+    from runtime import settings as settings_mod
+    from runtime.preflight.comm import run_comm_check
+
+    slurm = (runtime or settings_mod.load(c).runtime).startswith("slurm")
+    run_comm_check(c, hosts or None, slurm, size, iters, json=json, timeout=float(timeout), nproc=nproc,
+                   ratio=slow_below / 100, run_options=run_options)
+
+
 ns = Collection("preflight")
 for _name, _task in (("gpu", gpu), ("host", host), ("software", software), ("network", network),
-                     ("affinity", affinity), ("screen", screen), ("perf", perf), ("all", all_checks)):
+                     ("affinity", affinity), ("screen", screen), ("perf", perf), ("comm", comm),
+                     ("all", all_checks)):
     ns.add_task(_task, name=_name)

@@ -795,8 +795,8 @@ def _slurm_hosts(hosts: Sequence[str], env: Mapping[str, str]) -> list[str]:
     from runtime.program.allocation import require_slurm
 
     if not in_allocation(env):
-        raise CommError("preflight.comm --slurm runs inside an allocation: salloc -N<nodes> inv preflight.comm "
-                        "--slurm (the pairs are srun steps of that allocation)")
+        raise CommError("preflight.comm with runtime slurm runs inside an allocation: salloc -N<nodes> inv "
+                        "preflight.comm --runtime slurm (the pairs are srun steps of that allocation)")
     require_slurm(env)
     members = hostnames(env.get("SLURM_JOB_NODELIST", ""), env)
     if hosts:
