@@ -26,8 +26,8 @@ INV = REPO / ".venv" / "bin" / "inv"
 def test_a_gpu_at_half_its_floor_fails_and_at_97_percent_passes():
     floor = profiles.MODELS["h200"].floors.gemm_tflops
     bad = rules.judge("perf.gemm", "TFLOP/s", {"GPU0": floor * 1.1, "GPU3": floor * 0.5}, floor=floor,
-                      floor_ref="H200 floors")
-    assert bad.status == FAIL
+                      floor_ref="H200 floors", floor_why="83% of measured")
+    assert bad.status == FAIL and "83% of measured" in bad.reason
     assert "GPU3" in bad.reason and "under the floor" in bad.reason and "(50%" in bad.reason
     assert "H200 floors" in bad.reason and "GPU0" not in bad.reason
     good = rules.judge("perf.gemm", "TFLOP/s", {"GPU0": floor * 0.97 + floor * 0.03, "GPU1": floor * 1.2},
@@ -56,9 +56,9 @@ def test_every_gpu_model_has_floors_with_a_source():
 def test_floors_come_from_the_profile_and_give_way_to_overrides():
     machine = Machine(vendor="nvidia", model="H200", name="NVIDIA H200", arch="sm_90", count=8, memory_gib=140,
                       profile="h200")
-    floors, source, gpus = perf.floors_for(machine, {})
-    assert floors["gemm_tflops"] == 650 and gpus == 8 and "envs/profiles/h200.py" in source
-    floors, source, _ = perf.floors_for(machine, {"gemm_tflops": 700.0})
+    floors, source, gpus, why = perf.floors_for(machine, {})
+    assert floors["gemm_tflops"] == 650 and gpus == 8 and "envs/profiles/h200.py" in source and "Azure" in why
+    floors, source, _, _ = perf.floors_for(machine, {"gemm_tflops": 700.0})
     assert floors["gemm_tflops"] == 700 and floors["hbm_gbps"] == 3400 and source.startswith("--floor")
     cpu = Machine(vendor="cpu", model=None, name="no GPU", arch=None, count=0, memory_gib=None)
     assert perf.floors_for(cpu, {})[0] == {}

@@ -112,11 +112,11 @@ def test_kernels_unavailable_is_a_clear_error(monkeypatch):
                                                     ffn_dim=64, vocab_size=64)))
 
 
-def test_cli_bad_config_exits_1_with_one_message(tmp_path, capsys):
+def test_cli_bad_config_exits_2_with_one_message(tmp_path, capsys):
     from trainer.__main__ import main
     bad = tmp_path / "bad.yaml"
     bad.write_text("optim:\n  lr: fast\n")
-    assert main(["--config", str(bad), "--run-dir", str(tmp_path / "r")]) == 1
+    assert main(["--config", str(bad), "--run-dir", str(tmp_path / "r")]) == 2   # a user error
     err = capsys.readouterr().err
     assert f"{bad}: optim.lr: expected a number" in err and "Traceback" not in err
     assert not (tmp_path / "r" / "metrics.jsonl").exists()

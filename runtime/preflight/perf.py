@@ -31,19 +31,20 @@ ALLREDUCE = ("allreduce_gbps", "perf.allreduce", "GB/s")
 FLOOR_NAMES = tuple(m[0] for m in METRICS) + (ALLREDUCE[0],)
 
 
-def floors_for(machine, overrides: dict) -> tuple[dict, str, int]:
-    """({metric: floor}, where the floors come from, GPUs the all-reduce floor is for)."""
+def floors_for(machine, overrides: dict) -> tuple[dict, str, int, str]:
+    """({metric: floor}, where the floors are, GPUs the all-reduce floor is for, how they were set)."""
     import envs.profiles as profiles
 
     model = profiles.MODELS.get(machine.profile or "") if machine.has_gpu else None
     floors = dict(model.floors.as_dict()) if model and model.floors else {}
-    source = f"{model.name} floors in envs/profiles/{model.key}.py: {model.floors.ref}" if floors else ""
+    source = f"envs/profiles/{model.key}.py ({model.name})" if floors else ""
+    why = model.floors.ref if floors else ""
     gpus = model.floors.allreduce_gpus if floors else 0
     if overrides:
         floors.update(overrides)
         source = "--floor " + ", ".join(f"{k}={v:g}" for k, v in overrides.items()) + (f"; else {source}"
                                                                                        if source else "")
-    return {k: v for k, v in floors.items() if v is not None}, source, gpus
+    return {k: v for k, v in floors.items() if v is not None}, source, gpus, why
 
 
 def measure(inp) -> dict:
@@ -94,7 +95,7 @@ def local_allreduce(inp) -> tuple[Optional[float], int, Optional[str]]:
 def run(inp) -> list[CheckResult]:
     measured = measure(inp)
     inp.measured = measured           # kept for --save-baseline
-    floors, source, floor_gpus = floors_for(inp.machine, inp.floors)
+    floors, source, floor_gpus, why = floors_for(inp.machine, inp.floors)
     baseline = (inp.baseline or {}).get("measured", {})
     baseline_ref = (inp.baseline or {}).get("source", "")
     results = []
@@ -102,13 +103,14 @@ def run(inp) -> list[CheckResult]:
         values = {d: v[metric] for d, v in measured["devices"].items() if metric in v}
         results.append(rules.judge(name, unit, values, floor=floors.get(metric), floor_ref=source,
                                    baseline=baseline.get(metric), baseline_ref=baseline_ref,
-                                   tolerance=inp.tolerance))
+                                   tolerance=inp.tolerance, floor_why=why))
     metric, name, unit = ALLREDUCE
     busbw, ranks = measured["allreduce_gbps"], measured["allreduce_ranks"]
     if busbw is not None:
         floor = floors.get(metric) if (ranks == floor_gpus or metric in inp.floors) else None
         row = rules.judge(name, unit, {f"{ranks} ranks": busbw}, floor=floor, floor_ref=source,
-                          baseline=baseline.get(metric), baseline_ref=baseline_ref, tolerance=inp.tolerance)
+                          baseline=baseline.get(metric), baseline_ref=baseline_ref, tolerance=inp.tolerance,
+                          floor_why=why)
         if floors.get(metric) is not None and floor is None and row.status != "FAIL":
             row.reason += f" (the floor is for {floor_gpus} GPUs; this node has {ranks})"
         results.append(row)

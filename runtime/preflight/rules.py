@@ -24,8 +24,9 @@ def _num(value: float) -> str:
 
 def judge(name: str, unit: str, measured: Mapping[str, float], floor: Optional[float] = None,
           floor_ref: str = "", baseline: Optional[float] = None, baseline_ref: str = "",
-          tolerance: float = DEFAULT_TOLERANCE) -> CheckResult:
-    """One row: the worst device's value, PASS / FAIL by the floor and baseline rules."""
+          tolerance: float = DEFAULT_TOLERANCE, floor_why: str = "") -> CheckResult:
+    """One row: the worst device's value, PASS / FAIL by the floor and baseline rules.
+    `floor_ref` names where the floor is (shown always); `floor_why` how it was set (on a failure)."""
     if not measured:
         return CheckResult(name, WARN, None, "nothing was measured", "")
     worst_device = min(measured, key=measured.__getitem__)
@@ -36,7 +37,8 @@ def judge(name: str, unit: str, measured: Mapping[str, float], floor: Optional[f
         under = {d: v for d, v in measured.items() if v < floor}
         for device, got in sorted(under.items(), key=lambda kv: kv[1]):
             problems.append(f"{device} {_num(got)} {unit} is under the floor {_num(floor)} ({got / floor:.0%}; "
-                            f"floor from {floor_ref or 'the GPU profile'})")
+                            f"floor from {floor_ref or 'the GPU profile'}" + (f": {floor_why}" if floor_why else "")
+                            + ")")
     if baseline is not None and baseline > 0:
         limit = baseline * (1 - tolerance)
         for device, got in sorted(measured.items(), key=lambda kv: kv[1]):
