@@ -126,6 +126,15 @@ class LoggingConfig:
 
 
 @dataclass
+class HealthConfig:
+    """Straggler detection and the hang watchdog (trainer.health)."""
+    straggler_interval: int = 50   # steps between straggler checks (one small all_gather); 0 = off
+    straggler_margin: float = 0.2  # name a rank this much slower than the median (0.2 = 20%)
+    hang_timeout_s: Optional[float] = None  # no step for this long = hung: stacks dumped, rank ended
+    #                                 (exit 4); null: min(300, half of parallel.timeout_minutes); 0 = off
+
+
+@dataclass
 class TrainConfig:
     name: str = "run"
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -137,6 +146,7 @@ class TrainConfig:
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
     env: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -362,6 +372,13 @@ def _check_values(cfg: TrainConfig, src: str) -> None:
     need(c.interval >= 0, "checkpoint.interval", "an integer >= 0 (0 = only at the end)")
     need(c.keep_last > 0, "checkpoint.keep_last", "a positive integer")
     need(bool(c.dir.strip()), "checkpoint.dir", "a directory name")
+    h = cfg.health
+    need(h.straggler_interval >= 0, "health.straggler_interval", "an integer >= 0 (0 = off)")
+    need(h.straggler_margin > 0, "health.straggler_margin", "a positive number, e.g. 0.2 (20% above the median)")
+    collective_s = cfg.parallel.timeout_minutes * 60
+    need(h.hang_timeout_s is None or 0 <= h.hang_timeout_s < collective_s, "health.hang_timeout_s",
+         f"null (auto), 0 (off) or seconds below the collective timeout parallel.timeout_minutes "
+         f"({collective_s} s), which would end the ranks first")
     for name in cfg.env:
         if not name or not (name[0].isalpha() or name[0] == "_") or not all(
                 ch.isalnum() or ch == "_" for ch in name):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from trainer import distributed, fp8, metrics, optim
+from trainer import distributed, fp8, health, metrics, optim
 from trainer.config import SYNTHETIC, TrainConfig, dump
 from trainer.errors import UserError
 from trainer.files import write_json_atomic
@@ -159,6 +159,7 @@ def run(cfg: TrainConfig, run_dir: Path | str, resume: str | None = None, log=No
     rank, local_rank, _ = distributed.rank_layout()
     if log is None:
         log = ranklog.setup(run_dir, rank=rank, local_rank=local_rank, name="anvil.trainer")
+    health.prepare_env(cfg, run_dir)  # flight recorder on: must precede the process group
     info = distributed.init(cfg)
     try:
         return _train(cfg, run_dir, resume, info, log, started, checkpoint, signals)
@@ -215,11 +216,12 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
         log.info("resume auto: no checkpoint yet, starting fresh")
 
     def save(at_step: int) -> Path:
-        path = checkpoint.save(ckpt_dir, at_step, model=model, optimizer=optimizer,
-                               scheduler=scheduler, loader=loader, keep_last=cfg.checkpoint.keep_last,
-                               config=config_dict,
-                               extra={"tokens_seen": tokens_seen,
-                                      "wall_s": prior_wall + time.time() - started})
+        with watchdog.busy("checkpoint"):
+            path = checkpoint.save(ckpt_dir, at_step, model=model, optimizer=optimizer,
+                                   scheduler=scheduler, loader=loader, keep_last=cfg.checkpoint.keep_last,
+                                   config=config_dict,
+                                   extra={"tokens_seen": tokens_seen,
+                                          "wall_s": prior_wall + time.time() - started})
         log.info(f"checkpoint saved: {path}")
         return path
 
@@ -241,10 +243,13 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
     if info.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(info.device)
 
+    straggler = health.StragglerDetector.from_config(cfg, run_dir, info, log).watch(model)
+    watchdog = health.HangWatchdog.from_config(cfg, run_dir, info, log).start(step)
     interval_start, interval_tokens, interval_steps = time.perf_counter(), 0, 0
     try:
         while step < cfg.train.steps:
-            micro = [next(loader) for _ in range(accum)]
+            with straggler.data_time():
+                micro = [next(loader) for _ in range(accum)]
             # Scale by the step's token count so accumulation equals one big batch.
             step_tokens = sum(int((y != IGNORE_INDEX).sum()) for _, y in micro)
             loss_sum = torch.zeros((), device=info.device)
@@ -267,6 +272,7 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
             step += 1
+            watchdog.beat(step)
             tokens_seen += step_tokens * info.world_size
             interval_tokens += step_tokens * info.world_size
             interval_steps += 1
@@ -287,7 +293,8 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
 
             if (cfg.train.val_interval and cfg.train.val_batches and step < cfg.train.steps
                     and step % cfg.train.val_interval == 0):
-                met.val_step(step, evaluate(model, cfg, info, autocast))
+                with watchdog.busy("validation"):
+                    met.val_step(step, evaluate(model, cfg, info, autocast))
                 interval_start = time.perf_counter()  # eval time is not training time
             if stopper.should_stop(step):
                 log.warning(f"{stopper.reason}: stopping after step {step}, checkpointing")
@@ -297,13 +304,17 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
             if cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0 and step < cfg.train.steps:
                 last_ckpt = save(step)
                 interval_start = time.perf_counter()
+            straggler.step(step)  # every health.straggler_interval steps: compare ranks (collective)
 
         if status == "ok":
             if cfg.train.val_batches:
-                met.val_step(step, evaluate(model, cfg, info, autocast))
+                with watchdog.busy("validation"):
+                    met.val_step(step, evaluate(model, cfg, info, autocast))
             if cfg.checkpoint.save_final:
                 last_ckpt = save(step)
     finally:
+        watchdog.stop()
+        straggler.close()
         stopper.restore()
         met.close()
         if profiler is not None:

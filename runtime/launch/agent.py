@@ -17,7 +17,8 @@ environment; env:// rendezvous), and what torchrun does not:
   process group; a rank keeps the first signal it sees, so twice is harmless.
 - When one rank fails, the others are stopped (SIGTERM, then SIGKILL after
   ANVIL_AGENT_GRACE seconds, default 10) and the failure is one line naming
-  the rank and host.
+  the rank and host. A rank the hang watchdog ended (EXIT_HUNG, 4) is such a
+  failure; a hung peer ignores the SIGTERM and is killed after the grace.
 - Under Slurm (--slurm) the node rank, node count and master (the first host
   of the allocation) come from SLURM_*; values computed from the machine
   (ANVIL_NODE_LOCAL names them: socket interface, host name, ...) are
@@ -39,6 +40,7 @@ from pathlib import Path
 
 from runtime.launch.spec import EXIT_INTERRUPTED, EXIT_REQUEUE, NODE_LOCAL_VAR, PASSED_SIGNALS, RUN_DIR_VAR
 from trainer.files import write_json_atomic
+from trainer.signals import EXIT_HUNG
 
 
 
@@ -189,6 +191,8 @@ class Agent:
                               "exit_code": code, "time": time.time()}
         others = [p for p in self.procs if p.poll() is None]
         what = f"signal {signal.Signals(-code).name}" if code < 0 else f"status {code}"
+        if code == EXIT_HUNG:
+            what += f" (hung: no training step in time; logs/hang-rank{rank}.json)"
         print(f"anvil-agent: rank {rank} on {self.host} exited with {what}"
               + (f"; stopping the other {len(others)} rank(s) here" if others else ""),
               file=sys.stderr, flush=True)

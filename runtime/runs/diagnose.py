@@ -37,6 +37,18 @@ SIGNATURES: tuple[Signature, ...] = (
          r"collective operation timeout|DistBackendError.*timed out|Timed out .*(rendezvous|store)",
          "A collective timed out: one rank died or hung (read every logs/rank*.log, not just rank 0); "
          "check that all ranks run the same steps; raise the timeout only if ranks are merely slow."),
+    _sig("hang",
+         r"hung: no training step for|hang watchdog: no progress",
+         "A rank stopped making progress and the hang watchdog ended it: logs/hang-rank<R>.json says "
+         "where, its Python stacks are in logs/rank<R>.log, logs/flight-recorder*-rank<R>.json list "
+         "its last collectives. The rank that stopped first is the cause (the others wait for it in a "
+         "collective): a stuck data read or file system, a GPU fault (dmesg, nvidia-smi -q / amd-smi), "
+         "or code only some ranks run. Raise health.hang_timeout_s if steps are legitimately slower."),
+    _sig("straggler",
+         r"straggler: rank \d+ on \S+",
+         "One rank was consistently slower than the others, and every rank waits for it: check that "
+         "host (inv -H HOST preflight.all: clocks, thermals, other jobs, its disk) and leave it out "
+         "with --exclude HOST."),
     _sig("oom",
          r"CUDA out of memory|HIP out of memory|OutOfMemoryError|hipErrorOutOfMemory|"
          r"Tried to allocate [\d.]+ [GM]iB",

@@ -6,6 +6,13 @@ logs this module answers the runner's questions: on which hosts did the run
 run, how many ranks, and - when it failed - which rank on which host failed
 first, and with what message (the rank log's last error line), so the user
 reads one line instead of every rank's traceback.
+
+A rank that trainer.health's watchdog ended as hung (exit 4) leaves
+logs/hang-rank<R>.json. With those the line names the rank that stopped
+first - the one that issued the fewest collectives (the others wait for it),
+then the one whose last step is oldest - and where it stopped; a rank that
+wrote no report while the others wait for it in a collective (stopped, or
+stuck where Python cannot run) is named as the likely cause.
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ class NodeReport:
     first_failure: dict | None
     signal: str | None
     end: float = 0.0
+    start: float = 0.0
 
 
 @dataclass
@@ -55,7 +63,7 @@ def read(run_dir: Path) -> Outcome:
                                         exit_code=int(rec["exit_code"]),
                                         ranks={int(k): int(v) for k, v in rec.get("ranks", {}).items()},
                                         first_failure=rec.get("first_failure"), signal=rec.get("signal"),
-                                        end=float(rec.get("end") or 0)))
+                                        end=float(rec.get("end") or 0), start=float(rec.get("start") or 0)))
         except (OSError, ValueError, KeyError, TypeError):
             continue   # a node killed mid-write leaves nothing readable: reported as missing
     return out
@@ -87,12 +95,88 @@ def launcher_said(run_dir: Path) -> str | None:
     return None
 
 
+def hang_reports(run_dir: Path, since: float | None = None) -> list[dict]:
+    """The watchdog's logs/hang-rank<R>.json reports that can be read (written at or after
+    `since`, a launch's start: a requeued job reuses its run directory)."""
+    reports = []
+    for path in sorted(Path(run_dir).glob("logs/hang-rank*.json")):
+        try:
+            rec = json.loads(path.read_text())
+            rec["rank"] = int(rec["rank"])
+        except (OSError, ValueError, KeyError, TypeError, IndexError):
+            continue
+        if since is not None and _number(rec.get("time"), 0) < since:
+            continue
+        reports.append(rec)
+    return reports
+
+
+def _number(value, default=float("inf")):
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+
+def _collectives(report: dict) -> dict:
+    value = report.get("collectives")
+    return value if isinstance(value, dict) else {}
+
+
+def first_hung(reports: list[dict]) -> dict:
+    """The rank that stopped first: fewest collectives issued (when every report counts them),
+    then the oldest last progress."""
+    counted = all(isinstance(_collectives(r).get("last_enqueued"), int) for r in reports)
+    return min(reports, key=lambda r: (_collectives(r)["last_enqueued"] if counted else 0,
+                                       _number(r.get("last_progress_time")), r["rank"]))
+
+
+def hang_summary(run_dir: Path, outcome: Outcome | None = None) -> str | None:
+    """One line from the hang reports, or None when no rank was ended as hung."""
+    outcome = outcome if outcome is not None else read(run_dir)
+    starts = [n.start for n in outcome.nodes if n.start]
+    reports = hang_reports(run_dir, since=min(starts) if starts else None)
+    if not reports:
+        return None
+    first = first_hung(reports)
+    step = first.get("step")
+    at = f" at step {step}" if step is not None else ""
+    where = first.get("where") or "unknown"
+    stalled = _number(first.get("stalled_s"), None)
+    waited = f"no step for {stalled:.0f} s" if stalled is not None else "no progress"
+    host = first.get("host", "?")
+    log = first.get("log") or f"logs/rank{first['rank']}.log"
+    reported = {r["rank"] for r in reports}
+    hosts = {rank: node.host for node in outcome.nodes for rank in node.ranks}
+    codes = {rank: code for node in outcome.nodes for rank, code in node.ranks.items()}
+    silent = sorted(set(hosts) - reported)
+    coll = _collectives(first)
+    if not coll.get("pending") and coll.get("last_enqueued") is None:
+        # no collective counts: a silent rank that not even SIGTERM ended (the launcher's SIGKILL,
+        # -9) was stuck as well, and said nothing
+        silent = [r for r in silent if codes.get(r) == -9]
+    elif not coll.get("pending"):
+        silent = []
+    if silent:   # the reporting rank waits for ranks that said nothing
+        names = ", ".join(f"rank {r} on {hosts[r]}" for r in silent)
+        op = f" ({coll['last_op']})" if coll.get("last_op") else ""
+        waiting = f"in a collective{op} " if coll.get("pending") else ""
+        return (f"{names} stopped first and wrote no hang report (stopped, or stuck where Python cannot "
+                f"run): rank {first['rank']} on {host} waited for it{at} {waiting}in {where} "
+                f"({waited}); stacks in {log}")
+    line = f"rank {first['rank']} on {host} stopped first{at} in {where} ({waited}); stacks in {log}"
+    others = sorted(reported - {first["rank"]})
+    if others:
+        line += f"; rank(s) {', '.join(map(str, others))} hung after it"
+    return line
+
+
 def failure_summary(run_dir: Path, expected_nodes: int | None = None) -> str | None:
     """One line: which rank on which host failed first, and why; None when nothing is known."""
     outcome = read(run_dir)
     first = outcome.first_failure()
     parts = []
-    if first is not None:
+    hung = hang_summary(run_dir, outcome)
+    if hung:
+        parts.append(hung)   # the hang reports know more than which rank exited first
+    elif first is not None:
         code = int(first.get("exit_code", 1))
         how = f"signal {-code}" if code < 0 else f"status {code}"
         cause = rank_error(run_dir, int(first["rank"]))
