@@ -95,3 +95,15 @@ def test_broken_yaml_and_missing_file(tmp_path):
         load(tmp_path / "nope.yaml")
     with pytest.raises(ConfigError, match="expected a mapping of sections"):
         load(write(tmp_path, "- a\n- b\n"))
+
+
+def test_a_bare_off_is_the_choice_off_not_yaml_false(tmp_path):
+    """YAML 1.1 reads `fp8: off` as false; a choice field that has "off" takes it as that."""
+    from trainer.config import ConfigError, load
+    assert load(None, ["precision.fp8=off"]).precision.fp8 == "off"
+    path = tmp_path / "c.yaml"
+    path.write_text("precision:\n  fp8: off\n")
+    assert load(path).precision.fp8 == "off"
+    path.write_text("precision:\n  compute: off\n")        # no "off" among its choices: still an error
+    with pytest.raises(ConfigError):
+        load(path)

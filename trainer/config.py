@@ -257,7 +257,10 @@ def _convert(tp, value, key: str, src: str):
         (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
         return _convert(inner, value, key, src)
     if origin is Literal:
-        if value not in typing.get_args(tp):
+        choices = typing.get_args(tp)
+        if isinstance(value, bool):   # YAML 1.1 reads a bare off/on/no/yes as a boolean
+            value = {False: "off", True: "on"}[value] if ({"off", "on"} & set(choices)) else value
+        if value not in choices:
             raise bad()
         return value
     if origin is list:
