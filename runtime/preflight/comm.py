@@ -581,25 +581,9 @@ class SshTransport(_Launcher):
 
     def _run(self, host: str, command: str, timeout: float) -> tuple[int | None, str, str, str | None]:
         """(exit status, stdout, stderr, error) of one command on one host; never raises."""
-        from fabric import Connection
-
         from runtime.program import ssh
 
-        connection = None
-        try:
-            connection = Connection(host, user=self.options.user or None, config=self._config(),
-                                    connect_timeout=self.options.connect_timeout,
-                                    connect_kwargs=ssh._connect_kwargs(self.options))
-            ran = connection.run(command, hide=True, warn=True, in_stream=False, timeout=timeout)
-            return ran.exited, ran.stdout, ran.stderr, None
-        except Exception as exc:  # noqa: BLE001 - any SSH trouble is this host's result
-            return None, "", "", ssh._describe(exc)
-        finally:
-            if connection is not None:
-                try:
-                    connection.close()
-                except Exception:  # noqa: BLE001
-                    pass
+        return ssh.run_command(host, command, self.options, self._config(), timeout=timeout)
 
     def _prefix(self, host: str) -> str:
         return f"cd {shlex.quote(self.options.remote_path)} && ANVIL_HOST={shlex.quote(host)}"
@@ -761,7 +745,7 @@ class SlurmTransport(_Launcher):
 def render(report: CommReport, run_dir: Path | str | None = None) -> str:
     from tabulate import tabulate
 
-    from runtime.program.results import slurm_name
+    from runtime.program.results import node_lists_footer
 
     out = []
     ar = report.allreduce_row
@@ -776,14 +760,7 @@ def render(report: CommReport, run_dir: Path | str | None = None) -> str:
     out.append(f"{len(report.pairs)} pair(s) in {report.rounds} round(s); median pair busbw {median}, slow under "
                f"{100 * report.ratio:.0f}% of it; {report.seconds:.1f} s")
     out.append("")
-    out.append(f"passing hosts: {','.join(report.passing) or '(none)'}")
-    out.append(f"failing hosts: {','.join(report.failing) or '(none)'}")
-    if report.failing:
-        out.append(f"exclude them:  srun --exclude={','.join(slurm_name(h) for h in report.failing)} ...")
-        if run_dir:
-            out.append(f"               inv train.pretrain --exclude-from {run_dir} ...")
-    if run_dir:
-        out.append(f"run directory: {run_dir}")
+    out += node_lists_footer(report.passing, report.failing, run_dir)
     return "\n".join(out)
 
 

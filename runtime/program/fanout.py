@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from tabulate import tabulate
 
-from runtime.program.results import HostResult, checks_of, error_line, slurm_name
+from runtime.program.results import HostResult, checks_of, error_line, node_lists_footer, slurm_name
 
 STATUSES = ("PASS", "WARN", "FAIL")
 DIFFERS = "≠"
@@ -172,14 +172,7 @@ def render(report: MergedReport, task: str = "", run_dir: Path | str | None = No
         summary.append([host, host_status(r), f"{r.seconds:.1f}", _short(detail or "", 90)])
     out.append(tabulate(summary, headers=["host", "result", "seconds", "detail"]))
     out.append("")
-    out.append(f"passing hosts: {','.join(report.passing) or '(none)'}")
-    out.append(f"failing hosts: {','.join(report.failing) or '(none)'}")
-    if report.failing:
-        out.append(f"exclude them:  srun --exclude={','.join(slurm_name(h) for h in report.failing)} ...")
-        if run_dir:
-            out.append(f"               inv train.pretrain --exclude-from {run_dir} ...")
-    if run_dir:
-        out.append(f"run directory: {run_dir}")
+    out += node_lists_footer(report.passing, report.failing, run_dir)
     return "\n".join(out)
 
 

@@ -94,27 +94,32 @@ def _connect_kwargs(options: FanoutOptions) -> dict:
     return kwargs
 
 
-def _run_one(host: str, argv: list[str], options: FanoutOptions, config) -> HostResult:
+def run_command(host: str, command: str, options: FanoutOptions, config,
+                timeout: float | None = None) -> tuple[int | None, str, str, str | None]:
+    """(exit status, stdout, stderr, error) of one shell command on one host; never raises."""
     from fabric import Connection
-    started = time.monotonic()
-    result = HostResult(host)
     connection = None
     try:
         connection = Connection(host, user=options.user or None, config=config,
-                                connect_timeout=options.connect_timeout,
-                                connect_kwargs=_connect_kwargs(options))
-        ran = connection.run(remote_command(host, argv, options), hide=True, warn=True, in_stream=False,
-                             timeout=options.command_timeout or None)
-        result.exit_code, result.stdout, result.stderr = ran.exited, ran.stdout, ran.stderr
-        result.payload = parse_json_output(ran.stdout)
+                                connect_timeout=options.connect_timeout, connect_kwargs=_connect_kwargs(options))
+        ran = connection.run(command, hide=True, warn=True, in_stream=False, timeout=timeout)
+        return ran.exited, ran.stdout, ran.stderr, None
     except Exception as exc:  # noqa: BLE001 - any SSH trouble is this host's result, not a crash
-        result.error = _describe(exc)
+        return None, "", "", _describe(exc)
     finally:
         if connection is not None:
             try:
                 connection.close()
             except Exception:  # noqa: BLE001
                 pass
+
+
+def _run_one(host: str, argv: list[str], options: FanoutOptions, config) -> HostResult:
+    started = time.monotonic()
+    code, out, err, error = run_command(host, remote_command(host, argv, options), options, config,
+                                        timeout=options.command_timeout or None)
+    result = HostResult(host, exit_code=code, stdout=out, stderr=err, error=error,
+                        payload=parse_json_output(out) if error is None else None)
     result.seconds = round(time.monotonic() - started, 2)
     return result
 
