@@ -134,3 +134,24 @@ def test_patched_trainer_loss_keeps_an_fp32_sum_for_bf16_activations():
     reference = torch.nn.functional.cross_entropy(hidden.double() @ weight.double().T, labels, reduction="sum")
     assert loss.dtype == torch.float32
     assert abs(loss.item() - reference.item()) / reference.item() < 1e-4
+
+
+def test_hugging_faces_kernels_package_shadowing_ours_is_named(tmp_path):
+    """HF's `kernels` (same import name) first on sys.path: --kernels says what happened."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    fake = tmp_path / "site" / "kernels"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('"""Hugging Face kernels stand-in: hub kernels, no Anvil marker."""\n'
+                                      "def get_kernel(name):\n    raise NotImplementedError\n")
+    repo = Path(__file__).resolve().parents[1]
+    probe = ("from trainer.train import apply_kernels\n"
+             "try:\n    apply_kernels(None)\nexcept Exception as exc:\n    print(type(exc).__name__, exc)\n")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True,
+                          env={"PYTHONPATH": f"{tmp_path / 'site'}:{repo}", "PATH": "/usr/bin:/bin"}, timeout=120)
+    assert "TrainError --kernels: `import kernels` found" in done.stdout, done.stdout + done.stderr
+    assert "Hugging Face's package of the same name shadows it" in done.stdout
+    import kernels
+    assert kernels.ANVIL_KERNELS        # and in this checkout ours is the one imported

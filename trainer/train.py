@@ -77,11 +77,14 @@ def make_loader(cfg: TrainConfig, split: str, info: distributed.DistInfo, shuffl
 def apply_kernels(model: Transformer) -> Transformer:
     try:
         import kernels
-        patch = kernels.patch
-    except (ImportError, AttributeError) as exc:
+    except ImportError as exc:
         raise TrainError(f"--kernels: the fused kernels are not available ({exc}); "
                          "install the kernels package with Triton, or run without --kernels") from None
-    return patch(model) or model
+    if not getattr(kernels, "ANVIL_KERNELS", False):
+        raise TrainError(f"--kernels: `import kernels` found {getattr(kernels, '__file__', kernels)}, not Anvil's "
+                         "kernels/ (Hugging Face's package of the same name shadows it): pip uninstall kernels "
+                         "in this environment, or run from the checkout so that its folder comes first")
+    return kernels.patch(model) or model
 
 
 def build_model(cfg: TrainConfig, info: distributed.DistInfo, log):
