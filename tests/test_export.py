@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,9 @@ from trainer.export import ExportError, export_hf
 from trainer.model import Transformer
 
 transformers = pytest.importorskip("transformers")
+
+REPO = Path(__file__).resolve().parents[1]
+INV = REPO / ".venv" / "bin" / "inv"
 
 # Per export dtype: our fp32 model vs HF run in that dtype (fp32 is the same math up to
 # kernel order; bf16 carries the weight rounding and bf16 activations).
@@ -107,6 +112,52 @@ def test_export_writes_config_and_tokenizer(tmp_path):
         export_hf(run_dir, out)
     (out / "marker").write_text("old")
     assert export_hf(run_dir, out, overwrite=True) == out and not (out / "marker").exists()
+
+
+TEXTS = ["def function_3(x):\n    return x", "h\u00e9llo w\u00f6rld \u2603 \u65e5\u672c\u8a9e \U0001f999",
+         "  two spaces\ttab\r\nCRLF", "", "a literal <|end_of_text|> and <|begin_of_text|> in text"]
+
+
+@pytest.mark.parametrize("kind", ["byte", "bpe"])
+def test_inv_export_writes_a_tokenizer_with_anvils_ids(tmp_path, kind):
+    """`inv train.export` puts the dataset's tokenizer beside the model: AutoTokenizer loads
+    it and gives Anvil's ids, non-ASCII and special tokens included, BOS first by default."""
+    from trainer.data import load_tokenizer, prepare
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(40):
+        (corpus / f"doc{i}.txt").write_text(f"def function_{i}(x):\n    return x * {i} + {i % 7}\n" * 20)
+    dataset = tmp_path / "dataset"
+    prepare([corpus], dataset, tokenizer=kind, vocab_size=300, progress=False)
+    raw = tiny_config(tmp_path).to_dict()
+    raw["data"]["path"] = str(dataset)
+    _, run_dir = trained_checkpoint(tmp_path, config_mod.from_dict(raw))
+    out = tmp_path / "hf"
+    proc = subprocess.run([str(INV), "train.export", str(run_dir), "--out", str(out)], cwd=tmp_path,
+                          env={**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs")},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"exported to {out}" in proc.stdout
+    assert {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"} <= {p.name for p in out.iterdir()}
+
+    ours = load_tokenizer(dataset)
+    assert ours.kind == kind
+    tok = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
+    assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (ours.bos_id, ours.eos_id, ours.pad_id)
+    assert len(tok) == ours.vocab_size
+    config = json.loads((out / "config.json").read_text())
+    assert (config["bos_token_id"], config["eos_token_id"]) == (ours.bos_id, ours.eos_id)
+    for text in TEXTS:
+        ids = ours.encode(text)
+        assert tok(text, add_special_tokens=False)["input_ids"] == ids, text
+        assert tok(text)["input_ids"] == [ours.bos_id, *ids], text  # documents begin with BOS
+        assert tok.decode(ids) == text
+    if kind == "byte":
+        assert ours.encode(TEXTS[1]) == list(TEXTS[1].encode("utf-8"))
+    assert tok.decode([ours.bos_id, ours.eos_id]) == ours.decode([ours.bos_id, ours.eos_id])
+    provenance = json.loads((out / "anvil_export.json").read_text())["tokenizer"]
+    assert provenance["written"] and provenance["kind"] == kind
 
 
 def test_export_errors(tmp_path):

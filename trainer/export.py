@@ -4,8 +4,10 @@
 
 writes config.json (from trainer.model.hf_config), model.safetensors (tied lm_head kept once,
 as transformers expects), generation_config.json, anvil_export.json (which checkpoint, which
-training config), and the dataset's tokenizer.json (+ tokenizer_config.json) when it was made
-with one. The directory appears atomically: it is
+training config, whether the tokenizer was written), and the dataset's tokenizer as
+transformers' AutoTokenizer loads it (tokenizer.json, tokenizer_config.json,
+special_tokens_map.json; the byte tokenizer is rebuilt as a tokenizers Tokenizer with the
+same ids). The directory appears atomically: it is
 built under a temporary name next to out_dir and renamed into place.
 
 Our parameter names are LlamaForCausalLM's and RoPE uses its rotate-half layout, so the
@@ -64,29 +66,78 @@ def _dataset_dir(cfg, checkpoint: Path) -> Path | None:
     return path if (path / "manifest.json").is_file() else None
 
 
-def _tokenizer_files(dataset: Path | None, staging: Path) -> dict:
-    """Copy tokenizer.json (if the dataset has one); return bos/eos ids for config.json."""
+def _tokenizer_files(dataset: Path | None, staging: Path, max_seq_len: int) -> tuple[dict, dict]:
+    """Write the dataset's tokenizer as transformers loads it (tokenizer.json,
+    tokenizer_config.json, special_tokens_map.json); return (bos/eos/pad ids for
+    config.json, what anvil_export.json records about it).
+
+    The exported tokenizer gives Anvil's ids: `tok(text, add_special_tokens=False)` is
+    Anvil's encode(text), and `tok(text)` puts BOS first, as every document Anvil trains
+    on begins (documents end with EOS; generation stops there)."""
     if dataset is None:
-        return {}
-    from trainer.data import DataError, load_tokenizer
+        return {}, {"written": False, "why": "no dataset (synthetic data, or the dataset was not found)"}
+    from trainer.data import ByteTokenizer, DataError, load_tokenizer
 
     try:
         tok = load_tokenizer(dataset)
-    except DataError:
-        return {}
+    except DataError as exc:
+        return {}, {"written": False, "why": str(exc)}
     ids = {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "pad_token_id": tok.pad_id}
-    source = dataset / "tokenizer.json"
-    if source.is_file():
-        shutil.copyfile(source, staging / "tokenizer.json")
-        names = {}
-        for role, token_id in (("bos_token", tok.bos_id), ("eos_token", tok.eos_id),
-                               ("pad_token", tok.pad_id)):
-            if token_id is not None:
-                names[role] = tok.decode([token_id])
-        (staging / "tokenizer_config.json").write_text(json.dumps(
-            {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": None, **names},
-            indent=2) + "\n")
-    return ids
+    byte = isinstance(tok, ByteTokenizer)
+    hf = _byte_hf_tokenizer() if byte else _json_hf_tokenizer(tok.path)
+    if tok.bos_id is not None and hf.post_processor is None:  # ours: add BOS as Llama's does
+        bos = tok.decode([tok.bos_id])
+        from tokenizers import processors
+        hf.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B:1", special_tokens=[(bos, tok.bos_id)])
+        (staging / "tokenizer.json").write_text(hf.to_str(pretty=True))
+    else:  # one that has its own post-processor (Llama 3's) goes over byte for byte
+        shutil.copyfile(tok.path, staging / "tokenizer.json")
+    names = {role: tok.decode([token_id]) for role, token_id in
+             (("bos_token", tok.bos_id), ("eos_token", tok.eos_id), ("pad_token", tok.pad_id))
+             if token_id is not None}
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_seq_len, **names}
+    if byte:
+        # Anvil's byte tokenizer reads "<|end_of_text|>" in a text as its 15 bytes, never as
+        # the special token: so must transformers
+        config["split_special_tokens"] = True
+    (staging / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (staging / "special_tokens_map.json").write_text(json.dumps(names, indent=2) + "\n")
+    return ids, {"written": True, "kind": tok.kind, "source": str(dataset), **ids}
+
+
+def _byte_hf_tokenizer():
+    """Anvil's byte tokenizer as a `tokenizers` Tokenizer: a BPE without merges over the
+    byte-level alphabet, so UTF-8 byte b is id b, and the specials at 256, 257, 258."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    from trainer.data.tokenizers import SPECIAL_TOKENS, ByteTokenizer
+
+    chars = _bytes_to_unicode()
+    hf = Tokenizer(models.BPE(vocab={chars[b]: b for b in range(256)}, merges=[]))
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    hf.decoder = decoders.ByteLevel()
+    hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    byte = ByteTokenizer()
+    assert [hf.token_to_id(t) for t in SPECIAL_TOKENS] == [byte.bos_id, byte.eos_id, byte.pad_id]
+    return hf
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table, which tokenizers' ByteLevel uses."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    table, extra = {b: chr(b) for b in printable}, 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def _json_hf_tokenizer(path: Path):
+    from tokenizers import Tokenizer
+    return Tokenizer.from_file(str(path))
 
 
 def export_hf(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike | None = None,
@@ -128,10 +179,12 @@ def export_hf(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike |
         tensors = {name: t.to(DTYPES[dtype]).contiguous() for name, t in sorted(weights.items())}
         save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
         config = hf_config(cfg.model, torch_dtype=dtype)
-        config.update(_tokenizer_files(_dataset_dir(cfg, checkpoint), staging))
+        token_ids, tokenizer = _tokenizer_files(_dataset_dir(cfg, checkpoint), staging,
+                                                cfg.model.max_seq_len)
+        config.update(token_ids)
         (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         provenance = {"checkpoint": str(checkpoint.resolve()), "step": ck.read_meta(checkpoint)["step"],
-                      "config": cfg.to_dict(), "dtype": dtype}
+                      "config": cfg.to_dict(), "dtype": dtype, "tokenizer": tokenizer}
         (staging / "anvil_export.json").write_text(json.dumps(provenance, indent=2) + "\n")
         generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
                       if config.get(k) is not None}
