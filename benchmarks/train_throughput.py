@@ -40,6 +40,10 @@ output head stays bf16 in both).
 --quality trains each variant on a real prepared dataset (--data) for --steps
 and compares every loss curve with the first variant's: final and mean loss
 differences, against --tolerance.
+
+Why one module of this size: every variant (Anvil, HF + Liger, torchtitan; bf16, FP8; eager,
+compile) must run the same measurement (process per variant, step window, FLOP count, peak memory,
+profile split) so the ratios are fair; the variants are small functions over that one harness.
 """
 from __future__ import annotations
 

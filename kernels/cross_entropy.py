@@ -31,6 +31,10 @@ all-ignored batch gives nan, and zero gradients), "sum", "none" (per-row,
 0 for ignored rows); the loss has the logits' dtype. Extras: z_loss adds
 z_loss * lse**2 per non-ignored row; label_smoothing as torch defines it.
 Targets must lie in [0, V) or equal ignore_index (not checked on the device).
+
+Why one module of this size: the two-walk kernel, its one-read alternative and the autograd
+function share the same row layout and scaling rules; splitting them would spread one contract
+over several files.
 """
 from __future__ import annotations
 

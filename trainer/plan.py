@@ -74,6 +74,10 @@ fragmentation 5% with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set by t
 profile), 10% without; CUDA context 0.75 GiB, ROCm (HIP runtime and code objects) 1.0 GiB;
 NCCL / RCCL buffers 1.0 GiB when W > 1. torch.compile lowers activation and loss memory
 (Inductor fuses the upcast and recomputes); the plan counts eager, an upper bound there.
+
+Why one module of this size: each memory term mirrors one choice of the trainer (what autograd
+saves per block, the checkpointing policy, FSDP2's shards and windows, the loss), and keeping them
+side by side is what lets a reader check the plan against trainer/model.py and trainer/train.py.
 """
 from __future__ import annotations
 

@@ -33,6 +33,10 @@ SlurmTransport with one `srun --nodes=2 --nodelist=a,b --ntasks-per-node=1
 ... agent --slurm` step per pair inside an allocation. Every launch has a
 timeout (a dead link costs its timeout, never a hang): `timeout -k 5 T` on
 the node for SSH, the srun step killed for Slurm.
+
+Why one module of this size: the pairing rounds, the verdict, both transports (SSH and srun) and
+the run directory are one algorithm read top to bottom; the pure parts (pairing, judging) are
+separate functions tested with a fake transport (tests/test_preflight_comm.py).
 """
 from __future__ import annotations
 

@@ -10,9 +10,10 @@
                                 config_sources={"train.yaml": config}, env=env)
         result = execute(c, spec, body=lambda run: launch(..., env=run.env, run_dir=run.path))
 
-`run_task` gives every run-creating task the same ``--name``, ``--env
-KEY=VALUE`` (repeatable), ``--no-hooks`` and ``--patch FILE`` options; the
-task receives them as ``run_options`` (a RunOptions).
+`run_task` (runtime/runs/options.py, re-exported here for the task modules)
+gives every run-creating task the same ``--name``, ``--env KEY=VALUE``
+(repeatable), ``--no-hooks`` and ``--patch FILE`` options; the task receives
+them as ``run_options`` (a RunOptions), whose spec() makes the RunSpec (also there).
 
 `execute` creates runs/<stamp>_<task>[_<name>]/, writes the snapshot (masked),
 runs --patch and the pre hooks (which may extend the env), calls body(run),
@@ -27,23 +28,20 @@ execute then lays the recorded environment over the resolved one (source
 """
 from __future__ import annotations
 
-import functools
 import importlib.util
-import inspect
 import os
 import shlex
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from invoke import task as invoke_task
 from invoke.exceptions import Exit, UnexpectedExit
 
 from runtime import settings as settings_mod
+from runtime.runs.options import PER_NODE_HELP, RUN_OPTION_HELP, RunOptions, RunSpec, run_task  # noqa: F401,E501 (re-exported)
 from trainer.errors import AnvilError, UserError
 from trainer.secrets import MASK, Masker
 
@@ -76,99 +74,6 @@ REPLAY_ENV = "ANVIL_REPLAY_OF"
 # Recorded variables that name the machine rather than configure the job: a
 # replay keeps this machine's own.
 MACHINE_IDENTITY = frozenset({"ANVIL_HOST"})
-
-
-@dataclass
-class RunSpec:
-    task: str                                   # dotted task name, e.g. "train.pretrain"
-    name: str | None = None                     # run directory suffix
-    configs: dict[str, Any] = field(default_factory=dict)  # file name -> dict (as used) or a Path to copy
-    env: Any = None                             # envs.ResolvedEnv, a {name: value} dict, or None
-    hooks: bool = True
-    patch: str | Path | None = None             # one-off hook file run before the pre hooks
-    config_sources: dict[str, str] = field(default_factory=dict)  # file name -> path given on the CLI
-    config_options: dict[str, str] = field(default_factory=dict)  # file name -> the task option taking it
-    #   ("--config"): lets a replay pass the recorded copy even when the run used the default file
-    argv: list[str] | None = None               # default: sys.argv
-    world_size: int = 1
-    extra: dict = field(default_factory=dict)   # more metadata.json entries
-
-
-@dataclass
-class RunOptions:
-    """The options `run_task` adds to a task, handed to it as ``run_options``."""
-    name: str | None = None
-    env: list[str] = field(default_factory=list)
-    no_hooks: bool = False
-    patch: str | None = None
-    runtime: str = ""          # per-node tasks: read by the inv program (fan-out), not by the task
-    nodes: int = 0
-
-    def spec(self, task: str, **fields) -> RunSpec:
-        fields.setdefault("name", self.name or None)
-        return RunSpec(task=task, hooks=not self.no_hooks, patch=self.patch or None, **fields)
-
-
-RUN_OPTION_HELP = {
-    "name": "Suffix for the run directory name (runs/<time>_<task>_<name>)",
-    "env": "Extra environment variable KEY=VALUE, the top layer (repeatable)",
-    "no-hooks": "Skip the hooks in hooks/<collection>/<task>/{pre,post}/",
-    "patch": "One-off hook file (.py with def hook(ctx), or .sh) run before the pre hooks",
-}
-_RUN_OPTION_NAMES = ("name", "env", "no_hooks", "patch")
-PER_NODE_HELP = {
-    "runtime": "direct (this node) | slurm: run on every node of the Slurm allocation, one task per node, "
-               "and merge the results (default: the anvil.runtime setting)",
-    "nodes": "Slurm: how many nodes (default: the whole allocation; 1 outside one)",
-}
-
-
-def run_task(*args, per_node: bool = False, **task_kwargs):
-    """@task for run-creating tasks: adds --name, --env (iterable), --no-hooks, --patch.
-
-    The task function takes ``run_options`` (a RunOptions) instead of those
-    four. Auto short flags are off unless asked for, so no option can take
-    -h from --help (Invoke gives a task's first option letter as a short flag by default).
-
-    per_node=True (preflight, single-node benchmarks) also adds --runtime and
-    --nodes: under runtime slurm the inv program runs the task once on every
-    node of the allocation and merges the results (runtime.program.fanout);
-    the task itself always runs on one node.
-    """
-    def decorate(func: Callable) -> Any:
-        signature = inspect.signature(func)
-        if "run_options" not in signature.parameters:
-            raise TypeError(f"{func.__name__}: a @run_task task takes a `run_options` parameter")
-        clash = [n for n in _RUN_OPTION_NAMES + (("runtime", "nodes") if per_node else ())
-                 if n in signature.parameters]
-        if clash:
-            raise TypeError(f"{func.__name__}: parameter(s) {clash} clash with the run options")
-        params = [p for p in signature.parameters.values()
-                  if p.name != "run_options" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-        defaults = [("name", ""), ("env", None), ("no_hooks", False), ("patch", "")]
-        defaults += [("runtime", ""), ("nodes", 0)] if per_node else []
-        added = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=d) for n, d in defaults]
-
-        @functools.wraps(func)
-        def wrapper(c, *a, **kw):
-            options = RunOptions(name=kw.pop("name", "") or None, env=list(kw.pop("env", None) or []),
-                                 no_hooks=bool(kw.pop("no_hooks", False)), patch=kw.pop("patch", "") or None)
-            if per_node:   # (a task of its own with a `runtime` option keeps it: train.pretrain)
-                options.runtime, options.nodes = kw.pop("runtime", "") or "", int(kw.pop("nodes", 0) or 0)
-            return func(c, *a, run_options=options, **kw)
-
-        wrapper.__signature__ = signature.replace(parameters=params + added)
-        kwargs = dict(task_kwargs)
-        kwargs["iterable"] = list(kwargs.get("iterable") or []) + ["env"]
-        kwargs["help"] = {**RUN_OPTION_HELP, **(PER_NODE_HELP if per_node else {}), **(kwargs.get("help") or {})}
-        kwargs.setdefault("auto_shortflags", False)
-        made = invoke_task(**kwargs)(wrapper)
-        made.per_node = per_node
-        return made
-
-    if len(args) == 1 and callable(args[0]) and not task_kwargs:
-        return decorate(args[0])
-    return decorate
 
 
 class Run:
