@@ -203,3 +203,34 @@ def test_sigusr2_single_process_exits_3_after_checkpoint(tmp_path, dataset):
     path = ck.find_latest(run_dir)
     assert summary["status"] == "preempted" and summary["checkpoint"] == str(path)
     assert ck.read_meta(path)["step"] == last_step(run_dir) < 200
+
+
+def test_resumed_summary_gives_this_segments_wall_time_and_the_total(tmp_path, dataset):
+    """`inv train.pretrain --resume RUN`: the summary's wall time is the new segment's alone;
+    the number of segments and their total are beside it, in summary.json and the table."""
+    inv = REPO / ".venv" / "bin" / "inv"
+    environ = {**env(), "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs")}
+    sets = [arg for item in [f"data.path={dataset}", *SHORT, "checkpoint.interval=0"] for arg in ("--set", item)]
+
+    def pretrain(*args):
+        proc = subprocess.run([str(inv), "train.pretrain", *sets, *args], cwd=tmp_path, env=environ,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc, sorted((tmp_path / "runs").iterdir())[-1]
+
+    _, first = pretrain("--set", "train.steps=2")
+    one = json.loads((first / "summary.json").read_text())
+    assert one["segments"] == 1 and one["wall_s_total"] == one["wall_s"]
+    saved = ck.read_meta(first / "checkpoints" / "step_2")["extra"]
+    assert saved["segments"] == 1 and 0 < saved["wall_s"] <= one["wall_s"]
+
+    proc, second = pretrain("--set", "train.steps=4", "--resume", str(first))
+    assert second != first
+    two = json.loads((second / "summary.json").read_text())
+    assert two["steps"] == 4 and two["segments"] == 2
+    assert two["wall_s_total"] == pytest.approx(saved["wall_s"] + two["wall_s"])
+    assert 0 < two["wall_s"] < two["wall_s_total"]
+    (row,) = [line for line in (proc.stdout + proc.stderr).splitlines() if "wall time" in line]
+    assert (f" {two['wall_s']:.1f} s (this segment; 2 segments, {two['wall_s_total']:.1f} s in all)"
+            in row), row
+    assert ck.read_meta(second / "checkpoints" / "step_4")["extra"]["segments"] == 2

@@ -251,6 +251,25 @@ def _si(x: float) -> str:
     return f"{x:.0f}"
 
 
+def wall_times(segment_s: float, prior_s: float = 0.0, prior_segments: int = 0) -> dict:
+    """The summary's wall time: wall_s is this segment's (this process, from start to summary);
+    a run resumed from a checkpoint also says how many segments it took and their total
+    (the earlier ones up to the checkpoint it resumed from)."""
+    return {"wall_s": segment_s, "segments": prior_segments + 1, "wall_s_total": prior_s + segment_s}
+
+
+def wall_time_text(summary: dict) -> str:
+    """"12.3 s", or "12.3 s (this segment; 3 segments, 40.1 s in all)" for a resumed run
+    (runtime.runs.history.wall_time_text says the same for snapshot.show)."""
+    wall, segments, total = summary.get("wall_s"), summary.get("segments"), summary.get("wall_s_total")
+    if wall is None:
+        return "n/a"
+    text = f"{wall:.1f} s"
+    if isinstance(segments, int) and segments > 1 and total is not None:
+        text += f" (this segment; {segments} segments, {total:.1f} s in all)"
+    return text
+
+
 def summary_table(summary: dict) -> str:
     """Two-column tabulate table of a summary dict (None shown as n/a)."""
     from tabulate import tabulate
@@ -270,5 +289,8 @@ def summary_table(summary: dict) -> str:
         if key not in summary:
             continue
         value = summary[key]
+        if key == "wall_s":
+            rows.append([label, wall_time_text(summary)])
+            continue
         rows.append([label, "n/a" if value is None else fmt.format(value)])
     return tabulate(rows, tablefmt="simple_outline")

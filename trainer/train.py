@@ -204,7 +204,9 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
 
     ckpt_dir = run_dir / cfg.checkpoint.dir
     config_dict = cfg.to_dict()
-    step, tokens_seen, prior_wall = 0, 0, 0.0
+    # prior_wall / prior_segments: the wall time and the number of earlier segments (runs that
+    # this one resumes, up to their checkpoint); the summary's wall_s is this segment's alone
+    step, tokens_seen, prior_wall, prior_segments = 0, 0, 0.0, 0
     # A requeued job restarts with the same --resume: its own newer checkpoints come first.
     own = checkpoint.find_latest(ckpt_dir) if resume else None
     resume_from = own or checkpoint.resolve(resume, ckpt_dir)
@@ -214,6 +216,7 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
         step = state["step"]
         tokens_seen = int(state["extra"].get("tokens_seen", 0))
         prior_wall = float(state["extra"].get("wall_s", 0.0))
+        prior_segments = int(state["extra"].get("segments", 1))  # older checkpoints: one segment
         log.info(f"resumed from {resume_from} at step {step}")
     elif resume == "auto":
         log.info("resume auto: no checkpoint yet, starting fresh")
@@ -224,7 +227,8 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
                                    scheduler=scheduler, loader=loader, keep_last=cfg.checkpoint.keep_last,
                                    config=config_dict,
                                    extra={"tokens_seen": tokens_seen,
-                                          "wall_s": prior_wall + time.time() - started})
+                                          "wall_s": prior_wall + time.time() - started,
+                                          "segments": prior_segments + 1})
         log.info(f"checkpoint saved: {path}")
         return path
 
@@ -326,7 +330,8 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
     summary = met.summary(status=status, params=n_params, world_size=info.world_size,
                           device=str(info.device) if info.device.type == "cpu"
                           else torch.cuda.get_device_name(info.device),
-                          data=data_label, wall_s=prior_wall + time.time() - started,
+                          data=data_label, **metrics.wall_times(time.time() - started, prior_wall,
+                                                                prior_segments),
                           checkpoint=str(last_ckpt) if last_ckpt else None,
                           flops_per_token=fpt, config=cfg.name)
     if info.is_main:
