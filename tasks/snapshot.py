@@ -10,6 +10,9 @@ from trainer.errors import AnvilError
 # which prints them as one line prefixed with the task's name and exits with their code.
 
 
+TRAINING_TASKS = ("train.pretrain", "profile.train")   # the tasks whose runs end with summary.json
+
+
 def _settings(c):
     return settings_mod.load(c)
 
@@ -44,14 +47,14 @@ def list_(c, limit=0, json=False):
 @task(auto_shortflags=False, help={"run": "Run directory (path, or name under the runs folder)",
                                    "json": "Print JSON"})
 def show(c, run, json=False):
-    """What a run recorded: outcome, machine, versions, environment with sources, configs."""
+    """What a run recorded: outcome, results, machine, versions, environment with sources, configs."""
     from tabulate import tabulate
     from runtime.runs import history
     rec = _load(c, run)
     if json:
-        print(jsonlib.dumps({"path": str(rec.path), "metadata": rec.metadata, "machine": rec.machine,
-                             "versions": rec.versions, "env": rec.env, "git": rec.git,
-                             "configs": rec.configs}, indent=2, default=str))
+        print(jsonlib.dumps({"path": str(rec.path), "metadata": rec.metadata, "results": rec.summary or None,
+                             "machine": rec.machine, "versions": rec.versions, "env": rec.env,
+                             "git": rec.git, "configs": rec.configs}, indent=2, default=str))
         return
     md = rec.metadata
     print(f"{rec.path}\n")
@@ -62,6 +65,14 @@ def show(c, run, json=False):
                     ["replay of", md.get("replay_of") or ""],
                     ["git", f"{rec.git.get('commit')}{' (dirty)' if rec.git.get('dirty') else ''}"]],
                    tablefmt="plain"))
+    results = history.result_rows(rec)
+    if results:
+        print("\nresults")
+        print(tabulate(results, tablefmt="plain"))
+    elif rec.summary_problem:
+        print(f"\nresults: none ({rec.summary_problem})")
+    elif str(md.get("task")) in TRAINING_TASKS:
+        print("\nresults: none (no summary.json: the trainer stopped before writing it)")
     print("\nmachine and versions")
     summary = history.machine_summary(rec)
     for key in ("python", "torch", "triton"):
@@ -82,7 +93,7 @@ def show(c, run, json=False):
 @task(auto_shortflags=False, help={"a": "First run directory", "b": "Second run directory",
                                    "json": "Print JSON"})
 def diff(c, a, b, json=False):
-    """Environment, config, version and machine differences between two runs."""
+    """Result, environment, config, version and machine differences between two runs."""
     from tabulate import tabulate
     from runtime.runs import history
     rows = history.diff(_load(c, a), _load(c, b))
@@ -92,8 +103,14 @@ def diff(c, a, b, json=False):
     if not rows:
         print("no differences")
         return
-    print(tabulate([[r["kind"], r["key"], r["a"], r["b"]] for r in rows],
-                   headers=["kind", "item", f"A ({a})", f"B ({b})"], maxcolwidths=[None, 40, 40, 40]))
+    # wrapped here: tabulate's maxcolwidths int()s a cell such as "7,486" and fails
+    print(tabulate([[r["kind"], _wrap(r["key"]), _wrap(r["a"]), _wrap(r["b"])] for r in rows],
+                   headers=["kind", "item", f"A ({a})", f"B ({b})"], disable_numparse=True))
+
+
+def _wrap(text, width: int = 40) -> str:
+    import textwrap
+    return "\n".join("\n".join(textwrap.wrap(line, width) or [""]) for line in str(text).splitlines() or [""])
 
 
 @task(auto_shortflags=False, help={"run": "Run directory to replay",

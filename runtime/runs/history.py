@@ -5,7 +5,7 @@ The files are the ones runtime.runs.run writes (see runtime/runs/rundir.py).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,8 @@ class Recorded:
     versions: dict
     configs: dict      # file name -> parsed content (or text)
     git: dict
+    summary: dict = field(default_factory=dict)  # a training run's summary.json ({}: none)
+    summary_problem: str = ""                     # why summary.json / result.json could not be read
 
     @property
     def gpu(self) -> dict:
@@ -93,8 +95,90 @@ def load(path: str | Path, runs_dir: Path | None = None) -> Recorded:
     if not isinstance(variables, dict):
         raise rundir.RunDirError(f"{run_dir / 'env.json'}: 'vars' is not a JSON object; the run "
                                  f"directory is damaged")
+    summary, problem = _training_summary(run_dir)
     return Recorded(run_dir, metadata, variables, _object(run_dir / "machine.json"),
-                    _object(run_dir / "versions.json"), configs, _object(run_dir / "git.json"))
+                    _object(run_dir / "versions.json"), configs, _object(run_dir / "git.json"),
+                    summary, problem)
+
+
+# ---------------------------------------------------------------- a training run's results
+
+# (summary key, label) in the order show and diff give them; the summary is the one the
+# trainer writes (trainer.metrics.Metrics.summary, summary_table formats it the same way)
+RESULTS = (("status", "status"), ("steps", "steps"), ("final_loss", "final train loss"),
+           ("val_loss", "final val loss"), ("tokens_per_s", "tokens/s"), ("mfu", "MFU"),
+           ("wall_s", "wall time"))
+
+
+def _training_summary(run_dir: Path) -> tuple[dict, str]:
+    """(the trainer's summary, "") from summary.json, else from result.json's "summary" (what
+    train.pretrain returned); ({}, "") for a run without one (bench, preflight, a training run
+    that stopped before its summary); ({}, why) when the file is damaged. A damaged summary
+    never hides the rest of the run."""
+    problem = ""
+    for name in ("summary.json", "result.json"):
+        path = run_dir / name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_bytes().decode("utf-8"))
+        except OSError as exc:
+            problem = problem or f"{name}: cannot read it ({exc.strerror or exc})"
+            continue
+        except UnicodeDecodeError as exc:
+            problem = problem or f"{name}: not UTF-8 text (byte {exc.start})"
+            continue
+        except ValueError as exc:
+            problem = problem or f"{name}: not valid JSON ({exc})"
+            continue
+        if name == "result.json":
+            data = data.get("summary") if isinstance(data, dict) else None
+        if isinstance(data, dict) and ("steps" in data or "final_loss" in data):
+            return data, ""
+        if name == "summary.json":
+            problem = problem or f"{name}: not a training summary (no steps, no final_loss)"
+    return {}, problem
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def wall_time_text(summary: dict) -> str:
+    """"12.3 s", or "12.3 s (this segment; 3 segments, 40.1 s in all)" for a resumed run
+    (the same words as trainer.metrics.summary_table)."""
+    wall = _number(summary.get("wall_s"))
+    if wall is None:
+        return "n/a"
+    text = f"{wall:.1f} s"
+    segments, total = summary.get("segments"), _number(summary.get("wall_s_total"))
+    if isinstance(segments, int) and segments > 1 and total is not None:
+        text += f" (this segment; {segments} segments, {total:.1f} s in all)"
+    return text
+
+
+def _result_text(key: str, value: Any, summary: dict) -> str:
+    if key == "wall_s":
+        return wall_time_text(summary)
+    number = _number(value)
+    if value is None:
+        return "n/a"
+    if number is None or key in ("status", "steps"):
+        return str(value)
+    if key in ("final_loss", "val_loss"):
+        return f"{number:.4f}"
+    if key == "tokens_per_s":
+        return f"{number:,.0f}"
+    if key == "mfu":
+        return f"{number:.1%}"
+    return str(value)
+
+
+def result_rows(rec: Recorded) -> list[tuple[str, str]]:
+    """(label, text) for each result the run's summary holds (None shown as n/a); [] when
+    the run has no training summary."""
+    return [(label, _result_text(key, rec.summary.get(key), rec.summary))
+            for key, label in RESULTS if key in rec.summary]
 
 
 def _read_metadata(path: Path) -> tuple[dict | None, str]:
@@ -181,7 +265,8 @@ def machine_summary(rec: Recorded) -> dict:
 
 
 def diff(a: Recorded, b: Recorded) -> list[dict]:
-    """Rows {kind, key, a, b} for every difference: env, config, versions, machine, run."""
+    """Rows {kind, key, a, b} for every difference: env, config, versions, machine, run, and
+    the training results (status, steps, losses, tokens/s, MFU, wall time) as shown."""
     env_a = {k: v.get("value") for k, v in a.env.items() if isinstance(v, dict)}
     env_b = {k: v.get("value") for k, v in b.env.items() if isinstance(v, dict)}
     rows = _compare("env", env_a, env_b)
@@ -197,6 +282,21 @@ def diff(a: Recorded, b: Recorded) -> list[dict]:
     run_b = {"task": b.metadata.get("task"), "argv": argv_text(b.metadata),
              "status": b.metadata.get("status"), "git": b.git.get("commit"), "dirty": b.git.get("dirty")}
     rows += _compare("run", run_a, run_b)
+    return _result_differences(a, b) + rows
+
+
+def _result_differences(a: Recorded, b: Recorded) -> list[dict]:
+    """The results as show prints them, where they differ (first: what the reader came for)."""
+    if not a.summary and not b.summary:
+        return []
+    results_a, results_b = dict(result_rows(a)), dict(result_rows(b))
+    none_a = "n/a" if a.summary else "(no results)"
+    none_b = "n/a" if b.summary else "(no results)"
+    rows = []
+    for _, label in RESULTS:
+        value_a, value_b = results_a.get(label, none_a), results_b.get(label, none_b)
+        if value_a != value_b:
+            rows.append({"kind": "result", "key": label, "a": value_a, "b": value_b})
     return rows
 
 
