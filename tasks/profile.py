@@ -1,6 +1,6 @@
 """inv profile.*: torch.profiler traces of chosen steps on chosen ranks of a training run.
 
-    inv profile.train [--config X] [--steps 3:6] [--ranks 0] [--set k=v]... [--kernels] [--compile]
+    inv profile.train [--config X] [--steps 3:6] [--ranks 0] [--set k=v]... [--kernels] [--compile] [--dry-run]
 
 Runs the trainer as train.pretrain does (same run directory, snapshot, hooks
 and launcher), shortened to the profiled window, with trainer.profiling
@@ -26,12 +26,13 @@ HELP = {
     "kernels": "Use the fused Triton kernels (kernels.patch)",
     "gpu": "Resolve the environment for another GPU model (default: detect)",
     "site": "Site overlay: lumi, or none (default: auto-detect)",
+    "dry-run": "Print the resolved config and the launch command; start nothing",
 }
 
 
 @run_task(help=HELP, iterable=["set_"])
 def train(c, config=None, set_=None, steps="3:6", ranks="0", top=15, nproc=0, compile=False, kernels=False,
-          gpu="", site="", run_options=None):
+          gpu="", site="", dry_run=False, run_options=None):
     """Profile a few training steps on chosen ranks: chrome trace + the operators that took longest."""
     from tabulate import tabulate
 
@@ -58,9 +59,13 @@ def train(c, config=None, set_=None, steps="3:6", ranks="0", top=15, nproc=0, co
                                    f"(0 or left out: one per visible GPU), got {nproc}")
     # Stop right after the window: the point is the trace, not the model.
     sets = list(set_ or []) + [f"train.steps={end - 1}", "checkpoint.interval=0", "checkpoint.save_final=false"]
-    job = TrainingJob(config=config, sets=sets, nproc=nproc, compile=compile, kernels=kernels, gpu=gpu, site=site)
-    result = run_training(c, "profile.train", job, run_options,
-                          extra_env=[f"ANVIL_PROFILE_STEPS={steps}", f"ANVIL_PROFILE_RANKS={ranks}"])
+    job = TrainingJob(config=config, sets=sets, nproc=nproc, compile=compile, kernels=kernels, gpu=gpu, site=site,
+                      dry_run=dry_run)
+    window = [f"ANVIL_PROFILE_STEPS={steps}", f"ANVIL_PROFILE_RANKS={ranks}"]
+    result = run_training(c, "profile.train", job, run_options, extra_env=window)
+    if result.get("dry_run"):   # train.pretrain's dry run printed the config and the command
+        print(f"profiling steps {steps} (end exclusive) on ranks {ranks}: the ranks get " + " ".join(window))
+        return
     profile_dir = result["run_dir"] / "profile"
     reports = sorted(profile_dir.glob("rank*.ops.json"))
     if not reports:

@@ -75,3 +75,19 @@ def test_inv_profile_train_rejects_a_bad_window(tmp_path):
     proc = inv(tmp_path, "profile.train", "--steps", "5:2")
     assert proc.returncode == 2
     assert "--steps '5:2': expected START:END with 1 <= START < END" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_inv_profile_train_dry_run_prints_config_and_command_and_starts_nothing(tmp_path, dataset):
+    proc = inv(tmp_path, "profile.train", "--dry-run", "--steps", "2:4", "--ranks", "1", "--nproc", "2",
+               "--set", f"data.path={dataset}", "--set", "model.n_layers=1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import yaml
+    shown = "\n".join(line for line in proc.stdout.splitlines() if not line.startswith("WARNING: "))
+    config_text, _, rest = shown.partition("\n\n")
+    config = yaml.safe_load(config_text)
+    assert config["data"]["path"] == str(dataset) and config["model"]["n_layers"] == 1
+    assert config["train"]["steps"] == 3 and config["checkpoint"]["save_final"] is False  # cut after the window
+    (command,) = [line for line in rest.splitlines() if "-m runtime.launch.agent" in line]
+    assert "--nproc 2" in command and command.endswith("-m trainer --config RUN_DIR/config.yaml --run-dir RUN_DIR")
+    assert "ANVIL_PROFILE_STEPS=2:4 ANVIL_PROFILE_RANKS=1" in rest
+    assert not (tmp_path / "runs").exists()   # no run directory, nothing started
