@@ -174,7 +174,7 @@ def test_full_tmpfs_is_clear_error(tmp_path):
         with pytest.raises(DataError, match="disk full.*No space left.*unchanged"):
             prepare(None, out, max_docs=60, workers=1, progress=False)
         assert tree_digest(out) == before
-        assert sorted(p.name for p in disk.iterdir()) == [".ds.lock", "ds"]
+        assert sorted(p.name for p in disk.iterdir()) == ["ds"]
     finally:
         subprocess.run(["umount", str(disk)], check=True)
 
@@ -214,7 +214,7 @@ def test_interrupted_swap_is_repaired(tmp_path):
     result = prepare([corpus / "py"], out, workers=1, progress=False)
     assert result["status"] == "up-to-date"
     assert tree_digest(out) == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".ds.lock", "corpus", "ds"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus", "ds"]
 
 
 def test_large_vocab_tokenizer_json_gives_uint32(tmp_path):
@@ -245,8 +245,63 @@ def test_concurrent_prepare_is_refused(tmp_path):
     corpus, _ = make_corpus(tmp_path)
     out = tmp_path / "ds"
     with _locked(out):  # what a running prepare holds
+        assert (tmp_path / ".ds.lock").is_file()
         with pytest.raises(DataError, match="another data.prepare is writing"):
             prepare([corpus], out, workers=1, progress=False)
+    assert not (tmp_path / ".ds.lock").exists()  # removed when the lock went
     (tmp_path / "file").write_text("x")
     with pytest.raises(DataError, match="not a directory"):
         prepare([corpus], tmp_path / "file", workers=1, progress=False)
+
+
+def test_inv_data_prepare_leaves_no_lock_file(tmp_path):
+    """The lock file beside the dataset goes when the run ends: built, up to date, failed,
+    or after a run killed with SIGKILL left one."""
+    inv = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "inv"
+    corpus, _ = make_corpus(tmp_path)
+    environ = {**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs")}
+
+    def prepare_here(*args):
+        return subprocess.run([str(inv), "data.prepare", "--input", str(corpus / "py"), "--out",
+                               str(tmp_path / "data" / "ds"), "-q", "--workers", "1", *args],
+                              cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=300)
+
+    for args in ((), (), ("--force",)):   # built, up to date, rebuilt
+        proc = prepare_here(*args)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["ds"]
+    (tmp_path / "data" / ".ds.lock").write_bytes(b"")   # what a SIGKILLed run leaves
+    assert prepare_here().returncode == 0
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["ds"]
+    failed = prepare_here("--val-fraction", "0.5", "--shard-tokens", "0")  # refused before the lock
+    assert failed.returncode == 2 and sorted(p.name for p in (tmp_path / "data").iterdir()) == ["ds"]
+
+
+def test_lock_on_a_lock_file_removed_meanwhile_does_not_count(tmp_path, monkeypatch):
+    """Run B opens .ds.lock; run A, which held it, removes it and lets go; run C creates and
+    locks a new one. B's flock then succeeds on A's removed file: B must see that and not
+    write beside C (the race that removing lock files could open)."""
+    import fcntl
+    import importlib
+
+    prepare_mod = importlib.import_module("trainer.data.prepare")  # the module, not the function
+
+    out, lock_path = tmp_path / "ds", tmp_path / ".ds.lock"
+    real_flock, others = fcntl.flock, []
+
+    def flock_after_a_and_c(fd, operation):
+        if not others:
+            os.unlink(lock_path)                                      # A is done
+            others.append(os.open(lock_path, os.O_WRONLY | os.O_CREAT))
+            real_flock(others[0], fcntl.LOCK_EX)                      # C holds the new file
+        return real_flock(fd, operation)
+
+    monkeypatch.setattr(prepare_mod.fcntl, "flock", flock_after_a_and_c)
+    lock_path.write_bytes(b"")                                        # A's file, which B opens
+    try:
+        with pytest.raises(DataError, match="another data.prepare is writing"):
+            with prepare_mod._locked(out):
+                pass
+        assert lock_path.is_file()                                    # C's, untouched
+    finally:
+        os.close(others[0])

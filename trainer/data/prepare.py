@@ -2,8 +2,8 @@
 
 The dataset is built in OUT.tmp-XXXX next to OUT and renamed into place only when it
 is complete, so an existing dataset is never damaged by a failed or killed run. A lock
-file (.OUT.lock, flock) keeps two runs apart; while holding it, leftovers of killed runs
-are stale and are removed. Files are read and tokenized by a pool of worker processes
+file (.OUT.lock, flock, removed before it is released) keeps two runs apart; while holding
+it, leftovers of killed runs are stale and are removed. Files are read and tokenized by a pool of worker processes
 with ordered results, so the output is the same for any worker count.
 """
 from __future__ import annotations
@@ -187,18 +187,47 @@ class Progress:
 
 @contextmanager
 def _locked(out: Path):
+    """Hold the lock of `out` (flock on .OUT.lock beside it) while building it.
+
+    The lock file is removed while still locked, so none is left beside the dataset (one
+    killed with SIGKILL stays, empty, and the next run takes it over and removes it). That is
+    race-free because the lock counts only on the file that is at the path: a run that
+    opened the file just before its holder removed it gets a lock on a file nobody sees any
+    more, notices (its inode is not the path's), and opens the path again."""
     lock_path = out.parent / f".{out.name}.lock"
-    try:
-        lock = open(lock_path, "a")
-    except OSError as exc:
-        raise DataError(f"cannot write in {out.parent}: {exc.strerror or exc}") from None
-    with lock:
+    for _ in range(100):  # each retry needs another run to have finished meanwhile
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise DataError(f"another data.prepare is writing {out} right now "
-                            f"(lock {lock_path}); wait for it to finish") from None
+            fd = os.open(lock_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except OSError as exc:
+            raise DataError(f"cannot write in {out.parent}: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = os.path.samestat(os.fstat(fd), os.stat(lock_path))
+        except BlockingIOError:  # held: another run is writing `out`
+            os.close(fd)
+            held = False
+            break
+        except FileNotFoundError:  # removed by the run that held it: take the path's new file
+            held = False
+        except BaseException:
+            os.close(fd)
+            raise
+        if held:
+            break
+        os.close(fd)
+    else:
+        held = False
+    if not held:
+        raise DataError(f"another data.prepare is writing {out} right now "
+                        f"(lock {lock_path}); wait for it to finish")
+    try:
         yield
+    finally:
+        try:
+            os.unlink(lock_path)  # before the lock goes: see above
+        except OSError:
+            pass
+        os.close(fd)
 
 
 def _recover(out: Path) -> list[str]:
