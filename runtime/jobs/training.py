@@ -131,7 +131,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     env = envs.resolve(gpu=job.gpu or None, site=job.site or None, config_env=cfg.env,
                        overrides=list(run_options.env) + list(extra_env), config_ref=f"{config_path} (env:)")
     warnings = list(env.warnings)
-    if cfg.schedule.warmup_steps >= cfg.train.steps:
+    if cfg.schedule.warmup_steps >= cfg.train.steps and task_name == "train.pretrain":   # (a profile is short)
         warnings.append(f"schedule.warmup_steps={cfg.schedule.warmup_steps} >= train.steps={cfg.train.steps}: "
                         "the learning rate never leaves warmup")
     for warning in warnings:
