@@ -23,7 +23,9 @@ from trainer.secrets import Masker
 WORKER = """
 import os, signal, sys, time
 from pathlib import Path
-print(f"rank {os.environ['RANK']}/{os.environ['WORLD_SIZE']} local {os.environ['LOCAL_RANK']} token {os.environ.get('MY_TOKEN')}", flush=True)
+# one write per line (print() writes the newline separately when unbuffered: two ranks' lines could mix)
+sys.stdout.write(f"rank {os.environ['RANK']}/{os.environ['WORLD_SIZE']} local {os.environ['LOCAL_RANK']} token {os.environ.get('MY_TOKEN')}\\n")
+sys.stdout.flush()
 print("to stderr", file=sys.stderr, flush=True)
 got = []
 signal.signal(signal.SIGUSR2, lambda *a: got.append(1))
