@@ -184,3 +184,28 @@ def test_container_lines_pass_env_by_name():
     assert "SLURM_NODEID" in composed                        # handed into the container by name
     with pytest.raises(LaunchError, match="image"):
         build(LaunchSpec(module="m", runtime="container"), env)
+
+
+def test_stop_status_comes_from_the_agents_reports(tmp_path):
+    """Under srun a clean stop exits 0 (--kill-on-bad-exit would take 3 as a failure); the status
+    the batch script and inv act on is read from the agents' reports, per job attempt."""
+    import json as jsonlib
+
+    from runtime.runs.outcome import main as outcome_main, stop_status
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+
+    def report(node, code, restart=0, failure=None):
+        (logs / f"agent-{node}.json").write_text(jsonlib.dumps(
+            {"host": f"n{node}", "node_rank": node, "exit_code": code, "ranks": {str(node): code},
+             "first_failure": failure, "signal": "SIGUSR2", "restart_count": restart}))
+
+    assert stop_status(tmp_path) == 0                       # nothing reported: nothing to requeue
+    report(0, 3), report(1, 3)
+    assert stop_status(tmp_path) == 3 and outcome_main([str(tmp_path), "--restart", "0"]) == 3
+    assert stop_status(tmp_path, restart=1) == 0            # those reports are the earlier attempt's
+    report(1, 130)
+    assert stop_status(tmp_path) == 130
+    report(1, 1, failure={"rank": 1, "exit_code": 1})
+    assert stop_status(tmp_path) == 0                       # a failure is not a clean stop

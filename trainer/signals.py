@@ -51,6 +51,12 @@ class Stopper:
         return self
 
     def restore(self) -> None:
+        """Put the previous handlers back, unless a stop was asked for: then the flag-only handlers
+        stay to the end of the process, so the scheduler's follow-up SIGTERM (srun
+        --kill-on-bad-exit once another node exited 3, scancel's TERM) cannot kill a rank that is
+        shutting down after its checkpoint; the launcher's grace and SIGKILL still bound it."""
+        if self.signum is not None:
+            return
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         self._previous.clear()

@@ -322,11 +322,7 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
     finally:
         watchdog.stop()
         straggler.close()
-        if not stopper.requested:
-            # After a stop was asked for, keep the flag-only handlers to the end: the scheduler's
-            # follow-up SIGTERM (srun --kill-on-bad-exit when another node already exited 3)
-            # must not kill a rank while it writes its summary and exits 3 itself.
-            stopper.restore()
+        stopper.restore()   # (kept installed after a stop was asked for: see Stopper.restore)
         met.close()
         if profiler is not None:
             profiler.close()

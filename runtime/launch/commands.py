@@ -198,6 +198,9 @@ def sbatch_script(spec: LaunchSpec, nproc: int, nodes: int, inner: list[str], ru
               "trap 'kill -TERM $step 2>/dev/null' TERM",
               "wait $step; code=$?",
               "while kill -0 $step 2>/dev/null; do wait $step; code=$?; done",
+              "# a clean stop ends every srun task with 0; its status (3: requeue me) is in the agents' reports",
+              f"if [ $code -eq 0 ]; then {shlex.join([sys.executable, '-m', 'runtime.runs.outcome', str(run_dir or '.')])}"
+              ' --restart "${SLURM_RESTART_COUNT:-0}"; code=$?; fi',
               'echo "anvil: step exited with status $code"',
               "if [ $code -eq 3 ]; then scontrol requeue \"$SLURM_JOB_ID\" && exit 0; fi",
               "exit $code", ""]

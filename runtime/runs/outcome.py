@@ -35,6 +35,7 @@ class NodeReport:
     signal: str | None
     end: float = 0.0
     start: float = 0.0
+    restart: int = 0            # SLURM_RESTART_COUNT of the job attempt that wrote it
 
 
 @dataclass
@@ -63,10 +64,35 @@ def read(run_dir: Path) -> Outcome:
                                         exit_code=int(rec["exit_code"]),
                                         ranks={int(k): int(v) for k, v in rec.get("ranks", {}).items()},
                                         first_failure=rec.get("first_failure"), signal=rec.get("signal"),
-                                        end=float(rec.get("end") or 0), start=float(rec.get("start") or 0)))
+                                        end=float(rec.get("end") or 0), start=float(rec.get("start") or 0),
+                                        restart=int(rec.get("restart_count") or 0)))
         except (OSError, ValueError, KeyError, TypeError):
             continue   # a node killed mid-write leaves nothing readable: reported as missing
     return out
+
+
+def stop_status(run_dir: Path, restart: int | None = None) -> int:
+    """3 (checkpointed, requeue me) or 130 (Ctrl-C) when every node of the attempt stopped cleanly
+    that way, else 0. Under srun an agent ends a clean stop with 0 (see runtime.launch.agent), so
+    this is where inv and the batch script find it."""
+    from trainer.signals import EXIT_INTERRUPTED, EXIT_REQUEUE
+
+    nodes = [n for n in read(run_dir).nodes if restart is None or n.restart == restart]
+    codes = {n.exit_code for n in nodes}
+    if not nodes or any(n.first_failure for n in nodes) or not codes <= {0, EXIT_REQUEUE, EXIT_INTERRUPTED}:
+        return 0
+    return EXIT_INTERRUPTED if EXIT_INTERRUPTED in codes else EXIT_REQUEUE if EXIT_REQUEUE in codes else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m runtime.runs.outcome RUN_DIR [--restart N]: exit with the attempt's stop status."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m runtime.runs.outcome", description=main.__doc__)
+    parser.add_argument("run_dir")
+    parser.add_argument("--restart", type=int, default=None)
+    args = parser.parse_args(argv)
+    return stop_status(Path(args.run_dir), args.restart)
 
 
 def rank_error(run_dir: Path, rank: int) -> str | None:
@@ -197,3 +223,7 @@ def failure_summary(run_dir: Path, expected_nodes: int | None = None) -> str | N
         if errors:
             parts.append(errors[0])
     return "; ".join(parts) or None
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
