@@ -17,6 +17,7 @@ from typing import Literal, Optional
 
 import yaml
 from trainer.errors import UserError
+from trainer.files import text_of
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
 SYNTHETIC = "synthetic"  # data.path value: random tokens, for throughput measurements
@@ -191,16 +192,9 @@ def _read_text(path: Path, src: str) -> str:
         raise ConfigError(f"{src}: no such config file") from None
     except OSError as e:
         raise ConfigError(f"{src}: cannot read it ({e.strerror or e}); {expected}") from None
-    nul = data.find(b"\x00")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        where = f"invalid UTF-8 at byte {e.start}"
-        if 0 <= nul < e.start:
-            where = f"NUL byte at byte {nul}"
-        raise ConfigError(f"{src}: not a text YAML file ({where}); {expected}") from None
-    if nul >= 0:
-        raise ConfigError(f"{src}: not a text YAML file (NUL byte at byte {nul}); {expected}")
+    text, where = text_of(data)
+    if text is None:
+        raise ConfigError(f"{src}: not a text YAML file ({where}); {expected}")
     return text.removeprefix("\ufeff")
 
 

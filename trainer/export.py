@@ -25,7 +25,7 @@ import torch
 
 from trainer import checkpoint as ck
 from trainer.errors import UserError
-from trainer.files import file_in_the_way
+from trainer.files import file_in_the_way, make_parent
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32",
@@ -234,11 +234,7 @@ def _staging_dir(out: Path, overwrite: bool) -> Path:
     if out.exists() and not overwrite:
         raise ExportError(f"--out {out} exists; expected a new directory (an export is never "
                           f"written over an existing one)")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ExportError(f"--out {out}: cannot create {exc.filename or out.parent} "
-                          f"({exc.strerror or exc})") from None
+    make_parent(out, ExportError)
     try:
         return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp", dir=out.parent))
     except OSError as exc:

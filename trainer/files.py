@@ -50,6 +50,28 @@ def file_in_the_way(path: str | Path) -> Path | None:
     return None
 
 
+def make_parent(path: str | Path, error: type[Exception], given: str | Path | None = None) -> None:
+    """Create `path`'s folder, or raise `error` with one line: "--out GIVEN: cannot create X (reason)"."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise error(f"--out {given if given is not None else path}: cannot create "
+                    f"{exc.filename or path.parent} ({exc.strerror or exc})") from None
+
+
+def text_of(data: bytes) -> tuple[str | None, str]:
+    """(the text, "") for UTF-8 bytes; (None, where it stops being text) for binary data."""
+    nul = data.find(b"\x00")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, f"NUL byte at byte {nul}" if 0 <= nul < exc.start else f"invalid UTF-8 at byte {exc.start}"
+    if nul >= 0:
+        return None, f"NUL byte at byte {nul}"
+    return text, ""
+
+
 def to_json(obj: Any) -> str:
     return json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n"
 

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from trainer.errors import UserError
-from trainer.files import file_in_the_way, write_atomic
+from trainer.files import file_in_the_way, make_parent, write_atomic
 
 PANELS = ("Loss", "Throughput", "Memory", "Learning rate and gradient norm")
 
@@ -163,11 +163,7 @@ def plot_run(run_dir: str | os.PathLike, out_png: str | os.PathLike | None = Non
     if out.is_dir():
         raise PlotError(f"--out {out} is a directory; expected a .png file or a directory to put "
                         f"metrics.png in")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise PlotError(f"--out {out}: cannot create {exc.filename or out.parent} "
-                        f"({exc.strerror or exc})") from None
+    make_parent(out, PlotError)
     fig = build_figure(train, val, resumes, title=_title(run_dir, train))
     try:
         buffer = io.BytesIO()

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from trainer.files import make_parent
+
 from . import sources
 from .dataset import FORMAT, MANIFEST, dtype_for_vocab, read_manifest
 from .errors import DataError, Interrupted
@@ -710,9 +712,5 @@ def _check_tokenizer_out(out, inputs: list[str]) -> Path:
     if path.exists() and not _is_tokenizer_json(path):
         raise DataError(f"--out {given} exists and is not a tokenizer.json; expected a new file, or a "
                         f"tokenizer.json to replace")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise DataError(f"--out {given}: cannot create {exc.filename or path.parent} "
-                        f"({exc.strerror or exc})") from None
+    make_parent(path, DataError, given)
     return path

@@ -14,6 +14,8 @@ from typing import Iterable
 
 import numpy as np
 
+from trainer.files import text_of
+
 from .errors import DataError
 
 BOS_TOKEN = "<|begin_of_text|>"
@@ -82,14 +84,9 @@ class JsonTokenizer:
             data = self.path.read_bytes()
         except OSError as exc:
             raise DataError(f"cannot read the tokenizer {self.path} ({exc.strerror or exc})") from None
-        nul = data.find(b"\x00")
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            where = f"NUL byte at byte {nul}" if 0 <= nul < exc.start else f"invalid UTF-8 at byte {exc.start}"
-            raise DataError(f"tokenizer {self.path} is not a text file ({where}); {expected}") from None
-        if nul >= 0:
-            raise DataError(f"tokenizer {self.path} is not a text file (NUL byte at byte {nul}); {expected}")
+        text, where = text_of(data)
+        if text is None:
+            raise DataError(f"tokenizer {self.path} is not a text file ({where}); {expected}")
         try:
             json.loads(text)
         except ValueError as exc:
