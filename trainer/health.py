@@ -29,6 +29,9 @@ all-gathers, which wait for slower peers, so a straggler shows less there. A ran
 noise) is named on rank 0's log (a WARNING when it becomes one, again every 10th check while
 it stays one, an INFO line when it is back) and in metrics.jsonl at every check (kind
 "straggler": rank, host, step_time, median, forward_s, data_s, steps).
+
+Why one module of this size: the flight-recorder setup, the straggler detector and the hang
+watchdog share the per-step heartbeat and the rank's identity; each is its own class with one job.
 """
 from __future__ import annotations
 

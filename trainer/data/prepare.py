@@ -5,6 +5,10 @@ is complete, so an existing dataset is never damaged by a failed or killed run. 
 file (.OUT.lock, flock, removed before it is released) keeps two runs apart; while holding
 it, leftovers of killed runs are stale and are removed. Files are read and tokenized by a pool of worker processes
 with ordered results, so the output is the same for any worker count.
+
+Why one module of this size: the output guard, the lock, the worker pool, the shard writer and the
+atomic swap are the one promise "an existing dataset is never damaged"; each step depends on the
+state the one before left, and they read best in order.
 """
 from __future__ import annotations
 
