@@ -633,3 +633,14 @@ def test_empty_config_option_missing_resume_and_missing_argument_are_exit_2(tmp_
         proc = inv(tmp_path, *argv)
         assert proc.returncode == 2 and expected in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_kernels_on_a_cpu_and_a_warmup_longer_than_the_run_are_said_before_starting(tmp_path):
+    no_gpu = inv(tmp_path, "train.pretrain", "--kernels", "--set", "data.path=synthetic",
+                 env={"TRITON_INTERPRET": "0"})
+    assert no_gpu.returncode == 2 and "--kernels needs a GPU (CUDA or ROCm)" in no_gpu.stderr, no_gpu.stderr
+    assert not (tmp_path / "runs").exists()
+    warm = inv(tmp_path, "train.pretrain", "--dry-run", "--set", "data.path=synthetic", "--set", "train.steps=5",
+               "--set", "schedule.warmup_steps=5")
+    assert warm.returncode == 0, warm.stderr
+    assert "WARNING: schedule.warmup_steps=5 >= train.steps=5: the learning rate never leaves warmup" in warm.stdout

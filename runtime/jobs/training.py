@@ -130,6 +130,10 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     config_path = job.config or str(DEFAULT_CONFIG)
     env = envs.resolve(gpu=job.gpu or None, site=job.site or None, config_env=cfg.env,
                        overrides=list(run_options.env) + list(extra_env), config_ref=f"{config_path} (env:)")
+    if cfg.train.kernels and not env.machine.has_gpu and os.environ.get("TRITON_INTERPRET") != "1":
+        raise UserError("--kernels needs a GPU (CUDA or ROCm): the fused Triton kernels do not run on a CPU "
+                        "(TRITON_INTERPRET=1 runs them in Triton's interpreter, slowly, as the tests do); "
+                        "drop --kernels here")
     warnings = list(env.warnings)
     if cfg.schedule.warmup_steps >= cfg.train.steps and task_name == "train.pretrain":   # (a profile is short)
         warnings.append(f"schedule.warmup_steps={cfg.schedule.warmup_steps} >= train.steps={cfg.train.steps}: "
