@@ -57,9 +57,14 @@ def slurm_mode(spec: LaunchSpec, env: Mapping[str, str]) -> str:
     return mode
 
 
+def allocated_nodes(env: Mapping[str, str]) -> int:
+    """How many nodes the surrounding Slurm job has (0 outside one)."""
+    return int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 0)
+
+
 def slurm_nodes(spec: LaunchSpec, env: Mapping[str, str], mode: str) -> int:
     """Nodes for the step: --nodes, else the allocation's less the excluded ones in it, else 1."""
-    allocated = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 0) if mode == "srun" else 0
+    allocated = allocated_nodes(env) if mode == "srun" else 0
     left_out: list[str] = []
     if allocated and spec.slurm.exclude:
         from runtime.launch.slurm import hostnames
@@ -105,7 +110,8 @@ def container_prefix(spec: LaunchSpec, env: Mapping[str, str], run_dir: Path | N
     if opts.engine not in ENGINES:
         raise LaunchError(f"unknown container engine {opts.engine!r} ({' | '.join(ENGINES)})")
     if not opts.image:
-        raise LaunchError("container runtime needs an image (the anvil.container_image setting, e.g. INVOKE_ANVIL_CONTAINER_IMAGE=...)")
+        raise LaunchError("container runtime needs an image (the anvil.container_image setting, "
+                          "e.g. INVOKE_ANVIL_CONTAINER_IMAGE=...)")
     workdir = spec.workdir or os.getcwd()
     mounts = [str(CHECKOUT), workdir] + ([str(run_dir)] if run_dir else []) + list(opts.mounts)
     binds = []
@@ -183,6 +189,7 @@ def build(spec: LaunchSpec, env: Mapping[str, str] | None = None, run_dir: Path 
 def sbatch_script(spec: LaunchSpec, nproc: int, nodes: int, inner: list[str], run_dir: Path | None) -> str:
     logs = (Path(run_dir) if run_dir else Path.cwd()) / "logs"
     step = ["srun", *slurm_options(spec, nproc, nodes, batch=False), *inner]
+    stop_status = [sys.executable, "-m", "runtime.runs.outcome", str(run_dir or ".")]
     lines = ["#!/bin/bash"]
     lines += [f"#SBATCH {opt}" for opt in slurm_options(spec, nproc, nodes, batch=True)]
     lines += [f"#SBATCH --output={logs}/slurm-%j.out", ""]
@@ -199,8 +206,8 @@ def sbatch_script(spec: LaunchSpec, nproc: int, nodes: int, inner: list[str], ru
               "wait $step; code=$?",
               "while kill -0 $step 2>/dev/null; do wait $step; code=$?; done",
               "# a clean stop ends every srun task with 0; its status (3: requeue me) is in the agents' reports",
-              f"if [ $code -eq 0 ]; then {shlex.join([sys.executable, '-m', 'runtime.runs.outcome', str(run_dir or '.')])}"
-              ' --restart "${SLURM_RESTART_COUNT:-0}"; code=$?; fi',
+              f"if [ $code -eq 0 ]; then {shlex.join(stop_status)} --restart \"${{SLURM_RESTART_COUNT:-0}}\"; "
+              "code=$?; fi",
               'echo "anvil: step exited with status $code"',
               "if [ $code -eq 3 ]; then scontrol requeue \"$SLURM_JOB_ID\" && exit 0; fi",
               "exit $code", ""]

@@ -1,6 +1,8 @@
 """Slurm transport of a per-node task: `inv preflight.all --runtime slurm` runs on every node.
 
-    results = run_on_allocation(["preflight.all", "--json"], run_dir, settings, nodes=0)
+    require_slurm(env)
+    count = node_count(nodes, env)
+    results = run_on_allocation(["preflight.all", "--json"], run_dir, settings, count)
 
 One srun step, one task per node (inside salloc/sbatch: the whole allocation
 unless --nodes says fewer; outside one: srun asks Slurm for --nodes nodes, 1
@@ -22,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
-from runtime.launch.commands import in_allocation
+from runtime.launch.commands import allocated_nodes, in_allocation
 from runtime.launch.slurm import hostnames, require, require_controller
 from runtime.program.results import HostResult, parse_json_output
 from trainer.errors import UserError
@@ -41,7 +43,7 @@ def require_slurm(env: Mapping[str, str]) -> None:
 
 
 def node_count(nodes: int, env: Mapping[str, str]) -> int:
-    allocated = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 0) if in_allocation(env) else 0
+    allocated = allocated_nodes(env) if in_allocation(env) else 0
     if nodes < 0:
         raise AllocationError(f"--nodes {nodes}: expected 1 or more")
     if allocated and nodes > allocated:
@@ -62,15 +64,14 @@ def srun_command(argv: list[str], hosts_dir: Path, settings, nodes: int, inv: st
             "--", inv, *argv]
 
 
-def run_on_allocation(argv: list[str], run_dir: Path, settings, nodes: int = 0, inv: str = "",
+def run_on_allocation(argv: list[str], run_dir: Path, settings, count: int, inv: str = "",
                       env: Mapping[str, str] | None = None, job_name: str = "anvil",
                       progress=None) -> list[HostResult]:
-    """Run `inv ARGV` once on each node; results in the step's node order."""
+    """Run `inv ARGV` once on each of `count` nodes (node_count's answer, after require_slurm);
+    results in the step's node order."""
     from runtime.program.ssh import local_inv
 
     env = dict(os.environ if env is None else env)
-    require("srun")
-    count = node_count(nodes, env)
     hosts_dir = Path(run_dir) / "hosts"
     hosts_dir.mkdir(parents=True, exist_ok=True)
     command = srun_command(argv, hosts_dir, settings, count, inv or local_inv(), job_name)

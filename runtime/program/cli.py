@@ -99,11 +99,12 @@ class AnvilExecutor(Executor):
             if code:
                 raise Exit(code=code)
             return {}
-        if not any(self._on_slurm(t) for t in tasks):
+        on_slurm = [self._on_slurm(t) for t in tasks]
+        if not any(on_slurm):
             return super().execute(*tasks)
         results = {}
-        for context in tasks:      # in order; a per-node task under Slurm runs once on every node
-            if not self._on_slurm(context):
+        for context, fanned in zip(tasks, on_slurm):  # in order; a per-node task under Slurm runs on every node
+            if not fanned:
                 results.update(super().execute(context))
                 continue
             self.current_task = context.name
@@ -120,8 +121,8 @@ class AnvilExecutor(Executor):
             return False
         if not getattr(task, "per_node", False):
             return False
-        given = context.args["runtime"].value if "runtime" in context.args else ""
-        nodes = context.args["nodes"].value if "nodes" in context.args else 0
+        from runtime.program.fanout import per_node_options
+        given, nodes = per_node_options(context)
         runtime = given or settings_mod.load(self).runtime
         if runtime not in settings_mod.RUNTIMES:
             raise Exit(f"{context.name}: --runtime {runtime!r}: expected {' | '.join(settings_mod.RUNTIMES)}", 2)

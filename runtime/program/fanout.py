@@ -290,7 +290,7 @@ def run_on_slurm(config, context) -> int:
     allocation.require_slurm(os.environ)        # before a run directory is made
 
     def over_srun(argv, run_dir, progress):
-        return allocation.run_on_allocation(argv, run_dir, settings, nodes=count, progress=progress,
+        return allocation.run_on_allocation(argv, run_dir, settings, count, progress=progress,
                                             job_name=f"anvil-{context.name}")
 
     return fan_out(config, context, "srun", f"{count} Slurm node(s)", over_srun)
