@@ -186,9 +186,9 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
             print(f"excluding {len(excluded)} node(s) that failed preflight in {job.exclude_from}: "
                   + ", ".join(f"{h} ({'; '.join(r)[:80]})" for h, r in sorted(excluded.items())))
         code = launch(spec, env=run.env, run_dir=run.path, masker=run.masker)
-        if code == 0:
-            code = outcome.stop_status(run.path) or 0   # under srun a clean stop exits 0 (agent.main)
         report = outcome.read(run.path)
+        if code == 0:
+            code = report.stop_status()   # under srun a clean stop exits 0 (agent.main)
         if report.nodes:
             run.update_metadata(hosts=report.hosts, world_size=report.world_size, nodes=len(report.nodes))
         if code == EXIT_REQUEUE:

@@ -50,6 +50,18 @@ class Outcome:
     def world_size(self) -> int:
         return sum(len(n.ranks) for n in self.nodes)
 
+    def stop_status(self, restart: int | None = None) -> int:
+        """3 (checkpointed, requeue me) or 130 (Ctrl-C) when every node of the attempt stopped
+        cleanly that way, else 0. Under srun an agent ends a clean stop with 0 (see
+        runtime.launch.agent), so this is where inv and the batch script find it."""
+        from trainer.signals import EXIT_INTERRUPTED, EXIT_REQUEUE
+
+        nodes = [n for n in self.nodes if restart is None or n.restart == restart]
+        codes = {n.exit_code for n in nodes}
+        if not nodes or any(n.first_failure for n in nodes) or not codes <= {0, EXIT_REQUEUE, EXIT_INTERRUPTED}:
+            return 0
+        return EXIT_INTERRUPTED if EXIT_INTERRUPTED in codes else EXIT_REQUEUE if EXIT_REQUEUE in codes else 0
+
     def first_failure(self) -> dict | None:
         failures = [n.first_failure for n in self.nodes if n.first_failure]
         return min(failures, key=lambda f: f.get("time", 0)) if failures else None
@@ -72,16 +84,8 @@ def read(run_dir: Path) -> Outcome:
 
 
 def stop_status(run_dir: Path, restart: int | None = None) -> int:
-    """3 (checkpointed, requeue me) or 130 (Ctrl-C) when every node of the attempt stopped cleanly
-    that way, else 0. Under srun an agent ends a clean stop with 0 (see runtime.launch.agent), so
-    this is where inv and the batch script find it."""
-    from trainer.signals import EXIT_INTERRUPTED, EXIT_REQUEUE
-
-    nodes = [n for n in read(run_dir).nodes if restart is None or n.restart == restart]
-    codes = {n.exit_code for n in nodes}
-    if not nodes or any(n.first_failure for n in nodes) or not codes <= {0, EXIT_REQUEUE, EXIT_INTERRUPTED}:
-        return 0
-    return EXIT_INTERRUPTED if EXIT_INTERRUPTED in codes else EXIT_REQUEUE if EXIT_REQUEUE in codes else 0
+    """Outcome.stop_status of the run directory's reports."""
+    return read(run_dir).stop_status(restart)
 
 
 def main(argv: list[str] | None = None) -> int:
