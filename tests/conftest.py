@@ -12,6 +12,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # tests/cluster.py as `cluster`
 
+import kernel_utils  # noqa: E402,F401  (sets TRITON_INTERPRET=1 without a GPU before any test imports kernels:
+#                         @triton.jit reads it when a kernel module is imported, and a helper jit function
+#                         made before it was set cannot be called from an interpreted kernel)
 from cluster import Cluster, ClusterUnavailable, missing_prerequisites  # noqa: E402
 
 

@@ -358,6 +358,9 @@ def test_ctrl_c_during_prepare_keeps_the_old_dataset_and_leaves_no_temp(tmp_path
     proc = subprocess.Popen([str(INV), "data.prepare", "--out", str(out), "--shard-tokens", "1000", "--force",
                              "--workers", "2"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True,
+                            # as from a terminal: a suite started in the background (`cmd &` in a script)
+                            # hands its children SIGINT ignored, and Python keeps it ignored
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
                             env={**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs")})
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:

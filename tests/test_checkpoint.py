@@ -237,6 +237,9 @@ def _worker(out: Path) -> None:
                                                 options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if rank == 0:
             torch.save({"model": full_model, "optim": full_optim["state"]}, out / mode / "expected.pt")
+    # Tear down together: a rank that destroys its gloo group while the other still has work
+    # in flight has aborted at exit ('terminate called without an active exception') under load.
+    dist.barrier()
     dist.destroy_process_group()
 
 

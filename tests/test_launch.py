@@ -42,6 +42,10 @@ if fail_rank is not None:
 if os.environ.get("WAIT_SIGNAL"):
     while not got and time.time() < deadline:
         time.sleep(0.05)
+    # as trainer.signals does once stopping: the agent forwards the signal the group also got,
+    # and a Python handler is reset to SIG_DFL while the interpreter exits
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sys.exit(3 if got else 9)
 sys.exit(int(os.environ.get("WORKER_EXIT", "0")))
 """

@@ -51,11 +51,16 @@ class Stopper:
         return self
 
     def restore(self) -> None:
-        """Put the previous handlers back, unless a stop was asked for: then the flag-only handlers
-        stay to the end of the process, so the scheduler's follow-up SIGTERM (srun
-        --kill-on-bad-exit once another node exited 3, scancel's TERM) cannot kill a rank that is
-        shutting down after its checkpoint; the launcher's grace and SIGKILL still bound it."""
+        """Put the previous handlers back, unless a stop was asked for: then the stop signals are
+        ignored to the end of the process, so a follow-up signal (the launcher forwarding the one
+        the scheduler also sent to the whole group, srun --kill-on-bad-exit once another node
+        exited 3, scancel's TERM) cannot kill a rank that is shutting down after its checkpoint.
+        Ignored, not our handler: Python puts SIG_DFL back for its own handlers while the
+        interpreter finalizes, and a signal landing then killed the rank (exit -12 instead of 3).
+        The launcher's grace and SIGKILL still bound the shutdown."""
         if self.signum is not None:
+            for sig in self._previous:
+                signal.signal(sig, signal.SIG_IGN)
             return
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)

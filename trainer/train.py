@@ -322,7 +322,7 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
     finally:
         watchdog.stop()
         straggler.close()
-        stopper.restore()   # (kept installed after a stop was asked for: see Stopper.restore)
+        stopper.restore()   # (stop signals ignored to the end after a stop was asked for: see Stopper.restore)
         met.close()
         if profiler is not None:
             profiler.close()
