@@ -1,7 +1,7 @@
 """Check `inv train.plan` against a GPU: real training steps, measured peak memory next to the plan.
 
     python -m benchmarks.plan_check [--config configs/llama3_1b.yaml] [--batch 4] [--seq 4096]
-        [--ac none,selective,full] [--nproc 1] [--steps 4] [--set KEY=VALUE]... [--kernels]
+        [--ac none,selective,selective_lean,full] [--nproc 1] [--steps 4] [--set KEY=VALUE]... [--kernels]
         [--compile] [--out DIR] [--timeout 600]
 
 For each activation-checkpointing mode, a fresh process runs the real trainer
@@ -40,7 +40,7 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=None, help="data.batch_size (default: the config's)")
     p.add_argument("--seq", type=int, default=None, help="data.seq_len (default: the config's)")
     p.add_argument("--ac", default="", help="checkpointing modes to run, comma-separated "
-                                            "(none,selective,full; default: the config's)")
+                                            "(none,selective,selective_lean,full; default: the config's)")
     p.add_argument("--nproc", type=int, default=1, help="GPUs (processes) on this node")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",

@@ -100,37 +100,19 @@ PLAN_HELP = {
 }
 
 
-def _plan_device(gpu: str, cfg):
-    """(trainer.plan.Device, GPU count) of the named or detected GPU; envs raises EnvError (exit 2)."""
-    import envs
-    from trainer.plan import Device
-
-    memory = None
-    sized = re.fullmatch(r"(.+?)[-_ ]?(\d+(?:\.\d+)?)\s*(?:GB|GiB|G)(:\d+)?", gpu.strip(), re.IGNORECASE)
-    if sized:  # A100-40GB: the A100 profile, 40 GiB
-        memory, gpu = float(sized.group(2)), sized.group(1) + (sized.group(3) or "")
-    resolved = envs.resolve(gpu=gpu.strip() or None, config_env=cfg.env)
-    machine = resolved.machine
-    if not machine.has_gpu:
-        return Device(source="no GPU detected"), 1
-    alloc = next((v for k, v in resolved.environ().items()
-                  if k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF")), "")
-    source = ("--gpu" if memory else f"envs/profiles/{machine.profile}.py") if machine.source == "override" \
-        else f"detected by {machine.source}"
-    return Device(machine.model or machine.name, memory or machine.memory_gib, machine.vendor,
-                  "expandable_segments:true" in alloc.replace(" ", "").lower(), source), machine.count
-
-
 @task(auto_shortflags=False, iterable=["set_"], help=PLAN_HELP)
 def plan(c, config="", set_=None, gpus=None, nodes=1, gpu="", json=False):
     """Plan before launch: parameters, FLOPs/token, per-GPU memory; does it fit, largest batch."""
+    import envs
+    from runtime.jobs import planning
     from trainer import config as trainer_config
     from trainer.plan import PlanError, make_plan, render
 
     if gpus is not None and not re.fullmatch(r"\s*-?\d+\s*", str(gpus)):
         raise PlanError(f"--gpus {gpus!r}: expected a positive integer")
     cfg = trainer_config.load(config or None, list(set_ or []))
-    device, count = _plan_device(gpu, cfg)
+    model, memory_gib = planning.split_gpu_size(gpu)      # A100-40GB: the A100 profile with 40 GiB
+    device, count = planning.plan_device(envs.resolve(gpu=model or None, config_env=cfg.env), memory_gib)
     result = make_plan(cfg, gpus=count if gpus is None else int(gpus), nodes=nodes, device=device,
                        config_path=config or str(trainer_config.DEFAULT_CONFIG.relative_to(
                            trainer_config.DEFAULT_CONFIG.parents[1])))

@@ -11,7 +11,7 @@ from torch import nn
 from trainer import fp8, train
 from trainer.config import ConfigError, load
 from trainer.errors import UserError
-from trainer.model import _SAVE_OPS, Transformer
+from trainer.model import _SAVE_OPS, LMHead, Transformer
 
 try:
     import torchao.float8  # noqa: F401
@@ -140,7 +140,7 @@ def test_convert_the_tiny_model(recipe):
     assert len(state.converted) == cfg.model.n_layers * len(LINEARS)
     assert state.kept == ["lm_head"] and not state.fsdp_float8_all_gather
     assert all(isinstance(model.get_submodule(f), Float8Linear) for f in state.converted)
-    assert type(model.lm_head) is nn.Linear
+    assert type(model.lm_head) is LMHead                     # not converted to Float8Linear
     assert "lm_head" in state.describe() and recipe in state.describe()
     assert set(model.state_dict()) == set(ref.state_dict())      # checkpoints and export unchanged
 

@@ -92,7 +92,7 @@ def test_init_std_and_depth_scaling():
     assert torch.all(layers[2].input_layernorm.weight == 1)
 
 
-@pytest.mark.parametrize("mode", ["selective", "full"])
+@pytest.mark.parametrize("mode", ["selective", "selective_lean", "full"])
 def test_activation_checkpointing_gives_the_same_gradients(mode):
     torch.manual_seed(0)
     model = Transformer(small())
@@ -108,6 +108,32 @@ def test_activation_checkpointing_gives_the_same_gradients(mode):
         layer.activation_checkpoint = mode
     for a, b in zip(reference, grads()):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("mode, recomputed", [("none", 0), ("selective", 0), ("selective_lean", 3), ("full", 6)])
+def test_checkpointing_recomputes_only_the_matmuls_its_mode_names(mode, recomputed):
+    """Backward runs 2 matmuls per linear (7 a layer), plus the ones recomputed: none for selective
+    (down_proj's output is not kept, and the recompute stops before it), k, o and up for
+    selective_lean, all but down_proj for full (the same early stop)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountMatmuls(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            CountMatmuls.n += func is torch.ops.aten.mm.default
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    model = Transformer(small(n_layers=1, tie_embeddings=False))
+    for layer in model.model.layers:
+        layer.activation_checkpoint = mode
+    x = torch.randint(0, 97, (2, 16))
+    loss = model(x, x)
+    with CountMatmuls():
+        loss.backward()
+    head = 2                                  # the LM head's two gradient matmuls
+    assert CountMatmuls.n == head + 2 * 7 + recomputed
 
 
 def test_flops_per_token_matches_the_anchor_count():

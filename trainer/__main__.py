@@ -48,7 +48,7 @@ def main(argv=None) -> int:
         if isinstance(exc, torch.OutOfMemoryError):
             log.error(f"out of memory: {str(exc).splitlines()[0]} -- lower data.batch_size (raise "
                       "data.grad_accum to keep the global batch), or set "
-                      "train.activation_checkpoint=selective|full, or parallel.strategy=fsdp")
+                      "train.activation_checkpoint=selective|selective_lean|full, or parallel.strategy=fsdp")
         else:
             log.exception(f"training failed: {exc}")
         return train.EXIT_FAILED

@@ -90,7 +90,7 @@ class TrainSection:
     log_interval: int = 10
     val_interval: int = 100        # 0 = only at the end
     val_batches: int = 8
-    activation_checkpoint: Literal["none", "selective", "full"] = "none"
+    activation_checkpoint: Literal["none", "selective", "selective_lean", "full"] = "none"
     compile: bool = False
     kernels: bool = False
 

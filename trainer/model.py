@@ -143,21 +143,41 @@ class MLP(nn.Module):
         return self.down_proj(self.act_fn(self.gate_proj(x), self.up_proj(x)))
 
 
-def _save_matmuls_policy(ctx, op, *args, **kwargs):
-    """Selective activation checkpointing: keep matmul and attention outputs, recompute the rest."""
+def _selective_policy(recomputed: frozenset, counts: dict, ctx, op, *args, **kwargs):
+    """Selective activation checkpointing: keep matmul and attention outputs, recompute the rest,
+    and recompute the layer's matmuls whose 1-based forward position is in `recomputed`."""
     from torch.utils.checkpoint import CheckpointPolicy
-    keep = op in _SAVE_OPS
-    return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+    if op not in _SAVE_OPS:
+        return CheckpointPolicy.PREFER_RECOMPUTE
+    if op in _MATMUL_OPS:
+        # Counted apart in forward and in recompute (torchtitan's scheme), so both agree on positions.
+        key = "recompute" if ctx.is_recompute else "forward"
+        counts[key] += 1
+        if counts[key] in recomputed:
+            return CheckpointPolicy.PREFER_RECOMPUTE
+    return CheckpointPolicy.MUST_SAVE
 
 
-_SAVE_OPS = {
-    torch.ops.aten.mm.default,
-    torch.ops.aten._scaled_mm.default,   # FP8 linear layers (precision.fp8)
-    torch.ops.aten.max.default,          # their tensorwise amax: a scalar, saves a pass over x
+def _selective_context(recomputed: frozenset):
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+    return create_selective_checkpoint_contexts(partial(_selective_policy, recomputed, {"forward": 0, "recompute": 0}))
+
+
+_MATMUL_OPS = {torch.ops.aten.mm.default, torch.ops.aten._scaled_mm.default}   # _scaled_mm: precision.fp8
+_SAVE_OPS = _MATMUL_OPS | {
+    torch.ops.aten.max.default,          # FP8's tensorwise amax: a scalar, saves a pass over x
     torch.ops.aten._scaled_dot_product_flash_attention.default,
     torch.ops.aten._scaled_dot_product_efficient_attention.default,
     torch.ops.aten._scaled_dot_product_cudnn_attention.default,
 }
+
+# A decoder layer's matmuls in forward order: 1 q, 2 k, 3 v, 4 o, 5 gate, 6 up, 7 down. What each
+# selective mode recomputes in backward rather than keeps. down's output (7) only feeds the residual
+# add, whose backward needs nothing: keeping it is memory for nothing, and the recompute stops
+# (checkpoint's early stop) once down's input is rebuilt, so it costs no matmul either.
+# selective_lean also recomputes every second matmul (k, o, up: torchtitan's "op" policy), for
+# about half the activation memory of `selective` at the price of those three matmuls again.
+RECOMPUTED_MATMULS = {"selective": frozenset({7}), "selective_lean": frozenset({2, 4, 6, 7})}
 
 
 class DecoderLayer(nn.Module):
@@ -168,7 +188,7 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.mlp = MLP(cfg)
-        self.activation_checkpoint = "none"  # none | selective | full; set by the trainer
+        self.activation_checkpoint = "none"  # none | selective | selective_lean | full; set by the trainer
 
     def _forward(self, x, cos, sin):
         h = x + self.self_attn(self.input_layernorm(x), cos, sin)
@@ -177,10 +197,10 @@ class DecoderLayer(nn.Module):
     def forward(self, x, cos, sin):
         if self.activation_checkpoint == "none" or not torch.is_grad_enabled():
             return self._forward(x, cos, sin)
-        from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+        from torch.utils.checkpoint import checkpoint
         kwargs = {}
-        if self.activation_checkpoint == "selective":
-            kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, _save_matmuls_policy)
+        if self.activation_checkpoint in RECOMPUTED_MATMULS:
+            kwargs["context_fn"] = partial(_selective_context, RECOMPUTED_MATMULS[self.activation_checkpoint])
         return checkpoint(self._forward, x, cos, sin, use_reentrant=False, **kwargs)
 
 
@@ -207,6 +227,23 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
     return F.cross_entropy(logits.float(), labels, ignore_index=ignore_index, reduction="sum")
 
 
+class LMHead(nn.Linear):
+    """The output layer. With labels it returns loss_fn(hidden, its weight, labels) instead of the
+    logits: the loss reads the weight inside this module's forward, so FSDP2 can shard the head as a
+    group of its own (trainer/distributed.py) and free its gradient right after the loss backward."""
+
+    def forward(self, h: torch.Tensor, labels: torch.Tensor | None = None, loss_fn=None) -> torch.Tensor:
+        if labels is None:
+            return super().forward(h)
+        weight = self.weight
+        if torch.is_autocast_enabled(h.device.type):
+            # A fused loss bypasses autocast's F.linear: hand it compute-dtype operands,
+            # else the LM head runs in fp32 (fp32 master weights, fp32 residual stream).
+            dtype = torch.get_autocast_dtype(h.device.type)
+            h, weight = h.to(dtype), weight.to(dtype)
+        return loss_fn(h.flatten(0, 1), weight, labels.flatten())
+
+
 class Transformer(nn.Module):
     """LlamaForCausalLM-shaped: .model (embed_tokens, layers, norm) and .lm_head."""
 
@@ -214,7 +251,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.model = LlamaModel(cfg)
-        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.lm_head = LMHead(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.loss_fn = linear_cross_entropy  # kernel hook: fused linear cross-entropy
@@ -241,16 +278,7 @@ class Transformer(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         """labels None -> logits [B, T, V]; else the SUM of token losses (the loop divides)."""
-        h = self.model(input_ids)
-        if labels is None:
-            return self.lm_head(h)
-        weight = self.lm_head.weight
-        if torch.is_autocast_enabled(h.device.type):
-            # A fused loss bypasses autocast's F.linear: hand it compute-dtype operands,
-            # else the LM head runs in fp32 (fp32 master weights, fp32 residual stream).
-            dtype = torch.get_autocast_dtype(h.device.type)
-            h, weight = h.to(dtype), weight.to(dtype)
-        return self.loss_fn(h.flatten(0, 1), weight, labels.flatten())
+        return self.lm_head(self.model(input_ids), labels, self.loss_fn)
 
     def num_params(self, exclude_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())  # parameters() yields a tied weight once

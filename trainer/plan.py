@@ -29,9 +29,12 @@ Saved for backward, per decoder layer and token (bytes):
       RoPE                    0              only the [T, head_dim] cos/sin tables
     train.kernels (fused RMSNorm, RoPE, SwiGLU): RMSNorm rD + 4 (x, rstd); SwiGLU 3cF (gate, up,
       output); the rest as above
-    selective (trainer.model._SAVE_OPS: keep matmul and attention outputs, recompute the rest):
-      rD + c(4D + 2Dkv) + 2cF + 4H           layer input; q, k, v, o_proj and down_proj outputs,
-                                             SDPA output and logsumexp; gate, up
+    selective (trainer.model: keep matmul and attention outputs, recompute the rest; down_proj's
+      output is not kept, no backward needs it):
+      rD + c(3D + 2Dkv) + 2cF + 4H           layer input; q, k, v and o_proj outputs, SDPA output
+                                             and logsumexp; gate, up
+    selective_lean (k, o_proj and up recomputed as well):
+      rD + c(2D + Dkv) + cF + 4H             layer input; q, v; SDPA output and logsumexp; gate
     full: rD                                 the layer input only
     fp32 compute on a GPU runs SDPA's math kernel (flash needs 16-bit): 4cD + cHT per token
       instead (scaled q, k and v repeated to H heads, output, the T x T probabilities)
@@ -52,13 +55,17 @@ State: weights p, gradients p and AdamW's exp_avg + exp_avg_sq 2p per parameter 
 AdamW keeps its moments in the parameter's dtype: fp32 with fp32 weights, bf16 with
 precision.params=bf16). Under FSDP2 (parallel.strategy fsdp and W > 1) each is the rank's dim-0
 shard, ceil(rows / W) * cols per tensor, and the all-gathered copies in c come on top: the root
-group (embedding, final norm, LM head) through forward and backward, the last layer (kept
-gathered by distributed.wrap), and in backward a window of layers: the one computing, the one
-prefetched, its unsharded gradients and the fp32 reduce-scatter input (reduce_dtype fp32),
-max(3c + 4, 2c + 8) bytes per layer parameter. Without FSDP, fp32 weights under bf16 autocast
-add bf16 copies of every matmul weight (autocast's cache; autograd keeps them for backward
-when nothing is checkpointed), DDP a second copy of the gradients (its buckets). With
-data.grad_accum > 1 the gradients live through the next micro-batches; under FSDP2's no-sync
+group through forward and backward (the final norm; with tied embeddings also the shared
+embedding / LM head, and its gradient until the end of backward), an untied LM head from the
+loss's forward to the end of its backward (then its fp32 reduce-scatter input on top of the
+loss's gradients), the last layer (kept gathered by distributed.wrap), in backward a window of
+layers: the one computing, the one prefetched, its unsharded gradients and the fp32
+reduce-scatter input (reduce_dtype fp32), max(3c + 4, 2c + 8) bytes per layer parameter; and
+at the end of backward the embedding's unsharded gradient with its fp32 reduce-scatter input.
+Without FSDP, fp32 weights under bf16 autocast add bf16 copies of every matmul weight
+(autocast's cache; autograd keeps them for backward when nothing is checkpointed), DDP a second
+copy of the gradients (its buckets). With data.grad_accum > 1 the gradients live through the
+next micro-batches; under FSDP2's no-sync
 they are unsharded and fp32 (4 bytes per parameter of the whole model on every rank).
 
 Peak allocated = the largest of these moments: forward end (in the loss), the loss backward
@@ -89,9 +96,9 @@ from trainer.config import ModelConfig, TrainConfig
 from trainer.errors import UserError
 
 GIB = 1024 ** 3
-AC_MODES = ("none", "selective", "full")
+AC_MODES = ("none", "selective", "selective_lean", "full")   # most memory first
 MAX_BATCH_SEARCH = 1 << 20
-CONTEXT_GIB = {"nvidia": 0.75, "amd": 1.0}
+CONTEXT_GIB = {"nvidia": 0.75, "amd": 1.0, "cpu": 0.0}   # cpu: host memory, no device context
 COMM_GIB = 1.0
 FRAGMENTATION = {True: 0.05, False: 0.10}
 
@@ -213,9 +220,11 @@ def layer_activation_bytes(m: ModelConfig, seq_len: int, mode: str, dt: Dtypes,
     flash = c == 2
     if mode == "full":
         return r * D
-    if mode == "selective":
+    if mode in ("selective", "selective_lean"):
         attn = c * D + 4 * H if flash else 0      # the math kernel's ops are not in _SAVE_OPS
-        return r * D + c * (3 * D + 2 * Dkv) + attn + 2 * c * F
+        if mode == "selective":
+            return r * D + c * (2 * D + 2 * Dkv) + attn + 2 * c * F
+        return r * D + c * (D + Dkv) + attn + c * F
     if mode != "none":
         raise PlanError(f"activation checkpointing {mode!r}: expected one of {', '.join(AC_MODES)}")
     norms = 2 * (r * D + 4) if kernels else 2 * (4 * D + r * D + 4)
@@ -376,9 +385,16 @@ def memory(cfg: TrainConfig, world: int, device: Device, batch_size: int | None 
     if dt.fsdp:
         layer_numel = world * sum(_shard_numel(s, world) for n, s in shapes.items()
                                   if n.startswith("model.layers.0."))
-        root_numel = world * sum(_shard_numel(s, world) for n, s in shapes.items()
-                                 if not n.startswith("model.layers."))
-        root = Term("fsdp_root", "FSDP2 root all-gathered (embedding, norm, LM head)", c * root_numel)
+        def gathered_numel(name: str) -> int:
+            return world * _shard_numel(shapes[name], world) if name in shapes else 0
+        outer_numel = sum(gathered_numel(n) for n in shapes if not n.startswith("model.layers."))
+        # distributed.wrap: an untied head and the embedding are groups of their own; tied, they are
+        # one tensor in the root group with the final norm.
+        head_numel = 0 if m.tie_embeddings else gathered_numel("lm_head.weight")
+        embed_numel = 0 if m.tie_embeddings else gathered_numel("model.embed_tokens.weight")
+        root_numel = outer_numel - head_numel - embed_numel
+        root = Term("fsdp_root", "FSDP2 root all-gathered (final norm)" if head_numel else
+                    "FSDP2 root all-gathered (embedding, norm, LM head)", c * root_numel)
         if cfg.parallel.reshard_after_forward:
             gathered = Term("fsdp_layers", "FSDP2 last layer all-gathered", c * layer_numel,
                             "distributed.wrap keeps it for backward")
@@ -388,16 +404,26 @@ def memory(cfg: TrainConfig, world: int, device: Device, batch_size: int | None 
         window = Term("fsdp_window", "FSDP2 backward window (gathered, prefetched, grads, reduce-scatter)",
                       max(3 * c + 4, 2 * c + 8) * layer_numel
                       + (c * layer_numel * L if not cfg.parallel.reshard_after_forward else 0))
-        head_grad = Term("head_grad", "LM head gradient, unsharded until the root's reduce-scatter",
-                         c * V * D)
         shared.append(root)
         fwd_extra.append(gathered)
         bwd_extra.append(gathered)
-        layer_extra += [head_grad, window]
-        # The root's gradients are reduce-scattered last, after its parameters were resharded;
-        # the first layer's fp32 reduce-scatter input may still be in flight.
-        end_extra.append(Term("fsdp_root_rs", "FSDP2 root: unsharded gradients + fp32 reduce-scatter input",
-                              (c + 4) * root_numel + 4 * layer_numel,
+        if head_numel:
+            # Gathered from the loss's forward through its backward; its gradient is reduced right
+            # after the loss backward (fp32 reduce-scatter input on top of the loss's gradient).
+            head = Term("fsdp_head", "FSDP2 LM head all-gathered (a group of its own)", c * head_numel)
+            fwd_extra.append(head)
+            bwd_extra.append(head)
+            if kernels:   # (the eager loss's logit gradients are gone by then, and larger)
+                bwd_extra.append(Term("fsdp_head_rs", "FSDP2 LM head: fp32 reduce-scatter input", 4 * head_numel))
+        else:
+            layer_extra.append(Term("head_grad", "LM head gradient, unsharded until the root's reduce-scatter",
+                                    c * V * D))
+        layer_extra.append(window)
+        # The embedding's (or the root's) gradients are reduce-scattered last, after its parameters
+        # were resharded; the first layer's fp32 reduce-scatter input may still be in flight.
+        last_numel = root_numel + embed_numel
+        end_extra.append(Term("fsdp_root_rs", "FSDP2 embedding and root: unsharded gradients + fp32 "
+                              "reduce-scatter input", (c + 4) * last_numel + 4 * layer_numel,
                               "and the first layer's reduce-scatter input"))
         if cfg.data.grad_accum > 1:
             shared.append(Term("carry", "gradients between micro-batches (FSDP2 no-sync: unsharded fp32)",
@@ -580,8 +606,8 @@ def _largest_batch(cfg: TrainConfig, world: int, device: Device, mode: str) -> i
     return lo
 
 
-def _with(cfg: TrainConfig, **changes) -> TrainConfig:
-    """A copy of cfg with dotted changes: _with(cfg, **{"precision.params": "bf16"})."""
+def with_changes(cfg: TrainConfig, **changes) -> TrainConfig:
+    """A copy of cfg with dotted changes: with_changes(cfg, **{"precision.params": "bf16"})."""
     out = copy.deepcopy(cfg)
     for key, value in changes.items():
         section, _, name = key.partition(".")
@@ -593,7 +619,7 @@ def _hints(cfg: TrainConfig, gpus: int, nodes: int, device: Device) -> list[str]
     """What would make a run that does not fit fit: more GPUs, more checkpointing, bf16 weights."""
     hints = []
     world = gpus * nodes
-    fsdp = cfg if cfg.parallel.strategy == "fsdp" else _with(cfg, **{"parallel.strategy": "fsdp"})
+    fsdp = cfg if cfg.parallel.strategy == "fsdp" else with_changes(cfg, **{"parallel.strategy": "fsdp"})
     switch = "" if fsdp is cfg else " --set parallel.strategy=fsdp"
     if world > 1 and fsdp is not cfg and memory(fsdp, world, device).fits(world):
         hints.append(switch.strip())
@@ -612,7 +638,7 @@ def _hints(cfg: TrainConfig, gpus: int, nodes: int, device: Device) -> list[str]
             hints.append(f"--set train.activation_checkpoint={mode}")
             break
     if cfg.precision.params == "fp32":
-        bf16 = _with(cfg, **{"precision.params": "bf16"})
+        bf16 = with_changes(cfg, **{"precision.params": "bf16"})
         if memory(bf16, world, device).fits(world):
             hints.append("--set precision.params=bf16")
     return hints

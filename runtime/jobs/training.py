@@ -115,6 +115,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     """Train as `job` says; returns {"run_dir": Path, "summary": dict | None}."""
     import envs
     from runtime import settings as settings_mod
+    from runtime.jobs import planning
     from runtime.launch import build, launch
     from runtime.runs import nodes as nodes_mod
     from runtime.runs import outcome
@@ -168,6 +169,10 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
         require_controller(os.environ)    # and its controller answers
     if built.script is not None and not resume:
         resume = "auto"   # a batch job that Slurm requeues resumes from its own run directory
+    too_big = planning.fit_warning(cfg, env, built.nproc, built.nodes,
+                                   on_this_machine=not probe.runtime.startswith("slurm"))
+    if too_big:
+        print(f"WARNING: {too_big}")
     if job.dry_run:
         print(dump(cfg))
         args = ["--config", "RUN_DIR/config.yaml", "--run-dir", "RUN_DIR"] + (["--resume", resume] if resume else [])
@@ -186,6 +191,16 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
             print(f"excluding {len(excluded)} node(s) that failed preflight in {job.exclude_from}: "
                   + ", ".join(f"{h} ({'; '.join(r)[:80]})" for h, r in sorted(excluded.items())))
         code = launch(spec, env=run.env, run_dir=run.path, masker=run.masker)
+        job_file = run.path / "slurm" / "job_id"
+        job_id = job_file.read_text().strip() if job_file.is_file() else None
+        if job_id:
+            run.update_metadata(slurm_job_id=job_id)
+        if job_id and not job.wait:
+            # The job runs later, without us: its batch script records the end (runtime.runs.jobend).
+            run.end_status = "submitted"
+            print(f"the run's status is in {run.path}/metadata.json (`inv snapshot.show {run.path}`); "
+                  f"`squeue -j {job_id}` shows the job")
+            return {"run_dir": run.path, "summary": None, "slurm_job_id": job_id}
         report = outcome.read(run.path)
         if code == 0:
             code = report.stop_status()   # under srun a clean stop exits 0 (agent.main)

@@ -1,0 +1,73 @@
+"""The memory plan (trainer.plan) where the runner needs it.
+
+`inv train.plan` plans for a named or detected GPU (`plan_device`). `inv train.pretrain`
+asks the same planner before it launches and prints one warning when the run will not
+fit (`fit_warning`): on GPUs, against the GPU's memory; on a machine without one,
+against this machine's memory shared by the ranks, where a run that does not fit
+ends with the kernel's OOM killer and no message of its own.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+from trainer.plan import Device, memory, with_changes
+
+GIB = 1024 ** 3
+_SIZED = re.compile(r"(.+?)[-_ ]?(\d+(?:\.\d+)?)\s*(?:GB|GiB|G)(:\d+)?", re.IGNORECASE)
+
+
+def split_gpu_size(gpu: str) -> tuple[str, float | None]:
+    """'A100-40GB' -> ('A100', 40.0): the profile to use and its memory; else (gpu, None)."""
+    sized = _SIZED.fullmatch(gpu.strip())
+    if not sized:
+        return gpu.strip(), None
+    return sized.group(1) + (sized.group(3) or ""), float(sized.group(2))
+
+
+def plan_device(resolved, memory_gib: float | None = None) -> tuple[Device, int]:
+    """(Device, GPU count) of an envs.resolve() result; memory_gib overrides the profile's."""
+    machine = resolved.machine
+    if not machine.has_gpu:
+        return Device(source="no GPU detected"), 1
+    alloc = next((v for k, v in resolved.environ().items()
+                  if k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF")), "")
+    source = ("--gpu" if memory_gib else f"envs/profiles/{machine.profile}.py") if machine.source == "override" \
+        else f"detected by {machine.source}"
+    return Device(machine.model or machine.name, memory_gib or machine.memory_gib, machine.vendor,
+                  "expandable_segments:true" in alloc.replace(" ", "").lower(), source), machine.count
+
+
+def host_memory_gib() -> float | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def fit_warning(cfg, resolved, procs_per_node: int, nodes: int, on_this_machine: bool) -> str | None:
+    """One line when the plan says the run needs more memory than each rank will have; else None.
+
+    on_this_machine: the ranks run here (not on Slurm nodes that a login node cannot see), so
+    without a GPU they share this machine's memory."""
+    world = max(1, procs_per_node) * max(1, nodes)
+    device, _count = plan_device(resolved)
+    where = f"{device.name} ({device.memory_gib:g} GiB)" if device.memory_gib else ""
+    if not device.memory_gib:
+        ram = host_memory_gib()
+        if not (on_this_machine and ram):
+            return None   # the GPUs are elsewhere and not named: nothing to check against
+        # Each rank holds its own copy here (the CPU path is one process or DDP over gloo), in fp32
+        # unless the config says bf16, and no CUDA context.
+        device = Device("CPU", ram / max(1, procs_per_node), "cpu", None, "this machine's memory")
+        where = f"this machine's {ram:.0f} GiB of memory" + (f" shared by {procs_per_node} ranks"
+                                                              if procs_per_node > 1 else "")
+        if cfg.precision.compute == "auto":
+            cfg = with_changes(cfg, **{"precision.compute": "fp32"})
+    mem = memory(cfg, world, device)
+    if mem.fits(world) is not False:
+        return None
+    need = mem.needed_bytes(world) / GIB
+    return (f"the memory plan says this run will not fit: it needs about {need:.1f} GiB per rank "
+            f"(data.batch_size {mem.batch_size}, activation checkpointing {mem.mode}) on {where}; "
+            "`inv train.plan` with the same --config and --set shows the breakdown and what would fit")
