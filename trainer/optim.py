@@ -1,4 +1,5 @@
-"""AdamW (fused where the device has it), warmup + decay schedule, gradient clipping."""
+"""AdamW (torch's fused one on a GPU, or one Triton kernel a parameter with train.kernels), warmup +
+decay schedule, gradient clipping."""
 from __future__ import annotations
 
 import math
@@ -9,7 +10,59 @@ from torch import nn
 from trainer.config import OptimConfig, ScheduleConfig
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
+class TritonAdamW(torch.optim.AdamW):
+    """torch's AdamW, its update one Triton kernel per parameter (kernels.adamw): the same state
+    (step, exp_avg, exp_avg_sq), hyperparameters and checkpoints; the clip factor comes in as
+    `grad_scale` (clip_grad_norm sets it), for FSDP2's DTensors too, whose local shards it updates."""
+
+    takes_grad_scale = True
+
+    def __init__(self, params, **kwargs):
+        super().__init__(params, foreach=False, **kwargs)
+        self.grad_scale: torch.Tensor | None = None
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        from kernels.adamw import adamw_update
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:   # as torch's AdamW: the step on the CPU, the moments like p
+                    state["step"] = torch.tensor(0.0)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+                adamw_update(_local(p), _local(p.grad), _local(state["exp_avg"]), _local(state["exp_avg_sq"]),
+                             step=int(state["step"]), lr=group["lr"], beta1=beta1, beta2=beta2,
+                             eps=group["eps"], weight_decay=group["weight_decay"], grad_scale=self.grad_scale)
+        return loss
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The plain tensor holding t's (local) elements: a DTensor's shard, and inside a wrapper
+    subclass (FP8's float8 all-gather weight) the inner tensor of the same shape; writes to it
+    update t."""
+    from torch.distributed.tensor import DTensor
+    if isinstance(t, DTensor):
+        t = t.to_local()
+    while type(t) is not torch.Tensor and hasattr(t, "__tensor_flatten__"):
+        names, _ = t.__tensor_flatten__()
+        inner = next((getattr(t, n) for n in names if getattr(t, n).shape == t.shape), None)
+        if inner is None:
+            raise TypeError(f"TritonAdamW: cannot reach the elements of a {type(t).__name__}")
+        t = inner
+    return t
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device,
+                    kernels: bool = False) -> torch.optim.AdamW:
     # No weight decay on norms (1-D weights), as in Llama/nanoGPT; embeddings and matrices decay.
     decay, no_decay = [], []
     for p in model.parameters():
@@ -17,10 +70,13 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) ->
             (decay if p.dim() >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
+    hyper = dict(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
+    if kernels and cfg.fused and device.type == "cuda":   # train.kernels: Anvil's Triton kernels
+        return TritonAdamW(groups, **hyper)
     kwargs = {}
     if cfg.fused and device.type == "cuda":
         kwargs["fused"] = True
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, **kwargs)
+    return torch.optim.AdamW(groups, **hyper, **kwargs)
 
 
 def lr_factor(step: int, total_steps: int, cfg: ScheduleConfig) -> float:
@@ -43,8 +99,12 @@ def build_scheduler(optimizer, cfg: ScheduleConfig, total_steps: int):
         optimizer, lambda step: lr_factor(step, total_steps, cfg))
 
 
-def _is_fused(optimizer) -> bool:
-    return optimizer is not None and bool(optimizer.defaults.get("fused"))
+def _takes_grad_scale(optimizer, dtensor: bool) -> bool:
+    """Whether the optimizer divides the gradients by its `grad_scale` inside its own kernel:
+    TritonAdamW for any gradients, torch's fused AdamW for plain tensors (not DTensors)."""
+    if optimizer is None:
+        return False
+    return getattr(optimizer, "takes_grad_scale", False) or (bool(optimizer.defaults.get("fused")) and not dtensor)
 
 
 def clip_grad_norm(parameters, max_norm: float, optimizer=None) -> torch.Tensor:
@@ -71,7 +131,7 @@ def clip_grad_norm(parameters, max_norm: float, optimizer=None) -> torch.Tensor:
     if isinstance(total, DTensor):
         total = total.full_tensor()
     if max_norm > 0:
-        if _is_fused(optimizer) and not dtensor:
+        if _takes_grad_scale(optimizer, dtensor):
             # grad / clamp((norm + 1e-6) / max_norm, min=1) == grad * clip_grads_with_norm_'s factor
             optimizer.grad_scale = torch.clamp((total + 1e-6) / max_norm, min=1.0)
         else:

@@ -193,7 +193,7 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
              f"params {cfg.precision.params}, fp8 {cfg.precision.fp8}, activation checkpointing "
              f"{cfg.train.activation_checkpoint}")
 
-    optimizer = optim.build_optimizer(model, cfg.optim, info.device)
+    optimizer = optim.build_optimizer(model, cfg.optim, info.device, kernels=cfg.train.kernels)
     scheduler = optim.build_scheduler(optimizer, cfg.schedule, cfg.train.steps)
     loader = make_loader(cfg, "train", info)
     if cfg.data.path == SYNTHETIC:
