@@ -2,6 +2,7 @@
 
     python -m benchmarks.cases_loss --sweep     # our variants only: CE paths/blocks/warps, FLCE chunk sizes
     python -m benchmarks.cases_loss --sweep ce  # CE variants only
+    python -m benchmarks.cases_loss --sweep persistent  # the persistent CE path against the row path
 
 Shapes are the Llama-3 vocabulary (128256) at 8192 tokens. Eager and compile run
 the loss as transformers does (logits upcast to fp32 before F.cross_entropy).
@@ -55,8 +56,9 @@ def _ce_liger(state):
     return lambda: loss(logits, target).backward()
 
 
-def _ce_anvil(state, mode=None, block=None, warps=None, one_exp=False):
-    """mode None: the device's default path; else force ("row"|"split"|"two_pass", block, warps)."""
+def _ce_anvil(state, mode=None, block=None, warps=None, one_exp=False, programs_per_sm=None, evict=False):
+    """mode None: the device's default path; else force ("row"|"split"|"two_pass"|"persistent", block, warps;
+    persistent: programs_per_sm and evict, the eviction hints)."""
     import importlib
     ce = importlib.import_module("kernels.cross_entropy")  # kernels.cross_entropy is also a function name
     logits, target = state["logits"], state["target"]
@@ -66,6 +68,9 @@ def _ce_anvil(state, mode=None, block=None, warps=None, one_exp=False):
             ce._CE_MODE = mode
             if mode == "row":
                 ce._CE_BLOCK, ce._CE_WARPS, ce._ROW_ONE_EXP = block, warps, one_exp
+            elif mode == "persistent":
+                ce._PERSIST_BLOCK, ce._PERSIST_WARPS, ce._ROW_ONE_EXP = block, warps, one_exp
+                ce._PERSIST_PROGRAMS_PER_SM, ce._PERSIST_EVICT = programs_per_sm, evict
             else:
                 ce._SPLIT_BLOCK, ce._SPLIT_WARPS = block, warps
         # The trainer's path: the gradient overwrites the logits (as Liger does).
@@ -133,36 +138,60 @@ CE_SWEEP = (("row", 2048, 4, True), ("row", 2048, 4), ("row", 2048, 8), ("two_pa
             ("split", 4096, 4), ("split", 8192, 16))
 
 
+# Persistent path, H200 2026-11-23 (row B2048w4 1.742 ms in the same run), with hints / without:
+# P2 B4096w16 2.048/2.063, B8192w16 2.087/2.098, B4096w8 2.485/2.521, B2048w8 2.820/2.902, B8192w8
+# 2.855/2.949; P1 B4096w16 2.523/2.552, B8192w16 2.639/2.684; the 4-warp ones 3.9-7.9 ms.
+# (programs per SM, BLOCK, warps, eviction hints). BLOCK x warps
+# pairs with 8-32 elements a thread: fewer and the loads shrink below 16 B (B2048w16: 8-byte loads);
+# more and registers climb (B8192w4: 182 a thread). Triton 3.9's sm_90 build of the others: 40-104
+# registers, no spills, so two programs of any of them fit an SM (B8192w16: 62 regs x 512 threads).
+PERSISTENT_BLOCK_WARPS = tuple((b, w) for b in (2048, 4096, 8192) for w in (4, 8, 16) if 8 <= b // (32 * w) <= 32)
+PERSISTENT_SWEEP = tuple((pps, b, w, ev) for pps in (1, 2) for b, w in PERSISTENT_BLOCK_WARPS for ev in (True, False))
+
+
+def _persistent_case(pps: int, block: int, warps: int, evict: bool) -> Case:
+    return ce_case(anvil=lambda s: _ce_anvil(s, "persistent", block, warps, programs_per_sm=pps, evict=evict),
+                   label=f" persistent-P{pps}-B{block}w{warps}-{'evict' if evict else 'noevict'}")
+
+
 def sweep_cases(which: str = "all") -> list[Case]:
-    """Our variants alone: CE (path, BLOCK, num_warps) and FLCE chunk sizes."""
+    """Our variants alone: CE (path, BLOCK, num_warps) and FLCE chunk sizes.
+
+    which: "all", "ce" (every CE variant), "persistent" (the persistent CE path and the row baseline), "flce".
+    """
     cases = []
-    for mode, block, warps, *one in CE_SWEEP if which in ("all", "ce") else ():
+    ce_sweep = CE_SWEEP if which in ("all", "ce") else (("row", 2048, 4),) if which == "persistent" else ()
+    for mode, block, warps, *one in ce_sweep:
         one_exp = one[0] if one else False
         cases.append(ce_case(anvil=lambda s, m=mode, b=block, w=warps, o=one_exp: _ce_anvil(s, m, b, w, o),
                              label=f" {mode}-B{block}w{warps}{'-1exp' if one_exp else ''}"))
+    for config in PERSISTENT_SWEEP if which in ("all", "ce", "persistent") else ():
+        cases.append(_persistent_case(*config))
     for chunk in (256, 768, 1024, 1536) if which in ("all", "flce") else ():
         cases.append(flce_case(anvil=lambda s, c=chunk: _flce_anvil(s, c), label=f" C{chunk}"))
     return cases
 
 
-def _print_split_kernel_resources() -> None:
-    """Registers / spills of each compiled ce_split_kernel variant (occupancy is what the sweep trades)."""
+def _print_kernel_resources() -> None:
+    """Registers / spills of each compiled split and persistent CE variant (occupancy is what the sweep trades;
+    a persistent program that does not fit programs_per_sm to an SM runs in a second wave)."""
     import importlib
     ce = importlib.import_module("kernels.cross_entropy")
-    try:
-        for cache in ce.ce_split_kernel.device_caches.values():
-            for key, k in cache[0].items():
-                consts = {n: v for n, v in getattr(k.src, "constants", {}).items() if isinstance(v, (int, bool))}
-                print("SPLIT_KERNEL", {n: consts.get(n) for n in ("BLOCK", "N_CHUNKS") if n in consts} or key,
-                      "warps", k.metadata.num_warps, "regs", k.n_regs, "spills", k.n_spills)
-    except Exception as exc:  # introspection differs across Triton versions; never fail the sweep for it
-        print("SPLIT_KERNEL resources unavailable:", type(exc).__name__, exc)
+    for tag, kernel in (("SPLIT_KERNEL", ce.ce_split_kernel), ("PERSISTENT_KERNEL", ce.ce_row_persistent_kernel)):
+        try:
+            for cache in kernel.device_caches.values():
+                for key, k in cache[0].items():
+                    consts = {n: v for n, v in getattr(k.src, "constants", {}).items() if isinstance(v, (int, bool))}
+                    named = {n: consts[n] for n in ("BLOCK", "N_CHUNKS", "EVICT_HINTS") if n in consts}
+                    print(tag, named or key, "warps", k.metadata.num_warps, "regs", k.n_regs, "spills", k.n_spills)
+        except Exception as exc:  # introspection differs across Triton versions; never fail the sweep for it
+            print(tag, "resources unavailable:", type(exc).__name__, exc)
 
 
 if __name__ == "__main__":
     from benchmarks import kernels as kb
     if "--sweep" not in sys.argv:
-        sys.exit("usage: python -m benchmarks.cases_loss --sweep [ce|flce]")
+        sys.exit("usage: python -m benchmarks.cases_loss --sweep [ce|persistent|flce]")
     which = sys.argv[sys.argv.index("--sweep") + 1] if len(sys.argv) > sys.argv.index("--sweep") + 1 else "all"
     import torch
     dev = "cuda"
@@ -172,7 +201,7 @@ if __name__ == "__main__":
         rows += kb.measure_case(case, dev, ceil, quick=True, providers=("anvil",))
     print(kb.render({"device": torch.cuda.get_device_name(), "versions": kb._versions(), "date": "",
                      "ceilings": vars(ceil), "notes": [], "rows": rows}))
-    _print_split_kernel_resources()
+    _print_kernel_resources()
     ce_rows = [r for r in rows if r["op"] == "cross_entropy" and r["ms"]]
     if ce_rows:
         best = min(ce_rows, key=lambda r: r["ms"])

@@ -1,6 +1,6 @@
 """Cross-entropy over a large vocabulary, loss and gradient in one kernel.
 
-One program per row walks the vocabulary twice: an online softmax (per-lane
+Each row's vocabulary is walked twice by one program: an online softmax (per-lane
 running max and sum, reduced once at the end, so no cross-warp reduction per
 block) gives the log-sum-exp, then a second walk writes the gradient
 softmax - onehot (plus the label-smoothing and z-loss terms), already scaled
@@ -8,9 +8,16 @@ by 1/normalizer. The second walk runs backwards so the blocks read last in
 the first walk, the ones most likely still in L2, are re-read first. Math is
 fp32 in registers; no fp32 copy of the logits is ever made.
 
-ce_split_kernel is the one-read alternative (a row in chunks held in registers, the programs
-of a row meeting through global memory); it is correct and tested but slower today, so the
-launch path is chosen in `ce_mode` (notes there).
+Modes (the launch path is chosen in `ce_mode`; measurements in the notes at `_CE_MODE`):
+- "row" (default): ce_row_kernel, one program per row, the two walks above. All rows are
+  launched at once, so hundreds are in flight, more than L2 holds: the second walk reads HBM.
+- "persistent": ce_row_persistent_kernel, the same per-row code (_ce_one_row) in a few
+  programs per SM that loop over rows, so the rows in flight fit in L2 and the second walk
+  can hit it; optional eviction hints keep pass 1's data and drop pass 2's. Measured slower
+  than "row" (2.05 against 1.74 ms on an H200): too few loads in flight per SM.
+- "split" / "two_pass": ce_split_kernel, the one-read alternative (a row in chunks held in
+  registers, the programs of a row meeting through global memory); correct and tested but
+  slower today.
 
 Backward is then only a scale by the incoming gradient, and a kernel that
 returns at once when that gradient is 1.0 (the usual `loss.backward()`), read
@@ -79,69 +86,104 @@ def _grad_scales(NORM, lse, n_cols, smoothing, z_loss, SCALE_BY_NORM: tl.constex
 
 
 @triton.jit
-def ce_row_kernel(
-    X, stride_x, T, G, stride_g, LOSS, NORM, n_cols, ignore_index, z_loss, smoothing,
+def _ce_one_row(
+    row, X, stride_x, T, G, stride_g, LOSS, NORM, n_cols, ignore_index, z_loss, smoothing,
     COMPUTE_GRAD: tl.constexpr, SCALE_BY_NORM: tl.constexpr, HAS_Z: tl.constexpr,
-    HAS_SMOOTHING: tl.constexpr, BLOCK: tl.constexpr, ONE_EXP: tl.constexpr = True,
+    HAS_SMOOTHING: tl.constexpr, BLOCK: tl.constexpr, ONE_EXP: tl.constexpr, EVICT_HINTS: tl.constexpr,
 ):
-    """Row loss into LOSS[row]; with COMPUTE_GRAD the gradient into G (G may be X).
+    """Row `row`'s loss into LOSS[row]; with COMPUTE_GRAD its gradient into G (G may be X).
 
     ONE_EXP: the online update takes one exp per element, exp(-|x - m|), instead of two
     (exp(m - m_new) and exp(x - m_new)): the new max is either the old one (s += e) or x
     (s = s * e + 1). With the gradient's exp that is 2 exps an element instead of 3.
+    EVICT_HINTS: pass 1 loads evict_last (keep the row in L2 for pass 2), pass 2 loads
+    evict_first (that data is dead once read), so the rows still to be re-read win the L2.
     """
-    row = tl.program_id(0).to(tl.int64)
+    row = tl.cast(row, tl.int64)  # not row.to(): the interpreter's loop variable is a Python int
     x_row = X + row * stride_x
     g_row = G + row * stride_g
     cols = tl.arange(0, BLOCK)
     target = tl.load(T + row).to(tl.int64)
+    # if/else rather than an early return: the persistent kernel calls this inside its row loop.
     if target == ignore_index:
         tl.store(LOSS + row, 0.0)
         if COMPUTE_GRAD:
             for start in range(0, n_cols, BLOCK):
                 tl.store(g_row + start + cols, tl.zeros([BLOCK], G.dtype.element_ty), mask=start + cols < n_cols)
-        return
-
-    # Pass 1: per-lane online softmax. Finite start so an all -inf lane gives 0, not nan.
-    m = tl.full([BLOCK], -1.0e30, tl.float32)
-    s = tl.zeros([BLOCK], tl.float32)
-    x_sum = tl.zeros([BLOCK], tl.float32)
-    for start in range(0, n_cols, BLOCK):
-        mask = start + cols < n_cols
-        x = tl.load(x_row + start + cols, mask=mask, other=float("-inf")).to(tl.float32)
-        if ONE_EXP:
-            d = x - m
-            e = tl.exp(-tl.abs(d))
-            s = tl.where(d > 0, s * e + 1.0, s + e)
-            m = tl.maximum(m, x)
-        else:
-            m_new = tl.maximum(m, x)
-            s = s * tl.exp(m - m_new) + tl.exp(x - m_new)
-            m = m_new
-        if HAS_SMOOTHING:
-            x_sum += tl.where(mask, x, 0.0)
-    m_row = tl.max(m, axis=0)
-    lse = m_row + tl.log(tl.sum(s * tl.exp(m - m_row), axis=0))
-
-    x_target = tl.load(x_row + target).to(tl.float32)
-    tl.store(LOSS + row, _row_loss(lse, x_target, tl.sum(x_sum, axis=0), n_cols, smoothing, z_loss,
-                                   HAS_SMOOTHING, HAS_Z))
-
-    if COMPUTE_GRAD:
-        p_scale, target_term, uniform_term = _grad_scales(NORM, lse, n_cols, smoothing, z_loss, SCALE_BY_NORM,
-                                                           HAS_SMOOTHING, HAS_Z)
-        n_blocks = tl.cdiv(n_cols, BLOCK)
-        # Pass 2, last block first: those are the freshest in L2.
-        for i in range(0, n_blocks):
-            start = (n_blocks - 1 - i) * BLOCK
-            offs = start + cols
-            mask = offs < n_cols
-            x = tl.load(x_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
-            g = tl.exp(x - lse) * p_scale
+    else:
+        # Pass 1: per-lane online softmax. Finite start so an all -inf lane gives 0, not nan.
+        m = tl.full([BLOCK], -1.0e30, tl.float32)
+        s = tl.zeros([BLOCK], tl.float32)
+        x_sum = tl.zeros([BLOCK], tl.float32)
+        for start in range(0, n_cols, BLOCK):
+            mask = start + cols < n_cols
+            x = tl.load(x_row + start + cols, mask=mask, other=float("-inf"),
+                        eviction_policy="evict_last" if EVICT_HINTS else "").to(tl.float32)
+            if ONE_EXP:
+                d = x - m
+                e = tl.exp(-tl.abs(d))
+                s = tl.where(d > 0, s * e + 1.0, s + e)
+                m = tl.maximum(m, x)
+            else:
+                m_new = tl.maximum(m, x)
+                s = s * tl.exp(m - m_new) + tl.exp(x - m_new)
+                m = m_new
             if HAS_SMOOTHING:
-                g -= uniform_term
-            g = tl.where(offs == target, g - target_term, g)
-            tl.store(g_row + offs, g.to(G.dtype.element_ty), mask=mask)
+                x_sum += tl.where(mask, x, 0.0)
+        m_row = tl.max(m, axis=0)
+        lse = m_row + tl.log(tl.sum(s * tl.exp(m - m_row), axis=0))
+
+        x_target = tl.load(x_row + target).to(tl.float32)
+        tl.store(LOSS + row, _row_loss(lse, x_target, tl.sum(x_sum, axis=0), n_cols, smoothing, z_loss,
+                                       HAS_SMOOTHING, HAS_Z))
+
+        if COMPUTE_GRAD:
+            p_scale, target_term, uniform_term = _grad_scales(NORM, lse, n_cols, smoothing, z_loss, SCALE_BY_NORM,
+                                                               HAS_SMOOTHING, HAS_Z)
+            n_blocks = tl.cdiv(n_cols, BLOCK)
+            # Pass 2, last block first: those are the freshest in L2.
+            for i in range(0, n_blocks):
+                start = (n_blocks - 1 - i) * BLOCK
+                offs = start + cols
+                mask = offs < n_cols
+                x = tl.load(x_row + offs, mask=mask, other=float("-inf"),
+                            eviction_policy="evict_first" if EVICT_HINTS else "").to(tl.float32)
+                g = tl.exp(x - lse) * p_scale
+                if HAS_SMOOTHING:
+                    g -= uniform_term
+                g = tl.where(offs == target, g - target_term, g)
+                tl.store(g_row + offs, g.to(G.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def ce_row_kernel(
+    X, stride_x, T, G, stride_g, LOSS, NORM, n_cols, ignore_index, z_loss, smoothing,
+    COMPUTE_GRAD: tl.constexpr, SCALE_BY_NORM: tl.constexpr, HAS_Z: tl.constexpr,
+    HAS_SMOOTHING: tl.constexpr, BLOCK: tl.constexpr, ONE_EXP: tl.constexpr = True,
+    EVICT_HINTS: tl.constexpr = False,
+):
+    """One program per row (grid = n_rows); see _ce_one_row."""
+    _ce_one_row(tl.program_id(0), X, stride_x, T, G, stride_g, LOSS, NORM, n_cols, ignore_index, z_loss, smoothing,
+                COMPUTE_GRAD, SCALE_BY_NORM, HAS_Z, HAS_SMOOTHING, BLOCK, ONE_EXP, EVICT_HINTS)
+
+
+@triton.jit
+def ce_row_persistent_kernel(
+    X, stride_x, T, G, stride_g, LOSS, NORM, n_rows, n_cols, ignore_index, z_loss, smoothing,
+    COMPUTE_GRAD: tl.constexpr, SCALE_BY_NORM: tl.constexpr, HAS_Z: tl.constexpr,
+    HAS_SMOOTHING: tl.constexpr, BLOCK: tl.constexpr, ONE_EXP: tl.constexpr = False,
+    EVICT_HINTS: tl.constexpr = True,
+):
+    """A few programs an SM, each looping over rows pid, pid + grid, ...; see _ce_one_row.
+
+    Only grid rows are being walked at any time (132 SMs x 1-2 programs x 256 KB a 128256-entry
+    bf16 row: 33-66 MB, about the 50 MB L2 of an H100/H200), so pass 2 can re-read a row from
+    L2; with one program per row hundreds of rows are in flight and pass 2 comes from HBM.
+    """
+    n_programs = tl.num_programs(0)
+    for row in range(tl.program_id(0), n_rows, n_programs):
+        _ce_one_row(row, X, stride_x, T, G, stride_g, LOSS, NORM, n_cols, ignore_index, z_loss, smoothing,
+                    COMPUTE_GRAD, SCALE_BY_NORM, HAS_Z, HAS_SMOOTHING, BLOCK, ONE_EXP, EVICT_HINTS)
 
 
 @triton.jit
@@ -275,12 +317,43 @@ _ROW_ONE_EXP = False
 # (persistent programs that prefetch their next chunk while they wait).
 # Under the interpreter programs run one by one, so a "split" program waiting for a later one
 # would hang: tests run the multi-chunk combine as "two_pass" and "split" with one chunk a row.
+# "persistent" (ce_row_persistent_kernel: the row kernel's two walks, but only programs_per_sm x SMs
+# programs, each looping over rows, so the rows being walked fit in L2 and the second walk
+# should read L2, not HBM: 4.2 GB moved instead of 6.3 at 8192 x 128256). Measured on an H200
+# (2026-11-23, `python -m benchmarks.cases_loss --sweep persistent`, 28 configurations): best
+# 2.05 ms (2 programs an SM, B4096/w16, hints on; 2.09 at B8192/w16), worst 7.9, against the row
+# path's 1.74 in the same run. The hints gain 1-8%. With 1-2 programs an SM each one is a chain of
+# dependent loads, so the chip has too few bytes in flight: the occupancy the row path gets
+# from launching every row is worth more than the L2 hits. It stays, tested, as the base for a
+# pipelined walk (tl.range with num_stages) that would keep more loads in flight per program.
 _CE_MODE: str | None = None
-_CE_MODES = ("split", "two_pass", "row")
+_CE_MODES = ("split", "two_pass", "row", "persistent")
 # Columns per chunk for the split kernel (rounded so chunks are even: 128256 -> 16 x 8192)
 # and warps per program (None: ~16 elements per thread).
 _SPLIT_BLOCK = 8192
 _SPLIT_WARPS: int | None = None
+# Persistent path (the sweep's best, 2.05 ms; see above): programs per SM (1-2 keep 33-66 MB of
+# 128256-entry bf16 rows in flight), columns per block, warps (None: ~16 elements per thread),
+# eviction hints (pass 1 evict_last, pass 2 evict_first). Fewer programs need more bytes in
+# flight each, hence larger blocks than the row path's.
+_PERSIST_PROGRAMS_PER_SM = 2
+_PERSIST_BLOCK = 4096
+_PERSIST_WARPS: int | None = 16
+_PERSIST_EVICT = True
+# "SMs" under the interpreter: fewer programs than the tests' rows, so the row loop iterates.
+_INTERPRET_SMS = 2
+
+
+def ce_persistent_config(device: torch.device, n_rows: int, n_cols: int) -> tuple[int, int, int, bool]:
+    """(programs, BLOCK, num_warps, EVICT_HINTS) for ce_row_persistent_kernel."""
+    a = arch.detect(device)  # sm_count is the device's multi_processor_count
+    sms = _INTERPRET_SMS if a.vendor == "cpu" else a.sm_count
+    programs = max(1, min(n_rows, sms * _PERSIST_PROGRAMS_PER_SM))
+    block = min(_PERSIST_BLOCK, arch.next_pow2(n_cols))
+    if a.vendor == "cpu":
+        return programs, min(block, 1024), 4, _PERSIST_EVICT  # small blocks keep numpy fast
+    warps = _PERSIST_WARPS or max(1, block // (16 * a.params.warp_size))
+    return programs, block, arch.clamp_warps(a, warps), _PERSIST_EVICT
 
 
 def ce_mode(device: torch.device, n_cols: int) -> str:
@@ -322,6 +395,13 @@ def launch_ce(logits2d: torch.Tensor, target: torch.Tensor, grad: torch.Tensor |
         ce_row_kernel[(n_rows,)](
             logits2d, logits2d.stride(0), target, g, g.stride(0), row_loss, norm, n_cols, ignore_index, z_loss,
             label_smoothing, BLOCK=block or b, num_warps=num_warps or w, ONE_EXP=_ROW_ONE_EXP, **flags)
+        return
+    if mode == "persistent":
+        programs, b, w, evict = ce_persistent_config(logits2d.device, n_rows, n_cols)
+        ce_row_persistent_kernel[(programs,)](
+            logits2d, logits2d.stride(0), target, g, g.stride(0), row_loss, norm, n_rows, n_cols, ignore_index,
+            z_loss, label_smoothing, BLOCK=block or b, num_warps=num_warps or w, ONE_EXP=_ROW_ONE_EXP,
+            EVICT_HINTS=evict, **flags)
         return
     n_chunks, b = split_plan(n_cols)
     if mode == "split":

@@ -2,10 +2,12 @@
 
 CPU: TRITON_INTERPRET=1 on small shapes. GPU: the same tests at real sizes.
 Launch paths (kernels.cross_entropy._CE_MODE): the tests above run the device's default
-("split" on CUDA, "row" under the interpreter); test_path_* force each path. The interpreter
+("row"); test_path_* force each path. The interpreter
 runs programs one after another, so a "split" program waiting for a later program of its row
 would hang: on CPU "split" runs with one chunk per row (ticket, publish and wait, nothing to
 wait for) and the multi-chunk combine runs as "two_pass" (same kernel, no waiting).
+"persistent" runs with fewer programs than rows (the interpreter counts 2 "SMs"; a GPU 132
+for 512 rows), so each program's row loop passes through ignored and scored rows.
 Outputs are poisoned: torch.empty returns NaN-filled memory here (deterministic mode's
 fill_uninitialized_memory), so an element the kernel never writes shows up as NaN.
 """
@@ -195,16 +197,24 @@ def test_bad_arguments_raise_clear_errors():
 
 # (mode, _SPLIT_BLOCK): on CPU vocab 700 -> 3 chunks of 256 in two_pass, 1 chunk in split.
 # On the GPU: 128256 -> 63 x 2048, 32 x 4096, 16 x 8192 (default), 8 x 16384; 32003 -> 16/8/4/2.
+# ("persistent", _PERSIST_BLOCK, _PERSIST_PROGRAMS_PER_SM, _PERSIST_EVICT): on CPU 700 columns
+# are 3 blocks of 256 (the last partial) or one of 1024; 2 or 4 programs for 5 rows.
+PERSISTENT_PATHS = ([("persistent", 4096, 1, True), ("persistent", 8192, 2, False), ("persistent", 2048, 2, True)]
+                    if GPU else [("persistent", 256, 1, True), ("persistent", 1024, 2, False)])
 PATHS = ([("split", 2048), ("split", 4096), ("split", 8192), ("split", 16384), ("two_pass", 8192),
-          ("row", None)] if GPU else [("two_pass", 256), ("split", 1 << 15), ("row", None)])
+          ("row", None)] if GPU else [("two_pass", 256), ("split", 1 << 15), ("row", None)]) + PERSISTENT_PATHS
 PATH_VOCABS = VOCABS if GPU else (700,)
 
 
-@pytest.fixture(params=PATHS, ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(params=PATHS, ids=lambda p: "-".join(str(x) for x in p))
 def path(request, monkeypatch):
-    mode, block = request.param
+    mode, block, *persistent = request.param
     monkeypatch.setattr(ce, "_CE_MODE", mode)
-    if block:
+    if mode == "persistent":
+        monkeypatch.setattr(ce, "_PERSIST_BLOCK", block)
+        monkeypatch.setattr(ce, "_PERSIST_PROGRAMS_PER_SM", persistent[0])
+        monkeypatch.setattr(ce, "_PERSIST_EVICT", persistent[1])
+    elif block:
         monkeypatch.setattr(ce, "_SPLIT_BLOCK", block)
     return request.param
 
@@ -248,6 +258,22 @@ def test_row_one_exp_update_matches_torch(monkeypatch):
     target[1] = VOCABS[1] - 1  # a finite target logit
     out, ref, g, g_ref = run_both(logits, target, label_smoothing=0.0)
     assert rel_err(out, ref) < 1e-5 and rel_err(g, g_ref) < 1e-5
+
+
+@pytest.mark.parametrize("programs_per_sm", [1, 2])
+def test_persistent_programs_loop_over_rows(monkeypatch, programs_per_sm):
+    """Fewer programs than rows, so the tests above run each program's row loop more than once."""
+    monkeypatch.setattr(ce, "_PERSIST_PROGRAMS_PER_SM", programs_per_sm)
+    programs, block, warps, _ = ce.ce_persistent_config(torch.device(DEV), ROWS, PATH_VOCABS[0])
+    assert 1 <= programs < ROWS and block & (block - 1) == 0 and warps >= 1
+    assert ce.ce_persistent_config(torch.device(DEV), 1, PATH_VOCABS[0])[0] == 1  # never more programs than rows
+
+
+def test_unknown_mode_is_refused(monkeypatch):
+    monkeypatch.setattr(ce, "_CE_MODE", "persistant")
+    logits, target = make(4, 100, torch.float32)
+    with pytest.raises(ValueError, match="persistent"):
+        cross_entropy(logits, target)
 
 
 def test_split_plan_covers_the_row_without_empty_chunks(monkeypatch):
