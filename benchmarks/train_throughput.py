@@ -345,8 +345,8 @@ def titan_job_args(args, variant: str, dump: Path, tie: bool) -> list[str]:
             "--parallelism.fsdp_reshard_after_forward",
             "default" if cfg.parallel.reshard_after_forward else "never",
             "--activation_checkpoint.mode", {"none": "none", "selective": "selective",
-                                             "full": "full"}[ac]]
-    if ac == "selective":
+                                             "selective_lean": "selective", "full": "full"}[ac]]
+    if ac.startswith("selective"):   # its "op" policy recomputes what selective_lean does (k, o, up)
         argv += ["--activation_checkpoint.selective_ac_option", "op"]
     if spec["compile"]:
         argv += ["--compile.enable", "--compile.components", "model,loss"]
@@ -524,7 +524,7 @@ def trace_breakdown(trace: str | Path | dict, steps: int, step_time_s: float | N
     if not kernels:
         return {"error": "no GPU kernels in the trace"}
     per_cat: dict[str, float] = {}
-    compute, comm, totals = [], [], {}
+    compute, comm, totals, by_shape = [], [], {}, {}
     for e in kernels:
         start, dur = float(e["ts"]), float(e.get("dur", 0))
         cat = kernel_category(e.get("name", "")) if e.get("cat") == "kernel" else "other"
@@ -532,6 +532,9 @@ def trace_breakdown(trace: str | Path | dict, steps: int, step_time_s: float | N
         (comm if cat == "communication" else compute).append((start, start + dur))
         key = (cat, e.get("name", "")[:80])
         totals[key] = totals.get(key, 0.0) + dur
+        # The launch grid tells same-named kernels of different shapes apart (a GEMM's M x N tiles).
+        shaped = (cat, e.get("name", "")[:80], str((e.get("args") or {}).get("grid", "")))
+        by_shape[shaped] = by_shape.get(shaped, 0.0) + dur
     compute_u, comm_u = _union(compute), _union(comm)
     span = max(b for _, b in compute_u + comm_u) - min(a for a, _ in compute_u + comm_u)
     ms = 1e-3 / steps
@@ -543,7 +546,10 @@ def trace_breakdown(trace: str | Path | dict, steps: int, step_time_s: float | N
            "exposed_communication_ms": round(_minus(comm_u, compute_u) * ms, 3),
            "idle_ms": round((span - _length(_union(compute + comm))) * ms, 3),
            "top_kernels": [[cat, name, round(us * ms, 3)] for (cat, name), us in
-                           sorted(totals.items(), key=lambda kv: -kv[1])[:12]]}
+                           sorted(totals.items(), key=lambda kv: -kv[1])[:12]],
+           "top_by_category": {cat: [[name, grid, round(us * ms, 3)] for (c, name, grid), us in
+                                     sorted(by_shape.items(), key=lambda kv: -kv[1]) if c == cat][:10]
+                               for cat in per_cat}}
     if step_time_s:
         out["step_ms"] = round(step_time_s * 1000, 2)
         out["everything_else_ms"] = round(step_time_s * 1000 - out["matmul_ms"] - out["attention_ms"]
@@ -579,7 +585,7 @@ def profile_anvil(args) -> dict:
     cfg = load(args.config, sets)
     info = distributed.init(cfg)
     model, train_model = train.build_model(cfg, info, logging.getLogger("profile"))
-    opt = optim.build_optimizer(model, cfg.optim, info.device)
+    opt = optim.build_optimizer(model, cfg.optim, info.device, kernels=cfg.train.kernels)
     loader = TokenLoader("synthetic", "train", args.seq, args.batch, 0, 1, 0,
                          vocab_size=cfg.model.vocab_size)
 

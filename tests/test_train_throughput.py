@@ -105,7 +105,18 @@ def test_trace_breakdown_counts_exposed_communication():
     assert out["window_ms"] == 0.25 and out["idle_ms"] == 0.015   # 150..160 and 240..245
     assert out["everything_else_ms"] == pytest.approx(0.3 - 0.1 - 0.04 - 0.07)
     assert {row[0] for row in out["top_kernels"][:2]} == {"matmul", "communication"}
+    assert out["top_by_category"]["matmul"] == [["nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTN", "", 0.1]]
     assert tt.trace_breakdown({"traceEvents": []}, 1)["error"]
+
+
+def test_trace_breakdown_lists_each_category_by_kernel_and_grid():
+    trace = {"traceEvents": [dict(_kernel("nvjet_a", 0, 10), args={"grid": [4, 2, 1]}),
+                             dict(_kernel("nvjet_a", 10, 30), args={"grid": [8, 1, 1]}),
+                             dict(_kernel("nvjet_a", 40, 10), args={"grid": [4, 2, 1]}),
+                             _kernel("triton_poi_fused_add_0", 50, 5)]}
+    top = tt.trace_breakdown(trace, steps=1)["top_by_category"]
+    assert top["matmul"] == [["nvjet_a", "[8, 1, 1]", 0.03], ["nvjet_a", "[4, 2, 1]", 0.02]]
+    assert top["other"] == [["triton_poi_fused_add_0", "", 0.005]]
 
 
 @pytest.mark.parametrize("name, cat", [
