@@ -4,7 +4,7 @@ import json as jsonlib
 from invoke import Collection, task
 
 from runtime import settings as settings_mod
-from trainer.errors import AnvilError
+from trainer.errors import AnvilError, UserError
 
 # Errors (SettingsError, RunDirError, ReplayError: UserErrors) reach the program's executor,
 # which prints them as one line prefixed with the task's name and exits with their code.
@@ -134,8 +134,9 @@ def replay(c, run, force=False, dry_run=False):
     if dry_run:
         return
     if blocking and not force:
-        raise AnvilError(f"replay refused: this machine differs in {', '.join(blocking)}; "
-                         f"use --force to replay anyway", exit_code=3)
+        # A user error (2), not 3: 3 means "checkpointed, requeue me" to a batch script.
+        raise UserError(f"replay refused: this machine differs in {', '.join(blocking)}; "
+                        f"use --force to replay anyway")
     code, new_run = replay_mod.run(plan)
     if new_run is not None:
         print(f"new run: {new_run} (replay of {plan.recorded.path.name})")
