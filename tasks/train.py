@@ -64,7 +64,8 @@ def pretrain(c, config=None, set_=None, nproc=0, resume="", compile=False, kerne
         return
     # The trainer's rank 0 has shown the summary table (tabulate) on the console already.
     if json:
-        print(jsonlib.dumps({**(result["summary"] or {}), "run_dir": str(result["run_dir"])}, indent=2))
+        submitted = {"slurm_job_id": result["slurm_job_id"]} if result.get("slurm_job_id") else {}   # --no-wait
+        print(jsonlib.dumps({**(result["summary"] or {}), **submitted, "run_dir": str(result["run_dir"])}, indent=2))
     print(f"run directory: {result['run_dir']}", file=sys.stderr if json else sys.stdout)
 
 

@@ -163,6 +163,9 @@ def test_sbatch_script_outside_an_allocation(tmp_path):
     assert "$SLURM" not in srun                            # nothing for the batch shell to expand
     assert shlex.split(srun.rstrip(" &"))[-2:] == ["--run-dir", str(tmp_path)]
     assert 'scontrol requeue "$SLURM_JOB_ID"' in script
+    record = next(l for l in script.splitlines() if "runtime.runs.jobend" in l)
+    assert shlex.split(record)[-4:] == ["runtime.runs.jobend", str(tmp_path), "$@;", "}"]
+    assert "record 3 --requeued; exit 0" in script and 'record "$code"' in script
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)      # valid shell
 
 
@@ -213,3 +216,52 @@ def test_stop_status_comes_from_the_agents_reports(tmp_path):
     assert stop_status(tmp_path) == 130
     report(1, 1, failure={"rank": 1, "exit_code": 1})
     assert stop_status(tmp_path) == 0                       # a failure is not a clean stop
+
+
+def test_an_unfollowed_batch_job_records_its_own_end(tmp_path):
+    """--no-wait leaves the run "submitted"; the batch script's jobend call writes each attempt's end,
+    and leaves a run that inv still follows ("running") to inv."""
+    import json as jsonlib
+
+    from runtime.runs import jobend
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    meta = tmp_path / "metadata.json"
+    meta.write_text(jsonlib.dumps({"task": "train.pretrain", "status": "running", "start_ts": 1.0,
+                                   "hosts": ["login"]}))
+
+    def report(node, code, failure=None):
+        (logs / f"agent-{node}.json").write_text(jsonlib.dumps(
+            {"host": f"n{node}", "node_rank": node, "exit_code": code, "ranks": {str(2 * node): code,
+                                                                                 str(2 * node + 1): code},
+             "first_failure": failure}))
+
+    def md():
+        return jsonlib.loads(meta.read_text())
+
+    report(0, 0), report(1, 0)
+    assert not jobend.record(tmp_path, 0) and md()["status"] == "running"        # inv follows: it writes the end
+    meta.write_text(jsonlib.dumps({**md(), "status": "submitted"}))
+    assert jobend.record(tmp_path, 3, requeued=True, environ={})
+    assert md()["status"] == "requeued" and md()["exit_code"] == 3 and md()["end"]
+    (tmp_path / "summary.json").write_text(jsonlib.dumps({"final_loss": 1.5}))
+    assert jobend.record(tmp_path, 0, environ={})                                  # the resumed attempt
+    assert md()["status"] == "ok" and md()["hosts"] == ["n0", "n1"] and md()["world_size"] == 4
+    assert jsonlib.loads((tmp_path / "result.json").read_text())["summary"] == {"final_loss": 1.5}
+    assert not jobend.record(tmp_path, 1, environ={}) and md()["status"] == "ok"   # ended: not rewritten
+
+    meta.write_text(jsonlib.dumps({**md(), "status": "detached"}))
+    (logs / "rank3.log").write_text("[t][n1 r3/l1][ERROR] boom: token sk-hidden-1 leaked\n")
+    report(1, 1, failure={"rank": 3, "host": "n1", "exit_code": 1, "time": 5})
+    jobend.record(tmp_path, 1, environ={"HF_TOKEN": "sk-hidden-1"})
+    assert md()["status"] == "failed" and "rank 3 on n1 failed first" in md()["error"]
+    assert "boom" in md()["error"] and "sk-hidden-1" not in meta.read_text()       # masked like inv masks
+    assert jobend.main([str(tmp_path)]) == 2 and jobend.main([str(tmp_path / "nope"), "0"]) == 0
+    meta.write_text(jsonlib.dumps({**md(), "status": "submitted"}))
+    assert jobend.main([str(tmp_path), "3"]) == 0 and md()["status"] == "preempted"   # scancel: not requeued
+
+    report(1, -9, failure={"rank": 2, "host": "n1", "exit_code": -9, "time": 6})
+    meta.write_text(jsonlib.dumps({**md(), "status": "submitted"}))
+    jobend.record(tmp_path, 1, environ={})
+    assert "rank 2 on n1 failed first (signal 9, SIGKILL: often the kernel's OOM killer" in md()["error"]

@@ -144,6 +144,29 @@ def test_sbatch_job_is_preempted_requeued_and_resumes_the_same_curve(slurm_clust
     print(f"preemption signal to finished requeued job: {time.monotonic() - signalled:.1f} s")
 
 
+def test_a_job_submitted_without_waiting_records_its_own_end(slurm_cluster, dataset, tmp_path):
+    """--no-wait returns once sbatch took the job; the run says "submitted" until the batch script
+    writes the job's end into metadata.json (runtime.runs.jobend)."""
+    env = _env(slurm_cluster, tmp_path)
+    proc = subprocess.run([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "2", "--nproc", "2",
+                           "--name", "nowait", "--no-wait", *_args(dataset, steps=8)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    run = _only_run(tmp_path)
+    job = _job_id(tmp_path)
+
+    def metadata():
+        return json.loads((run / "metadata.json").read_text())
+
+    assert metadata()["status"] == "submitted" and metadata()["slurm_job_id"] == job
+    assert f"squeue -j {job}" in proc.stdout
+    ended = _wait_for(lambda: metadata()["status"] != "submitted" and metadata(), 300, "the job's end")
+    assert ended["status"] == "ok" and ended["exit_code"] == 0, ended
+    assert ended["hosts"] == ["node1", "node2"] and ended["world_size"] == 4
+    result = json.loads((run / "result.json").read_text())
+    assert result["summary"]["steps"] == 8 and max(_losses(run)) == 8
+
+
 def test_a_node_whose_ranks_die_ends_the_job_and_is_named(slurm_cluster, dataset, tmp_path):
     env = _env(slurm_cluster, tmp_path)
     proc = subprocess.Popen(["salloc", "-N2", "--quiet", str(INV), "train.pretrain", "--runtime", "slurm",

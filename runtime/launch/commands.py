@@ -190,6 +190,7 @@ def sbatch_script(spec: LaunchSpec, nproc: int, nodes: int, inner: list[str], ru
     logs = (Path(run_dir) if run_dir else Path.cwd()) / "logs"
     step = ["srun", *slurm_options(spec, nproc, nodes, batch=False), *inner]
     stop_status = [sys.executable, "-m", "runtime.runs.outcome", str(run_dir or ".")]
+    record = [sys.executable, "-m", "runtime.runs.jobend", str(run_dir)] if run_dir else []
     lines = ["#!/bin/bash"]
     lines += [f"#SBATCH {opt}" for opt in slurm_options(spec, nproc, nodes, batch=True)]
     lines += [f"#SBATCH --output={logs}/slurm-%j.out", ""]
@@ -209,6 +210,9 @@ def sbatch_script(spec: LaunchSpec, nproc: int, nodes: int, inner: list[str], ru
               f"if [ $code -eq 0 ]; then {shlex.join(stop_status)} --restart \"${{SLURM_RESTART_COUNT:-0}}\"; "
               "code=$?; fi",
               'echo "anvil: step exited with status $code"',
-              "if [ $code -eq 3 ]; then scontrol requeue \"$SLURM_JOB_ID\" && exit 0; fi",
+              "# the run's metadata.json gets each attempt's end when no inv follows the job (--no-wait)",
+              f"record() {{ {shlex.join(record)} \"$@\"; }}" if record else "record() { :; }",
+              "if [ $code -eq 3 ] && scontrol requeue \"$SLURM_JOB_ID\"; then record 3 --requeued; exit 0; fi",
+              'record "$code"',
               "exit $code", ""]
     return "\n".join(lines)

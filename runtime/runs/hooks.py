@@ -53,7 +53,8 @@ class HookContext:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
-    outcome: dict | None = None             # post only: {"status": ok|failed|preempted|interrupted, "error": str|None}
+    outcome: dict | None = None             # post only: {"status": ok|failed|preempted|interrupted|submitted,
+    #                                                           "error": str|None}
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("anvil.hooks"))
     configs: dict = field(default_factory=dict)  # every config of the run by file name
 

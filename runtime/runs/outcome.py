@@ -209,6 +209,8 @@ def failure_summary(run_dir: Path, expected_nodes: int | None = None) -> str | N
     elif first is not None:
         code = int(first.get("exit_code", 1))
         how = f"signal {-code}" if code < 0 else f"status {code}"
+        if code == -9:   # nothing in the rank's log: say who sends SIGKILL unasked
+            how += ", SIGKILL: often the kernel's OOM killer (`dmesg | grep -i oom`), or a kill -9"
         cause = rank_error(run_dir, int(first["rank"]))
         parts.append(f"rank {first['rank']} on {first['host']} failed first ({how})"
                      + (f": {cause}" if cause else ""))

@@ -89,6 +89,9 @@ class Run:
         self.masker = masker
         self.metadata = metadata
         self.env_warnings: list[str] = []
+        # What a body that returns normally ended as: "submitted" when the work goes on without
+        # us (a Slurm batch job nobody follows; runtime.runs.jobend records its real end).
+        self.end_status = "ok"
         self.log = ranklog.setup(path, name="anvil.run", file_name="runner.log")
 
     @property
@@ -315,16 +318,22 @@ def create(ctx, spec: RunSpec) -> Run:
     return run
 
 
+def end_entries(metadata: dict, status: str, error: str | None, exit_code: int, masker: Masker,
+                diagnosis: list | None = None) -> dict:
+    """The metadata.json entries a run's end writes (here and in runtime.runs.jobend)."""
+    ended = time.time()
+    return dict(status=status, error=masker.text(error) if error else None, exit_code=exit_code,
+                end=datetime.fromtimestamp(ended).astimezone().isoformat(timespec="seconds"),
+                duration_s=round(ended - metadata["start_ts"], 3),
+                diagnosis=[{"problem": f.signature, "advice": f.advice, "source": f.source, "line": f.line}
+                           for f in diagnosis or []])
+
+
 def finish(run: Run, status: str, error: str | None = None, exit_code: int = 0, result: Any = None,
            diagnosis: list | None = None) -> None:
-    ended = time.time()
     if result is not None:
         run.write_json("result.json", result)
-    run.update_metadata(status=status, error=run.masker.text(error) if error else None, exit_code=exit_code,
-                        end=datetime.fromtimestamp(ended).astimezone().isoformat(timespec="seconds"),
-                        duration_s=round(ended - run.metadata["start_ts"], 3),
-                        diagnosis=[{"problem": f.signature, "advice": f.advice, "source": f.source, "line": f.line}
-                                   for f in diagnosis or []])
+    run.update_metadata(**end_entries(run.metadata, status, error, exit_code, run.masker, diagnosis))
 
 
 def execute(ctx, spec: RunSpec, body: Callable[[Run], Any]) -> Any:
@@ -337,12 +346,12 @@ def execute(ctx, spec: RunSpec, body: Callable[[Run], Any]) -> Any:
         result = body(run)
     except BaseException as exc:  # noqa: BLE001 - recorded, post hooks told, then re-raised as RunFailed
         failure = exc
-    outcome = {"status": (getattr(failure, "status", None) or "failed") if failure else "ok",
+    outcome = {"status": (getattr(failure, "status", None) or "failed") if failure else run.end_status,
                "error": _error_text(failure) if failure else None}
     post_error = _run_post(run, outcome) if spec.hooks else None   # also after a failed pre hook
 
     if failure is None and post_error is None:
-        finish(run, "ok", result=result)
+        finish(run, run.end_status, result=result)
         return result
 
     error = outcome["error"] if failure is not None else post_error

@@ -1,0 +1,78 @@
+"""A Slurm batch job that nobody follows records its own end in the run directory.
+
+`inv train.pretrain --runtime slurm --no-wait` submits and returns: the run ends as
+"submitted" with the job id, and the job runs later. Ctrl-C while following, without
+cancelling, leaves it "detached". In both cases no inv is left to write the outcome, so
+the batch script (runtime.launch.commands.sbatch_script) calls
+
+    python -m runtime.runs.jobend RUN_DIR STATUS [--requeued]
+
+after each attempt's step. It writes what inv would have: status (ok, failed, interrupted,
+"requeued" when the job checkpointed and Slurm took it back, "preempted" when it checkpointed
+and was not taken back: scancel), exit code, end time,
+the failing rank's line, hosts and world size, result.json with the summary. A run that inv
+is still following ("running") is left to inv, so there is one writer at a time.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from runtime.runs import diagnose, outcome, rundir
+from runtime.runs.run import end_entries
+from trainer.secrets import Masker
+from trainer.signals import EXIT_INTERRUPTED, EXIT_REQUEUE
+
+UNFOLLOWED = ("submitted", "detached", "requeued")
+
+
+def status_of(code: int, requeued: bool = False) -> str:
+    """3 is "requeued" when Slurm took the job back, else "preempted" (as inv says: resume by hand)."""
+    if code == EXIT_REQUEUE:
+        return "requeued" if requeued else "preempted"
+    return {0: "ok", EXIT_INTERRUPTED: "interrupted"}.get(code, "failed")
+
+
+def record(run_dir: Path, code: int, requeued: bool = False, environ: dict[str, str] | None = None) -> bool:
+    """Write the attempt's end into RUN_DIR/metadata.json when no inv follows the job; whether it did."""
+    run_dir = Path(run_dir)
+    metadata = rundir.metadata(run_dir)
+    if metadata.get("status") not in UNFOLLOWED:
+        return False
+    masker = Masker.from_environ(dict(os.environ if environ is None else environ))
+    status = status_of(code, requeued)
+    error, findings = None, []
+    if status == "failed":
+        error = outcome.failure_summary(run_dir) or f"the job's step exited with status {code}"
+        findings = diagnose.scan(diagnose.log_files(run_dir), extra_text=error)
+    report = outcome.read(run_dir)
+    if report.nodes:
+        metadata.update(hosts=report.hosts, world_size=report.world_size, nodes=len(report.nodes))
+    metadata.update(end_entries(metadata, status, error, code, masker, findings))
+    summary = rundir.read_json(run_dir / "summary.json")
+    if status == "ok":
+        rundir.write_text(run_dir / "result.json", rundir.to_json({"run_dir": str(run_dir), "summary": summary}))
+    rundir.write_text(run_dir / rundir.METADATA, rundir.to_json(masker.mapping(metadata)))
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m runtime.runs.jobend RUN_DIR STATUS [--requeued]: record the attempt's end
+    (exit 0; 2 on bad arguments)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    requeued = "--requeued" in args
+    args = [a for a in args if a != "--requeued"]
+    if len(args) != 2 or not args[1].lstrip("-").isdigit():
+        print(main.__doc__, file=sys.stderr)
+        return 2
+    try:
+        record(Path(args[0]), int(args[1]), requeued)
+    except (OSError, ValueError, rundir.RunDirError) as exc:
+        # The job's own status matters more than its bookkeeping: say why and let the script go on.
+        print(f"anvil: could not record the job's end in {args[0]}: {exc}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
