@@ -137,16 +137,17 @@ def perf(c, gpu="", site="", json=False, require_gpu=False, allow_unknown_gpu=Fa
                 "timeout": "Seconds per launch before it counts as failed (default 120)",
                 "nproc": "Ranks per node (default: one per GPU, one on a CPU node)",
                 "slow-below": "A pair under this % of the median pair busbw is slow (default 70)",
-                "json": "Print the report as JSON"})
+                "json": "Print the report as JSON"}, takes_hosts=True)
 def comm(c, hosts="", size="64M", iters=10, runtime="", timeout=0, nproc=0, slow_below=70, json=False,
          run_options=None):
     """Cross-node communication: all-reduce over all nodes, then node pairs in rounds; names the slow node or link."""
     from runtime import settings as settings_mod
     from runtime.preflight.comm import run_comm_check
+    from runtime.program.ssh import cli_options
 
     slurm = (runtime or settings_mod.load(c).runtime).startswith("slurm")
     run_comm_check(c, hosts or None, slurm, size, iters, json=json, timeout=float(timeout), nproc=nproc,
-                   ratio=slow_below / 100, run_options=run_options)
+                   ratio=slow_below / 100, run_options=run_options, options=cli_options(c))   # inv -H's flags
 
 
 ns = Collection("preflight")

@@ -106,3 +106,14 @@ def test_failed_host_detail_is_the_error_not_the_run_directory():
     assert error_line(stderr, "train.pretrain") == "train.pretrain failed: the trainer exited with status 1"
     assert error_line("boom\n", "train.pretrain") == "boom"
     assert error_line("", "x") == ""
+
+
+def test_ssh_errors_read_as_what_the_user_fixes():
+    import socket
+
+    from runtime.program.ssh import _describe
+
+    assert _describe(socket.gaierror(-2, "Name or service not known")) == \
+        "unreachable: no such host name (Name or service not known)"
+    assert _describe(TimeoutError("timed out")).startswith("unreachable: ")
+    assert _describe(ValueError("odd")) == "ValueError: odd"

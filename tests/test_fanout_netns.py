@@ -128,6 +128,20 @@ def test_preflight_all_json_has_every_check_from_both_hosts(fanout):
         assert report["hosts"][host]["output"]["host"] == host
 
 
+def test_comm_under_dash_h_runs_once_across_the_hosts(fanout):
+    """preflight.comm reaches the nodes itself: -H hands it the hosts and inv's SSH key (-i; the
+    settings file has none), and it runs one all-reduce across both, not one screen per host."""
+    result = fanout.run(fanout.up, "preflight.comm", "--size", "1M", "--iters", "5", "--slow-below", "40",
+                        "--json")
+    assert result.returncode == 0, explain(result)
+    report = json.loads(result.stdout)
+    assert report["hosts"] == fanout.up and report["passing"] == fanout.up and report["failing"] == {}
+    assert report["allreduce"]["ranks"] == 2 and report["allreduce"]["busbw_GBps"] > 0
+    assert len(list((fanout.work / "runs").glob("*_preflight.comm*"))) == 1
+    clash = fanout.run(fanout.up, "preflight.comm", "--hosts", fanout.up[0])
+    assert clash.returncode == 2 and "name the hosts once" in clash.stderr, explain(clash)
+
+
 def test_preflight_all_with_a_down_host_reports_it_and_fails(fanout):
     hosts = [fanout.up[0], fanout.down, fanout.up[1]]
     result = fanout.run(hosts, "preflight.all")

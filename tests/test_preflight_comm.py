@@ -1,4 +1,4 @@
-"""preflight.comm (runtime/preflight/comm.py): find the one slow link or node among N nodes.
+"""preflight.comm (runtime/preflight/comm/): find the one slow link or node among N nodes.
 
 Two halves:
 - the round logic with made-up measurements (a fake transport: every pair's figure

@@ -95,10 +95,15 @@ class AnvilExecutor(Executor):
         hosts = self.core[0].args.hosts.value if self.core is not None else None
         from runtime.program import fanout
         if hosts:
-            code = fanout.run_cli(self.collection, self.config, self.core, tasks)
-            if code:
-                raise Exit(code=code)
-            return {}
+            results = {}
+            for context in tasks:   # in order, stopping at the first that fails (like Invoke)
+                if self._takes_hosts(context, hosts):
+                    results.update(super().execute(context))
+                    continue
+                code = fanout.run_cli(self.collection, self.config, self.core, [context])
+                if code:
+                    raise Exit(code=code)
+            return results
         on_slurm = [self._on_slurm(t) for t in tasks]
         if not any(on_slurm):
             return super().execute(*tasks)
@@ -112,6 +117,26 @@ class AnvilExecutor(Executor):
             if code:
                 raise Exit(code=code)
         return results
+
+    def _takes_hosts(self, context, hosts: str) -> bool:
+        """A task that reaches the nodes itself (run_task(takes_hosts=True)): under -H it runs once,
+        here, with -H's hosts as its --hosts and inv's SSH flags in the config (ssh.CLI_OPTIONS)."""
+        try:
+            task = self.collection[context.name]
+        except (KeyError, TypeError):
+            return False
+        if not getattr(task, "takes_hosts", False):
+            return False
+        from runtime.program import ssh
+        given = context.args["hosts"].value
+        if given and given != hosts:
+            raise Exit(f"{context.name}: -H {hosts} and --hosts {given}: name the hosts once", 2)
+        context.args["hosts"].value = hosts
+        try:
+            self.config[ssh.CLI_OPTIONS] = ssh.options_from(self.config, self.core)
+        except settings_mod.SettingsError as exc:
+            raise Exit(f"-H: {exc}", 2) from None
+        return True
 
     def _on_slurm(self, context) -> bool:
         """A per-node task (run_task(per_node=True)) whose runtime is slurm: fan it out over srun."""

@@ -131,6 +131,8 @@ def _describe(exc: BaseException) -> str:
         return f"command timed out after {getattr(exc, 'timeout', '?')} s"
     if name in ("NoValidConnectionsError", "TimeoutError", "timeout", "socket.timeout") or "timed out" in text:
         return f"unreachable: {text}"
+    if name == "gaierror":   # the name does not resolve: a typo, or not in this node's DNS / /etc/hosts
+        return f"unreachable: no such host name ({getattr(exc, 'strerror', None) or text})"
     if name == "AuthenticationException":
         return f"SSH authentication failed: {text}"
     return f"{name}: {text}"
@@ -165,6 +167,15 @@ def run_on_hosts(hosts: list[str], argv: list[str], options: FanoutOptions,
                 future.add_done_callback(lambda f: progress(f.result()))
         results = {futures[f]: f.result() for f in futures}
     return [results[h] for h in hosts]
+
+
+# Where `inv -H` leaves the SSH options of its flags for a task that reaches the nodes itself
+# (run_task(takes_hosts=True)); such a task reads them with cli_options(c).
+CLI_OPTIONS = "anvil_cli_ssh_options"
+
+
+def cli_options(c) -> FanoutOptions | None:
+    return c.config.get(CLI_OPTIONS)
 
 
 def options_from(config, core) -> FanoutOptions:

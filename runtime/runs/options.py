@@ -66,7 +66,7 @@ PER_NODE_HELP = {
 }
 
 
-def run_task(*args, per_node: bool = False, **task_kwargs):
+def run_task(*args, per_node: bool = False, takes_hosts: bool = False, **task_kwargs):
     """@task for run-creating tasks: adds --name, --env (iterable), --no-hooks, --patch.
 
     The task function takes ``run_options`` (a RunOptions) instead of those
@@ -77,6 +77,10 @@ def run_task(*args, per_node: bool = False, **task_kwargs):
     --nodes: under runtime slurm the inv program runs the task once on every
     node of the allocation and merges the results (runtime.program.fanout);
     the task itself always runs on one node.
+
+    takes_hosts=True (preflight.comm): the task reaches the nodes itself through
+    its --hosts option, so `inv -H a,b TASK` runs it once, here, with those
+    hosts (and the SSH flags given to inv) rather than once on every host.
     """
     def decorate(func: Callable) -> Any:
         signature = inspect.signature(func)
@@ -107,6 +111,7 @@ def run_task(*args, per_node: bool = False, **task_kwargs):
         kwargs.setdefault("auto_shortflags", False)
         made = invoke_task(**kwargs)(wrapper)
         made.per_node = per_node
+        made.takes_hosts = takes_hosts
         return made
 
     if len(args) == 1 and callable(args[0]) and not task_kwargs:
