@@ -104,6 +104,26 @@ def test_signal_to_the_launcher_reaches_every_rank_and_exit_3_survives(tmp_path)
     assert b"Traceback" not in err
 
 
+def test_an_agent_that_stopped_on_a_signal_keeps_exit_3_through_more_signals(tmp_path):
+    """A scheduler may signal again (scancel's TERM after the USR2 warning) while the agent ends."""
+    env = _env(tmp_path, WAIT_SIGNAL="1")
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.launch.agent", "--nproc", "2", "--",
+                             sys.executable, "-m", "anvil_worker"], env=env, cwd=os.getcwd(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.time() + 60
+    while len(os.listdir(tmp_path / "sync")) < 2 and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    os.killpg(proc.pid, signal.SIGUSR2)
+    while proc.poll() is None and time.time() < deadline:     # the agent alone, again and again
+        try:
+            os.kill(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            break
+        time.sleep(0.001)
+    assert proc.wait(timeout=60) == 3, proc.stderr.read().decode()[-2000:]
+
+
 def test_one_process_per_visible_gpu():
     assert visible_gpus({}, 8) == 8
     assert visible_gpus({"HIP_VISIBLE_DEVICES": "0,1,2"}, 8) == 3

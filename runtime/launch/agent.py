@@ -14,7 +14,8 @@ environment; env:// rendezvous), and what torchrun does not:
 - A signal to this process (SIGTERM, SIGUSR1/2, SIGINT, SIGHUP) is passed to
   every rank once and the agent keeps waiting: ranks finish their step and
   checkpoint (trainer.signals). Slurm and most schedulers signal the whole
-  process group; a rank keeps the first signal it sees, so twice is harmless.
+  process group; a rank keeps the first signal it sees, so twice is harmless, and
+  once every rank has ended after a signal, the agent ignores further ones.
 - When one rank fails, the others are stopped (SIGTERM, then SIGKILL after
   ANVIL_AGENT_GRACE seconds, default 10) and the failure is one line naming
   the rank and host. A rank the hang watchdog ended (EXIT_HUNG, 4) is such a
@@ -181,6 +182,12 @@ class Agent:
                         proc.kill()
                 kill_at = None
             time.sleep(0.05)
+        if self.stop_signal is not None:
+            # Every rank has ended: a later copy of the stop signal (scancel's TERM after the
+            # warning) must not turn this clean stop into a death by signal, which it would while
+            # the interpreter exits (Python puts SIG_DFL back for its own handlers then).
+            for signum in PASSED_SIGNALS:
+                signal.signal(signum, signal.SIG_IGN)
         code = self.exit_code()
         self._write_record(code)
         return code
