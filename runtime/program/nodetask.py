@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
             out, err = proc.communicate()
             record["error"] = f"command timed out after {args.timeout:g} s"
         record["stdout"], record["stderr"] = out, err
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):   # nothing left to pass on: a late
+            signal.signal(sig, signal.SIG_IGN)                        # signal must not lose the record
     record["seconds"] = round(time.monotonic() - started, 2)
     write_json_atomic(hosts_dir / f"{host}.json", record)
     return 0

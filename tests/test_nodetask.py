@@ -1,0 +1,40 @@
+"""runtime.program.nodetask: one node's part of a fan-out always leaves its record and exits 0."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def _nodetask(tmp_path, *command):
+    env = {**os.environ, "SLURMD_NODENAME": "n7"}
+    return subprocess.Popen([sys.executable, "-m", "runtime.program.nodetask", str(tmp_path), "--", *command],
+                            env=env, cwd=os.getcwd(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def test_the_task_result_is_recorded_under_the_node_name(tmp_path):
+    proc = _nodetask(tmp_path, sys.executable, "-c", "import sys; print('hi'); sys.exit(5)")
+    assert proc.wait(timeout=60) == 0                        # a failed task is a result, not a failed step
+    record = json.loads((tmp_path / "n7.json").read_text())
+    assert record["host"] == "n7" and record["exit_code"] == 5 and record["stdout"] == "hi\n"
+
+
+def test_signals_go_on_to_the_task_and_late_ones_do_not_lose_the_record(tmp_path):
+    """scancel signals again and again: the first reaches the task, none kills the node's part."""
+    started = tmp_path / "started"
+    proc = _nodetask(tmp_path, sys.executable, "-c",
+                     f"import pathlib, time; pathlib.Path({str(started)!r}).touch(); time.sleep(60)")
+    deadline = time.time() + 60
+    while not started.exists() and time.time() < deadline:   # the task runs: nodetask passes signals on
+        time.sleep(0.01)
+    while proc.poll() is None and time.time() < deadline:
+        try:
+            os.kill(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            break
+        time.sleep(0.001)
+    assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()[-2000:]
+    assert json.loads((tmp_path / "n7.json").read_text())["exit_code"] == -signal.SIGTERM
