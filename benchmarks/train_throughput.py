@@ -166,7 +166,6 @@ class _Profiled:
 
     def before(self, step: int) -> None:
         if step == self.first and self.prof is None and self.rank == 0:
-            import torch
             from torch.profiler import ProfilerActivity, profile
             self.prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
             self.prof.__enter__()
