@@ -30,8 +30,9 @@ class FakeTransport:
     """Pairs of `slow` nodes (or over `slow_links`) measure SLOW; `dead` nodes fail; `gone` are unreachable."""
     name = "fake"
 
-    def __init__(self, slow=(), slow_links=(), dead=(), gone=(), seconds=2.0):
+    def __init__(self, slow=(), slow_links=(), dead=(), gone=(), seconds=2.0, busy=()):
         self.slow, self.dead, self.gone = set(slow), set(dead), set(gone)
+        self.busy = {node: 2 for node in busy}        # slow for its first two pairs only: a passing load
         self.slow_links = {frozenset(link) for link in slow_links}
         self.seconds = seconds
         self.rounds: list[list[tuple[str, str]]] = []
@@ -45,6 +46,8 @@ class FakeTransport:
         if self.dead & set(hosts):
             return Measurement(tuple(hosts), error="timed out after 120 s", seconds=120.0)
         slow = (self.slow & set(hosts)) or (len(hosts) == 2 and frozenset(hosts) in self.slow_links)
+        for node in set(hosts) & set(self.busy) if len(hosts) == 2 else ():
+            slow, self.busy[node] = slow or self.busy[node] > 0, self.busy[node] - 1
         return Measurement(tuple(hosts), busbw=SLOW if slow else FAST, seconds=self.seconds, ranks=len(hosts),
                            bytes=1 << 20)
 
@@ -75,8 +78,9 @@ def statuses(report):
     return {r.host: r.check.status for r in report.rows}
 
 
-def met(transport):
-    return [frozenset(p) for rnd in transport.rounds for p in rnd]
+def met(transport, report):
+    """The pairs of the screening rounds (the retests after them repeat some)."""
+    return [frozenset(p) for rnd in transport.rounds[:report.rounds] for p in rnd]
 
 
 def test_first_round_pairs_disjoint_neighbours():
@@ -123,11 +127,49 @@ def test_five_nodes_the_odd_one_slow_needs_a_third_round():
                       "round 3/3: 1 pair(s), ~2 s left"]
 
 
+def test_a_node_slow_only_while_busy_is_retested_and_passes():
+    report, transport, lines = screen(4, busy={"n3"})
+    assert report.rounds == 2 and report.failing == {} and report.passing == nodes(4)
+    assert transport.rounds[2:] == [[("n3", "n4")], [("n1", "n3")]]    # each slow pair once more, one a round
+    assert [ln for ln in lines if ln.startswith("retest")] == [
+        "retest 1/2: 1 slow pair(s) again before naming a node", "retest 2/2: 1 slow pair(s) again before naming a node"]
+    assert sum("fast this time" in ln for ln in lines) == 2
+    retested = [m for m in report.pairs if m.attempts == 2]
+    assert [m.busbw for m in retested] == [FAST, FAST] and all(m.slow is False for m in retested)
+    assert "2 slow pair(s) measured again" in comm.render(report)
+
+
+def test_a_slow_node_stays_named_after_its_retest():
+    report, transport, lines = screen(4, slow={"n3"})
+    assert list(report.failing) == ["n3"]
+    retests = transport.rounds[report.rounds:]
+    assert sum(map(len, retests)) == 2
+    assert {frozenset(p) for r in retests for p in r} == {frozenset({"n1", "n3"}), frozenset({"n3", "n4"})}
+    assert sum("SLOW again" in ln for ln in lines) == 2
+    assert "(best of 2)" in report.failing["n3"][0]
+    assert report.to_dict()["pairs"][1]["attempts"] == 2
+
+
+def test_failed_pairs_are_not_retested_and_the_bar_does_not_move():
+    report, transport, _ = screen(4, dead={"n3"})
+    assert len(transport.rounds) == report.rounds                       # a timeout is no noise: no retest
+    pairs = [comm.Measurement(("a", "b"), busbw=10.0), comm.Measurement(("c", "d"), busbw=10.0),
+             comm.Measurement(("a", "c"), busbw=4.0), comm.Measurement(("b", "d"), busbw=6.5)]
+    ref = comm.mark_slow(pairs, 0.7)
+    assert ref == 10.0 and [m.slow for m in pairs] == [False, False, True, True]
+    assert comm.retest_plan(pairs, {"b"}) == [[("b", "d")]]             # only the pairs naming a suspect
+    assert comm.retest_plan(pairs, {"a", "d"}) == [[("a", "c"), ("b", "d")]]    # disjoint: one round
+    comm.keep_best(pairs, [comm.Measurement(("d", "b"), busbw=30.0)])
+    comm.mark_slow(pairs, 0.7, fixed_reference=ref)   # 30 GB/s once does not make 10 GB/s pairs slow
+    assert [m.slow for m in pairs] == [False, False, True, False] and pairs[3].attempts == 2
+    assert comm.retest_plan(pairs, {"b", "d"}) == []                     # once only
+
+
 def test_five_nodes_one_slow_in_a_pair():
     report, transport, _ = screen(5, slow={"n2"})
     assert list(report.failing) == ["n2"] and set(report.passing) == {"n1", "n3", "n4", "n5"}
     assert report.rounds <= 3
-    assert frozenset({"n2", "n1"}) in met(transport) and sum("n2" in p for p in met(transport)) == 2
+    assert frozenset({"n2", "n1"}) in met(transport, report) and sum("n2" in p for p in met(transport, report)) == 2
 
 
 def test_eight_nodes_one_slow():
@@ -153,7 +195,7 @@ def test_three_nodes_any_one_slow(slow):
     report, transport, _ = screen(3, slow={slow})
     assert list(report.failing) == [slow] and report.passing == [n for n in nodes(3) if n != slow]
     assert report.rounds == 3                                   # three nodes: one pair per round
-    assert len(set(met(transport))) == len(met(transport))      # no pair measured twice
+    assert len(set(met(transport, report))) == len(met(transport, report))      # no pair measured twice
 
 
 def test_a_slow_link_between_two_good_nodes_is_a_warning_not_a_node():
@@ -179,7 +221,7 @@ def test_three_nodes_one_dead_the_other_two_are_kept_but_not_cleared():
 def test_an_unreachable_node_is_left_out_at_once():
     report, transport, _ = screen(4, gone={"n2"})
     assert transport.allreduce_hosts == ["n1", "n3", "n4"]
-    assert all("n2" not in p for p in met(transport))
+    assert all("n2" not in p for p in met(transport, report))
     assert report.failing == {"n2": ["comm.reach: unreachable: connection refused"]}
     assert [r.host for r in report.rows] == nodes(4)                # host order kept
     assert statuses(report)["n2"] == "FAIL"

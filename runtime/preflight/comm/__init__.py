@@ -20,7 +20,9 @@
    fast pair) it has not met yet, else with another uncleared node. A node in
    a fast pair passes; a node slow with two different partners is named
    (FAIL). A slow pair whose both ends are fast with others is a slow link
-   (WARN).
+   (WARN). Before a node is named, each slow pair (with a figure) that names
+   it is measured once more and keeps the better figure, judged against the
+   same median: one figure taken during someone else's burst drains no node.
 4. A CommReport: per-node CheckResult rows ("comm.pair": "n3<->n1 0.02 GB/s,
    4% of median"), the all-reduce row, the failing nodes with their reasons
    (runtime.runs.nodes.write), the pairs measured.
@@ -38,7 +40,8 @@ The package, one job a module (each imports only modules above it in this list):
 
     errors.py        CommError (bad input, exit 2), CommFailed (a node failed, exit 1)
     measurement.py   Measurement, Probe, the Transport protocol, read_result (the rank-0 JSON)
-    rounds.py        the round logic, pure: first_round, next_round, mark_slow, node_states, rounds_left
+    rounds.py        the round logic, pure: first_round, next_round, mark_slow, node_states, rounds_left,
+                     retest_plan, keep_best
     report.py        the verdict (verdict, describe) and the report: NodeRow, CommReport, render
     transports.py    SshTransport (Fabric), SlurmTransport (srun) and what they share (_Launcher)
     check.py         screen_links: the steps above over one transport
@@ -52,12 +55,12 @@ from runtime.preflight.comm.check import MAX_ROUNDS, PROBE_TIMEOUT_S, TIMEOUT_S,
 from runtime.preflight.comm.errors import CommError, CommFailed
 from runtime.preflight.comm.measurement import Measurement, Pair, Probe, Transport, read_result
 from runtime.preflight.comm.report import CommReport, NodeRow, describe, render, verdict
-from runtime.preflight.comm.rounds import (RATIO, NodeState, established, first_round, mark_slow, next_round,
-                                           node_states, reference, rounds_left)
+from runtime.preflight.comm.rounds import (RATIO, NodeState, established, first_round, keep_best, mark_slow,
+                                           next_round, node_states, reference, retest_plan, rounds_left)
 from runtime.preflight.comm.task import run_comm_check
 from runtime.preflight.comm.transports import NODE_LOCAL, WARMUP, SlurmTransport, SshTransport
 
 __all__ = ["CommError", "CommFailed", "CommReport", "MAX_ROUNDS", "Measurement", "NODE_LOCAL", "NodeRow", "NodeState",
            "PROBE_TIMEOUT_S", "Pair", "Probe", "Progress", "RATIO", "SlurmTransport", "SshTransport", "TIMEOUT_S",
-           "Transport", "WARMUP", "describe", "established", "first_round", "mark_slow", "next_round", "node_states",
-           "read_result", "reference", "render", "rounds_left", "run_comm_check", "screen_links", "verdict"]
+           "Transport", "WARMUP", "describe", "established", "first_round", "keep_best", "mark_slow", "next_round", "node_states",
+           "read_result", "reference", "render", "retest_plan", "rounds_left", "run_comm_check", "screen_links", "verdict"]

@@ -22,6 +22,7 @@ class Measurement:
     bytes: int = 0
     round: int = 0
     slow: bool | None = None         # set by mark_slow: None while nothing can be compared with it
+    attempts: int = 1                # 2 once retested before naming a node (keep_best: the better figure)
 
     @property
     def label(self) -> str:

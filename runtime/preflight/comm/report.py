@@ -87,6 +87,8 @@ def describe(m: Measurement, ref: float | None, first: str | None = None) -> str
         return f"{text} ({m.error})" if m.error else text
     if ref:
         text += f", {100 * m.busbw / ref:.0f}% of median"
+    if m.attempts > 1:
+        text += f" (best of {m.attempts})"
     return text
 
 
@@ -184,8 +186,10 @@ def render(report: CommReport, run_dir: Path | str | None = None) -> str:
         table.append([row.host, c.name, c.status, "" if c.value is None else str(c.value), note])
     out.append(tabulate(table, headers=["node", "check", "status", "value", "reason / fix"], disable_numparse=True))
     median = f"{report.reference_busbw:.3g} GB/s" if report.reference_busbw else "n/a"
-    out.append(f"{len(report.pairs)} pair(s) in {report.rounds} round(s); median pair busbw {median}, slow under "
-               f"{100 * report.ratio:.0f}% of it; {report.seconds:.1f} s")
+    retested = sum(m.attempts > 1 for m in report.pairs)
+    out.append(f"{len(report.pairs)} pair(s) in {report.rounds} round(s)"
+               + (f", {retested} slow pair(s) measured again" if retested else "")
+               + f"; median pair busbw {median}, slow under {100 * report.ratio:.0f}% of it; {report.seconds:.1f} s")
     out.append("")
     out += node_lists_footer(report.passing, report.failing, run_dir)
     return "\n".join(out)

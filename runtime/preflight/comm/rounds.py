@@ -1,7 +1,8 @@
 """The round logic of the comm check, pure (no I/O): which node pairs to measure first and next
 (first_round, next_round), when the figures can be judged and which are slow (established, reference,
-mark_slow), each node's fast and slow partners (node_states), and how many rounds are left
-(rounds_left). Tested with a fake transport (tests/test_preflight_comm.py)."""
+mark_slow), each node's fast and slow partners (node_states), how many rounds are left
+(rounds_left), and the retest of the slow pairs that would name a node (retest_plan, keep_best).
+Tested with a fake transport (tests/test_preflight_comm.py)."""
 from __future__ import annotations
 
 import statistics
@@ -39,11 +40,14 @@ def reference(measurements: Sequence[Measurement]) -> float | None:
     return statistics.median_high(best.values()) if best else None
 
 
-def mark_slow(measurements: Sequence[Measurement], ratio: float = RATIO, min_busbw: float = 0.0) -> float | None:
+def mark_slow(measurements: Sequence[Measurement], ratio: float = RATIO, min_busbw: float = 0.0,
+              fixed_reference: float | None = None) -> float | None:
     """Set .slow on every measurement: True when it failed, is under min_busbw, or under ratio x the
     reference; False when it is not; None (not judged) while the reference is not established.
-    Returns the reference (None while not established)."""
-    ref = reference(measurements) if established(measurements) else None
+    Returns the reference (None while not established). fixed_reference: judge against this one
+    (the screen's, after a retest: a retest's better figure must not move the bar for the others)."""
+    ref = fixed_reference if fixed_reference is not None else \
+        reference(measurements) if established(measurements) else None
     for m in measurements:
         if m.busbw is None or (min_busbw > 0 and m.busbw < min_busbw):
             m.slow = True
@@ -126,3 +130,30 @@ def rounds_left(nodes: Sequence[str], measurements: Sequence[Measurement], plann
         mark_slow(simulated, ratio, min_busbw)
         plan = next_round(nodes, simulated)
     return max(count, 1)
+
+
+def retest_plan(measurements: Sequence[Measurement], suspects: set[str]) -> list[list[Pair]]:
+    """The slow pairs with a figure that name a suspect node, not retested yet, in rounds of disjoint
+    pairs. A figure taken while something else loaded a node or its link (another job's burst, a
+    busy host) must not be the only evidence to drain a node; a pair that failed or timed out is
+    not retested (that is no noise, and another timeout would double the wait)."""
+    rounds: list[list[Pair]] = []
+    for m in measurements:
+        if not (len(m.hosts) == 2 and m.slow and m.busbw is not None and m.attempts == 1
+                and suspects & set(m.hosts)):
+            continue
+        spot = next((r for r in rounds if not any(set(m.hosts) & set(p) for p in r)), None)
+        if spot is None:
+            rounds.append(spot := [])
+        spot.append((m.hosts[0], m.hosts[1]))
+    return rounds
+
+
+def keep_best(measurements: Sequence[Measurement], retests: Sequence[Measurement]) -> None:
+    """Fold retest figures into the pairs they repeat: each keeps the better of its two figures."""
+    by_pair = {frozenset(m.hosts): m for m in measurements if len(m.hosts) == 2}
+    for r in retests:
+        m = by_pair[frozenset(r.hosts)]
+        m.attempts += 1
+        if r.busbw is not None and (m.busbw is None or r.busbw > m.busbw):
+            m.busbw, m.seconds, m.ranks, m.bytes, m.error = r.busbw, r.seconds, r.ranks, r.bytes, None
