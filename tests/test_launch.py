@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from process_utils import signal_until_exit
 from runtime.launch import ContainerOptions, LaunchError, LaunchSpec, SlurmOptions, build, launch, visible_gpus
 from runtime.launch.agent import expand_hostlist, slurm_layout
 from runtime.launch.commands import launch_env
@@ -49,6 +50,14 @@ if os.environ.get("WAIT_SIGNAL"):
     sys.exit(3 if got else 9)
 sys.exit(int(os.environ.get("WORKER_EXIT", "0")))
 """
+
+
+def _wait_for_ranks(tmp_path, n: int) -> None:
+    """Until the worker's n ranks have their handlers installed (each touched sync/RANK), and a moment more."""
+    deadline = time.time() + 60
+    while len(os.listdir(tmp_path / "sync")) < n and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
 
 
 def _env(tmp_path, **extra):
@@ -94,10 +103,7 @@ def test_signal_to_the_launcher_reaches_every_rank_and_exit_3_survives(tmp_path)
            f"dict(__import__('os').environ), run_dir=__import__('pathlib').Path({str(tmp_path / 'run')!r})))"]
     proc = subprocess.Popen(cmd, env=env, cwd=os.getcwd(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
-    deadline = time.time() + 60
-    while len(os.listdir(tmp_path / "sync")) < 2 and time.time() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.3)
+    _wait_for_ranks(tmp_path, 2)
     os.killpg(proc.pid, signal.SIGUSR2)              # the whole process group, as Slurm does
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 3, err.decode()[-2000:]
@@ -110,18 +116,10 @@ def test_an_agent_that_stopped_on_a_signal_keeps_exit_3_through_more_signals(tmp
     proc = subprocess.Popen([sys.executable, "-m", "runtime.launch.agent", "--nproc", "2", "--",
                              sys.executable, "-m", "anvil_worker"], env=env, cwd=os.getcwd(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    deadline = time.time() + 60
-    while len(os.listdir(tmp_path / "sync")) < 2 and time.time() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.3)
+    _wait_for_ranks(tmp_path, 2)
     os.killpg(proc.pid, signal.SIGUSR2)
-    while proc.poll() is None and time.time() < deadline:     # the agent alone, again and again
-        try:
-            os.kill(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            break
-        time.sleep(0.001)
-    assert proc.wait(timeout=60) == 3, proc.stderr.read().decode()[-2000:]
+    code = signal_until_exit(proc, signal.SIGTERM)           # the agent alone, again and again
+    assert code == 3, proc.stderr.read().decode()[-2000:]
 
 
 def test_one_process_per_visible_gpu():

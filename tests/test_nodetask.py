@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+from process_utils import signal_until_exit
+
 
 def _nodetask(tmp_path, *command):
     env = {**os.environ, "SLURMD_NODENAME": "n7"}
@@ -30,11 +32,5 @@ def test_signals_go_on_to_the_task_and_late_ones_do_not_lose_the_record(tmp_path
     deadline = time.time() + 60
     while not started.exists() and time.time() < deadline:   # the task runs: nodetask passes signals on
         time.sleep(0.01)
-    while proc.poll() is None and time.time() < deadline:
-        try:
-            os.kill(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            break
-        time.sleep(0.001)
-    assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()[-2000:]
+    assert signal_until_exit(proc, signal.SIGTERM) == 0, proc.stderr.read().decode()[-2000:]
     assert json.loads((tmp_path / "n7.json").read_text())["exit_code"] == -signal.SIGTERM

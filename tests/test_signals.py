@@ -5,8 +5,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
+from process_utils import signal_until_exit
 from trainer import signals
 
 CHILD = """
@@ -47,10 +47,4 @@ def test_signals_arriving_while_the_rank_exits_keep_exit_3():
     for _ in range(5):
         proc = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, cwd=os.getcwd())
         assert proc.stdout.readline() == b"stopping\n"
-        deadline = time.monotonic() + 30
-        while proc.poll() is None and time.monotonic() < deadline:
-            try:
-                os.kill(proc.pid, signal.SIGUSR2)
-            except ProcessLookupError:
-                break
-        assert proc.wait(timeout=30) == 3
+        assert signal_until_exit(proc, signal.SIGUSR2, timeout=30, pause=0) == 3
