@@ -78,11 +78,10 @@ def screen_links(hosts: Sequence[str], transport: Transport, size: str = "64M", 
         for k, plan in enumerate(retests, 1):
             say(f"retest {k}/{len(retests)}: {len(plan)} slow pair(s) again before naming a node")
             results = transport.pairs(plan, size, iters, timeout, round_no + k)
-            keep_best(measured, results)
+            kept = keep_best(measured, results)
             mark_slow(measured, ratio, min_busbw, fixed_reference=ref)
-            for m in results:
-                slow = m.busbw is None or m.busbw < max(ratio * ref, min_busbw)
-                say(f"  {describe(m, ref)}{'  SLOW again' if slow else '  fast this time'} ({m.seconds:.1f} s)")
+            for m, pair in zip(results, kept):   # a pair slow before is slow now if its new figure is
+                say(f"  {describe(m, ref)}{'  SLOW again' if pair.slow else '  fast this time'} ({m.seconds:.1f} s)")
     rows, links, failing = verdict(nodes, measured, ref, unreachable)
     order = {h: i for i, h in enumerate(hosts)}
     rows.sort(key=lambda r: order.get(r.host, len(order)))

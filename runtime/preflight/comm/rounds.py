@@ -149,11 +149,15 @@ def retest_plan(measurements: Sequence[Measurement], suspects: set[str]) -> list
     return rounds
 
 
-def keep_best(measurements: Sequence[Measurement], retests: Sequence[Measurement]) -> None:
-    """Fold retest figures into the pairs they repeat: each keeps the better of its two figures."""
+def keep_best(measurements: Sequence[Measurement], retests: Sequence[Measurement]) -> list[Measurement]:
+    """Fold retest figures into the pairs they repeat: each keeps the better of its two figures.
+    Returns those pairs, in the order of `retests`."""
     by_pair = {frozenset(m.hosts): m for m in measurements if len(m.hosts) == 2}
+    kept = []
     for r in retests:
         m = by_pair[frozenset(r.hosts)]
         m.attempts += 1
         if r.busbw is not None and (m.busbw is None or r.busbw > m.busbw):
             m.busbw, m.seconds, m.ranks, m.bytes, m.error = r.busbw, r.seconds, r.ranks, r.bytes, None
+        kept.append(m)
+    return kept
