@@ -118,14 +118,18 @@ class AnvilExecutor(Executor):
                 raise Exit(code=code)
         return results
 
-    def _takes_hosts(self, context, hosts: str) -> bool:
-        """A task that reaches the nodes itself (run_task(takes_hosts=True)): under -H it runs once,
-        here, with -H's hosts as its --hosts and inv's SSH flags in the config (ssh.CLI_OPTIONS)."""
+    def _made_with(self, context, flag: str) -> bool:
+        """Whether the task to run was made with run_task(flag=True) (per_node, takes_hosts)."""
         try:
             task = self.collection[context.name]
         except (KeyError, TypeError):
             return False
-        if not getattr(task, "takes_hosts", False):
+        return bool(getattr(task, flag, False))
+
+    def _takes_hosts(self, context, hosts: str) -> bool:
+        """A task that reaches the nodes itself (run_task(takes_hosts=True)): under -H it runs once,
+        here, with -H's hosts as its --hosts and inv's SSH flags in the config (ssh.CLI_OPTIONS)."""
+        if not self._made_with(context, "takes_hosts"):
             return False
         from runtime.program import ssh
         given = context.args["hosts"].value
@@ -140,11 +144,7 @@ class AnvilExecutor(Executor):
 
     def _on_slurm(self, context) -> bool:
         """A per-node task (run_task(per_node=True)) whose runtime is slurm: fan it out over srun."""
-        try:
-            task = self.collection[context.name]
-        except (KeyError, TypeError):
-            return False
-        if not getattr(task, "per_node", False):
+        if not self._made_with(context, "per_node"):
             return False
         from runtime.program.fanout import per_node_options
         given, nodes = per_node_options(context)
