@@ -71,12 +71,11 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device,
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     hyper = dict(lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
-    if kernels and cfg.fused and device.type == "cuda":   # train.kernels: Anvil's Triton kernels
-        return TritonAdamW(groups, **hyper)
-    kwargs = {}
     if cfg.fused and device.type == "cuda":
-        kwargs["fused"] = True
-    return torch.optim.AdamW(groups, **hyper, **kwargs)
+        if kernels:   # train.kernels: Anvil's Triton kernel
+            return TritonAdamW(groups, **hyper)
+        return torch.optim.AdamW(groups, **hyper, fused=True)
+    return torch.optim.AdamW(groups, **hyper)
 
 
 def lr_factor(step: int, total_steps: int, cfg: ScheduleConfig) -> float:
