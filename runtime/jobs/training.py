@@ -117,6 +117,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     from runtime import settings as settings_mod
     from runtime.jobs import planning
     from runtime.launch import build, launch
+    from runtime.launch.slurm import submitted_job_id
     from runtime.runs import nodes as nodes_mod
     from runtime.runs import outcome
     from runtime.runs.run import execute
@@ -191,8 +192,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
             print(f"excluding {len(excluded)} node(s) that failed preflight in {job.exclude_from}: "
                   + ", ".join(f"{h} ({'; '.join(r)[:80]})" for h, r in sorted(excluded.items())))
         code = launch(spec, env=run.env, run_dir=run.path, masker=run.masker)
-        job_file = run.path / "slurm" / "job_id"
-        job_id = job_file.read_text().strip() if job_file.is_file() else None
+        job_id = submitted_job_id(run.path)
         if job_id:
             run.update_metadata(slurm_job_id=job_id)
         if job_id and not job.wait:

@@ -184,13 +184,25 @@ def _ask_cancel(job_id: str, env: Mapping[str, str], out: IO) -> None:
                         f"`scontrol show job {job_id}` shows it)", "detached")
 
 
+def job_id_file(run_dir: Path | str) -> Path:
+    return Path(run_dir) / "slurm" / "job_id"
+
+
+def submitted_job_id(run_dir: Path | str) -> str | None:
+    """The id of the batch job submitted for this run (written by submit_and_follow), or None."""
+    path = job_id_file(run_dir)
+    if not path.is_file():
+        return None
+    return path.read_text().strip() or None
+
+
 def submit_and_follow(built: Built, env: Mapping[str, str], run_dir: Path | None, wait: bool = True,
                       stdout: IO | None = None) -> int:
     out = stdout or sys.stdout
     script = Path(built.argv[-1])
     job_id = submit(script, env)
     if run_dir is not None:
-        write_atomic(Path(run_dir) / "slurm" / "job_id", job_id + "\n")
+        write_atomic(job_id_file(run_dir), job_id + "\n")
     print(f"slurm: submitted job {job_id} ({built.nodes} node(s) x {built.nproc} process(es)); "
           f"script {script}", file=out, flush=True)
     if not wait:
