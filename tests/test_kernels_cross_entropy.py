@@ -110,6 +110,18 @@ def test_all_ignored_matches_torch(reduction):
     assert torch.equal(a.grad, b.grad) and (a.grad == 0).all()
 
 
+def test_scale_inplace_strides_over_every_block():
+    """More blocks than programs (CPU: 8 programs of 1024), a partial last block; S == 1 writes nothing."""
+    block, _ = ce.arch.elementwise_config(ce.arch.detect(torch.device(DEV)))
+    programs = ce.arch.detect(torch.device(DEV)).sm_count * ce._SCALE_PROGRAMS_PER_SM
+    x = torch.randn(programs * block * 3 + 17, device=DEV, dtype=torch.bfloat16)
+    before = x.clone()
+    ce.scale_inplace(x, torch.tensor(1.0, device=DEV))
+    assert torch.equal(x, before)
+    ce.scale_inplace(x, torch.tensor(0.5, device=DEV))
+    assert torch.equal(x, (before.float() * 0.5).to(torch.bfloat16))
+
+
 def test_upstream_gradient_scales():
     logits, target = make(ROWS, VOCABS[0], torch.float32)
     a, b = logits.clone().requires_grad_(), logits.double().requires_grad_()
