@@ -56,9 +56,9 @@ def _ce_liger(state):
     return lambda: loss(logits, target).backward()
 
 
-def _ce_anvil(state, mode=None, block=None, warps=None, one_exp=False, programs_per_sm=None, evict=False):
+def _ce_anvil(state, mode=None, block=None, warps=None, one_exp=False, persistent=None):
     """mode None: the device's default path; else force ("row"|"split"|"two_pass"|"persistent", block, warps;
-    persistent: programs_per_sm and evict, the eviction hints)."""
+    persistent: a kernels.cross_entropy.PersistentConfig)."""
     import importlib
     ce = importlib.import_module("kernels.cross_entropy")  # kernels.cross_entropy is also a function name
     logits, target = state["logits"], state["target"]
@@ -69,8 +69,7 @@ def _ce_anvil(state, mode=None, block=None, warps=None, one_exp=False, programs_
             if mode == "row":
                 ce._CE_BLOCK, ce._CE_WARPS, ce._ROW_ONE_EXP = block, warps, one_exp
             elif mode == "persistent":
-                ce._PERSIST_BLOCK, ce._PERSIST_WARPS, ce._ROW_ONE_EXP = block, warps, one_exp
-                ce._PERSIST_PROGRAMS_PER_SM, ce._PERSIST_EVICT = programs_per_sm, evict
+                ce._PERSIST = persistent
             else:
                 ce._SPLIT_BLOCK, ce._SPLIT_WARPS = block, warps
         # The trainer's path: the gradient overwrites the logits (as Liger does).
@@ -138,20 +137,21 @@ CE_SWEEP = (("row", 2048, 4, True), ("row", 2048, 4), ("row", 2048, 8), ("two_pa
             ("split", 4096, 4), ("split", 8192, 16))
 
 
-# Persistent path, H200 2026-11-23 (row B2048w4 1.742 ms in the same run), with hints / without:
-# P2 B4096w16 2.048/2.063, B8192w16 2.087/2.098, B4096w8 2.485/2.521, B2048w8 2.820/2.902, B8192w8
-# 2.855/2.949; P1 B4096w16 2.523/2.552, B8192w16 2.639/2.684; the 4-warp ones 3.9-7.9 ms.
-# (programs per SM, BLOCK, warps, eviction hints). BLOCK x warps
-# pairs with 8-32 elements a thread: fewer and the loads shrink below 16 B (B2048w16: 8-byte loads);
-# more and registers climb (B8192w4: 182 a thread). Triton 3.9's sm_90 build of the others: 40-104
-# registers, no spills, so two programs of any of them fit an SM (B8192w16: 62 regs x 512 threads).
-PERSISTENT_BLOCK_WARPS = tuple((b, w) for b in (2048, 4096, 8192) for w in (4, 8, 16) if 8 <= b // (32 * w) <= 32)
-PERSISTENT_SWEEP = tuple((pps, b, w, ev) for pps in (1, 2) for b, w in PERSISTENT_BLOCK_WARPS for ev in (True, False))
+# Persistent path, first round, H200 2026-11-23 (row B2048w4 1.742 ms in the same run), per-lane maxes
+# (group 1), no stream stores, with eviction hints / without: P2 B4096w16 2.048/2.063, B8192w16
+# 2.087/2.098, B4096w8 2.485/2.521, B2048w8 2.820/2.902, B8192w8 2.855/2.949; P1 B4096w16 2.523/2.552,
+# B8192w16 2.639/2.684; the 4-warp ones 3.9-7.9 ms. The second round (grouped maxes, 32 warps, .cs
+# stores) is in PersistentConfig's docstring. This sweep: the default, then one knob changed at a time.
+PERSISTENT_SWEEP = (dict(), dict(group=1), dict(stream_stores=False), dict(evict=False), dict(warps=16),
+                    dict(programs_per_sm=1), dict(programs_per_sm=3, warps=16), dict(block=16384))
 
 
-def _persistent_case(pps: int, block: int, warps: int, evict: bool) -> Case:
-    return ce_case(anvil=lambda s: _ce_anvil(s, "persistent", block, warps, programs_per_sm=pps, evict=evict),
-                   label=f" persistent-P{pps}-B{block}w{warps}-{'evict' if evict else 'noevict'}")
+def _persistent_case(**changes) -> Case:
+    import importlib
+    ce = importlib.import_module("kernels.cross_entropy")
+    config = ce.PersistentConfig(**changes)
+    tag = "-".join(f"{k}={v}" for k, v in changes.items()) or "default"
+    return ce_case(anvil=lambda s: _ce_anvil(s, "persistent", persistent=config), label=f" persistent-{tag}")
 
 
 def sweep_cases(which: str = "all") -> list[Case]:
@@ -165,8 +165,8 @@ def sweep_cases(which: str = "all") -> list[Case]:
         one_exp = one[0] if one else False
         cases.append(ce_case(anvil=lambda s, m=mode, b=block, w=warps, o=one_exp: _ce_anvil(s, m, b, w, o),
                              label=f" {mode}-B{block}w{warps}{'-1exp' if one_exp else ''}"))
-    for config in PERSISTENT_SWEEP if which in ("all", "ce", "persistent") else ():
-        cases.append(_persistent_case(*config))
+    for changes in PERSISTENT_SWEEP if which in ("all", "ce", "persistent") else ():
+        cases.append(_persistent_case(**changes))
     for chunk in (256, 768, 1024, 1536) if which in ("all", "flce") else ():
         cases.append(flce_case(anvil=lambda s, c=chunk: _flce_anvil(s, c), label=f" C{chunk}"))
     return cases

@@ -2,7 +2,7 @@
 
 CPU: TRITON_INTERPRET=1 on small shapes. GPU: the same tests at real sizes.
 Launch paths (kernels.cross_entropy._CE_MODE): the tests above run the device's default
-("row"); test_path_* force each path. The interpreter
+("persistent" on sm_90 for long rows, "row" elsewhere); test_path_* force each path. The interpreter
 runs programs one after another, so a "split" program waiting for a later program of its row
 would hang: on CPU "split" runs with one chunk per row (ticket, publish and wait, nothing to
 wait for) and the multi-chunk combine runs as "two_pass" (same kernel, no waiting).
@@ -209,10 +209,13 @@ def test_bad_arguments_raise_clear_errors():
 
 # (mode, _SPLIT_BLOCK): on CPU vocab 700 -> 3 chunks of 256 in two_pass, 1 chunk in split.
 # On the GPU: 128256 -> 63 x 2048, 32 x 4096, 16 x 8192 (default), 8 x 16384; 32003 -> 16/8/4/2.
-# ("persistent", _PERSIST_BLOCK, _PERSIST_PROGRAMS_PER_SM, _PERSIST_EVICT): on CPU 700 columns
-# are 3 blocks of 256 (the last partial) or one of 1024; 2 or 4 programs for 5 rows.
-PERSISTENT_PATHS = ([("persistent", 4096, 1, True), ("persistent", 8192, 2, False), ("persistent", 2048, 2, True)]
-                    if GPU else [("persistent", 256, 1, True), ("persistent", 1024, 2, False)])
+# ("persistent", block, programs_per_sm, evict, group, stream_stores) of PersistentConfig: on CPU 700
+# columns are 3 blocks of 256 (the last partial) or one of 1024; 2 or 4 programs for 5 rows. Group 1 is
+# the per-lane update, 8 the default's grouped one.
+PERSISTENT_PATHS = ([("persistent", 4096, 1, True, 1, False), ("persistent", 8192, 2, False, 1, False),
+                     ("persistent", 8192, 2, True, 8, True), ("persistent", 2048, 1, True, 4, True)]
+                    if GPU else [("persistent", 256, 1, True, 1, False), ("persistent", 1024, 2, False, 1, True),
+                                 ("persistent", 256, 2, True, 8, True), ("persistent", 1024, 1, False, 4, False)])
 PATHS = ([("split", 2048), ("split", 4096), ("split", 8192), ("split", 16384), ("two_pass", 8192),
           ("row", None)] if GPU else [("two_pass", 256), ("split", 1 << 15), ("row", None)]) + PERSISTENT_PATHS
 PATH_VOCABS = VOCABS if GPU else (700,)
@@ -223,9 +226,8 @@ def path(request, monkeypatch):
     mode, block, *persistent = request.param
     monkeypatch.setattr(ce, "_CE_MODE", mode)
     if mode == "persistent":
-        monkeypatch.setattr(ce, "_PERSIST_BLOCK", block)
-        monkeypatch.setattr(ce, "_PERSIST_PROGRAMS_PER_SM", persistent[0])
-        monkeypatch.setattr(ce, "_PERSIST_EVICT", persistent[1])
+        pps, evict, group, stream = persistent
+        monkeypatch.setattr(ce, "_PERSIST", ce.PersistentConfig(pps, block, 32, evict, group, stream))
     elif block:
         monkeypatch.setattr(ce, "_SPLIT_BLOCK", block)
     return request.param
@@ -275,10 +277,24 @@ def test_row_one_exp_update_matches_torch(monkeypatch):
 @pytest.mark.parametrize("programs_per_sm", [1, 2])
 def test_persistent_programs_loop_over_rows(monkeypatch, programs_per_sm):
     """Fewer programs than rows, so the tests above run each program's row loop more than once."""
-    monkeypatch.setattr(ce, "_PERSIST_PROGRAMS_PER_SM", programs_per_sm)
-    programs, block, warps, _ = ce.ce_persistent_config(torch.device(DEV), ROWS, PATH_VOCABS[0])
-    assert 1 <= programs < ROWS and block & (block - 1) == 0 and warps >= 1
+    monkeypatch.setattr(ce, "_PERSIST", ce.PersistentConfig(programs_per_sm=programs_per_sm))
+    programs, consts = ce.ce_persistent_config(torch.device(DEV), ROWS, PATH_VOCABS[0])
+    block, group = consts["BLOCK"], consts["GROUP"]
+    assert 1 <= programs < ROWS and block & (block - 1) == 0 and consts["num_warps"] >= 1
+    assert 1 <= group <= block and block % group == 0
     assert ce.ce_persistent_config(torch.device(DEV), 1, PATH_VOCABS[0])[0] == 1  # never more programs than rows
+
+
+@pytest.mark.parametrize("name, n_cols, mode", [("sm_90", 128256, "persistent"), ("sm_90", 65536, "persistent"),
+                                                ("sm_90", 50304, "row"), ("sm_80", 128256, "row"),
+                                                ("gfx942", 128256, "row"), ("cpu", 128256, "row")])
+def test_default_mode_follows_the_architecture(monkeypatch, name, n_cols, mode):
+    """The persistent path only where it was measured faster (sm_90, long rows); elsewhere the row path."""
+    vendor = "cpu" if name == "cpu" else "hip" if name.startswith("gfx") else "cuda"
+    fake = ce.arch.Arch(vendor, name, 132, ce.arch._params_for(vendor, name))
+    monkeypatch.setattr(ce.arch, "detect", lambda device=None: fake)
+    monkeypatch.setattr(ce, "_CE_MODE", None)
+    assert ce.ce_mode(torch.device("cpu"), n_cols) == mode
 
 
 def test_unknown_mode_is_refused(monkeypatch):
