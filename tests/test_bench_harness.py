@@ -113,3 +113,28 @@ def test_every_case_module_loads_and_covers_the_issue_shapes():
     cases, notes = load_cases("all")
     assert notes == []
     assert {c.op for c in cases} == {"rms_norm", "rope", "swiglu", "cross_entropy", "flce"}
+
+
+@pytest.mark.parametrize("walk1", [False, True])
+def test_ce_floor_walks_touch_what_their_labels_say(walk1):
+    """benchmarks.ce_floor's skeleton: with WRITE2 every element becomes exp(x); without it only
+    the row's walk-2 sum is stored (in column 0), so the rest of G is left as it was."""
+    from benchmarks import ce_floor
+    x = torch.randn(5, 700).to(torch.bfloat16)
+    g = torch.full_like(x, 7.0)
+    ce_floor.launch_walks(x, g, walk1, True, True, programs=2, block=256, warps=4)
+    assert torch.allclose(g.float(), x.float().exp(), rtol=1e-2)
+    g = torch.full_like(x, 7.0)
+    ce_floor.launch_walks(x, g, walk1, True, False, programs=2, block=256, warps=4)
+    assert torch.allclose(g[:, 0].float(), x.float().exp().sum(dim=1), rtol=1e-2)
+    assert (g[:, 1:] == 7.0).all()
+    g = torch.full_like(x, 7.0)
+    ce_floor.launch_walks(x, g, walk1, False, True, programs=2, block=256, warps=4)
+    assert (g == 1.0).all()  # exp(0): the write-only walk reads nothing
+
+
+def test_ce_floor_without_a_gpu_says_so():
+    if torch.cuda.is_available():
+        pytest.skip("has a GPU")
+    out = subprocess.run([sys.executable, "-m", "benchmarks.ce_floor"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 2 and "needs a GPU" in out.stderr

@@ -1,0 +1,126 @@
+"""The floor of the cross-entropy design: its data movement alone, without the softmax.
+
+    python -m benchmarks.ce_floor [--rows 8192] [--vocab 128256] [--json]
+
+The persistent cross-entropy (kernels/cross_entropy.py) reads each row of bf16 logits from
+HBM once (walk 1), re-reads it from L2 (walk 2, last block first) and writes the gradient
+once. `walk_kernel` does exactly those loads and stores, in the same grid (2 programs of 32
+warps an SM, rows strided over programs, 8192-column steps, the same cache hints), with one
+exp an element and nothing else, so the gap between it and the real kernel is the cost of
+the math, and the gap between it and a plain copy is the cost of the design's second read.
+Printed beside them: torch's copy, zero-fill and sum of the same bytes (the device's
+read + write, write-only and read-only rates), and the real kernel with and without its
+gradient.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import triton
+import triton.language as tl
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@triton.jit
+def walk_kernel(X, G, n_rows, n_cols, stride, WALK1: tl.constexpr, READ2: tl.constexpr, WRITE2: tl.constexpr,
+                BLOCK: tl.constexpr):
+    """Per row: WALK1 reads it (evict_last); walk 2 runs last block first, reading it again (READ2,
+    evict_first) and/or storing exp(x - c) (WRITE2, .cs). Without WRITE2 a row's walk-2 sum goes
+    to G[row, 0], so the loads cannot be optimized away."""
+    cols = tl.arange(0, BLOCK)
+    for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        x_row = X + tl.cast(row, tl.int64) * stride  # tl.cast: row is a Python int when interpreted
+        g_row = G + tl.cast(row, tl.int64) * stride
+        c = 0.0
+        if WALK1:
+            acc = tl.zeros([BLOCK], tl.float32)
+            for start in range(0, n_cols, BLOCK):
+                acc += tl.load(x_row + start + cols, mask=start + cols < n_cols, other=0.0,
+                               eviction_policy="evict_last").to(tl.float32)
+            c = tl.sum(acc, axis=0) * 1e-30  # depends on walk 1, changes nothing
+        n_blocks = tl.cdiv(n_cols, BLOCK)
+        total = tl.zeros([BLOCK], tl.float32)
+        for i in range(0, n_blocks):
+            offs = (n_blocks - 1 - i) * BLOCK + cols
+            x = tl.zeros([BLOCK], tl.float32)
+            if READ2:
+                x = tl.load(x_row + offs, mask=offs < n_cols, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            g = tl.exp(x - c)
+            if WRITE2:
+                tl.store(g_row + offs, g.to(G.dtype.element_ty), mask=offs < n_cols, cache_modifier=".cs")
+            else:
+                total += tl.where(offs < n_cols, g, 0.0)
+        if not WRITE2:
+            tl.store(g_row, tl.sum(total, axis=0).to(G.dtype.element_ty))
+
+
+# (label, WALK1, READ2, WRITE2)
+WALKS = (
+    ("walk 2 alone: read + write, both HBM", False, True, True),
+    ("walk 2 alone: read only", False, True, False),
+    ("walk 2 alone: write only", False, False, True),
+    ("walk 1 + walk 2 read only (the re-read from L2)", True, True, False),
+    ("walk 1 + walk 2 read + write: the design's skeleton", True, True, True),
+)
+
+
+def launch_walks(x, g, walk1: bool, read2: bool, write2: bool, programs: int, block: int = 8192,
+                 warps: int = 32) -> None:
+    n_rows, n_cols = x.shape
+    walk_kernel[(programs,)](x, g, n_rows, n_cols, x.stride(0), WALK1=walk1, READ2=read2, WRITE2=write2,
+                             BLOCK=block, num_warps=warps)
+
+
+def measure(rows: int, vocab: int) -> list[dict]:
+    import importlib
+
+    import torch
+    import triton.testing as tt
+    ce = importlib.import_module("kernels.cross_entropy")  # the module; its name is also a function's
+    torch.manual_seed(0)
+    x = (torch.randn(rows, vocab, device="cuda") * 2).to(torch.bfloat16)
+    g = torch.empty_like(x)
+    gib = x.numel() * x.element_size() / 2**30
+    programs = 2 * torch.cuda.get_device_properties(0).multi_processor_count
+    target = torch.randint(0, vocab, (rows,), device="cuda")
+    row_loss = torch.empty(rows, device="cuda")
+    norm = torch.tensor(float(rows), device="cuda")
+    cases = [(f"torch copy_ ({gib:.2f} GiB read + written)", lambda: g.copy_(x)),
+             ("torch zero_ (written)", lambda: g.zero_()),
+             ("torch sum (read)", lambda: x.sum(dtype=torch.float32))]
+    cases += [(label, lambda w=(w1, r2, w2): launch_walks(x, g, *w, programs)) for label, w1, r2, w2 in WALKS]
+    cases += [("Anvil cross-entropy kernel, loss + gradient",
+               lambda: ce.launch_ce(x, target, g, row_loss, norm, -100, 0.0, 0.0)),
+              ("Anvil cross-entropy kernel, loss only (walk 1)",
+               lambda: ce.launch_ce(x, target, None, row_loss, norm, -100, 0.0, 0.0))]
+    return [{"what": label, "ms": round(tt.do_bench(fn, warmup=30, rep=200, return_mode="median"), 3)}
+            for label, fn in cases]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, default=8192)
+    p.add_argument("--vocab", type=int, default=128256)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    sys.path.insert(0, str(REPO))
+    import torch
+    if not torch.cuda.is_available():
+        print("benchmarks.ce_floor: needs a GPU", file=sys.stderr)
+        return 2
+    rows = measure(args.rows, args.vocab)
+    if args.json:
+        print(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=2))
+    else:
+        from tabulate import tabulate
+        print(torch.cuda.get_device_name(), f"{args.rows} x {args.vocab} bf16")
+        print(tabulate([(r["what"], r["ms"]) for r in rows], headers=("what", "ms"), tablefmt="github"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
