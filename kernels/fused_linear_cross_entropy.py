@@ -2,7 +2,7 @@
 
 Per chunk of C tokens (all in forward, as Liger does):
     logits_c = x_c @ W^T              cuBLAS, into one reused [C, V] buffer
-    ce_row_kernel in place            loss rows, and the gradient over logits_c, scaled by 1/n
+    launch_ce in place                loss rows, and the gradient over logits_c, scaled by 1/n
     gx_c     = grad_c @ W             cuBLAS, straight into grad_hidden[c]
     gW      += grad_c^T @ x_c         cuBLAS addmm (fp32 accumulate inside, bf16 sum across chunks)
 Backward only scales gx and gW by the incoming gradient (no traffic when it is 1.0).
@@ -24,8 +24,11 @@ from kernels.cross_entropy import launch_ce, scale_grad
 
 # Chunk = this x next_pow2(N / ceil(V/H)) tokens (1 is Liger's choice: chunk buffer ~ the hidden states' size).
 # Measured on an H200 at 8192 x 4096 -> 128256 bf16: x1 (256) 53.7 ms, 1.10 GiB; x2 (512) 46.9 ms, 1.16 GiB;
-# x4 (1024) 41.1-42.1 ms, 1.29 GiB (x3, 768: 44.8 ms, 1.22 GiB); x8 (2048) 41.7 ms, 1.53 GiB. Each chunk re-reads and re-writes all of gW,
-# so small chunks are bound by that traffic; x4 is within 5% of the unchunked GEMMs.
+# x4 (1024) 41.1-42.1 ms, 1.29 GiB (x3, 768: 44.8 ms, 1.22 GiB); x8 (2048) 41.7 ms, 1.53 GiB. Each chunk re-reads
+# and re-writes all of gW, so small chunks are bound by that traffic; x4 is within 5% of the unchunked GEMMs.
+# Again on 2026-11-23 with the persistent cross-entropy (same shape, two calls, +-1 ms between them): C1024
+# 40.2 ms, C2048 39.0-39.4 (1.53 GiB), C4096 38.9-40.1 (2.02 GiB); torch.compile 39.9 at 3.0 GiB. x4 stays:
+# larger chunks gain 2-3% for 0.25-0.75 GiB, and one chunk for the whole batch changed nothing in training.
 # ANVIL_FLCE_CHUNK_FACTOR overrides it (1 = Liger's memory footprint).
 _CHUNK_FACTOR = int(os.environ.get("ANVIL_FLCE_CHUNK_FACTOR") or 4)
 
