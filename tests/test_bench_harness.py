@@ -120,7 +120,7 @@ def test_ce_floor_walks_touch_what_their_labels_say(walk1):
     """benchmarks.ce_floor's skeleton: with WRITE2 every element becomes exp(x); without it only
     the row's walk-2 sum is stored (in column 0), so the rest of G is left as it was."""
     from benchmarks import ce_floor
-    x = torch.randn(5, 700).to(torch.bfloat16)
+    x = torch.randn(5, 700, device="cuda" if torch.cuda.is_available() else "cpu").to(torch.bfloat16)
     g = torch.full_like(x, 7.0)
     ce_floor.launch_walks(x, g, walk1, True, True, programs=2, block=256, warps=4)
     assert torch.allclose(g.float(), x.float().exp(), rtol=1e-2)
