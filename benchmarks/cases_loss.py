@@ -69,7 +69,7 @@ def _ce_anvil(state, mode=None, block=None, warps=None, one_exp=False, persisten
             if mode == "row":
                 ce._CE_BLOCK, ce._CE_WARPS, ce._ROW_ONE_EXP = block, warps, one_exp
             elif mode == "persistent":
-                ce._PERSIST = persistent
+                ce._PERSIST, ce._ROW_ONE_EXP = persistent or ce.PersistentConfig(), one_exp
             else:
                 ce._SPLIT_BLOCK, ce._SPLIT_WARPS = block, warps
         # The trainer's path: the gradient overwrites the logits (as Liger does).

@@ -4,8 +4,8 @@
 
 The persistent cross-entropy (kernels/cross_entropy.py) reads each row of bf16 logits from
 HBM once (walk 1), re-reads it from L2 (walk 2, last block first) and writes the gradient
-once. `walk_kernel` does exactly those loads and stores, in the same grid (2 programs of 32
-warps an SM, rows strided over programs, 8192-column steps, the same cache hints), with one
+once. `walk_kernel` does exactly those loads and stores, in the same grid (its PersistentConfig:
+programs and warps an SM, rows strided over programs, column steps, the cache hints), with one
 exp an element and nothing else, so the gap between it and the real kernel is the cost of
 the math, and the gap between it and a plain copy is the cost of the design's second read.
 Printed beside them: torch's copy, zero-fill and sum of the same bytes (the device's
@@ -68,8 +68,7 @@ WALKS = (
 )
 
 
-def launch_walks(x, g, walk1: bool, read2: bool, write2: bool, programs: int, block: int = 8192,
-                 warps: int = 32) -> None:
+def launch_walks(x, g, walk1: bool, read2: bool, write2: bool, programs: int, block: int, warps: int) -> None:
     n_rows, n_cols = x.shape
     walk_kernel[(programs,)](x, g, n_rows, n_cols, x.stride(0), WALK1=walk1, READ2=read2, WRITE2=write2,
                              BLOCK=block, num_warps=warps)
@@ -85,20 +84,26 @@ def measure(rows: int, vocab: int) -> list[dict]:
     x = (torch.randn(rows, vocab, device="cuda") * 2).to(torch.bfloat16)
     g = torch.empty_like(x)
     gib = x.numel() * x.element_size() / 2**30
-    programs = 2 * torch.cuda.get_device_properties(0).multi_processor_count
+    config = ce.PersistentConfig()  # the kernel's default grid, forced below whatever ce_mode would pick
+    programs = config.programs_per_sm * torch.cuda.get_device_properties(0).multi_processor_count
     target = torch.randint(0, vocab, (rows,), device="cuda")
     row_loss = torch.empty(rows, device="cuda")
     norm = torch.tensor(float(rows), device="cuda")
     cases = [(f"torch copy_ ({gib:.2f} GiB read + written)", lambda: g.copy_(x)),
              ("torch zero_ (written)", lambda: g.zero_()),
              ("torch sum (read)", lambda: x.sum(dtype=torch.float32))]
-    cases += [(label, lambda w=(w1, r2, w2): launch_walks(x, g, *w, programs)) for label, w1, r2, w2 in WALKS]
+    cases += [(label, lambda w=(w1, r2, w2): launch_walks(x, g, *w, programs, config.block, config.warps))
+              for label, w1, r2, w2 in WALKS]
     cases += [("Anvil cross-entropy kernel, loss + gradient",
                lambda: ce.launch_ce(x, target, g, row_loss, norm, -100, 0.0, 0.0)),
               ("Anvil cross-entropy kernel, loss only (walk 1)",
                lambda: ce.launch_ce(x, target, None, row_loss, norm, -100, 0.0, 0.0))]
-    return [{"what": label, "ms": round(tt.do_bench(fn, warmup=30, rep=200, return_mode="median"), 3)}
-            for label, fn in cases]
+    ce._CE_MODE, ce._PERSIST = "persistent", config
+    try:
+        return [{"what": label, "ms": round(tt.do_bench(fn, warmup=30, rep=200, return_mode="median"), 3)}
+                for label, fn in cases]
+    finally:
+        ce._CE_MODE = None
 
 
 def main(argv=None) -> int:

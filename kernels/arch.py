@@ -106,9 +106,9 @@ def row_config(arch: Arch, n_cols: int, max_block: int = 65536, tile_elems: int 
     return block, rows, clamp_warps(arch, next_pow2(max(1, threads // p.warp_size)))
 
 
-def persistent_grid(arch: Arch, n_work: int) -> int:
-    """Programs for a persistent kernel that loops over n_work items."""
-    return max(1, min(n_work, arch.sm_count * arch.params.programs_per_sm))
+def persistent_grid(arch: Arch, n_work: int, per_sm: int | None = None) -> int:
+    """Programs for a persistent kernel that loops over n_work items: per_sm (default the arch's) an SM."""
+    return max(1, min(n_work, arch.sm_count * (per_sm or arch.params.programs_per_sm)))
 
 
 def elementwise_config(arch: Arch) -> tuple[int, int]:

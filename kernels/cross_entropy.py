@@ -1,8 +1,9 @@
 """Cross-entropy over a large vocabulary, loss and gradient in one kernel.
 
-Each row's vocabulary is walked twice by one program: an online softmax (per-lane
-running max and sum, reduced once at the end, so no cross-warp reduction per
-block) gives the log-sum-exp, then a second walk writes the gradient
+Each row's vocabulary is walked twice by one program: an online softmax (a running
+max and sum per lane, or per group of 8 logits on the persistent path, reduced once
+at the end, so no cross-warp reduction per block) gives the log-sum-exp, then a
+second walk writes the gradient
 softmax - onehot (plus the label-smoothing and z-loss terms), already scaled
 by 1/normalizer. The second walk runs backwards so the blocks read last in
 the first walk, the ones most likely still in L2, are re-read first. Math is
@@ -96,6 +97,13 @@ def _load_block(x_row, offs, mask, POLICY: tl.constexpr):
 
 
 @triton.jit
+def _finish_lse(m, s, x_sum):
+    """(logsumexp, logit sum) of a row from its per-lane (or per-group) running maxes and sums."""
+    m_row = tl.max(m, axis=0)
+    return m_row + tl.log(tl.sum(s * tl.exp(m - m_row), axis=0)), tl.sum(x_sum, axis=0)
+
+
+@triton.jit
 def _lse_lanes(x_row, n_cols, BLOCK: tl.constexpr, ONE_EXP: tl.constexpr, POLICY: tl.constexpr,
                HAS_SMOOTHING: tl.constexpr):
     """(logsumexp, sum of the logits) of one row: a running max and sum per lane, reduced once at the end.
@@ -122,15 +130,15 @@ def _lse_lanes(x_row, n_cols, BLOCK: tl.constexpr, ONE_EXP: tl.constexpr, POLICY
             m = m_new
         if HAS_SMOOTHING:
             x_sum += tl.where(start + cols < n_cols, x, 0.0)
-    m_row = tl.max(m, axis=0)
-    return m_row + tl.log(tl.sum(s * tl.exp(m - m_row), axis=0)), tl.sum(x_sum, axis=0)
+    return _finish_lse(m, s, x_sum)
 
 
 @triton.jit
 def _lse_groups(x_row, n_cols, BLOCK: tl.constexpr, GROUP: tl.constexpr, POLICY: tl.constexpr,
                 HAS_SMOOTHING: tl.constexpr):
-    """_lse_lanes with one running max per GROUP adjacent logits (a thread's own 16-byte load, so
-    the group max needs no shuffles): the rescale exp(m - m_new) is paid once a group, 1 + 1/GROUP
+    """_lse_lanes with one running max per GROUP adjacent logits (for bf16, 8 of them are a thread's
+    own 16-byte load, so the group max needs no shuffles; fp32 ones span two threads, still correct,
+    a little slower): the rescale exp(m - m_new) is paid once a group, 1 + 1/GROUP
     exps an element instead of 2. A persistent program has too few neighbours on its SM to hide
     its own exps behind their loads, so it needs the cheaper update; the row path does not."""
     offs = tl.arange(0, BLOCK // GROUP)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
@@ -144,8 +152,7 @@ def _lse_groups(x_row, n_cols, BLOCK: tl.constexpr, GROUP: tl.constexpr, POLICY:
         m = m_new
         if HAS_SMOOTHING:
             x_sum += tl.sum(tl.where(start + offs < n_cols, x, 0.0), axis=1)
-    m_row = tl.max(m, axis=0)
-    return m_row + tl.log(tl.sum(s * tl.exp(m - m_row), axis=0)), tl.sum(x_sum, axis=0)
+    return _finish_lse(m, s, x_sum)
 
 
 @triton.jit
@@ -177,6 +184,7 @@ def _ce_one_row(
     else:
         keep: tl.constexpr = "evict_last" if EVICT_HINTS else ""
         drop: tl.constexpr = "evict_first" if EVICT_HINTS else ""
+        store_hint: tl.constexpr = ".cs" if STREAM_STORES else ""
         if GROUP == 1:
             lse, x_sum = _lse_lanes(x_row, n_cols, BLOCK, ONE_EXP, keep, HAS_SMOOTHING)
         else:
@@ -196,10 +204,7 @@ def _ce_one_row(
                 if HAS_SMOOTHING:
                     g -= uniform_term
                 g = tl.where(offs == target, g - target_term, g)
-                if STREAM_STORES:
-                    tl.store(g_row + offs, g.to(G.dtype.element_ty), mask=offs < n_cols, cache_modifier=".cs")
-                else:
-                    tl.store(g_row + offs, g.to(G.dtype.element_ty), mask=offs < n_cols)
+                tl.store(g_row + offs, g.to(G.dtype.element_ty), mask=offs < n_cols, cache_modifier=store_hint)
 
 
 @triton.jit
@@ -324,13 +329,14 @@ def ce_split_kernel(
 
 
 @triton.jit
-def _scale_kernel(X, n, S, BLOCK: tl.constexpr):
+def _scale_kernel(X, n, n_blocks, S, BLOCK: tl.constexpr):
     """X *= S[0] over a flat contiguous buffer, each program striding over blocks; nothing to do (no
     traffic) when S[0] == 1. A few programs an SM, not one a block: at 8192 x 128256 one a block was
     256K programs that each read S and returned, 0.155 ms of launch for no work (H200)."""
     s = tl.load(S).to(tl.float32)
     if s != 1.0:
-        for b in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
+        # n_blocks comes from the host: tl.cdiv(n, BLOCK) would overflow an int32 n just under 2**31.
+        for b in range(tl.program_id(0), n_blocks, tl.num_programs(0)):
             offs = tl.cast(b, tl.int64) * BLOCK + tl.arange(0, BLOCK)  # tl.cast: b is a Python int when interpreted
             mask = offs < n
             x = tl.load(X + offs, mask=mask).to(tl.float32)
@@ -349,7 +355,8 @@ def ce_config(device: torch.device, n_cols: int) -> tuple[int, int]:
 
 # Chosen on an H200 with `python -m benchmarks.cases_loss --sweep` (8192 x 128256 bf16, fwd+bwd):
 # B2048/w4 1.74 ms, B4096/w8 1.77, B8192/w16 1.79, B16384/w32 1.88, B32768/w32 2.99 (Liger's shape).
-# Small programs, many resident per SM, win: more loads in flight beats keeping a row in L2.
+# Among one-program-a-row launches, small programs, many resident per SM, win (the persistent path
+# beat them later by keeping rows in L2 with the cheaper grouped update; see PersistentConfig).
 # _CE_WARPS None = derived (16 elements per thread; 2 warps on 64-lane HIP wavefronts).
 _CE_BLOCK = 2048
 _CE_WARPS: int | None = None
@@ -401,6 +408,14 @@ class PersistentConfig:
     group: int = 8  # one running max per 8 logits (_lse_groups)
     stream_stores: bool = True  # the gradient stored with .cs
 
+    def __post_init__(self):
+        for name in ("block", "group", "warps"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"PersistentConfig: {name} must be a power of two, got {value}")
+        if self.programs_per_sm < 1:
+            raise ValueError(f"PersistentConfig: programs_per_sm must be >= 1, got {self.programs_per_sm}")
+
 
 _PERSIST = PersistentConfig()
 # "SMs" under the interpreter: fewer programs than the tests' rows, so the row loop iterates.
@@ -411,8 +426,8 @@ def ce_persistent_config(device: torch.device, n_rows: int, n_cols: int) -> tupl
     """(programs, the kernel's BLOCK/num_warps/EVICT_HINTS/GROUP/STREAM_STORES) for ce_row_persistent_kernel."""
     a = arch.detect(device)  # sm_count is the device's multi_processor_count
     cfg = _PERSIST
-    sms = _INTERPRET_SMS if a.vendor == "cpu" else a.sm_count
-    programs = max(1, min(n_rows, sms * cfg.programs_per_sm))
+    per_sm = cfg.programs_per_sm * (_INTERPRET_SMS if a.vendor == "cpu" else 1)  # the CPU arch counts one SM
+    programs = arch.persistent_grid(a, n_rows, per_sm)
     block = min(cfg.block, arch.next_pow2(n_cols))
     warps = cfg.warps
     if a.vendor == "cpu":
@@ -503,8 +518,9 @@ def scale_inplace(x: torch.Tensor, s: torch.Tensor) -> None:
         return
     a = arch.detect(x.device)
     block, warps = arch.elementwise_config(a)
-    programs = min(triton.cdiv(n, block), a.sm_count * _SCALE_PROGRAMS_PER_SM)
-    _scale_kernel[(programs,)](x, n, s.reshape(1).to(x.device), BLOCK=block, num_warps=warps)
+    n_blocks = triton.cdiv(n, block)
+    programs = arch.persistent_grid(a, n_blocks, _SCALE_PROGRAMS_PER_SM)
+    _scale_kernel[(programs,)](x, n, n_blocks, s.reshape(1).to(x.device), BLOCK=block, num_warps=warps)
 
 
 # Programs an SM for _scale_kernel: 8 x 8 warps keep the SM's 64 warps busy when it does scale.

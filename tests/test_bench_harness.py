@@ -122,14 +122,14 @@ def test_ce_floor_walks_touch_what_their_labels_say(walk1):
     from benchmarks import ce_floor
     x = torch.randn(5, 700, device="cuda" if torch.cuda.is_available() else "cpu").to(torch.bfloat16)
     g = torch.full_like(x, 7.0)
-    ce_floor.launch_walks(x, g, walk1, True, True, programs=2, block=256, warps=4)
+    ce_floor.launch_walks(x, g, walk1, True, True, 2, 256, 4)
     assert torch.allclose(g.float(), x.float().exp(), rtol=1e-2)
     g = torch.full_like(x, 7.0)
-    ce_floor.launch_walks(x, g, walk1, True, False, programs=2, block=256, warps=4)
+    ce_floor.launch_walks(x, g, walk1, True, False, 2, 256, 4)
     assert torch.allclose(g[:, 0].float(), x.float().exp().sum(dim=1), rtol=1e-2)
     assert (g[:, 1:] == 7.0).all()
     g = torch.full_like(x, 7.0)
-    ce_floor.launch_walks(x, g, walk1, False, True, programs=2, block=256, warps=4)
+    ce_floor.launch_walks(x, g, walk1, False, True, 2, 256, 4)
     assert (g == 1.0).all()  # exp(0): the write-only walk reads nothing
 
 

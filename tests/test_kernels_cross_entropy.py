@@ -1,7 +1,7 @@
 """kernels.cross_entropy against F.cross_entropy in fp64: loss and gradient, every option.
 
 CPU: TRITON_INTERPRET=1 on small shapes. GPU: the same tests at real sizes.
-Launch paths (kernels.cross_entropy._CE_MODE): the tests above run the device's default
+Launch paths (kernels.cross_entropy._CE_MODE): the tests before test_path_* run the device's default
 ("persistent" on sm_90 for long rows, "row" elsewhere); test_path_* force each path. The interpreter
 runs programs one after another, so a "split" program waiting for a later program of its row
 would hang: on CPU "split" runs with one chunk per row (ticket, publish and wait, nothing to
@@ -111,7 +111,7 @@ def test_all_ignored_matches_torch(reduction):
 
 
 def test_scale_inplace_strides_over_every_block():
-    """More blocks than programs (CPU: 8 programs of 1024), a partial last block; S == 1 writes nothing."""
+    """More blocks than programs (CPU: 8 programs of 1024), a partial last block; S == 1 leaves x as it was."""
     block, _ = ce.arch.elementwise_config(ce.arch.detect(torch.device(DEV)))
     programs = ce.arch.detect(torch.device(DEV)).sm_count * ce._SCALE_PROGRAMS_PER_SM
     x = torch.randn(programs * block * 3 + 17, device=DEV, dtype=torch.bfloat16)
@@ -295,6 +295,23 @@ def test_default_mode_follows_the_architecture(monkeypatch, name, n_cols, mode):
     monkeypatch.setattr(ce.arch, "detect", lambda device=None: fake)
     monkeypatch.setattr(ce, "_CE_MODE", None)
     assert ce.ce_mode(torch.device("cpu"), n_cols) == mode
+
+
+@pytest.mark.parametrize("vocab", [3, 8, 9])
+def test_persistent_grouped_path_on_rows_shorter_than_its_steps(monkeypatch, vocab):
+    """Rows of fewer columns than a group (3), exactly one group (8) and just over (9): BLOCK and GROUP
+    shrink to the row, and the masked lanes of a partial group never win a max."""
+    monkeypatch.setattr(ce, "_CE_MODE", "persistent")
+    monkeypatch.setattr(ce, "_PERSIST", ce.PersistentConfig(group=8))
+    logits, target = make(ROWS, vocab, torch.float32)
+    out, ref, g, g_ref = run_both(logits, target, label_smoothing=0.1)
+    assert rel_err(out, ref) < 1e-5 and rel_err(g, g_ref) < 1e-5
+
+
+@pytest.mark.parametrize("changes", [dict(group=3), dict(block=1000), dict(warps=6), dict(programs_per_sm=0)])
+def test_persistent_config_refuses_what_the_kernel_cannot_take(changes):
+    with pytest.raises(ValueError, match="PersistentConfig"):
+        ce.PersistentConfig(**changes)
 
 
 def test_unknown_mode_is_refused(monkeypatch):
