@@ -10,8 +10,8 @@ the first walk, the ones most likely still in L2, are re-read first. Math is
 fp32 in registers; no fp32 copy of the logits is ever made.
 
 Modes (the launch path is chosen in `ce_mode`; measurements at `_CE_MODE` and `PersistentConfig`):
-- "persistent" (default on sm_90 for rows of 64K columns or more): ce_row_persistent_kernel,
-  the same per-row code (_ce_one_row) in two programs per SM that loop over rows, so the rows in
+- "persistent" (default on sm_90 for rows of 32000 columns or more): ce_row_persistent_kernel,
+  the same per-row code (_ce_one_row) in 2-4 programs per SM that loop over rows, so the rows in
   flight about fit in L2 and the second walk can re-read L2: 4.2 GB moved instead of 6.3 at
   8192 x 128256 if every re-read hits. With so few programs an SM the first walk keeps one
   running max per 8 logits (1.125 exps an element, not 2), eviction hints keep the first walk's
@@ -417,7 +417,20 @@ class PersistentConfig:
             raise ValueError(f"PersistentConfig: programs_per_sm must be >= 1, got {self.programs_per_sm}")
 
 
-_PERSIST = PersistentConfig()
+# The defaults by row length (H200, 2026-11-23, kernel alone, row path / this config): rows of 100K
+# columns or more take PersistentConfig() (8192 x 128256: 1.557 / 1.412 ms, where the medium config
+# takes 1.461); shorter ones 4 programs of 16 warps an SM with 4096-column steps, more rows in flight
+# for the same L2 (8192 x 32000: 0.380 / 0.344; 16384 x 50304: 1.182 / 1.082; 8192 x 65536: 0.779 /
+# 0.710, where the long config takes 0.721). _PERSIST, when set (tests, sweeps), is used for every row.
+_PERSIST_LONG = PersistentConfig()
+_PERSIST_MEDIUM = PersistentConfig(programs_per_sm=4, warps=16, block=4096)
+_LONG_ROW_COLS = 100_000
+_PERSIST: PersistentConfig | None = None
+
+
+def persistent_defaults(n_cols: int) -> PersistentConfig:
+    """The persistent path's config for rows of n_cols: _PERSIST if set, else by row length."""
+    return _PERSIST or (_PERSIST_LONG if n_cols >= _LONG_ROW_COLS else _PERSIST_MEDIUM)
 # "SMs" under the interpreter: fewer programs than the tests' rows, so the row loop iterates.
 _INTERPRET_SMS = 2
 
@@ -425,7 +438,7 @@ _INTERPRET_SMS = 2
 def ce_persistent_config(device: torch.device, n_rows: int, n_cols: int) -> tuple[int, dict]:
     """(programs, the kernel's BLOCK/num_warps/EVICT_HINTS/GROUP/STREAM_STORES) for ce_row_persistent_kernel."""
     a = arch.detect(device)  # sm_count is the device's multi_processor_count
-    cfg = _PERSIST
+    cfg = persistent_defaults(n_cols)
     per_sm = cfg.programs_per_sm * (_INTERPRET_SMS if a.vendor == "cpu" else 1)  # the CPU arch counts one SM
     programs = arch.persistent_grid(a, n_rows, per_sm)
     block = min(cfg.block, arch.next_pow2(n_cols))
@@ -437,12 +450,13 @@ def ce_persistent_config(device: torch.device, n_rows: int, n_cols: int) -> tupl
 
 
 # Where ce_mode picks the persistent path: the architectures it was measured faster on, for rows
-# long enough. H200 kernel times (2026-11-23), row / persistent: 8192 x 128256 1.558 / 1.420 ms,
-# 4096 x 152064 0.955 / 0.876, 512 x 128256 0.139 / 0.100; but 8192 x 32000 0.378 / 0.384,
-# 16384 x 50304 1.180 / 1.207, 8192 x 4096 0.059 / 0.111. A100 (40 MB L2, 108 SMs) and the AMD GPUs
-# (4 MB L2 per XCD) were not measured, so they keep the row path, which needs no L2 to hold anything.
+# long enough. H200 kernel times (2026-11-23), row / persistent (its defaults above): 8192 x 128256
+# 1.558 / 1.420 ms, 4096 x 152064 0.955 / 0.876, 512 x 128256 0.139 / 0.100, 8192 x 32000 0.380 /
+# 0.344; but 4096 x 4096 0.033 / 0.039, so rows under 32000 columns keep the row path. A100 (40 MB
+# L2, 108 SMs) and the AMD GPUs (4 MB L2 per XCD) were not measured, so they keep the row path,
+# which needs no L2 to hold anything.
 _PERSISTENT_ARCHS = ("sm_90",)
-_PERSISTENT_MIN_COLS = 65536
+_PERSISTENT_MIN_COLS = 32000
 
 
 def ce_mode(device: torch.device, n_cols: int) -> str:

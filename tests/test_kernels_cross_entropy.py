@@ -285,8 +285,8 @@ def test_persistent_programs_loop_over_rows(monkeypatch, programs_per_sm):
     assert ce.ce_persistent_config(torch.device(DEV), 1, PATH_VOCABS[0])[0] == 1  # never more programs than rows
 
 
-@pytest.mark.parametrize("name, n_cols, mode", [("sm_90", 128256, "persistent"), ("sm_90", 65536, "persistent"),
-                                                ("sm_90", 50304, "row"), ("sm_80", 128256, "row"),
+@pytest.mark.parametrize("name, n_cols, mode", [("sm_90", 128256, "persistent"), ("sm_90", 32000, "persistent"),
+                                                ("sm_90", 16384, "row"), ("sm_80", 128256, "row"),
                                                 ("gfx942", 128256, "row"), ("cpu", 128256, "row")])
 def test_default_mode_follows_the_architecture(monkeypatch, name, n_cols, mode):
     """The persistent path only where it was measured faster (sm_90, long rows); elsewhere the row path."""
@@ -306,6 +306,16 @@ def test_persistent_grouped_path_on_rows_shorter_than_its_steps(monkeypatch, voc
     logits, target = make(ROWS, vocab, torch.float32)
     out, ref, g, g_ref = run_both(logits, target, label_smoothing=0.1)
     assert rel_err(out, ref) < 1e-5 and rel_err(g, g_ref) < 1e-5
+
+
+def test_persistent_config_follows_the_row_length_unless_one_is_set(monkeypatch):
+    monkeypatch.setattr(ce, "_PERSIST", None)
+    long, medium = ce.persistent_defaults(128256), ce.persistent_defaults(50304)
+    assert (long.programs_per_sm, long.warps, long.block) == (2, 32, 8192)
+    assert (medium.programs_per_sm, medium.warps, medium.block) == (4, 16, 4096)
+    forced = ce.PersistentConfig(programs_per_sm=1)
+    monkeypatch.setattr(ce, "_PERSIST", forced)
+    assert ce.persistent_defaults(128256) is forced and ce.persistent_defaults(50304) is forced
 
 
 @pytest.mark.parametrize("changes", [dict(group=3), dict(block=1000), dict(warps=6), dict(programs_per_sm=0)])
