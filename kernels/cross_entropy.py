@@ -524,6 +524,10 @@ def launch_ce(logits2d: torch.Tensor, target: torch.Tensor, grad: torch.Tensor |
         ce_split_kernel[grid](*args, DO_STATS=False, DO_GRAD=True, SYNC=False, **consts)
 
 
+# Programs an SM for _scale_kernel: 8 x 8 warps keep the SM's 64 warps busy when it does scale.
+_SCALE_PROGRAMS_PER_SM = 8
+
+
 def scale_inplace(x: torch.Tensor, s: torch.Tensor) -> None:
     """x *= s for a scalar tensor s on x's device; free when s == 1."""
     assert x.is_contiguous()
@@ -535,10 +539,6 @@ def scale_inplace(x: torch.Tensor, s: torch.Tensor) -> None:
     n_blocks = triton.cdiv(n, block)
     programs = arch.persistent_grid(a, n_blocks, _SCALE_PROGRAMS_PER_SM)
     _scale_kernel[(programs,)](x, n, n_blocks, s.reshape(1).to(x.device), BLOCK=block, num_warps=warps)
-
-
-# Programs an SM for _scale_kernel: 8 x 8 warps keep the SM's 64 warps busy when it does scale.
-_SCALE_PROGRAMS_PER_SM = 8
 
 
 # ---- custom ops: opaque to torch.compile, so it traces without graph breaks ----

@@ -132,7 +132,8 @@ def test_a_node_slow_only_while_busy_is_retested_and_passes():
     assert report.rounds == 2 and report.failing == {} and report.passing == nodes(4)
     assert transport.rounds[2:] == [[("n3", "n4")], [("n1", "n3")]]    # each slow pair once more, one a round
     assert [ln for ln in lines if ln.startswith("retest")] == [
-        "retest 1/2: 1 slow pair(s) again before naming a node", "retest 2/2: 1 slow pair(s) again before naming a node"]
+        "retest 1/2: 1 slow pair(s) again before naming a node",
+        "retest 2/2: 1 slow pair(s) again before naming a node"]
     assert sum("fast this time" in ln for ln in lines) == 2
     retested = [m for m in report.pairs if m.attempts == 2]
     assert [m.busbw for m in retested] == [FAST, FAST] and all(m.slow is False for m in retested)

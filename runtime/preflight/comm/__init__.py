@@ -62,5 +62,6 @@ from runtime.preflight.comm.transports import NODE_LOCAL, WARMUP, SlurmTransport
 
 __all__ = ["CommError", "CommFailed", "CommReport", "MAX_ROUNDS", "Measurement", "NODE_LOCAL", "NodeRow", "NodeState",
            "PROBE_TIMEOUT_S", "Pair", "Probe", "Progress", "RATIO", "SlurmTransport", "SshTransport", "TIMEOUT_S",
-           "Transport", "WARMUP", "describe", "established", "first_round", "keep_best", "mark_slow", "next_round", "node_states",
-           "read_result", "reference", "render", "retest_plan", "rounds_left", "run_comm_check", "screen_links", "verdict"]
+           "Transport", "WARMUP", "describe", "established", "first_round", "keep_best", "mark_slow", "next_round",
+           "node_states", "read_result", "reference", "render", "retest_plan", "rounds_left", "run_comm_check",
+           "screen_links", "verdict"]
