@@ -1,6 +1,7 @@
-"""The floor of the cross-entropy design: its data movement alone, without the softmax.
+"""The floors of the loss designs: their data movement or matmuls alone, without the softmax.
 
     python -m benchmarks.ce_floor [--rows 8192] [--vocab 128256] [--json]
+    python -m benchmarks.ce_floor --hidden 4096      # the LM head + cross-entropy instead
 
 The persistent cross-entropy (kernels/cross_entropy.py) reads each row of bf16 logits from
 HBM once (walk 1), re-reads it from L2 (walk 2, last block first) and writes the gradient
@@ -11,6 +12,13 @@ the math, and the gap between it and a plain copy is the cost of the design's se
 Printed beside them: torch's copy, zero-fill and sum of the same bytes (the device's
 read + write, write-only and read-only rates), and the real kernel with and without its
 gradient.
+
+With --hidden H, the LM head + cross-entropy (kernels/fused_linear_cross_entropy.py) instead: per chunk
+of C tokens it runs three cuBLAS GEMMs and the cross-entropy kernel in between. Its floor is the
+same loop with the cross-entropy call taken out (the GEMMs then see logits where the gradient would
+be: same shapes and kernels). Beside it: the three GEMMs unchunked (all N x V logits kept, the
+matmul floor of any method at this shape), the real loop at each C, and torch.compile's
+F.cross_entropy(x @ w.T) forward + backward, the anchor, in the same process.
 """
 from __future__ import annotations
 
@@ -106,10 +114,65 @@ def measure(rows: int, vocab: int) -> list[dict]:
         ce._CE_MODE, ce._PERSIST = None, None
 
 
+def lm_head_loop(x, w, target, chunk: int, cross_entropy: bool = True):
+    """The LM head + CE forward (which computes both gradients) at `chunk`; cross_entropy=False runs the
+    same loop with the cross-entropy call taken out: the design's GEMMs alone."""
+    import importlib
+
+    import torch
+    flce = importlib.import_module("kernels.fused_linear_cross_entropy")
+    norm = torch.tensor(float(x.shape[0]), device=x.device)
+    real = flce.launch_ce
+    flce.launch_ce = real if cross_entropy else (lambda *args: None)
+    try:
+        return flce._flce(x, w, target, norm, -100, 0.0, 0.0, True, chunk, True, True)
+    finally:
+        flce.launch_ce = real
+
+
+def lm_head_gemms(x, w, logits, gx, gw) -> None:
+    """The three GEMMs on all N x V logits at once: what any method multiplies."""
+    import torch
+    torch.mm(x, w.t(), out=logits)
+    torch.mm(logits, w, out=gx)
+    torch.mm(logits.t(), x, out=gw)
+
+
+def measure_lm_head(rows: int, hidden: int, vocab: int) -> list[dict]:
+    import importlib
+
+    import torch
+    import torch.nn.functional as F
+    import triton.testing as tt
+    flce = importlib.import_module("kernels.fused_linear_cross_entropy")
+    torch.manual_seed(0)
+    x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16) * 0.02
+    target = torch.randint(0, vocab, (rows,), device="cuda")
+    logits = torch.empty(rows, vocab, device="cuda", dtype=torch.bfloat16)
+    gx, gw = torch.empty_like(x), torch.empty_like(w)
+    default = flce.default_chunk(rows, hidden, vocab)
+    chunks = sorted({default, min(2 * default, rows), min(4 * default, rows)})
+    cases = [(f"three GEMMs, unchunked ({rows} x {vocab} logits kept)", lambda: lm_head_gemms(x, w, logits, gx, gw))]
+    for c in chunks:
+        tag = " (default)" if c == default else ""
+        cases += [(f"C = {c}{tag}: the design's GEMMs alone", lambda c=c: lm_head_loop(x, w, target, c, False)),
+                  (f"C = {c}{tag}: GEMMs + cross-entropy (Anvil's forward, both gradients)",
+                   lambda c=c: lm_head_loop(x, w, target, c))]
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    compiled = torch.compile(lambda a, b, t: F.cross_entropy((a @ b.t()).float(), t))
+    cases.append(("torch.compile F.cross_entropy(x @ w.T), forward + backward",
+                  lambda: compiled(xg, wg, target).backward()))
+    return [{"what": label, "ms": round(tt.do_bench(fn, warmup=200, rep=1000, grad_to_none=[xg, wg],
+                                                    return_mode="median"), 2)}
+            for label, fn in cases]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=8192)
     p.add_argument("--vocab", type=int, default=128256)
+    p.add_argument("--hidden", type=int, default=None, help="measure the LM head + cross-entropy at this width")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     sys.path.insert(0, str(REPO))
@@ -117,12 +180,16 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("benchmarks.ce_floor: needs a GPU", file=sys.stderr)
         return 2
-    rows = measure(args.rows, args.vocab)
+    if args.hidden:
+        rows = measure_lm_head(args.rows, args.hidden, args.vocab)
+        shape = f"{args.rows} x {args.hidden} -> {args.vocab}"
+    else:
+        rows, shape = measure(args.rows, args.vocab), f"{args.rows} x {args.vocab}"
     if args.json:
-        print(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=2))
+        print(json.dumps({"device": torch.cuda.get_device_name(), "shape": shape, "rows": rows}, indent=2))
     else:
         from tabulate import tabulate
-        print(torch.cuda.get_device_name(), f"{args.rows} x {args.vocab} bf16")
+        print(torch.cuda.get_device_name(), shape, "bf16")
         print(tabulate([(r["what"], r["ms"]) for r in rows], headers=("what", "ms"), tablefmt="github"))
     return 0
 

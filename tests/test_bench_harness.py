@@ -138,3 +138,28 @@ def test_ce_floor_without_a_gpu_says_so():
         pytest.skip("has a GPU")
     out = subprocess.run([sys.executable, "-m", "benchmarks.ce_floor"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 2 and "needs a GPU" in out.stderr
+
+
+def test_ce_floor_lm_head_loop_without_cross_entropy_is_the_gemms_alone():
+    """The LM-head floor runs Anvil's own chunk loop with the cross-entropy call taken out: the
+    gradients are then the GEMMs of the raw logits, and the real call is back afterwards."""
+    import importlib
+
+    from benchmarks import ce_floor
+    flce = importlib.import_module("kernels.fused_linear_cross_entropy")
+    real = flce.launch_ce
+    x, w = torch.randn(40, 16, dtype=torch.float64), torch.randn(50, 16, dtype=torch.float64)
+    target = torch.randint(0, 50, (40,))
+    _, gx, gw = ce_floor.lm_head_loop(x, w, target, chunk=16, cross_entropy=False)
+    logits = x @ w.t()
+    torch.testing.assert_close(gx, logits @ w)
+    torch.testing.assert_close(gw, logits.t() @ x)
+    assert flce.launch_ce is real
+    loss, gx, gw = ce_floor.lm_head_loop(x, w, target, chunk=16)
+    grad_logits = (torch.softmax(logits, dim=1) - torch.nn.functional.one_hot(target, 50)) / 40
+    torch.testing.assert_close(gx, grad_logits @ w)
+    torch.testing.assert_close(loss.sum().double() / 40, torch.nn.functional.cross_entropy(logits, target))
+    big, small, out = torch.randn(6, 4), torch.randn(5, 4), torch.empty(6, 5)
+    gx, gw = torch.empty(6, 4), torch.empty(5, 4)
+    ce_floor.lm_head_gemms(big, small, out, gx, gw)
+    torch.testing.assert_close(gw, (big @ small.t()).t() @ big)
