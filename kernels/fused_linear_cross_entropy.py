@@ -11,7 +11,7 @@ Memory above the inputs: grad_hidden + grad_weight (what any method returns) + t
 The chunk trades speed for memory: the gW update reads and writes all of gW once per chunk,
 so small chunks make it memory-bound. `chunk_size=None` takes the size that keeps the chunk
 buffer at about `4 x` the hidden states' bytes (_CHUNK_FACTOR) (see
-benchmarks/cases_loss.py for the measured trade-off).
+benchmarks/cases_loss.py for the measured trade-off, `python -m benchmarks.ce_floor --hidden H` for the floor).
 """
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ from kernels.cross_entropy import launch_ce, scale_grad
 # Chunk = this x next_pow2(N / ceil(V/H)) tokens (1 is Liger's choice: chunk buffer ~ the hidden states' size).
 # Measured on an H200 at 8192 x 4096 -> 128256 bf16: x1 (256) 53.7 ms, 1.10 GiB; x2 (512) 46.9 ms, 1.16 GiB;
 # x4 (1024) 41.1-42.1 ms, 1.29 GiB (x3, 768: 44.8 ms, 1.22 GiB); x8 (2048) 41.7 ms, 1.53 GiB. Each chunk re-reads
-# and re-writes all of gW, so small chunks are bound by that traffic; x4 is within 5% of the unchunked GEMMs.
+# and re-writes all of gW, so small chunks are bound by that traffic. The GEMMs alone (H100, this shape,
+# `python -m benchmarks.ce_floor --hidden 4096`): unchunked 35.6 ms, C1024 39.1, C2048 and C4096 37.8.
 # Again on 2026-11-23 with the persistent cross-entropy (same shape, two calls, +-1 ms between them): C1024
 # 40.2 ms, C2048 39.0-39.4 (1.53 GiB), C4096 38.9-40.1 (2.02 GiB); torch.compile 39.9 at 3.0 GiB. x4 stays:
 # larger chunks gain 2-3% for 0.25-0.75 GiB, and one chunk for the whole batch changed nothing in training.
