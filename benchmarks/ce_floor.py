@@ -138,6 +138,19 @@ def lm_head_gemms(x, w, logits, gx, gw) -> None:
     torch.mm(logits.t(), x, out=gw)
 
 
+def lm_head_gw_updates(x, grad_chunk, gw) -> None:
+    """The loop's weight-gradient updates alone: one GEMM per chunk with K = the chunk's tokens, each
+    reading and writing all of gW (grad_chunk [C, V] stands in for every chunk's gradient)."""
+    import torch
+    chunk = grad_chunk.shape[0]
+    for c0 in range(0, x.shape[0], chunk):
+        x_c, g_c = x[c0:c0 + chunk], grad_chunk[: min(chunk, x.shape[0] - c0)]
+        if c0 == 0:
+            torch.mm(g_c.t(), x_c, out=gw)
+        else:
+            gw.addmm_(g_c.t(), x_c)
+
+
 def measure_lm_head(rows: int, hidden: int, vocab: int) -> list[dict]:
     import importlib
 
@@ -149,14 +162,16 @@ def measure_lm_head(rows: int, hidden: int, vocab: int) -> list[dict]:
     x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16) * 0.02
     target = torch.randint(0, vocab, (rows,), device="cuda")
-    logits = torch.empty(rows, vocab, device="cuda", dtype=torch.bfloat16)
+    logits = x @ w.t()  # the gW rows' stand-in gradient: values like the floor loop's
     gx, gw = torch.empty_like(x), torch.empty_like(w)
     default = flce.default_chunk(rows, hidden, vocab)
     chunks = sorted({default, min(2 * default, rows), min(4 * default, rows)})
     cases = [(f"three GEMMs, unchunked ({rows} x {vocab} logits kept)", lambda: lm_head_gemms(x, w, logits, gx, gw))]
     for c in chunks:
         tag = " (default)" if c == default else ""
-        cases += [(f"C = {c}{tag}: the design's GEMMs alone", lambda c=c: lm_head_loop(x, w, target, c, False)),
+        cases += [(f"C = {c}{tag}: its gW updates alone ({-(-rows // c)} GEMMs, K = {c})",
+                   lambda c=c: lm_head_gw_updates(x, logits[:c], gw)),
+                  (f"C = {c}{tag}: the design's GEMMs alone", lambda c=c: lm_head_loop(x, w, target, c, False)),
                   (f"C = {c}{tag}: GEMMs + cross-entropy (Anvil's forward, both gradients)",
                    lambda c=c: lm_head_loop(x, w, target, c))]
     xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()

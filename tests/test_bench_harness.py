@@ -163,3 +163,12 @@ def test_ce_floor_lm_head_loop_without_cross_entropy_is_the_gemms_alone():
     gx, gw = torch.empty(6, 4), torch.empty(5, 4)
     ce_floor.lm_head_gemms(big, small, out, gx, gw)
     torch.testing.assert_close(gw, (big @ small.t()).t() @ big)
+
+
+def test_ce_floor_gw_updates_sum_every_chunk():
+    from benchmarks import ce_floor
+    x, g = torch.randn(10, 3, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64)
+    gw = torch.full((5, 3), float("nan"), dtype=torch.float64)
+    ce_floor.lm_head_gw_updates(x, g, gw)  # chunks of 4, 4 and 2 rows, each with g's first rows
+    expected = g.t() @ x[:4] + g.t() @ x[4:8] + g[:2].t() @ x[8:]
+    torch.testing.assert_close(gw, expected)
