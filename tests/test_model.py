@@ -137,7 +137,7 @@ def test_checkpointing_recomputes_only_the_matmuls_its_mode_names(mode, recomput
 
 
 def test_flops_per_token_matches_the_anchor_count():
-    """Llama-3.2-1B at 4096 tokens: 9.02 GFLOP/token (ANCHORS.md, torchtitan's formula)."""
+    """Llama-3.2-1B at 4096 tokens: 9.02 GFLOP/token (torchtitan's formula)."""
     from trainer.config import load
     from pathlib import Path
     cfg = load(Path(__file__).resolve().parents[1] / "configs" / "llama3_1b.yaml").model

@@ -11,7 +11,7 @@ same ids). The directory appears atomically: it is
 built under a temporary name next to out_dir and renamed into place.
 
 Our parameter names are LlamaForCausalLM's and RoPE uses its rotate-half layout, so the
-weights go over unchanged (TRAINER_API.md).
+weights go over unchanged (docs/trainer-hooks.md, export).
 """
 from __future__ import annotations
 

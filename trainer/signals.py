@@ -12,7 +12,7 @@ seconds, default 30, before SIGKILL). The handler only sets a flag; the loop ask
 of them checkpoint and exit together even when the signal reached only some of them.
 
 EXIT_REQUEUE (3) is the trainer's exit status for "stopped on a signal after checkpointing,
-requeue me" (CONTRACTS.md). EXIT_HUNG (4) is a rank that trainer.health's watchdog ended
+requeue me" (docs/run-flow.md). EXIT_HUNG (4) is a rank that trainer.health's watchdog ended
 because no step finished in time (its report: RUN_DIR/logs/hang-rank<R>.json).
 """
 from __future__ import annotations
