@@ -92,26 +92,27 @@ def measure(rows: int, vocab: int) -> list[dict]:
     x = (torch.randn(rows, vocab, device="cuda") * 2).to(torch.bfloat16)
     g = torch.empty_like(x)
     gib = x.numel() * x.element_size() / 2**30
-    config = ce.persistent_defaults(vocab)  # the kernel's grid for this row length, forced below
-    programs = config.programs_per_sm * torch.cuda.get_device_properties(0).multi_processor_count
+    # The persistent kernel's own grid, block and warps for this shape (its launch is forced below).
+    programs, consts = ce.ce_persistent_config(x.device, rows, vocab)
+    block, warps = consts["BLOCK"], consts["num_warps"]
     target = torch.randint(0, vocab, (rows,), device="cuda")
     row_loss = torch.empty(rows, device="cuda")
     norm = torch.tensor(float(rows), device="cuda")
     cases = [(f"torch copy_ ({gib:.2f} GiB read + written)", lambda: g.copy_(x)),
              ("torch zero_ (written)", lambda: g.zero_()),
              ("torch sum (read)", lambda: x.sum(dtype=torch.float32))]
-    cases += [(label, lambda w=(w1, r2, w2): launch_walks(x, g, *w, programs, config.block, config.warps))
+    cases += [(label, lambda w=(w1, r2, w2): launch_walks(x, g, *w, programs, block, warps))
               for label, w1, r2, w2 in WALKS]
     cases += [("Anvil cross-entropy kernel, loss + gradient",
                lambda: ce.launch_ce(x, target, g, row_loss, norm, -100, 0.0, 0.0)),
               ("Anvil cross-entropy kernel, loss only (walk 1)",
                lambda: ce.launch_ce(x, target, None, row_loss, norm, -100, 0.0, 0.0))]
-    ce._CE_MODE, ce._PERSIST = "persistent", config
+    ce._CE_MODE = "persistent"
     try:
         return [{"what": label, "ms": round(tt.do_bench(fn, warmup=30, rep=200, return_mode="median"), 3)}
                 for label, fn in cases]
     finally:
-        ce._CE_MODE, ce._PERSIST = None, None
+        ce._CE_MODE = None
 
 
 def lm_head_loop(x, w, target, chunk: int, cross_entropy: bool = True):
