@@ -431,6 +431,8 @@ _PERSIST: PersistentConfig | None = None
 def persistent_defaults(n_cols: int) -> PersistentConfig:
     """The persistent path's config for rows of n_cols: _PERSIST if set, else by row length."""
     return _PERSIST or (_PERSIST_LONG if n_cols >= _LONG_ROW_COLS else _PERSIST_MEDIUM)
+
+
 # "SMs" under the interpreter: fewer programs than the tests' rows, so the row loop iterates.
 _INTERPRET_SMS = 2
 
