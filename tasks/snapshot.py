@@ -1,5 +1,6 @@
 """inv snapshot.*: recorded runs - list, show, diff, replay."""
 import json as jsonlib
+import sys
 
 from invoke import Collection, task
 
@@ -22,6 +23,12 @@ def _load(c, path):
     return history.load(path, _settings(c).runs_dir)
 
 
+def _say_settled(settled) -> None:
+    """Runs whose Slurm job ended without recording it, recorded now (runtime.runs.settle)."""
+    for item in settled:
+        print(f"{item.run_dir.name}: {item.why}; recorded as {item.status}", file=sys.stderr)
+
+
 def _cell(value) -> str:
     return value.get("value") if isinstance(value, dict) else value
 
@@ -30,8 +37,9 @@ def _cell(value) -> str:
 def list_(c, limit=0, json=False):
     """Table of recorded runs: time, task, name, status, hosts."""
     from tabulate import tabulate
-    from runtime.runs import history
+    from runtime.runs import history, settle
     runs_dir = _settings(c).runs_dir
+    _say_settled(settle.settle_runs(runs_dir))
     rows = history.list_rows(runs_dir, limit or None)
     if json:
         print(jsonlib.dumps(rows, indent=2))
@@ -49,8 +57,12 @@ def list_(c, limit=0, json=False):
 def show(c, run, json=False):
     """What a run recorded: outcome, results, machine, versions, environment with sources, configs."""
     from tabulate import tabulate
-    from runtime.runs import history
+    from runtime.runs import history, settle
     rec = _load(c, run)
+    settled = settle.settle_run(rec.path)
+    if settled:
+        _say_settled([settled])
+        rec = _load(c, run)
     if json:
         print(jsonlib.dumps({"path": str(rec.path), "metadata": rec.metadata, "results": rec.summary or None,
                              "machine": rec.machine, "versions": rec.versions, "env": rec.env,

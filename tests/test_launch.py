@@ -283,3 +283,38 @@ def test_an_unfollowed_batch_job_records_its_own_end(tmp_path):
     meta.write_text(jsonlib.dumps({**md(), "status": "submitted"}))
     jobend.record(tmp_path, 1, environ={})
     assert "rank 2 on n1 failed first (signal 9, SIGKILL: often the kernel's OOM killer" in md()["error"]
+
+
+def test_a_job_that_ended_unrecorded_gets_slurms_verdict_and_nothing_is_guessed(tmp_path):
+    """runtime.runs.settle: what Slurm's record of a job says the run ended as; and where no
+    controller answers, every run keeps what it said (tests/test_slurm_train.py runs it live)."""
+    import json as jsonlib
+
+    from runtime.runs import settle
+
+    killed = {"JobState": "FAILED", "ExitCode": "0:9", "Command": str(tmp_path / "slurm" / "job.sbatch")}
+    status, code, why = settle.verdict("12", killed)
+    assert (status, code) == ("failed", 137) and "ended FAILED (ExitCode 0:9)" in why and "signal 9 (SIGKILL)" in why
+    assert settle.verdict("12", {"JobState": "CANCELLED", "ExitCode": "0:15"})[0] == "cancelled"
+    assert settle.verdict("12", {"JobState": "TIMEOUT", "ExitCode": "0:0"})[:2] == ("failed", 1)
+    assert settle.verdict("12", {"JobState": "COMPLETED", "ExitCode": "0:0"})[:2] == ("ok", 0)
+    assert settle.verdict("12", None)[0] == "lost" and "no longer knows job 12" in settle.verdict("12", None)[2]
+    assert settle._ours(tmp_path, killed) is killed
+    assert settle._ours(tmp_path, {**killed, "Command": "/elsewhere/job.sbatch"}) is None   # the id was reused
+    assert settle._epoch("2026-11-23T10:00:00") and settle._epoch("Unknown") is None
+
+    runs = {}
+    for name, status in (("sub", "submitted"), ("det", "detached"), ("req", "requeued"), ("done", "ok"),
+                         ("run", "running")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metadata.json").write_text(jsonlib.dumps(
+            {"status": status, "start_ts": 1.0, "slurm_job_id": str(len(runs) + 1)}))
+        runs[name] = tmp_path / name
+    (tmp_path / "nojob").mkdir()
+    (tmp_path / "nojob" / "metadata.json").write_text(jsonlib.dumps({"status": "submitted", "start_ts": 1.0}))
+    found = settle.unfollowed(settle.rundir.iter_runs(tmp_path))
+    assert sorted((p.name, j) for p, j in found) == [("det", "2"), ("req", "3"), ("sub", "1")]
+    # No controller answers (Slurm's client missing, or no configuration): nothing is written.
+    assert settle.settle(found, env={**os.environ, "SLURM_CONF": str(tmp_path / "none.conf")}, poll_s=0) == []
+    assert {p.name: jsonlib.loads((p / "metadata.json").read_text())["status"] for p, _ in found} == \
+        {"sub": "submitted", "det": "detached", "req": "requeued"}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -234,3 +235,56 @@ def test_ctrl_c_while_following_a_job_leaves_it_running_and_says_so(slurm_cluste
             proc.kill()
         if job:
             slurm_cluster.slurm_run("scancel", job)
+
+
+def test_a_job_killed_outright_is_recorded_when_runs_are_listed(slurm_cluster, dataset, tmp_path):
+    """A batch shell killed with SIGKILL cannot run runtime.runs.jobend: the run said "submitted"
+    for ever. Listing or showing runs asks Slurm (runtime.runs.settle) and records the end."""
+    env = _env(slurm_cluster, tmp_path)
+    proc = subprocess.run([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "1", "--name", "killed",
+                           "--no-wait", *_args(dataset, steps=400)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    run, job = _only_run(tmp_path), _job_id(tmp_path)
+
+    def metadata():
+        return json.loads((run / "metadata.json").read_text())
+
+    def snapshot(*argv):
+        return subprocess.run([str(INV), "snapshot." + argv[0], *argv[1:]], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    try:
+        _wait_for(lambda: _steps_done(tmp_path) >= 2, 300, "two steps")
+        running = snapshot("list")                   # a running job is left alone
+        assert running.returncode == 0 and "recorded as" not in running.stderr, running.stderr[-2000:]
+        assert metadata()["status"] == "submitted"
+        slurm_cluster.slurm_run("scancel", "--batch", "--signal=KILL", job)
+        _wait_for(lambda: "JobState=RUNNING" not in slurm_cluster.slurm_run("scontrol", "show", "job", job).stdout
+                  and "JobState=COMPLETING" not in slurm_cluster.slurm_run("scontrol", "show", "job", job).stdout,
+                  120, "the job's end")
+        assert metadata()["status"] == "submitted"   # the batch script could not record it
+        end_time = re.search(r"EndTime=(\S+)", slurm_cluster.slurm_run("scontrol", "show", "job", job).stdout)[1]
+        listed = snapshot("list")
+    finally:
+        slurm_cluster.slurm_run("scancel", job)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert f"{run.name}: Slurm job {job} ended FAILED" in listed.stderr, listed.stderr[-2000:]
+    assert "signal 9 (SIGKILL)" in listed.stderr and "recorded as failed" in listed.stderr
+    md = metadata()
+    assert md["status"] == "failed" and md["exit_code"] == 137 and "never recorded the end" in md["error"]
+    assert md["end"].startswith(end_time)              # when the job ended, not when it was listed
+    (row,) = [line for line in listed.stdout.splitlines() if run.name in line]
+    assert " failed " in row, listed.stdout
+    again = snapshot("list")                          # recorded once
+    assert again.returncode == 0 and "recorded as" not in again.stderr
+
+    # The same run, as if slurmctld had forgotten its job (past MinJobAge, or a reinstalled
+    # cluster): the id names no job, and show records it "lost".
+    md.update(status="submitted", slurm_job_id="9999999", error=None)
+    (run / "metadata.json").write_text(json.dumps(md))
+    shown = snapshot("show", str(run))
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert "Slurm no longer knows job 9999999" in shown.stderr and "recorded as lost" in shown.stderr
+    assert re.search(r"^status\s+lost$", shown.stdout, re.M), shown.stdout[:2000]
+    assert metadata()["status"] == "lost"

@@ -75,17 +75,37 @@ def hostnames(nodelist: str, env: Mapping[str, str]) -> list[str]:
     return proc.stdout.split()
 
 
+def _job_fields(line: str) -> dict[str, str]:
+    """One job of `scontrol show job -o` (KEY=VALUE tokens) as a dict; the first of a repeated key."""
+    info: dict[str, str] = {}
+    for token in line.split():
+        key, sep, value = token.partition("=")
+        if sep and key not in info:
+            info[key] = value
+    return info
+
+
 def job_info(job_id: str, env: Mapping[str, str]) -> dict[str, str] | None:
     """scontrol show job -o as a dict; None once slurmctld has forgotten the job."""
     proc = _run(["scontrol", "show", "job", "-o", job_id], env)
     if proc.returncode != 0:
         return None
-    info = {}
-    for token in proc.stdout.split():
-        key, sep, value = token.partition("=")
-        if sep and key not in info:
-            info[key] = value
-    return info
+    return _job_fields(proc.stdout)
+
+
+def known_jobs(env: Mapping[str, str]) -> dict[str, dict[str, str]] | None:
+    """Every job slurmctld still knows (running, pending, and ended ones for MinJobAge, 300 s by
+    default), by job id; None when Slurm's client is not installed or its controller does not answer."""
+    if shutil.which("scontrol") is None:
+        return None
+    try:
+        proc = _run(["scontrol", "show", "job", "-o"], env, timeout=20)
+    except LaunchError:
+        return None
+    if proc.returncode != 0:
+        return None
+    jobs = (_job_fields(line) for line in proc.stdout.splitlines())
+    return {info["JobId"]: info for info in jobs if "JobId" in info}
 
 
 def exit_status(info: Mapping[str, str]) -> int:

@@ -53,11 +53,8 @@ def _object(path: Path) -> dict:
     """A run file that holds a JSON object ({} when absent); RunDirError when it is damaged."""
     try:
         data = rundir.read_json(path, {})
-    except rundir.RunDirError as exc:  # not valid JSON
+    except rundir.RunDirError as exc:  # not valid JSON, not UTF-8
         raise rundir.RunDirError(f"{exc}; the run directory is damaged") from None
-    except UnicodeDecodeError as exc:
-        raise rundir.RunDirError(f"{path}: not UTF-8 text (byte {exc.start}); the run directory is "
-                                 f"damaged") from None
     except OSError as exc:
         raise rundir.RunDirError(f"{path}: cannot read it ({exc.strerror or exc})") from None
     if data is None:

@@ -34,22 +34,27 @@ def status_of(code: int, requeued: bool = False) -> str:
     return {0: "ok", EXIT_INTERRUPTED: "interrupted"}.get(code, "failed")
 
 
-def record(run_dir: Path, code: int, requeued: bool = False, environ: dict[str, str] | None = None) -> bool:
-    """Write the attempt's end into RUN_DIR/metadata.json when no inv follows the job; whether it did."""
+def record(run_dir: Path, code: int, requeued: bool = False, environ: dict[str, str] | None = None,
+           status: str | None = None, why: str | None = None, ended: float | None = None) -> bool:
+    """Write the attempt's end into RUN_DIR/metadata.json when no inv follows the job; whether it did.
+    `status` and `why` come from runtime.runs.settle, which records a job that ended without
+    getting here: its status when exit codes do not say it (cancelled, lost), what Slurm said,
+    and when the job ended."""
     run_dir = Path(run_dir)
     metadata = rundir.metadata(run_dir)
     if metadata.get("status") not in UNFOLLOWED:
         return False
     masker = Masker.from_environ(dict(os.environ if environ is None else environ))
-    status = status_of(code, requeued)
+    status = status or status_of(code, requeued)
     error, findings = None, []
-    if status == "failed":
-        error = outcome.failure_summary(run_dir) or f"the job's step exited with status {code}"
+    if status == "failed" or why:
+        ranks = outcome.failure_summary(run_dir)
+        error = "; ".join(filter(None, (why, ranks))) or f"the job's step exited with status {code}"
         findings = diagnose.scan(diagnose.log_files(run_dir), extra_text=error)
     report = outcome.read(run_dir)
     if report.nodes:
         metadata.update(hosts=report.hosts, world_size=report.world_size, nodes=len(report.nodes))
-    metadata.update(end_entries(metadata, status, error, code, masker, findings))
+    metadata.update(end_entries(metadata, status, error, code, masker, findings, ended))
     summary = rundir.read_json(run_dir / "summary.json")
     if status == "ok":
         rundir.write_text(run_dir / "result.json", rundir.to_json({"run_dir": str(run_dir), "summary": summary}))

@@ -319,9 +319,10 @@ def create(ctx, spec: RunSpec) -> Run:
 
 
 def end_entries(metadata: dict, status: str, error: str | None, exit_code: int, masker: Masker,
-                diagnosis: list | None = None) -> dict:
-    """The metadata.json entries a run's end writes (here and in runtime.runs.jobend)."""
-    ended = time.time()
+                diagnosis: list | None = None, ended: float | None = None) -> dict:
+    """The metadata.json entries a run's end writes (here and in runtime.runs.jobend); `ended`
+    (epoch seconds) when the end was earlier than now."""
+    ended = time.time() if ended is None else ended
     return dict(status=status, error=masker.text(error) if error else None, exit_code=exit_code,
                 end=datetime.fromtimestamp(ended).astimezone().isoformat(timespec="seconds"),
                 duration_s=round(ended - metadata["start_ts"], 3),

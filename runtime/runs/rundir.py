@@ -73,6 +73,8 @@ def read_json(path: Path, default: Any = None) -> Any:
         return default
     except json.JSONDecodeError as exc:
         raise RunDirError(f"{path}: not valid JSON ({exc})") from None
+    except UnicodeDecodeError as exc:
+        raise RunDirError(f"{path}: not UTF-8 text (byte {exc.start})") from None
 
 
 def resolve(path: str | Path, runs_dir: Path | None = None) -> Path:
@@ -102,5 +104,5 @@ def iter_runs(runs_dir: Path) -> Iterator[tuple[Path, dict]]:
     for path in sorted(p for p in runs_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
         try:
             yield path, metadata(path)
-        except RunDirError:
+        except (RunDirError, OSError):
             continue

@@ -1,0 +1,148 @@
+"""Record the end of a Slurm job that ended without recording it itself.
+
+A run nobody follows ("submitted" by --no-wait, "detached" by Ctrl-C, "requeued" while it
+waits to resume) gets its end from its own batch script (runtime.runs.jobend). A batch shell
+killed outright - SIGKILL, its node lost or rebooted - never gets that far, and the run would
+say "submitted" for ever. So before runs are listed or shown, each such run's job is looked
+up in Slurm, in one `scontrol show job` for all of them:
+
+- pending or running: left alone;
+- ended (still known to slurmctld, MinJobAge: 300 s by default): recorded as what Slurm says
+  it ended as - cancelled, ok, or failed with the batch shell's signal - at its EndTime;
+- forgotten by slurmctld, or its id now names another job: recorded "lost", at the time of
+  the run's newest log line, since nothing says more.
+
+Nothing is written on a guess: where Slurm's client is missing or its controller does not
+answer (a laptop reading a copied runs folder), every run keeps what it said. An ended job is
+read twice, a poll apart, because a job requeuing itself shows its last attempt's end for a
+moment before it is pending again (the same care runtime.launch.slurm.follow takes).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Iterable, Mapping
+
+from runtime.launch import slurm
+from runtime.runs import jobend, rundir
+
+EXIT_UNKNOWN = 1   # a lost job's exit status: unknown, and not a success
+
+
+@dataclass(frozen=True)
+class Settled:
+    run_dir: Path
+    job_id: str
+    status: str
+    why: str
+
+
+def _job_id(run_dir: Path, metadata: dict) -> str | None:
+    return str(metadata.get("slurm_job_id") or "") or slurm.submitted_job_id(run_dir)
+
+
+def unfollowed(runs: Iterable[tuple[Path, dict]]) -> list[tuple[Path, str]]:
+    """(run, job id) of the (run, metadata) pairs that still wait for their batch script to
+    record their end."""
+    found = []
+    for run_dir, metadata in runs:
+        job_id = _job_id(run_dir, metadata) if metadata.get("status") in jobend.UNFOLLOWED else None
+        if job_id:
+            found.append((Path(run_dir), job_id))
+    return found
+
+
+def _ours(run_dir: Path, info: Mapping[str, str] | None) -> Mapping[str, str] | None:
+    """Slurm's record of the job, unless the id now names another job (a reinstalled cluster
+    counting from 1 again): the job ran this run's script."""
+    if info is None:
+        return None
+    command = info.get("Command", "")
+    if os.path.isabs(command) and Path(command).resolve() != (run_dir / "slurm" / "job.sbatch").resolve():
+        return None
+    return info
+
+
+def _epoch(slurm_time: str | None) -> float | None:
+    try:
+        return datetime.fromisoformat(slurm_time or "").timestamp()   # Slurm prints local time
+    except ValueError:
+        return None   # "Unknown", "None"
+
+
+def _last_sign_of_life(run_dir: Path) -> float | None:
+    logs = run_dir / "logs"
+    times = [p.stat().st_mtime for p in logs.iterdir() if p.is_file()] if logs.is_dir() else []
+    return max(times, default=None)
+
+
+def verdict(job_id: str, info: Mapping[str, str] | None) -> tuple[str, int, str]:
+    """(status, exit status, why) of a job that ended unrecorded; info None: Slurm forgot it."""
+    if info is None:
+        return ("lost", EXIT_UNKNOWN,
+                f"Slurm no longer knows job {job_id}, and its batch script never recorded the end "
+                f"(killed outright, or its node lost); `sacct -j {job_id}` says how it ended where "
+                "Slurm keeps accounting")
+    state, code = info.get("JobState", "?"), slurm.exit_status(info)
+    why = f"Slurm job {job_id} ended {state} (ExitCode {info.get('ExitCode', '?')}) and its batch script never " \
+          "recorded the end"
+    signal_no = code - 128 if code > 128 else 0
+    if signal_no:
+        why += f": the batch shell died of signal {signal_no}" + (" (SIGKILL)" if signal_no == 9 else "")
+    status = "cancelled" if state == "CANCELLED" else jobend.status_of(code)
+    return status, code, why
+
+
+def _ended(known: Mapping[str, Mapping[str, str]], run_dir: Path, job_id: str) -> tuple[bool, Mapping | None]:
+    info = _ours(run_dir, known.get(job_id))
+    return info is None or info.get("JobState") in slurm.TERMINAL_STATES, info
+
+
+def settle(runs: list[tuple[Path, str]], env: Mapping[str, str] | None = None,
+           poll_s: float = slurm.POLL_S) -> list[Settled]:
+    """Record the end of each (run, job) whose job Slurm says has ended; what was recorded."""
+    if not runs:
+        return []
+    env = os.environ if env is None else env
+    known = slurm.known_jobs(env)
+    if known is None:
+        return []
+    ended = [(run_dir, job_id) for run_dir, job_id in runs if _ended(known, run_dir, job_id)[0]]
+    if not ended:
+        return []
+    time.sleep(poll_s)
+    again = slurm.known_jobs(env)
+    if again is None:
+        return []
+    settled = []
+    for run_dir, job_id in ended:
+        first = _ours(run_dir, known.get(job_id))
+        still, info = _ended(again, run_dir, job_id)
+        if not still or (first or {}).get("Restarts") != (info or {}).get("Restarts"):
+            continue   # requeued itself meanwhile
+        status, code, why = verdict(job_id, info)
+        when = _epoch(info.get("EndTime")) if info is not None else _last_sign_of_life(run_dir)
+        try:
+            if jobend.record(run_dir, code, environ=dict(env), status=status, why=why, ended=when):
+                settled.append(Settled(run_dir, job_id, status, why))
+        except (OSError, rundir.RunDirError):
+            continue   # unwritable (a teammate's run): shown as it was
+    return settled
+
+
+def settle_runs(runs_dir: Path, env: Mapping[str, str] | None = None) -> list[Settled]:
+    """settle() every unfollowed run under runs_dir."""
+    return settle(unfollowed(rundir.iter_runs(runs_dir)), env)
+
+
+def settle_run(run_dir: Path, env: Mapping[str, str] | None = None) -> Settled | None:
+    """settle() one run, when it is unfollowed."""
+    try:
+        metadata = rundir.metadata(run_dir)
+    except (OSError, rundir.RunDirError):
+        return None   # shown as damaged by the reader
+    settled = settle(unfollowed([(Path(run_dir), metadata)]), env)
+    return settled[0] if settled else None
