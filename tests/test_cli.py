@@ -47,6 +47,18 @@ def test_help_of_a_task_and_h_not_shadowed(project):
     assert "hidden_size=7" in ran.stdout, explain(ran)
 
 
+def test_help_after_a_task_that_takes_a_positional_argument(tmp_path):
+    """`inv snapshot.show --help` is the task's help, not a run named --help; and a float option's
+    bad value says it expects a number."""
+    env = clean_env(INVOKE_ANVIL_RUNS_DIR=str(tmp_path / "runs"))
+    for argv in (["snapshot.show", "--help"], ["snapshot.diff", "-h"], ["snapshot.show", "some-run", "--help"]):
+        helped = inv(argv, REPO, env)
+        assert helped.returncode == 0 and f"inv [--core-opts] {argv[0]} [--options]" in helped.stdout, explain(helped)
+    assert not (tmp_path / "runs").exists()
+    bad = inv(["preflight.perf", "--tolerance", "5%"], REPO, env)
+    assert bad.returncode == 2 and "--tolerance: expected a number such as 0.05, got '5%'" in bad.stderr, explain(bad)
+
+
 def test_complete_and_completion_script(project):
     done = inv(["--complete", "--", "inv", "snapshot."], project)
     assert {"snapshot.list", "snapshot.replay"} <= set(done.stdout.split()), explain(done)

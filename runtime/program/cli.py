@@ -215,6 +215,7 @@ class AnvilProgram(Program):
 
     def parse_tasks(self):
         from invoke.exceptions import ParseError
+        self._task_help_anywhere()
         try:
             super().parse_tasks()
         except ValueError as exc:
@@ -232,15 +233,28 @@ class AnvilProgram(Program):
                        f"for the task's options.", 2)
 
 
+    def _task_help_anywhere(self) -> None:
+        """`inv TASK --help` (or -h) anywhere after the task name shows the task's help, as
+        `inv --help TASK` does. Stock Invoke takes it for the value of a positional argument
+        still waiting (`inv snapshot.show --help`: "no such run directory: --help")."""
+        tokens = list(self.core.unparsed)
+        names = {name for primary, aliases in self.collection.task_names.items() for name in (primary, *aliases)}
+        if tokens and tokens[0] in names and any(t in ("--help", "-h") for t in tokens[1:]):
+            self.args.help.value = tokens[0]
+            self.core.unparsed = []
+
+
 def _bad_value_message(tokens: list[str], exc: ValueError) -> str:
-    """`-M abc` -> "-M: expected an integer, got 'abc'" (the flag found by its value)."""
+    """`-M abc` -> "-M: expected an integer, got 'abc'" (the flag found by its value); a float
+    option (int() and float() word their errors differently) expects a number."""
     text = str(exc)
     value = text.rsplit(": ", 1)[-1].strip("'\"") if ": " in text else ""
+    expected = "a number such as 0.05" if "float" in text else "an integer"
     for i, token in enumerate(tokens):
         if token.startswith("-") and "=" in token and token.split("=", 1)[1] == value:
-            return f"{token.split('=', 1)[0]}: expected an integer, got {value!r}"
+            return f"{token.split('=', 1)[0]}: expected {expected}, got {value!r}"
         if token == value and i and tokens[i - 1].startswith("-"):
-            return f"{tokens[i - 1]}: expected an integer, got {value!r}"
+            return f"{tokens[i - 1]}: expected {expected}, got {value!r}"
     return f"bad option value: {text}"
 
 
