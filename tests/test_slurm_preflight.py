@@ -79,7 +79,7 @@ def test_a_node_failing_preflight_is_left_out_of_the_next_launch(slurm_cluster, 
     finally:
         slurm_cluster.node_tmpfs("node1", "/dev/shm", None)
     assert train.returncode == 0, _explain(train)
-    assert "excluding 1 node(s) that failed preflight" in train.stdout and "node1 (host.shm" in train.stdout
+    assert "excluding 1 node(s) that failed preflight" in train.stderr and "node1 (host.shm" in train.stderr
     metadata = json.loads((_run_of(tmp_path, "train.pretrain_tiny") / "metadata.json").read_text())
     assert metadata["status"] == "ok" and metadata["hosts"] == ["node2"], metadata
     assert list(metadata["excluded_nodes"]) == ["node1"] and "host.shm" in metadata["excluded_nodes"]["node1"][0]

@@ -160,7 +160,7 @@ def test_a_job_submitted_without_waiting_records_its_own_end(slurm_cluster, data
         return json.loads((run / "metadata.json").read_text())
 
     assert metadata()["status"] == "submitted" and metadata()["slurm_job_id"] == job
-    assert f"squeue -j {job}" in proc.stdout
+    assert f"squeue -j {job}" in proc.stderr
     ended = _wait_for(lambda: metadata()["status"] != "submitted" and metadata(), 300, "the job's end")
     assert ended["status"] == "ok" and ended["exit_code"] == 0, ended
     assert ended["hosts"] == ["node1", "node2"] and ended["world_size"] == 4

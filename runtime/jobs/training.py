@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,6 +117,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     import envs
     from runtime import settings as settings_mod
     from runtime.jobs import planning
+    from runtime.jobs.environment import print_warnings
     from runtime.launch import build, launch
     from runtime.launch.slurm import submitted_job_id
     from runtime.runs import nodes as nodes_mod
@@ -140,8 +142,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     if cfg.schedule.warmup_steps >= cfg.train.steps and task_name == "train.pretrain":   # (a profile is short)
         warnings.append(f"schedule.warmup_steps={cfg.schedule.warmup_steps} >= train.steps={cfg.train.steps}: "
                         "the learning rate never leaves warmup")
-    for warning in warnings:
-        print(f"WARNING: {warning}")
+    print_warnings(warnings)   # stderr: stdout stays the result (--json)
     settings = settings_mod.load(c)
     excluded: dict[str, list[str]] = {}
     if job.exclude_from:
@@ -157,7 +158,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
         done = finished_at(resume, cfg.train.steps)
         if done is not None and not job.dry_run and task_name == "train.pretrain":
             print(f"{name}: already complete at step {done} of train.steps={cfg.train.steps} ({resume}); "
-                  f"nothing to do (--set train.steps=N with a larger N trains on from there)")
+                  f"nothing to do (--set train.steps=N with a larger N trains on from there)", file=sys.stderr)
             return {"run_dir": None, "summary": None, "complete": resume}
     # Check the launch before a run directory exists (bad --nproc, --nodes, runtime, image).
     # a container sees the checkout and the run directory; the dataset may live elsewhere
@@ -173,7 +174,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     too_big = planning.fit_warning(cfg, env, built.nproc, built.nodes,
                                    on_this_machine=not probe.runtime.startswith("slurm"))
     if too_big:
-        print(f"WARNING: {too_big}")
+        print_warnings([too_big])
     if job.dry_run:
         print(dump(cfg))
         args = ["--config", "RUN_DIR/config.yaml", "--run-dir", "RUN_DIR"] + (["--resume", resume] if resume else [])
@@ -190,7 +191,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
         if excluded:
             run.update_metadata(excluded_nodes=excluded)
             print(f"excluding {len(excluded)} node(s) that failed preflight in {job.exclude_from}: "
-                  + ", ".join(f"{h} ({'; '.join(r)[:80]})" for h, r in sorted(excluded.items())))
+                  + ", ".join(f"{h} ({'; '.join(r)[:80]})" for h, r in sorted(excluded.items())), file=sys.stderr)
         code = launch(spec, env=run.env, run_dir=run.path, masker=run.masker)
         job_id = submitted_job_id(run.path)
         if job_id:
@@ -199,7 +200,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
             # The job runs later, without us: its batch script records the end (runtime.runs.jobend).
             run.end_status = "submitted"
             print(f"the run's status is in {run.path}/metadata.json (`inv snapshot.show {run.path}`); "
-                  f"`squeue -j {job_id}` shows the job")
+                  f"`squeue -j {job_id}` shows the job", file=sys.stderr)
             return {"run_dir": run.path, "summary": None, "slurm_job_id": job_id}
         report = outcome.read(run.path)
         if code == 0:
