@@ -234,7 +234,7 @@ def test_empty_config_variants(tmp_path, text):
                                           ("optim.betas=[0.9, .nan]", "optim.betas[1]", "nan")])
 def test_inf_and_nan_are_refused(tmp_path, item, key, got):
     proc = inv(tmp_path, "train.pretrain", "--set", item, timeout=120)
-    one_line_error(proc, f"tiny.yaml: {key}: expected a finite number, got {got}")
+    one_line_error(proc, f"tiny.yaml with --set {item}: {key}: expected a finite number, got {got}")
     assert runs(tmp_path) == []
 
 
@@ -248,7 +248,7 @@ def test_inf_and_nan_are_refused(tmp_path, item, key, got):
 def test_inf_and_nan_in_every_float_field(item, key, got):
     from trainer.config import ConfigError, load
 
-    with pytest.raises(ConfigError, match=re.escape(f"tiny.yaml: {key}: expected a finite number, got {got}")):
+    with pytest.raises(ConfigError, match=re.escape(f"tiny.yaml with --set {item}: {key}: expected a finite number, got {got}")):
         load(None, [item])
 
 
@@ -256,7 +256,8 @@ def test_learning_rate_must_be_in_zero_one(tmp_path):
     from trainer.config import ConfigError, load
 
     proc = inv(tmp_path, "train.pretrain", "--set", "optim.lr=2", timeout=120)
-    one_line_error(proc, "tiny.yaml: optim.lr: expected a learning rate in (0, 1], e.g. 3e-4, got 2.0")
+    one_line_error(proc, "tiny.yaml with --set optim.lr=2: optim.lr: expected a learning rate in (0, 1], e.g. 3e-4, "
+                         "got 2.0")
     assert runs(tmp_path) == []
     for lr in ("0", "-1e-3", "1.0000001"):
         with pytest.raises(ConfigError, match=re.escape("optim.lr: expected a learning rate in (0, 1], e.g. 3e-4")):
@@ -646,4 +647,9 @@ def test_kernels_on_a_cpu_and_a_warmup_longer_than_the_run_are_said_before_start
     warm = inv(tmp_path, "train.pretrain", "--dry-run", "--set", "data.path=synthetic", "--set", "train.steps=5",
                "--set", "schedule.warmup_steps=5")
     assert warm.returncode == 0, warm.stderr
-    assert "WARNING: schedule.warmup_steps=5 >= train.steps=5: the learning rate never leaves warmup" in warm.stdout
+    assert "WARNING: schedule.warmup_steps=5 >= train.steps=5: the learning rate never leaves warmup" in warm.stderr
+    # Warnings go to stderr, so --json's stdout is the result alone.
+    as_json = inv(tmp_path, "train.pretrain", "--json", "--set", "data.path=synthetic", "--set", "train.steps=2",
+                  "--set", "schedule.warmup_steps=5", "--set", "train.val_batches=0")
+    assert as_json.returncode == 0 and "never leaves warmup" in as_json.stderr, as_json.stderr[-2000:]
+    assert json.loads(as_json.stdout)["steps"] == 2

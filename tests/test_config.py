@@ -82,8 +82,14 @@ def test_bad_values_name_file_key_and_expectation(tmp_path, text, key, expected)
 
 
 def test_bad_override_names_the_key(tmp_path):
-    with pytest.raises(ConfigError, match=r"tiny.yaml: unknown key 'optim.lrr'"):
+    with pytest.raises(ConfigError, match=r"tiny.yaml with --set optim.lrr=1: unknown key 'optim.lrr'"):
         load(DEFAULT_CONFIG, ["optim.lrr=1"])
+    with pytest.raises(ConfigError, match=r"tiny.yaml with --set optim.betas=0.9: optim.betas: expected a list of "
+                                          r"numbers, got 0.9"):
+        load(DEFAULT_CONFIG, ["train.steps=5", "optim.betas=0.9"])
+    with pytest.raises(ConfigError, match=r"tiny.yaml with --set model.rope_scaling=\{factor: x\}: "
+                                          r"model.rope_scaling.factor: expected a number"):
+        load(DEFAULT_CONFIG, ["model.rope_scaling={factor: x}"])
     with pytest.raises(ConfigError, match="expected KEY=VALUE"):
         load(DEFAULT_CONFIG, ["optim.lr"])
 

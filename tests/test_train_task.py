@@ -54,14 +54,14 @@ def test_pretrain_end_to_end(tmp_path, dataset):
     # --resume auto on the finished run: says it is complete, makes no new run, saves nothing again.
     again = inv(tmp_path, *args, "--resume", "auto")
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "already complete at step 12 of train.steps=12" in again.stdout
+    assert "already complete at step 12 of train.steps=12" in again.stderr
     assert run_dirs(tmp_path) == [run]
 
 
 def test_bad_config_is_one_message_and_no_run(tmp_path):
     proc = inv(tmp_path, "train.pretrain", "--set", "optim.lr=fast", timeout=60)
     assert proc.returncode == 2
-    assert "tiny.yaml: optim.lr: expected a number, got 'fast'" in proc.stderr
+    assert "tiny.yaml with --set optim.lr=fast: optim.lr: expected a number, got 'fast'" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert run_dirs(tmp_path) == []
 
@@ -70,7 +70,7 @@ def test_missing_data_says_how_to_prepare(tmp_path):
     proc = inv(tmp_path, "train.pretrain", "--config", "configs/llama3_8b.yaml",
                "--set", f"data.path={tmp_path / 'llama3'}", timeout=60)
     assert proc.returncode == 2
-    assert "inv data.prepare" in proc.stderr and "tokenizer.json" in proc.stderr
+    assert "inv data.prepare --input" in proc.stderr and "tokenizer.json" in proc.stderr
     assert run_dirs(tmp_path) == []
 
 

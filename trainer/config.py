@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -174,11 +175,26 @@ def load(path: str | Path | None = None, overrides: typing.Iterable[str] = ()) -
     if not isinstance(raw, dict):
         raise ConfigError(f"{src}: expected a mapping of sections at the top level, "
                           f"got {type(raw).__name__}")
+    overrides = list(overrides)
     for item in overrides:
         _apply_override(raw, item, src)
-    cfg = _build(TrainConfig, raw, "", src)
-    _check_values(cfg, src)
+    try:
+        cfg = _build(TrainConfig, raw, "", src)
+        _check_values(cfg, src)
+    except ConfigError as exc:
+        raise _blame_override(exc, src, overrides) from None
     return cfg
+
+
+def _blame_override(exc: ConfigError, src: str, overrides: list[str]) -> ConfigError:
+    """A bad key or value that came from --set says so: "tiny.yaml with --set optim.lrr=3e-4:
+    unknown key ..." rather than blaming the file for a typo on the command line."""
+    text = str(exc)
+    said = re.match(rf"{re.escape(src)}: (?:unknown key '([^']+)'|([\w.]+)(?:\[\d+\])?: )", text)
+    key = said and (said[1] or said[2])
+    item = next((o for o in reversed(overrides) if key and o.partition("=")[0].strip() in
+                 (key, *(key.rsplit(".", n)[0] for n in range(1, key.count(".") + 1)))), None)
+    return ConfigError(f"{src} with --set {item}{text[len(src):]}") if item else exc
 
 
 def _read_text(path: Path, src: str) -> str:
@@ -232,7 +248,9 @@ def _describe(tp) -> str:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         return " or ".join(_describe(a) for a in args) + " or null"
     if origin is list:
-        return f"a list of {_describe(typing.get_args(tp)[0])}"
+        inner = typing.get_args(tp)[0]
+        plural = {int: "integers", float: "numbers", str: "strings", bool: "true/false values"}.get(inner)
+        return f"a list of {plural}" if plural else f"a list, each {_describe(inner)}"
     if origin is dict:
         return "a mapping of NAME: string"
     if dataclasses.is_dataclass(tp):

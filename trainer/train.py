@@ -51,7 +51,7 @@ def check_data(cfg: TrainConfig) -> str:
     if not (path / "manifest.json").is_file():
         if cfg.model.vocab_size > 65536:
             hint = (f"prepare it with Llama 3's tokenizer (vocab {cfg.model.vocab_size}): "
-                    f"`inv data.prepare INPUT... --tokenizer PATH/TO/tokenizer.json --out {path}`; "
+                    f"`inv data.prepare --input TEXT_FILES --tokenizer PATH/TO/tokenizer.json --out {path}`; "
                     "for throughput runs use --set data.path=synthetic")
         else:
             hint = f"prepare it with `inv data.prepare --out {path}`"
