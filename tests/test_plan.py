@@ -266,6 +266,7 @@ def test_pretrain_warns_before_launch_when_the_plan_says_it_will_not_fit(monkeyp
     monkeypatch.setattr(planning, "host_memory_gib", lambda: 64.0)
     big = planning.fit_warning(cfg, cpu, 2, 1, on_this_machine=True)
     assert big and "this machine's 64 GiB of memory shared by 2 ranks" in big
+    assert "lower data.batch_size" in big and "--gpu NAME" in big       # train.plan plans for GPUs
     assert planning.fit_warning(cfg, cpu, 1, 2, on_this_machine=False) is None   # Slurm nodes unseen from here
 
 
@@ -274,4 +275,4 @@ def test_pretrain_dry_run_prints_the_warning():
                            "data.path=synthetic", "--gpu", "H100:2", "--dry-run"], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "WARNING: the memory plan says this run will not fit: it needs about 87" in proc.stdout
+    assert "WARNING: the memory plan says this run will not fit: it needs about 87" in proc.stderr

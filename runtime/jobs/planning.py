@@ -68,6 +68,10 @@ def fit_warning(cfg, resolved, procs_per_node: int, nodes: int, on_this_machine:
     if mem.fits(world) is not False:
         return None
     need = mem.needed_bytes(world) / GIB
+    # train.plan plans for GPUs: here, on a CPU, it can only be pointed at the GPU the run is for.
+    advice = ("`inv train.plan` with the same --config and --set shows the breakdown and what would fit"
+              if device.vendor != "cpu" else
+              "lower data.batch_size or the model here, or plan it for its GPU: `inv train.plan` with the same "
+              "--config and --set and --gpu NAME (e.g. H100)")
     return (f"the memory plan says this run will not fit: it needs about {need:.1f} GiB per rank "
-            f"(data.batch_size {mem.batch_size}, activation checkpointing {mem.mode}) on {where}; "
-            "`inv train.plan` with the same --config and --set shows the breakdown and what would fit")
+            f"(data.batch_size {mem.batch_size}, activation checkpointing {mem.mode}) on {where}; {advice}")
