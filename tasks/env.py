@@ -6,8 +6,8 @@ import sys
 
 from invoke import Collection, task
 
-from runtime.jobs.environment import print_warnings, resolve_on_hosts, resolved_env
-from trainer.errors import AnvilError, UserError
+from runtime.jobs.environment import explained_var, print_warnings, resolve_on_hosts, resolved_env
+from trainer.errors import UserError
 
 COMMON_HELP = {
     "gpu": "Show another machine's profile: MI300X, H100, MI250X:8 ... (default: detect; env ANVIL_GPU)",
@@ -69,15 +69,12 @@ def show(c, gpu="", site="", config="", env=None, json=False):
 def explain(c, var, gpu="", site="", config="", env=None, json=False):
     """Every layer that touched VAR, in order, with its reason and public source."""
     resolved = resolved_env(gpu, site, config, env)
-    entry = resolved.vars.get(var)
-    if entry is None:
-        raise AnvilError(f"no layer sets {var} for {resolved.machine.summary()} "
-                         f"(layers: {' -> '.join(resolved.layers)}); inv env.show lists what is set", 1)
+    entry = explained_var(resolved, var)
     if json:
         print(jsonlib.dumps(entry.to_dict(), indent=2))
         return
     final = "(unset)" if entry.value is None else entry.value
-    print(f"{var}={final}  [{entry.source}]  for {resolved.machine.summary()}")
+    print(f"{entry.name}={final}  [{entry.source}]  for {resolved.machine.summary()}")
     for step, change in enumerate(entry.history, 1):
         value = "(unset)" if change.value is None else change.value
         print(f"{step}. {change.layer}: {value}\n   why: {change.reason}\n   source: {change.ref}")

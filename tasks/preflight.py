@@ -39,7 +39,7 @@ PERF_HELP = {
     "floor": "Floor NAME=VALUE over the GPU profile's (gemm_tflops, hbm_gbps, h2d_gbps, allreduce_gbps; repeatable)",
     "baseline": "Also fail a GPU more than --tolerance below this baseline (a --save-baseline file)",
     "save-baseline": "Write this node's figures to FILE, the baseline for other nodes (run it on a known-good node)",
-    "tolerance": "How far under the baseline still passes (default 0.05 = 5%)",
+    "tolerance": "How far under the baseline still passes: a fraction, 0.05 or 5% (default 0.05)",
     "timeout": "Seconds per GPU before it counts as hung (default 120)",
 }
 
@@ -109,19 +109,22 @@ all_checks = _check_task(ALL, "All checks in one table (gpu, host, software, net
 
 @run_task(help={**HELP, **PERF_HELP}, per_node=True, iterable=["floor"])
 def perf(c, gpu="", site="", json=False, require_gpu=False, allow_unknown_gpu=False, floor=None, baseline="",
-         save_baseline="", tolerance=0.05, timeout=0.0, run_options=None):
-    """GPU performance screen: GEMM, HBM copy, host-to-device per GPU and the local all-reduce, against
-    the GPU model's floors (and a --baseline); exit 1 on FAIL."""
-    from runtime.preflight import perf as perf_mod
-    from trainer.files import write_json_atomic
+         save_baseline="", tolerance="0.05", timeout=0.0, run_options=None):
+    """GPU performance screen: GEMM, HBM copy, host-to-device per GPU, local all-reduce; exit 1 on FAIL.
 
+    Each GPU's figures are judged against its model's floors (--floor) and, when given, a
+    --baseline recorded on a known-good node with --save-baseline."""
+    from runtime.preflight import perf as perf_mod
+
+    # tolerance is a string option so that "5%" reaches check_tolerance (Invoke would cast a float default).
     extra = {"floors": perf_mod.parse_floors(floor), "tolerance": perf_mod.check_tolerance(tolerance),
              "baseline": perf_mod.read_baseline(baseline) if baseline else None, "timeout": float(timeout)}
+    if save_baseline:
+        perf_mod.check_save_path(save_baseline)
 
     def save(inputs, run):
         if save_baseline:
-            document = perf_mod.baseline_document(inputs)
-            write_json_atomic(save_baseline, document)
+            document = perf_mod.save_baseline(inputs, save_baseline)
             run.write_json("baseline.json", document)
             print(f"baseline written to {save_baseline}: " + ", ".join(f"{k} {v:.4g}"
                                                                      for k, v in document["measured"].items()))

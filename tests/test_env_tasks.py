@@ -42,7 +42,7 @@ def test_explain_lumi_socket_ifname(inv):
     assert out.startswith("NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3  [site:lumi]")
     assert "1. base:" in out and "2. site:lumi: hsn0,hsn1,hsn2,hsn3" in out and "LUMI AI guide" in out
     missing = inv("env.explain", "NO_SUCH_VAR", "--gpu", "H100", check=False)
-    assert missing.returncode == 1 and "no layer sets NO_SUCH_VAR" in missing.stderr
+    assert missing.returncode == 2 and "no layer sets NO_SUCH_VAR" in missing.stderr
 
 
 def test_export_sourced_by_bash_gives_the_values(inv, tmp_path):

@@ -3,12 +3,14 @@
     env = resolved_env(gpu="MI300X", site=None, config="configs/x.yaml", env=["NCCL_DEBUG=INFO"])
     print_warnings(env.warnings)
     a, b, env_a, env_b = resolve_on_hosts(c, "node1,node2")     # env.diff --hosts
+    var = explained_var(env, "nccl_socket_ifname")               # env.explain: any case, else UserError
 
 Bad input (an unknown GPU or site, a malformed KEY=VALUE, an unreadable config)
 raises envs.EnvError, a UserError: the inv program shows its message, exit 2.
 """
 from __future__ import annotations
 
+import difflib
 import sys
 
 from trainer.errors import AnvilError, UserError
@@ -20,6 +22,45 @@ def resolved_env(gpu=None, site=None, config=None, env=None):
     config_env = envs.load_config_env(config) if config else None
     return envs.resolve(gpu=gpu or None, site=site or None, config_env=config_env, overrides=env or (),
                         config_ref=f"{config} (env:)" if config else "the training config's env: block")
+
+
+def profile_setters() -> dict[str, list[str]]:
+    """{variable: [labels of every profile layer that sets it]}, over all GPU models and sites."""
+    from envs import profiles
+    from envs.profiles import sites
+
+    stack = [profiles.BASE, *profiles.VENDOR_PROFILES.values(), *profiles.MODEL_PROFILES.values(),
+             *(module.PROFILE for module in sites.SITES.values())]
+    setters: dict[str, list[str]] = {}
+    for profile in stack:
+        for entry in profile.entries:
+            setters.setdefault(entry.name, []).append(profile.label)
+    return setters
+
+
+def explained_var(resolved, name: str):
+    """The Var `name` names in `resolved`, matched in any case (nccl_socket_ifname); else a UserError
+    saying which layers would set it, or the closest names any layer knows."""
+    if name in resolved.vars:
+        return resolved.vars[name]
+    same = [known for known in resolved.vars if known.upper() == name.upper()]
+    if len(same) == 1:
+        return resolved.vars[same[0]]
+    if same:
+        raise UserError(f"{name} matches {', '.join(sorted(same))}: give the exact name")
+    here = f"no layer sets {name} for {resolved.machine.summary()} (layers: {' -> '.join(resolved.layers)})"
+    setters = profile_setters()
+    elsewhere = [known for known in setters if known.upper() == name.upper()]
+    if elsewhere:
+        where = setters[elsewhere[0]]
+        flags = [flag for prefixes, flag in ((("vendor:", "model:"), "--gpu MODEL"), (("site:",), "--site SITE"))
+                 if any(w.startswith(prefixes) for w in where)]
+        raise UserError(f"{here}; {elsewhere[0]} is set by {', '.join(where)}"
+                        + (f": see it with {' or '.join(flags)}" if flags else ""))
+    known = sorted(set(setters) | set(resolved.vars))
+    close = difflib.get_close_matches(name.upper(), known, n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(close)}?" if close else "no Anvil profile knows that name"
+    raise UserError(f"{here}; {hint} (inv env.show lists what is set)")
 
 
 def print_warnings(warnings) -> None:

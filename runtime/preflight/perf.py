@@ -22,7 +22,7 @@ from typing import Optional
 from runtime.preflight import rules
 from runtime.preflight.result import WARN, CheckResult
 from runtime.preflight.screen import devices_of, label, per_device
-from trainer.errors import UserError
+from trainer.errors import AnvilError, UserError
 
 PERF_TIMEOUT_S = 120.0
 METRICS = (("gemm_tflops", "perf.gemm", "TFLOP/s"), ("hbm_gbps", "perf.hbm_copy", "GB/s"),
@@ -175,7 +175,49 @@ def read_baseline(path: str) -> dict:
     return data
 
 
-def check_tolerance(tolerance: float) -> float:
-    if not 0 <= tolerance < 1:
-        raise PerfOptionError(f"--tolerance {tolerance}: expected a fraction in [0, 1), e.g. 0.05")
-    return tolerance
+def check_tolerance(tolerance) -> float:
+    """--tolerance as a fraction: 0.05, or "5%" for the same; [0, 1)."""
+    text = str(tolerance).strip()
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 <= value < 1:
+        raise PerfOptionError(f"--tolerance {tolerance}: expected a fraction in [0, 1) such as 0.05 for 5% "
+                              f"(or write 5%)")
+    return value
+
+
+def check_save_path(path: str) -> None:
+    """Refuse a --save-baseline FILE that could not be written, before minutes of measuring.
+    Missing folders are fine (the writer makes them) when the nearest existing one takes a new file."""
+    from trainer.files import file_in_the_way
+
+    target = Path(path)
+    if target.is_dir():
+        raise PerfOptionError(f"--save-baseline {path}: is a directory; expected a file path such as "
+                              f"{target / 'baseline.json'}")
+    blocker = file_in_the_way(target)
+    if blocker is not None:
+        raise PerfOptionError(f"--save-baseline {path}: {blocker} is a file, not a folder")
+    folder = next(p for p in target.absolute().parents if p.exists())
+    try:
+        # A real file, not os.access: root passes access() where no file can be made (/proc, a read-only mount).
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".anvil-write-test.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise PerfOptionError(f"--save-baseline {path}: cannot write a file in {folder} "
+                              f"({exc.strerror or exc})") from None
+
+
+def save_baseline(inp, path: str) -> dict:
+    """Write this node's baseline_document to `path` (atomically); the document written."""
+    from trainer.files import write_json_atomic
+
+    document = baseline_document(inp)
+    try:
+        write_json_atomic(path, document)
+    except OSError as exc:   # checked before measuring; this is the folder changing meanwhile
+        raise AnvilError(f"--save-baseline {path}: cannot write it ({exc.strerror or exc})", 1) from None
+    return document

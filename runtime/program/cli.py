@@ -249,7 +249,7 @@ def _bad_value_message(tokens: list[str], exc: ValueError) -> str:
     option (int() and float() word their errors differently) expects a number."""
     text = str(exc)
     value = text.rsplit(": ", 1)[-1].strip("'\"") if ": " in text else ""
-    expected = "a number such as 0.05" if "float" in text else "an integer"
+    expected = "a number" if "float" in text else "an integer"
     for i, token in enumerate(tokens):
         if token.startswith("-") and "=" in token and token.split("=", 1)[1] == value:
             return f"{token.split('=', 1)[0]}: expected {expected}, got {value!r}"
