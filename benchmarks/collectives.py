@@ -40,6 +40,14 @@ def parse_size(text: str) -> int:
     return value
 
 
+def parse_sizes(text: str) -> list[int]:
+    """'1M,64M' -> [1048576, 67108864]; an empty list is an error (it would measure nothing and pass)."""
+    sizes = [parse_size(s) for s in text.split(",") if s.strip()]
+    if not sizes:
+        raise ValueError(f"no message size in {text!r}: give one or more, e.g. 1M,64M")
+    return sizes
+
+
 def bus_factor(op: str, n: int) -> float:
     if op == "all_reduce":
         return 2.0 * (n - 1) / n
@@ -65,6 +73,8 @@ def measure(op: str, sizes: list[int], warmup: int = 5, iters: int = 20) -> list
     import torch
     import torch.distributed as dist
 
+    if iters < 1:
+        raise ValueError(f"iters must be 1 or more, got {iters} (the time is a median of them)")
     rank, world = dist.get_rank(), dist.get_world_size()
     gpu = dist.get_backend() != "gloo" and torch.cuda.is_available()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if gpu else torch.device("cpu")
@@ -130,7 +140,12 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("--out", help="rank 0 also writes the JSON report to this file (atomically)")
     a = p.parse_args(argv)
-    sizes = [parse_size(s) for s in a.sizes.split(",") if s.strip()]
+    try:
+        sizes = parse_sizes(a.sizes)
+    except ValueError as exc:
+        p.error(f"--sizes: {exc}")
+    if a.iters < 1 or a.warmup < 0:
+        p.error("--iters must be 1 or more and --warmup 0 or more")
     backend = "nccl" if torch.cuda.is_available() else "gloo"  # nccl is RCCL on ROCm builds
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))

@@ -1,6 +1,6 @@
 """GEMM throughput: how fast this device multiplies matrices (TFLOP/s).
 
-    python -m benchmarks.gemm -M 8192 [-N 8192] [-K 8192] [--dtype bf16] [--json]
+    python -m benchmarks.gemm [-M 8192] [-N M] [-K M] [--dtype bf16] [--json]   (-M: 1024 on a CPU)
 
 M x K @ K x N, 2*M*N*K FLOPs per product. On a GPU the time is the median of
 CUDA/HIP-event timed products after warm-up (random data: zeros run faster on
@@ -18,6 +18,8 @@ import time
 from dataclasses import asdict, dataclass
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+# Default M (also inv bench.gemm's): an 8192^3 bf16 product takes ~5 s on a CPU, 1024^3 ~25 ms.
+GPU_ROWS, CPU_ROWS = 8192, 1024
 
 
 @dataclass
@@ -74,6 +76,8 @@ def run_gemm(m: int, n: int | None = None, k: int | None = None, dtype: str = "b
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     if min(m, n, k) <= 0:
         raise ValueError("M, N and K must be positive")
+    if iters < 1:
+        raise ValueError(f"iters must be 1 or more, got {iters} (the time is a median of them)")
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch_dtype = getattr(torch, DTYPES[dtype])
     a = torch.randn(m, k, device=dev, dtype=torch_dtype)
@@ -88,13 +92,18 @@ def run_gemm(m: int, n: int | None = None, k: int | None = None, dtype: str = "b
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("-M", type=int, default=8192)
+    p.add_argument("-M", type=int, help="default: 8192 on a GPU, 1024 on a CPU")
     p.add_argument("-N", type=int)
     p.add_argument("-K", type=int)
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
+    if a.iters < 1:
+        p.error("--iters must be 1 or more")
+    if a.M is None:   # an 8192^3 product takes seconds on a CPU: a CPU-sized default there
+        import torch
+        a.M = GPU_ROWS if torch.cuda.is_available() else CPU_ROWS
     # The GPU's env profile exports its dense bf16 peak; a CPU has none.
     peak = float(os.environ.get("ANVIL_GPU_PEAK_TFLOPS") or 0) or None
     r = run_gemm(a.M, a.N, a.K, a.dtype, iters=a.iters, peak_tflops=peak)

@@ -17,27 +17,42 @@ GPU_HELP = {"gpu": "Resolve the environment for another GPU model (default: dete
             "dry-run": "Print the resolved environment and the exact command; start nothing"}
 
 
-def _execute(c, task_name, run_options, body, gpu="", extra=None, dry=None):
-    """Resolve the environment, then run body(run, env) as a run; dry(env) instead with --dry-run."""
+def _resolve(gpu: str, run_options):
+    """The resolved environment (its warnings on stderr): the GEMM's default size depends on its machine."""
     from runtime.jobs.environment import print_warnings, resolved_env
-    from runtime.runs.run import execute
 
     env = resolved_env(gpu, None, None, run_options.env)
     print_warnings(env.warnings)
+    return env
+
+
+def _execute(c, task_name, run_options, env, body, extra=None, dry=None):
+    """Run body(run, env) as a run; dry(env) instead with --dry-run."""
+    from runtime.runs.run import execute
+
     if dry is not None:
         return dry(env)
     return execute(c, run_options.spec(task_name, env=env, extra=extra), lambda run: body(run, env))
 
 
-@run_task(per_node=True, help={**GPU_HELP, "M": "Rows of A (and of the product)", "N": "Columns of B (default: M)",
-                               "K": "Inner dimension (default: M)", "dtype": "bf16 | fp16 | fp32",
-                               "iters": "Timed products"})
-def gemm(c, M=8192, N=0, K=0, dtype="bf16", iters=20, gpu="", json=False, dry_run=False, run_options=None):
+# The per-node --runtime help (runtime/runs/options.py) as these tasks take it: no container.
+RUNTIME_HELP = {"runtime": "direct (this node) | slurm: run on every node of the Slurm allocation, one task per "
+                           "node, and merge the results (default: the anvil.runtime setting; container is refused)"}
+
+
+@run_task(per_node=True, help={**GPU_HELP, **RUNTIME_HELP,
+                               "M": "Rows of A and of the product, an integer (default 8192 on a GPU, 1024 on a CPU)",
+                               "N": "Columns of B (default: M)", "K": "Inner dimension (default: M)",
+                               "dtype": "bf16 | fp16 | fp32", "iters": "Timed products (default 20)"})
+def gemm(c, M=None, N=0, K=0, dtype="bf16", iters=20, gpu="", json=False, dry_run=False, run_options=None):
     """GEMM throughput: median time and TFLOP/s of an M x N x K product (and % of the GPU's peak)."""
+    import sys
+
+    from runtime import settings as settings_mod
     from runtime.jobs import benchmarks
 
     def body(run, env):
-        result = benchmarks.gemm(run, M, N, K, dtype, iters)
+        result = benchmarks.gemm(run, m, N, K, dtype, iters)
         if json:
             print(jsonlib.dumps(result, indent=2))
         else:
@@ -47,13 +62,20 @@ def gemm(c, M=8192, N=0, K=0, dtype="bf16", iters=20, gpu="", json=False, dry_ru
                              f"{result['median_ms']:.3f}", f"{result['tflops']:.1f}", peak]],
                            headers=["device", "dtype", "M x N x K", "median ms", "TFLOP/s", "of peak"]))
         return result
-    benchmarks.check_gemm(M, N, K, dtype)
-    dry = (lambda env: benchmarks.dry_run(env, argv=benchmarks.gemm_argv(M, N, K, dtype, iters))) if dry_run else None
-    _execute(c, "bench.gemm", run_options, body, gpu, extra={"M": M, "N": N or M, "K": K or M, "dtype": dtype},
+    m = benchmarks.parse_rows(M)    # M=None: Invoke hands -M over as a string, so "not given" stays visible
+    benchmarks.check_gemm(m, N, K, dtype, iters)
+    benchmarks.check_runtime(run_options.runtime, settings_mod.load(c))
+    env = _resolve(gpu, run_options)
+    m, note = benchmarks.gemm_rows(m, env)
+    if note:
+        print(note, file=sys.stderr)
+    dry = (lambda env: benchmarks.dry_run(env, argv=benchmarks.gemm_argv(m, N, K, dtype, iters))) if dry_run else None
+    _execute(c, "bench.gemm", run_options, env, body, extra={"M": m, "N": N or m, "K": K or m, "dtype": dtype},
              dry=dry)
 
 
-@run_task(per_node=True, help={**GPU_HELP, "op": "all_reduce (default), all_gather, reduce_scatter, broadcast",
+@run_task(per_node=True, help={**GPU_HELP, **RUNTIME_HELP,
+                               "op": "all_reduce (default), all_gather, reduce_scatter, broadcast",
                                "sizes": "Message sizes, e.g. 1M,64M,1G", "iters": "Timed repetitions per size",
                                "nproc": "Processes per node (default: one per visible GPU; 2 on a CPU, over gloo)"})
 def allreduce(c, op="all_reduce", sizes="1M,16M,64M", iters=20, nproc=0, gpu="", json=False, dry_run=False,
@@ -62,18 +84,21 @@ def allreduce(c, op="all_reduce", sizes="1M,16M,64M", iters=20, nproc=0, gpu="",
     from runtime import settings as settings_mod
     from runtime.jobs import benchmarks
 
-    benchmarks.check_collective(op, sizes)
+    benchmarks.check_collective(op, sizes, iters, nproc)
+    settings = settings_mod.load(c)
+    runtime = benchmarks.check_runtime(run_options.runtime, settings)
 
     def body(run, env):
-        report = benchmarks.collective(settings_mod.load(c), run, env, op, sizes, iters, nproc)
+        # With --json the ranks' table goes to stderr: stdout is the JSON alone.
+        report = benchmarks.collective(settings, run, env, op, sizes, iters, nproc, runtime, quiet=json)
         if json:
             print(jsonlib.dumps(report, indent=2))
         return report
     def dry(env):
-        spec = benchmarks.collective_spec(settings_mod.load(c), env, op, sizes, iters, nproc,
-                                          "RUN_DIR/collectives.json")
+        spec = benchmarks.collective_spec(settings, env, op, sizes, iters, nproc, "RUN_DIR/collectives.json",
+                                          runtime)
         benchmarks.dry_run(env, spec=spec)
-    _execute(c, "bench.allreduce", run_options, body, gpu, extra={"op": op, "sizes": sizes},
+    _execute(c, "bench.allreduce", run_options, _resolve(gpu, run_options), body, extra={"op": op, "sizes": sizes},
              dry=dry if dry_run else None)
 
 
@@ -101,7 +126,7 @@ def kernels(c, op="all", json=False, quick=False, out="", run_options=None):
         run.write_json("kernels.json", report)
         print(text)
         return {"op": op}
-    _execute(c, "bench.kernels", run_options, body, extra={"op": op, "quick": quick})
+    _execute(c, "bench.kernels", run_options, _resolve("", run_options), body, extra={"op": op, "quick": quick})
 
 
 ns = Collection("bench")

@@ -1,7 +1,10 @@
 """Benchmarks as runs: the GEMM in a child process with the run's environment, collectives through a launch.
 
-    check_gemm(M, N, K, dtype); result = gemm(run, M, N, K, dtype, iters)
-    check_collective(op, sizes); report = collective(settings, run, env, op, sizes, iters, nproc)
+    runtime = check_runtime(given, settings)      # both tasks, before the run: direct | slurm
+    m = parse_rows(M); check_gemm(m, N, K, dtype, iters); m, note = gemm_rows(m, env)
+    result = gemm(run, m, N, K, dtype, iters)
+    check_collective(op, sizes, iters, nproc)
+    report = collective(settings, run, env, op, sizes, iters, nproc, runtime, quiet)
 
 Both results carry "measurements" rows, the shape the fan-out merges per node
 (`inv -H ...`, `--runtime slurm`).
@@ -17,13 +20,54 @@ import sys
 from trainer.errors import AnvilError, UserError
 
 DTYPES = ("bf16", "fp16", "fp32")
+RUNTIMES = ("direct", "slurm")   # container: neither the GEMM child nor the collective's launch is built for one
 
 
-def check_gemm(m: int, n: int, k: int, dtype: str) -> None:
-    if min(m, n or m, k or m) <= 0:
+def check_runtime(given: str, settings) -> str:
+    """The runtime the task runs under (--runtime, else the anvil.runtime setting); UserError unless supported.
+
+    The program fans slurm out before the task runs, so the task sees direct or the unsupported rest."""
+    runtime = given or settings.runtime
+    if runtime not in RUNTIMES:
+        where = f"--runtime {runtime}" if given else f"runtime {runtime!r} (the anvil.runtime setting)"
+        raise UserError(f"{where} is not supported: use --runtime direct (this node) or slurm "
+                        "(every node of the allocation)")
+    return runtime
+
+
+def check_iters(iters: int) -> None:
+    if iters < 1:   # the result is a median of the timed runs: none gives no result, only a late crash
+        raise UserError(f"--iters {iters}: expected 1 or more")
+
+
+def parse_rows(m: str | None) -> int | None:
+    """-M as typed (a string: its default depends on the machine, so None must mean "not given")."""
+    if m is None:
+        return None
+    try:
+        return int(m)
+    except ValueError:
+        raise UserError(f"-M: expected an integer, got {m!r}") from None
+
+
+def gemm_rows(m: int | None, env) -> tuple[int, str]:
+    """(M, a note for stderr or ""): -M as given, else 8192 where the environment has a GPU, 1024 where not."""
+    from benchmarks.gemm import CPU_ROWS, GPU_ROWS
+
+    if m is not None:
+        return m, ""
+    if env.machine.has_gpu:
+        return GPU_ROWS, ""
+    return CPU_ROWS, f"no GPU visible: -M defaults to {CPU_ROWS} on a CPU ({GPU_ROWS} on a GPU); give -M to choose"
+
+
+def check_gemm(m: int | None, n: int, k: int, dtype: str, iters: int) -> None:
+    """m None: -M not given (gemm_rows picks it); n, k 0: as M."""
+    if (m is not None and m <= 0) or n < 0 or k < 0:
         raise UserError("M, N and K must be positive")
     if dtype not in DTYPES:
         raise UserError(f"unknown --dtype {dtype!r} ({', '.join(DTYPES)})")
+    check_iters(iters)
 
 
 def gemm_argv(m: int, n: int, k: int, dtype: str, iters: int) -> list[str]:
@@ -45,22 +89,25 @@ def gemm(run, m: int, n: int, k: int, dtype: str, iters: int) -> dict:
     return result
 
 
-def check_collective(op: str, sizes: str) -> None:
-    from benchmarks.collectives import OPS, parse_size
+def check_collective(op: str, sizes: str, iters: int, nproc: int) -> None:
+    from benchmarks.collectives import OPS, parse_sizes
 
     if op not in OPS:
         raise UserError(f"unknown --op {op!r} ({', '.join(OPS)})")
     try:
-        [parse_size(s) for s in sizes.split(",") if s.strip()]
+        parse_sizes(sizes)
     except ValueError as exc:
-        raise UserError(str(exc)) from None
+        raise UserError(f"--sizes: {exc}") from None
+    check_iters(iters)
+    if nproc < 0:
+        raise UserError(f"--nproc {nproc}: expected 1 or more (0: the default)")
 
 
-def collective_spec(settings, env, op: str, sizes: str, iters: int, nproc: int, out):
+def collective_spec(settings, env, op: str, sizes: str, iters: int, nproc: int, out, runtime: str = ""):
     from runtime.launch import LaunchSpec
 
     procs = nproc or (None if env.machine.count else 2)  # a collective needs two ranks
-    return LaunchSpec(module="benchmarks.collectives", runtime=settings.runtime, nproc=procs,
+    return LaunchSpec(module="benchmarks.collectives", runtime=runtime or settings.runtime, nproc=procs,
                       gpus=env.machine.count, vendor=env.machine.vendor,
                       args=["--op", op, "--sizes", sizes, "--iters", str(iters), "--out", str(out)])
 
@@ -77,13 +124,16 @@ def dry_run(env, argv: list[str] | None = None, spec=None) -> None:
         print(shlex.join(argv or []))
 
 
-def collective(settings, run, env, op: str, sizes: str, iters: int, nproc: int) -> dict:
-    """benchmarks.collectives through the configured runtime on this node; its report with measurements."""
+def collective(settings, run, env, op: str, sizes: str, iters: int, nproc: int, runtime: str = "",
+               quiet: bool = False) -> dict:
+    """benchmarks.collectives through the runtime on this node; its report with measurements.
+
+    quiet: the ranks' output (rank 0's table) goes to stderr, leaving stdout to the caller's JSON."""
     from runtime.launch import launch
 
     out = run.path / "collectives.json"
-    spec = collective_spec(settings, env, op, sizes, iters, nproc, out)
-    code = launch(spec, env=run.env, run_dir=run.path, masker=run.masker)
+    spec = collective_spec(settings, env, op, sizes, iters, nproc, out, runtime)
+    code = launch(spec, env=run.env, run_dir=run.path, masker=run.masker, stdout=sys.stderr if quiet else None)
     if code != 0 or not out.is_file():
         raise AnvilError(f"the benchmark exited with status {code}; see {run.path}/logs", code or 1)
     report = json.loads(out.read_text())
