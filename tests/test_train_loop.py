@@ -120,3 +120,23 @@ def test_cli_bad_config_exits_2_with_one_message(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{bad}: optim.lr: expected a number" in err and "Traceback" not in err
     assert not (tmp_path / "r" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("setting", [None, True, False])
+def test_tensorboard_is_used_when_installed_and_missing_it_is_said_only_when_asked_for(tmp_path, caplog, setting):
+    """logging.tensorboard: null (the default) uses TensorBoard when it is installed and says nothing
+    when it is not; true says once that it is missing; false never uses it."""
+    import importlib.util
+    import logging
+
+    import torch
+
+    from trainer.metrics import Metrics
+
+    log = logging.getLogger("anvil-test-tensorboard")
+    with caplog.at_level(logging.WARNING, logger=log.name):
+        Metrics(tmp_path, is_main=True, log=log, device=torch.device("cpu"), world_size=1, total_steps=1,
+                flops_per_token=1, tensorboard=setting, progress=False, gpu_stats=False).close()
+    installed = importlib.util.find_spec("tensorboard") is not None
+    assert (tmp_path / "tensorboard").is_dir() == (installed and setting is not False)
+    assert caplog.text.count("TensorBoard cannot be used here") == (1 if setting is True and not installed else 0)

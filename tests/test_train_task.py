@@ -43,8 +43,10 @@ def test_pretrain_end_to_end(tmp_path, dataset):
     assert steps == [4, 8, 12, 12]  # three train intervals, the final validation
     assert "| loss " in (run / "logs" / "rank0.log").read_text()
     assert "final train loss" in proc.stderr  # the trainer's summary table (tabulate)
-    # logging.tensorboard (on by default) either writes event files or says once that it is off
-    assert (run / "tensorboard").is_dir() or proc.stderr.count("TensorBoard cannot be used here") == 1
+    # logging.tensorboard: null (tiny.yaml): event files when TensorBoard is installed, no warning when not
+    import importlib.util
+    assert (run / "tensorboard").is_dir() == (importlib.util.find_spec("tensorboard") is not None)
+    assert "TensorBoard cannot be used here" not in proc.stderr
     from trainer.config import load
     used = load(run / "config.yaml")  # the config as used, overrides applied
     assert used.train.steps == 12 and used.data.path == str(dataset)

@@ -122,7 +122,7 @@ class CheckpointConfig:
 
 @dataclass
 class LoggingConfig:
-    tensorboard: bool = True       # when tensorboard is installed
+    tensorboard: bool | None = None   # null: on when TensorBoard is installed; true: say so when it is not
     progress: bool = True          # progress bar on a terminal (rank 0)
     gpu_stats: bool = True         # utilisation via nvidia-ml-py / pyrsmi
 

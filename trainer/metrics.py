@@ -104,7 +104,7 @@ class Metrics:
     """Rank 0 writes metrics.jsonl / TensorBoard and the console line; every rank may call."""
 
     def __init__(self, run_dir: Path | None, *, is_main: bool, log, device: torch.device,
-                 world_size: int, total_steps: int, flops_per_token: int, tensorboard: bool = True,
+                 world_size: int, total_steps: int, flops_per_token: int, tensorboard: bool | None = None,
                  progress: bool = True, gpu_stats: bool = True):
         self.is_main, self.log, self.device = is_main, log, device
         self.world_size, self.total_steps = world_size, total_steps
@@ -124,13 +124,14 @@ class Metrics:
             self._proc = None
         if is_main and run_dir is not None:
             self._file = open(Path(run_dir) / "metrics.jsonl", "a", encoding="utf-8")
-            if tensorboard:
+            if tensorboard is not False:   # None: when installed, without a word when not
                 try:
                     from torch.utils.tensorboard import SummaryWriter
                     self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
                 except Exception as exc:  # tensorboard not installed: the JSONL has everything
                     self._tb = None
-                    self.log.warning("logging.tensorboard is on but TensorBoard cannot be used here (%s): "
+                    if tensorboard:
+                        self.log.warning("logging.tensorboard is on but TensorBoard cannot be used here (%s): "
                                      "off for this run; metrics.jsonl has every figure (pip install "
                                      "tensorboard to turn it on)", str(exc).splitlines()[0] if str(exc) else
                                      type(exc).__name__)
