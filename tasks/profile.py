@@ -60,7 +60,7 @@ def train(c, config=None, set_=None, steps="3:6", ranks="0", top=15, nproc=0, co
     # Stop right after the window: the point is the trace, not the model.
     sets = list(set_ or []) + [f"train.steps={end - 1}", "checkpoint.interval=0", "checkpoint.save_final=false"]
     job = TrainingJob(config=config, sets=sets, nproc=nproc, compile=compile, kernels=kernels, gpu=gpu, site=site,
-                      dry_run=dry_run)
+                      dry_run=dry_run, ranks_used=frozenset(chosen or ()))
     window = [f"ANVIL_PROFILE_STEPS={steps}", f"ANVIL_PROFILE_RANKS={ranks}"]
     result = run_training(c, "profile.train", job, run_options, extra_env=window)
     if result.get("dry_run"):   # train.pretrain's dry run printed the config and the command

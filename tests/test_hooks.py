@@ -143,3 +143,7 @@ def test_run_options_on_the_command_line(tmp_path):
     assert env["A"]["value"] == "1" and env["B"]["value"] == "2"
     skipped = inv(["demo.hello", "--no-hooks"], project)
     assert json.loads(skipped.stdout.strip().splitlines()[-1])["hook_env"] is None, explain(skipped)
+    before = sorted((project / "runs").iterdir())
+    missing = inv(["demo.hello", "--patch", str(tmp_path / "nope.py")], project)
+    assert missing.returncode == 2 and f"--patch {tmp_path / 'nope.py'}: no such file" in missing.stderr, explain(missing)
+    assert sorted((project / "runs").iterdir()) == before        # refused before a run directory

@@ -75,6 +75,10 @@ def test_inv_profile_train_rejects_a_bad_window(tmp_path):
     proc = inv(tmp_path, "profile.train", "--steps", "5:2")
     assert proc.returncode == 2
     assert "--steps '5:2': expected START:END with 1 <= START < END" in proc.stderr and "Traceback" not in proc.stderr
+    # A rank the job will not have is said before anything runs (it trained, then found no trace).
+    absent = inv(tmp_path, "profile.train", "--ranks", "0,5", "--nproc", "2", "--set", "data.path=synthetic")
+    assert absent.returncode == 2 and "--ranks 0,5: this job has 2 rank(s), 0..1" in absent.stderr, absent.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 def test_inv_profile_train_dry_run_prints_config_and_command_and_starts_nothing(tmp_path, dataset):

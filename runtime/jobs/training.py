@@ -55,6 +55,7 @@ class TrainingJob:
     exclude: list[str] = field(default_factory=list)
     exclude_from: str = ""              # a preflight run whose failing nodes are left out
     dry_run: bool = False
+    ranks_used: frozenset[int] = frozenset()   # global ranks the task needs (profile.train --ranks)
 
 
 def previous_checkpoint(runs_dir: Path, name: str) -> str | None:
@@ -165,6 +166,10 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     data_mounts = [] if cfg.data.path == SYNTHETIC else [str(Path(cfg.data.path).resolve())]
     probe = launch_spec(job, settings, env, ["--config", "CONFIG", "--run-dir", "RUN"], mounts=data_mounts)
     built = build(probe, {**os.environ, **env.environ()}, Path("RUN"))
+    world = built.nproc * built.nodes
+    if job.ranks_used and max(job.ranks_used) >= world:
+        raise UserError(f"--ranks {','.join(map(str, sorted(job.ranks_used)))}: this job has {world} rank(s), "
+                        f"0..{world - 1}")
     if probe.runtime.startswith("slurm") and not job.dry_run:
         from runtime.launch.slurm import require, require_controller
         require(built.argv[0])            # srun or sbatch: Slurm is there, before a run directory is,

@@ -47,9 +47,22 @@ class RunOptions:
     nodes: int = 0
 
     def spec(self, task: str, **fields):
-        """The RunSpec of a run of `task` with these options (fields: RunSpec's others)."""
+        """The RunSpec of a run of `task` with these options (fields: RunSpec's others). A missing
+        --patch file is refused here, before a run directory exists."""
         fields.setdefault("name", self.name or None)
+        if self.patch:
+            patch_file(self.patch)
         return RunSpec(task=task, hooks=not self.no_hooks, patch=self.patch or None, **fields)
+
+
+def patch_file(given: str | Path) -> Path:
+    """The --patch file; UserError when there is none."""
+    from trainer.errors import UserError
+
+    path = Path(given).expanduser()
+    if not path.is_file():
+        raise UserError(f"--patch {given}: no such file")
+    return path
 
 
 RUN_OPTION_HELP = {

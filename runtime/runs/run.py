@@ -41,7 +41,7 @@ from typing import Any, Callable, Mapping
 from invoke.exceptions import Exit, UnexpectedExit
 
 from runtime import settings as settings_mod
-from runtime.runs.options import PER_NODE_HELP, RUN_OPTION_HELP, RunOptions, RunSpec, run_task  # noqa: F401,E501 (re-exported)
+from runtime.runs.options import PER_NODE_HELP, RUN_OPTION_HELP, RunOptions, RunSpec, patch_file, run_task  # noqa: F401,E501 (re-exported)
 from trainer.errors import AnvilError, UserError
 from trainer.secrets import MASK, Masker
 
@@ -219,9 +219,7 @@ def _run_pre(run: Run) -> None:
     records: list = []
     try:
         if spec.patch:
-            patch = Path(spec.patch).expanduser()
-            if not patch.is_file():
-                raise UserError(f"--patch {spec.patch}: no such file")
+            patch = patch_file(spec.patch)   # (gone since the run's options were read: a failed run)
             run.write_text(Path("hooks") / f"patch_{patch.name}", patch.read_text(errors="replace"))
             records.append(hooks_mod.run_file(patch.resolve(), ctx, cwd=run.settings.root))
         records += hooks_mod.run_phase(run.settings.hooks_dir, ctx, cwd=run.settings.root)
