@@ -59,6 +59,13 @@ def test_help_after_a_task_that_takes_a_positional_argument(tmp_path):
     assert bad.returncode == 2 and "--timeout: expected a number, got '2m'" in bad.stderr, explain(bad)
 
 
+def test_a_mistyped_task_gets_the_closest_names():
+    typo = inv(["train.pretrian"], REPO, clean_env())
+    assert typo.returncode == 2 and "(did you mean train.pretrain" in typo.stderr, explain(typo)
+    nothing = inv(["zzz"], REPO, clean_env())
+    assert nothing.returncode == 2 and "`inv --list` lists the tasks" in nothing.stderr, explain(nothing)
+
+
 def test_complete_and_completion_script(project):
     done = inv(["--complete", "--", "inv", "snapshot."], project)
     assert {"snapshot.list", "snapshot.replay"} <= set(done.stdout.split()), explain(done)

@@ -223,7 +223,7 @@ class AnvilProgram(Program):
             raise Exit(_bad_value_message(self.core.unparsed, exc), 2) from None
         except ParseError as exc:
             # A missing or unknown option is a user error (exit 2), as everywhere else in inv.
-            raise Exit(str(exc), 2) from None
+            raise Exit(str(exc) + self._did_you_mean(str(exc)), 2) from None
         swallowed = self.core_via_tasks.args["config"].got_value
         if swallowed and any(t == "--config" or t.startswith("--config=") for t in self.core.unparsed):
             names = ", ".join(t.name for t in self.tasks) or "this task"
@@ -232,6 +232,17 @@ class AnvilProgram(Program):
                        f"you want; see `{self.binary} --help {self.tasks[0].name if self.tasks else 'TASK'}` "
                        f"for the task's options.", 2)
 
+
+    def _did_you_mean(self, message: str) -> str:
+        """" (did you mean train.pretrain?)" for Invoke's "No idea what 'train.pretrian' is!"."""
+        import difflib
+        import re
+        unknown = re.fullmatch(r"No idea what '(.+)' is!", message)
+        if not unknown or unknown[1].startswith("-"):
+            return ""
+        names = [n for primary, aliases in self.collection.task_names.items() for n in (primary, *aliases)]
+        close = difflib.get_close_matches(unknown[1], names, n=3, cutoff=0.6)
+        return f" (did you mean {' or '.join(close)}?)" if close else f" (`{self.binary} --list` lists the tasks)"
 
     def _task_help_anywhere(self) -> None:
         """`inv TASK --help` (or -h) anywhere after the task name shows the task's help, as
