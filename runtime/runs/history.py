@@ -290,8 +290,10 @@ def _result_differences(a: Recorded, b: Recorded) -> list[dict]:
     none_a = "n/a" if a.summary else "(no results)"
     none_b = "n/a" if b.summary else "(no results)"
     rows = []
-    for _, label in RESULTS:
-        value_a, value_b = results_a.get(label, none_a), results_b.get(label, none_b)
+    for key, label in RESULTS:
+        # A run without results still has a status: the run's own (failed, lost, ...).
+        value_a = results_a.get(label, _text(a.metadata.get("status")) if key == "status" else none_a)
+        value_b = results_b.get(label, _text(b.metadata.get("status")) if key == "status" else none_b)
         if value_a != value_b:
             rows.append({"kind": "result", "key": label, "a": value_a, "b": value_b})
     return rows
