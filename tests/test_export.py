@@ -164,7 +164,7 @@ def test_export_errors(tmp_path):
     with pytest.raises(ExportError, match="no such"):
         export_hf(tmp_path / "missing")
     (tmp_path / "checkpoints" / ".tmp_step_5").mkdir(parents=True)  # only a crashed save
-    with pytest.raises(ExportError, match="^export .*no complete checkpoint"):
+    with pytest.raises(ExportError, match="^the run .*no complete checkpoint"):
         export_hf(tmp_path)
     cfg = tiny_config(tmp_path)
     _, run_dir = trained_checkpoint(tmp_path, cfg)

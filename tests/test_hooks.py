@@ -106,6 +106,23 @@ def test_patch_runs_first_and_no_hooks_skips(project, monkeypatch):
         execute(ctx, RunSpec(task=TASK, patch=tmp / "missing.sh"), lambda run: None)
 
 
+
+def test_a_stop_that_names_its_status_is_not_said_twice(project):
+    from trainer.errors import AnvilError
+
+    class Stopped(AnvilError):
+        status = "interrupted"
+
+    def body(run):
+        raise Stopped("interrupted (Ctrl-C) after checkpointing", 130)
+
+    ctx, _root, _tmp = project
+    with pytest.raises(RunFailed) as caught:
+        execute(ctx, RunSpec(task=TASK, hooks=False), body)
+    assert str(caught.value).startswith(f"{TASK} interrupted (Ctrl-C) after checkpointing\n"), str(caught.value)
+    assert caught.value.status == "interrupted" and caught.value.exit_code == 130
+
+
 def test_hooks_never_come_from_outside_the_hooks_root(tmp_path):
     root = tmp_path / "hooks"
     outside = tmp_path / "elsewhere"

@@ -91,7 +91,7 @@ def resolve(resume: str | os.PathLike | None, checkpoint_dir: Path, what: str = 
     """What `--resume` means: None/"none" -> fresh start; "auto" -> newest complete checkpoint
     under checkpoint_dir (fresh start when there is none); a path (run dir, checkpoint dir, or
     one step_N) -> its newest complete checkpoint, CheckpointError when it has none.
-    `what` names the asker in messages ("--resume", "export")."""
+    `what` names the asker in messages ("--resume", "the run")."""
     if resume is None or str(resume).lower() in ("", "none", "no", "false"):
         return None
     if str(resume) == "auto":

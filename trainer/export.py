@@ -159,7 +159,7 @@ def export_hf(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike |
     if dtype not in DTYPES:
         raise ExportError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
     try:
-        checkpoint = ck.resolve(str(source), source, what="export")
+        checkpoint = ck.resolve(str(source), source, what="the run")
     except ck.CheckpointError as exc:
         raise ExportError(str(exc)) from None
     cfg = _training_config(checkpoint)

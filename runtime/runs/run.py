@@ -361,7 +361,10 @@ def execute(ctx, spec: RunSpec, body: Callable[[Run], Any]) -> Any:
         error += f"\n(also: {post_error})"
     findings = diagnose.scan(diagnose.log_files(run.path), extra_text=error)
     finish(run, status, error=error, exit_code=code, result=result, diagnosis=findings)
-    message = [f"{spec.task} {status}: {run.masker.text(error)}", f"run directory: {run.path}"]
+    said = run.masker.text(error)
+    # "train.pretrain interrupted (Ctrl-C) ...", not "train.pretrain interrupted: interrupted (Ctrl-C) ..."
+    head = f"{spec.task} {said}" if said.startswith(status + " ") else f"{spec.task} {status}: {said}"
+    message = [head, f"run directory: {run.path}"]
     for finding in findings:
         message.append(f"known problem [{finding.signature}]: {finding.advice}")
     raise RunFailed("\n".join(message), code, status)
