@@ -1,5 +1,6 @@
 """inv data.*: prepare a corpus into token shards, train a BPE tokenizer, inspect a dataset."""
 import json
+import sys
 
 from invoke import Collection, task
 
@@ -103,6 +104,9 @@ def tokenizer(c, vocab_size=8192, input=None, out=None, text_field="text", max_d
     out = out or f"data/tokenizer-bpe{vocab_size}.json"
     result = train_tokenizer(_paths(input), out, vocab_size, text_field=text_field,
                              max_docs=max_docs or None, pattern=pattern)
+    if result["vocab_size"] < vocab_size:   # BPE stops when no pair is left to merge
+        print(f"WARNING: the corpus gave only {result['vocab_size']:,} of the {vocab_size:,} tokens asked for "
+              "(too little text to merge more pairs); a larger corpus gives the full vocabulary", file=sys.stderr)
     if json_:
         print(json.dumps(result, indent=1))
         return

@@ -47,7 +47,12 @@ def test_default_corpus_and_bpe_tokenizer(tmp_path):
     assert result["manifest"]["source"]["default_corpus"] and result["manifest"]["documents"] == 30
     tok = tmp_path / "bpe.json"
     trained = inv("data.tokenizer", "--vocab-size", "300", "--max-docs", "30", "--out", str(tok))
-    assert tok.is_file() and "vocab 300" in trained.stdout
+    assert tok.is_file() and "vocab 300" in trained.stdout and "WARNING" not in trained.stderr
+    (tmp_path / "small").mkdir()
+    (tmp_path / "small" / "a.txt").write_text("hello world\nhello there\n")
+    short = inv("data.tokenizer", "--vocab-size", "1024", "--input", str(tmp_path / "small"),
+                "--out", str(tmp_path / "small.json"))
+    assert "of the 1,024 tokens asked for" in short.stderr, short.stderr      # said, not silent
     made = inv("data.prepare", "--max-docs", "30", "--tokenizer", str(tok), "--out", str(tmp_path / "bpe"), "-q")
     assert "tokenizer bpe (vocab 300, uint16)" in made.stdout
 
