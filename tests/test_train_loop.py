@@ -73,9 +73,13 @@ def test_grad_accumulation_equals_the_big_batch(tmp_path, dataset):
     big = records(run(tmp_path, dataset, *sets, "data.batch_size=8", name="big"))
     accum = records(run(tmp_path, dataset, *sets, "data.batch_size=4", "data.grad_accum=2",
                         name="accum"))
+    # fp32 on a CPU: the same sums in another order. On a GPU the step runs in bf16 autocast, where
+    # the order moves the loss by ~1e-3; a wrong accumulation scale would move it by 2x.
+    import torch
+    loss_tol, norm_tol = (1e-5, 1e-4) if not torch.cuda.is_available() else (1e-2, 5e-2)
     for x, y in zip(big, accum):
-        assert x["loss"] == pytest.approx(y["loss"], rel=1e-5)
-        assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-4)
+        assert x["loss"] == pytest.approx(y["loss"], rel=loss_tol)
+        assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=norm_tol)
 
 
 def test_synthetic_data_is_labelled(tmp_path):
