@@ -39,6 +39,7 @@ def list_(c, limit=0, json=False):
     from tabulate import tabulate
     from runtime.runs import history, settle
     runs_dir = _settings(c).runs_dir
+    history.check_limit(limit or None)
     _say_settled(settle.settle_runs(runs_dir))
     rows = history.list_rows(runs_dir, limit or None)
     if json:

@@ -292,15 +292,17 @@ def test_a_job_that_ended_unrecorded_gets_slurms_verdict_and_nothing_is_guessed(
 
     from runtime.runs import settle
 
-    killed = {"JobState": "FAILED", "ExitCode": "0:9", "Command": str(tmp_path / "slurm" / "job.sbatch")}
+    killed = {"JobState": "FAILED", "ExitCode": "0:9", "JobName": f"anvil-{tmp_path.name}"}
     status, code, why = settle.verdict("12", killed)
     assert (status, code) == ("failed", 137) and "ended FAILED (ExitCode 0:9)" in why and "signal 9 (SIGKILL)" in why
+    assert "signal" not in settle.verdict("12", {"JobState": "FAILED", "ExitCode": "130:0"})[2]   # an exit, not a signal
     assert settle.verdict("12", {"JobState": "CANCELLED", "ExitCode": "0:15"})[0] == "cancelled"
     assert settle.verdict("12", {"JobState": "TIMEOUT", "ExitCode": "0:0"})[:2] == ("failed", 1)
     assert settle.verdict("12", {"JobState": "COMPLETED", "ExitCode": "0:0"})[:2] == ("ok", 0)
     assert settle.verdict("12", None)[0] == "lost" and "no longer knows job 12" in settle.verdict("12", None)[2]
     assert settle._ours(tmp_path, killed) is killed
-    assert settle._ours(tmp_path, {**killed, "Command": "/elsewhere/job.sbatch"}) is None   # the id was reused
+    assert settle._ours(tmp_path, {**killed, "JobName": "anvil-2026-01-01_other"}) is None   # the id was reused
+    assert settle._ours(tmp_path, {**killed, "JobName": "somebody's-job"}) is not None        # not ours to judge
     assert settle._epoch("2026-11-23T10:00:00") and settle._epoch("Unknown") is None
 
     runs = {}
@@ -318,3 +320,17 @@ def test_a_job_that_ended_unrecorded_gets_slurms_verdict_and_nothing_is_guessed(
     assert settle.settle(found, env={**os.environ, "SLURM_CONF": str(tmp_path / "none.conf")}, poll_s=0) == []
     assert {p.name: jsonlib.loads((p / "metadata.json").read_text())["status"] for p, _ in found} == \
         {"sub": "submitted", "det": "detached", "req": "requeued"}
+
+    # A verdict from outside is provisional: the batch script's own record replaces it; then it is final.
+    sub = runs["sub"]
+
+    def md():
+        return jsonlib.loads((sub / "metadata.json").read_text())
+
+    assert settle.jobend.record(sub, 1, environ={}, status="lost", why="Slurm no longer knows job 1")
+    assert md()["status"] == "lost" and md()["settled_by"] == "slurm" and "no longer knows" in md()["error"]
+    assert settle.unfollowed([(sub, md())]) == []                            # settled once
+    assert settle.jobend.record(sub, 0, environ={})                          # the script got there after all
+    assert md()["status"] == "ok" and "settled_by" not in md() and md()["error"] is None
+    assert not settle.jobend.record(sub, 1, environ={}, status="lost", why="x") and md()["status"] == "ok"
+    assert not settle.jobend.record(sub, 1, environ={}) and md()["status"] == "ok"

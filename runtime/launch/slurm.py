@@ -99,7 +99,7 @@ def known_jobs(env: Mapping[str, str]) -> dict[str, dict[str, str]] | None:
     if shutil.which("scontrol") is None:
         return None
     try:
-        proc = _run(["scontrol", "show", "job", "-o"], env, timeout=20)
+        proc = _run(["scontrol", "--all", "show", "job", "-o"], env, timeout=20)   # hidden partitions too
     except LaunchError:
         return None
     if proc.returncode != 0:

@@ -199,12 +199,16 @@ def _text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+def check_limit(limit: int | None) -> None:
+    if limit is not None and limit < 1:
+        raise rundir.RunDirError(f"--limit: expected a number of runs >= 1 (0 or left out: all), got {limit}")
+
+
 def list_rows(runs_dir: Path, limit: int | None = None) -> list[dict]:
     """One row per run under runs_dir, oldest first (the newest `limit` only, when given). A
     folder whose metadata.json cannot be read is listed too, its status saying why; one
     without metadata.json is not a run."""
-    if limit is not None and limit < 1:
-        raise rundir.RunDirError(f"--limit: expected a number of runs >= 1 (0 or left out: all), got {limit}")
+    check_limit(limit)
     rows = []
     runs_dir = Path(runs_dir)
     folders = sorted(p for p in runs_dir.iterdir() if p.is_dir() and not p.name.startswith(".")) \

@@ -42,12 +42,18 @@ def record(run_dir: Path, code: int, requeued: bool = False, environ: dict[str, 
     and when the job ended."""
     run_dir = Path(run_dir)
     metadata = rundir.metadata(run_dir)
-    if metadata.get("status") not in UNFOLLOWED:
+    # settle's verdict is Slurm's view from outside: the batch script's own record replaces it.
+    from_script = status is None
+    if metadata.get("status") not in UNFOLLOWED and not (from_script and metadata.get("settled_by") == "slurm"):
         return False
     masker = Masker.from_environ(dict(os.environ if environ is None else environ))
     status = status or status_of(code, requeued)
+    if from_script:
+        metadata.pop("settled_by", None)
+    else:
+        metadata["settled_by"] = "slurm"
     error, findings = None, []
-    if status == "failed" or why:
+    if status == "failed" or (why and status != "ok"):
         ranks = outcome.failure_summary(run_dir)
         error = "; ".join(filter(None, (why, ranks))) or f"the job's step exited with status {code}"
         findings = diagnose.scan(diagnose.log_files(run_dir), extra_text=error)

@@ -9,11 +9,17 @@ up in Slurm, in one `scontrol show job` for all of them:
 - pending or running: left alone;
 - ended (still known to slurmctld, MinJobAge: 300 s by default): recorded as what Slurm says
   it ended as - cancelled, ok, or failed with the batch shell's signal - at its EndTime;
-- forgotten by slurmctld, or its id now names another job: recorded "lost", at the time of
-  the run's newest log line, since nothing says more.
+- forgotten by slurmctld (missing from the listing, and unknown when asked for by id), or its
+  id now names another job (not named anvil-<run>): recorded "lost", at the time of the run's
+  newest log line, since nothing says more.
+
+The record says `settled_by: slurm`: it is Slurm's view from outside, so should the batch
+script reach runtime.runs.jobend after all (a job hidden from this user's listing, a slow
+requeue), the script's own record replaces it.
 
 Nothing is written on a guess: where Slurm's client is missing or its controller does not
-answer (a laptop reading a copied runs folder), every run keeps what it said. An ended job is
+answer (a laptop reading a copied runs folder), every run keeps what it said; so does a run
+whose files cannot be read or written. An ended job is
 read twice, a poll apart, because a job requeuing itself shows its last attempt's end for a
 moment before it is pending again (the same care runtime.launch.slurm.follow takes).
 """
@@ -49,7 +55,10 @@ def unfollowed(runs: Iterable[tuple[Path, dict]]) -> list[tuple[Path, str]]:
     record their end."""
     found = []
     for run_dir, metadata in runs:
-        job_id = _job_id(run_dir, metadata) if metadata.get("status") in jobend.UNFOLLOWED else None
+        try:
+            job_id = _job_id(run_dir, metadata) if metadata.get("status") in jobend.UNFOLLOWED else None
+        except OSError:
+            continue   # slurm/job_id unreadable: shown as it was
         if job_id:
             found.append((Path(run_dir), job_id))
     return found
@@ -57,11 +66,11 @@ def unfollowed(runs: Iterable[tuple[Path, dict]]) -> list[tuple[Path, str]]:
 
 def _ours(run_dir: Path, info: Mapping[str, str] | None) -> Mapping[str, str] | None:
     """Slurm's record of the job, unless the id now names another job (a reinstalled cluster
-    counting from 1 again): the job ran this run's script."""
+    counting from 1 again): train.pretrain names its job anvil-<run directory>."""
     if info is None:
         return None
-    command = info.get("Command", "")
-    if os.path.isabs(command) and Path(command).resolve() != (run_dir / "slurm" / "job.sbatch").resolve():
+    name = info.get("JobName")
+    if name and name.startswith("anvil-") and name != f"anvil-{run_dir.name}"[:60]:
         return None
     return info
 
@@ -87,11 +96,11 @@ def verdict(job_id: str, info: Mapping[str, str] | None) -> tuple[str, int, str]
                 f"(killed outright, or its node lost); `sacct -j {job_id}` says how it ended where "
                 "Slurm keeps accounting")
     state, code = info.get("JobState", "?"), slurm.exit_status(info)
-    why = f"Slurm job {job_id} ended {state} (ExitCode {info.get('ExitCode', '?')}) and its batch script never " \
-          "recorded the end"
-    signal_no = code - 128 if code > 128 else 0
-    if signal_no:
-        why += f": the batch shell died of signal {signal_no}" + (" (SIGKILL)" if signal_no == 9 else "")
+    exit_code = info.get("ExitCode", "?")
+    why = f"Slurm job {job_id} ended {state} (ExitCode {exit_code}) and its batch script never recorded the end"
+    signal_no = exit_code.partition(":")[2]
+    if signal_no.isdigit() and int(signal_no):
+        why += f": the batch shell died of signal {signal_no}" + (" (SIGKILL)" if signal_no == "9" else "")
     status = "cancelled" if state == "CANCELLED" else jobend.status_of(code)
     return status, code, why
 
@@ -101,9 +110,18 @@ def _ended(known: Mapping[str, Mapping[str, str]], run_dir: Path, job_id: str) -
     return info is None or info.get("JobState") in slurm.TERMINAL_STATES, info
 
 
+def _forgotten(job_id: str, env: Mapping[str, str]) -> bool:
+    """Missing from the listing, and Slurm says so when asked for this id alone."""
+    try:
+        return slurm.job_info(job_id, env) is None
+    except slurm.LaunchError:
+        return False
+
+
 def settle(runs: list[tuple[Path, str]], env: Mapping[str, str] | None = None,
            poll_s: float = slurm.POLL_S) -> list[Settled]:
-    """Record the end of each (run, job) whose job Slurm says has ended; what was recorded."""
+    """Record the end of each (run, job) whose job Slurm says has ended; what was recorded. The
+    record says settled_by: slurm, so a batch script that does get to record its end still can."""
     if not runs:
         return []
     env = os.environ if env is None else env
@@ -123,13 +141,15 @@ def settle(runs: list[tuple[Path, str]], env: Mapping[str, str] | None = None,
         still, info = _ended(again, run_dir, job_id)
         if not still or (first or {}).get("Restarts") != (info or {}).get("Restarts"):
             continue   # requeued itself meanwhile
+        if job_id not in again and not _forgotten(job_id, env):
+            continue   # hidden from the listing (another user's, PrivateData): not a verdict
         status, code, why = verdict(job_id, info)
-        when = _epoch(info.get("EndTime")) if info is not None else _last_sign_of_life(run_dir)
         try:
+            when = _epoch(info.get("EndTime")) if info is not None else _last_sign_of_life(run_dir)
             if jobend.record(run_dir, code, environ=dict(env), status=status, why=why, ended=when):
                 settled.append(Settled(run_dir, job_id, status, why))
-        except (OSError, rundir.RunDirError):
-            continue   # unwritable (a teammate's run): shown as it was
+        except (OSError, KeyError, rundir.RunDirError):
+            continue   # unreadable or unwritable (a teammate's run), or damaged: shown as it was
     return settled
 
 
