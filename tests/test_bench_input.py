@@ -103,6 +103,8 @@ def test_gemm_default_size_on_a_cpu_is_cpu_sized(tmp_path):
     assert dry.stdout.splitlines()[-1].endswith("-m benchmarks.gemm -M 1024 --dtype bf16 --iters 20 --json")
     given = inv(tmp_path, "bench.gemm", "-M", "8192", "--dry-run")   # given: used as is, no note
     assert " -M 8192 " in given.stdout.splitlines()[-1] and "1024" not in given.stderr
+    named = inv(tmp_path, "bench.gemm", "--gpu", "H100", "--dry-run")   # a named profile: still this CPU
+    assert named.stdout.splitlines()[-1].endswith("-M 1024 --dtype bf16 --iters 20 --json"), named.stdout[-2000:]
 
 
 def test_gemm_help_states_the_defaults(tmp_path):

@@ -56,7 +56,11 @@ def gemm_rows(m: int | None, env) -> tuple[int, str]:
 
     if m is not None:
         return m, ""
-    if env.machine.has_gpu:
+    machine = env.machine
+    if machine.source == "override":   # --gpu H100 names a profile; the product runs on this machine
+        from envs.detect import detect
+        machine = detect(environ={})
+    if machine.has_gpu:
         return GPU_ROWS, ""
     return CPU_ROWS, f"no GPU visible: -M defaults to {CPU_ROWS} on a CPU ({GPU_ROWS} on a GPU); give -M to choose"
 

@@ -197,7 +197,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
             run.update_metadata(excluded_nodes=excluded)
             print(f"excluding {len(excluded)} node(s) that failed preflight in {job.exclude_from}: "
                   + ", ".join(f"{h} ({'; '.join(r)[:80]})" for h, r in sorted(excluded.items())), file=sys.stderr)
-        code = launch(spec, env=run.env, run_dir=run.path, masker=run.masker)
+        code = launch(spec, env=run.env, run_dir=run.path, masker=run.masker, stdout=sys.stderr)   # stdout: the result
         job_id = submitted_job_id(run.path)
         if job_id:
             run.update_metadata(slurm_job_id=job_id)
