@@ -134,7 +134,7 @@ def test_sbatch_job_is_preempted_requeued_and_resumes_the_same_curve(slurm_clust
     run = _only_run(tmp_path)
     slurm_log = (run / "logs" / f"slurm-{job}.out").read_text()
     assert "step exited with status 3" in slurm_log and f"job {job} start 1" in slurm_log
-    assert "RUNNING" in out and "restart 1" in out                   # followed through the requeue
+    assert "RUNNING" in err and "restart 1" in err                   # followed through the requeue (on stderr)
     rank0 = (run / "logs" / "rank0.log").read_text()
     assert "stopping after step" in rank0 and "resumed from" in rank0
     losses = _losses(run)
