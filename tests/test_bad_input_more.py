@@ -14,26 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-INV = REPO / ".venv" / "bin" / "inv"
-
-
-def inv(cwd: Path, *args, timeout=300, env=None):
-    """Run the installed inv in `cwd` (a tmp dir), run directories under cwd/runs."""
-    environ = {**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(Path(cwd) / "runs"), **(env or {})}
-    return subprocess.run([str(INV), *map(str, args)], cwd=cwd, env=environ, capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def one_line_error(proc, *fragments, code=2) -> str:
-    """The failure is exit `code`, no traceback, and one stderr line holding every fragment."""
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == code, out[-3000:]
-    assert "Traceback" not in out, out[-3000:]
-    lines = [line for line in proc.stderr.splitlines() if all(f in line for f in fragments)]
-    assert lines, f"no line with {fragments} in:\n{proc.stderr[-3000:]}"
-    return lines[0]
+from user_input import INV, inv, one_line_error, runs
 
 
 def tree(path: Path) -> dict[str, bytes]:
@@ -61,11 +42,6 @@ def finished_run(tmp_path_factory, dataset) -> Path:
     (run,) = runs(work)
     assert (run / "checkpoints" / "step_2" / "COMPLETE").is_file() and (run / "metrics.jsonl").is_file()
     return run
-
-
-def runs(cwd: Path) -> list[Path]:
-    folder = Path(cwd) / "runs"
-    return sorted(folder.iterdir()) if folder.is_dir() else []
 
 
 # ---------------------------------------------------------------- 0. data.prepare's --out guard

@@ -6,39 +6,17 @@ Every command runs in a fresh temporary folder with its run directories under it
 """
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-INV = REPO / ".venv" / "bin" / "inv"
+from user_input import inv as run_inv
+from user_input import one_line_error, runs
 
 
 def inv(cwd: Path, *args, timeout=120):
-    """Run the installed inv in `cwd` (a tmp dir), run directories under cwd/runs."""
-    environ = {**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(Path(cwd) / "runs")}
-    for name in ("ANVIL_GPU", "MASTER_ADDR", "NCCL_SOCKET_IFNAME"):
-        environ.pop(name, None)
-    return subprocess.run([str(INV), *map(str, args)], cwd=cwd, env=environ, capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def one_line_error(proc, *fragments, code=2) -> str:
-    """The failure is exit `code`, no traceback, and one stderr line holding every fragment."""
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == code, out[-3000:]
-    assert "Traceback" not in out, out[-3000:]
-    lines = [line for line in proc.stderr.splitlines() if all(f in line for f in fragments)]
-    assert lines, f"no line with {fragments} in:\n{proc.stderr[-3000:]}"
-    return lines[0]
-
-
-def no_runs(cwd: Path) -> bool:
-    folder = Path(cwd) / "runs"
-    return not folder.is_dir() or not any(folder.iterdir())
+    """user_input.inv without this shell's GPU and network choices."""
+    return run_inv(cwd, *args, timeout=timeout, unset=("ANVIL_GPU", "MASTER_ADDR", "NCCL_SOCKET_IFNAME"))
 
 
 # ---------------------------------------------------------------- 1. --save-baseline checked first
@@ -53,7 +31,7 @@ def test_unwritable_save_baseline_is_refused_before_measuring(tmp_path, where, f
     path = where.format(tmp=tmp_path)
     proc = inv(tmp_path, "preflight.perf", "--save-baseline", path)
     one_line_error(proc, "--save-baseline", path, fragment)
-    assert "preflight on" not in proc.stdout and no_runs(tmp_path)
+    assert "preflight on" not in proc.stdout and runs(tmp_path) == []
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
@@ -75,7 +53,7 @@ def test_tolerance_5_percent_is_accepted_and_a_word_is_one_line(tmp_path):
     assert "--tolerance" not in accepted.stderr
     bad = inv(tmp_path, "preflight.perf", "--tolerance", "five")
     one_line_error(bad, "--tolerance five", "expected a fraction", "0.05 for 5%")
-    assert no_runs(tmp_path)
+    assert runs(tmp_path) == []
 
 
 # ---------------------------------------------------------------- 3. env.explain: any case, else exit 2
