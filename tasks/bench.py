@@ -35,12 +35,7 @@ def _execute(c, task_name, run_options, env, body, extra=None, dry=None):
     return execute(c, run_options.spec(task_name, env=env, extra=extra), lambda run: body(run, env))
 
 
-# The per-node --runtime help (runtime/runs/options.py) as these tasks take it: no container.
-RUNTIME_HELP = {"runtime": "direct (this node) | slurm: run on every node of the Slurm allocation, one task per "
-                           "node, and merge the results (default: the anvil.runtime setting; container is refused)"}
-
-
-@run_task(per_node=True, help={**GPU_HELP, **RUNTIME_HELP,
+@run_task(per_node=True, help={**GPU_HELP,
                                "M": "Rows of A and of the product, an integer (default 8192 on a GPU, 1024 on a CPU)",
                                "N": "Columns of B (default: M)", "K": "Inner dimension (default: M)",
                                "dtype": "bf16 | fp16 | fp32", "iters": "Timed products (default 20)"})
@@ -74,7 +69,7 @@ def gemm(c, M=None, N=0, K=0, dtype="bf16", iters=20, gpu="", json=False, dry_ru
              dry=dry)
 
 
-@run_task(per_node=True, help={**GPU_HELP, **RUNTIME_HELP,
+@run_task(per_node=True, help={**GPU_HELP,
                                "op": "all_reduce (default), all_gather, reduce_scatter, broadcast",
                                "sizes": "Message sizes, e.g. 1M,64M,1G", "iters": "Timed repetitions per size",
                                "nproc": "Processes per node (default: one per visible GPU; 2 on a CPU, over gloo)"})

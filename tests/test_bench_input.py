@@ -1,5 +1,6 @@
 """inv bench.gemm / bench.allreduce input, as a user types it: bad values are one line and exit 2
-before any run directory, --json is the only thing on stdout, and the CPU default is CPU-sized.
+before any run directory, --json is the only thing on stdout, and the CPU default is CPU-sized;
+the per-node tasks (bench, preflight) take no container runtime.
 
 Every command runs in a fresh temporary folder with its run directories under it (cwd/runs).
 """
@@ -49,18 +50,39 @@ def test_json_is_all_of_stdout(tmp_path):
     assert "busbw GB/s" in collective.stderr     # the table still shows, on stderr
 
 
-@pytest.mark.parametrize("task", ["bench.gemm", "bench.allreduce"])
-def test_unsupported_runtime_is_refused_before_a_run(tmp_path, task):
-    proc = inv(tmp_path, task, "-M" if task == "bench.gemm" else "--sizes", "64" if task == "bench.gemm" else "4K",
-               "--runtime", "container")
-    one_line_error(proc, task, "container", "direct", "slurm")
+TASK_ARGS = {"bench.gemm": ("-M", "64", "--dtype", "fp32", "--iters", "1"),
+             "bench.allreduce": ("--sizes", "4K", "--iters", "1"), "preflight.host": ()}
+
+
+@pytest.mark.parametrize("task", list(TASK_ARGS))
+@pytest.mark.parametrize("runtime", ["container", "slurm+container"])
+def test_a_container_runtime_is_refused_by_per_node_tasks_before_a_run(tmp_path, task, runtime):
+    proc = inv(tmp_path, task, *TASK_ARGS[task], "--runtime", runtime)
+    one_line_error(proc, task, f"--runtime {runtime}", "node itself", "direct", "slurm")
     assert runs(tmp_path) == []
-    # the same runtime from the anvil.runtime setting: refused too, and --runtime direct gets past it
-    proc = inv(tmp_path, task, "--dry-run", env={"INVOKE_ANVIL_RUNTIME": "container"})
-    one_line_error(proc, task, "container", "anvil.runtime", "--runtime direct")
-    proc = inv(tmp_path, task, "--dry-run", "--runtime", "direct", env={"INVOKE_ANVIL_RUNTIME": "container"})
+
+
+@pytest.mark.parametrize("task", list(TASK_ARGS))
+def test_a_container_in_the_runtime_setting_is_dropped_with_a_notice(tmp_path, task):
+    """anvil.runtime: container (set for training) runs the per-node task on the node, and says so once."""
+    proc = inv(tmp_path, task, *TASK_ARGS[task], "--json", env={"INVOKE_ANVIL_RUNTIME": "container"})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "container" not in proc.stdout.splitlines()[-1]
+    notes = [line for line in proc.stderr.splitlines() if "not in a container" in line]
+    assert len(notes) == 1 and "anvil.runtime is container" in notes[0] and "--runtime direct" in notes[0], proc.stderr
+    json.loads(proc.stdout)     # the notice is not on stdout
+    assert len(runs(tmp_path)) == 1
+    # --runtime direct names the runtime: no notice
+    proc = inv(tmp_path, task, *TASK_ARGS[task], "--runtime", "direct", env={"INVOKE_ANVIL_RUNTIME": "container"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "not in a container" not in proc.stderr
+
+
+def test_slurm_with_a_container_in_the_setting_fans_out_over_slurm(tmp_path):
+    """anvil.runtime: slurm+container keeps the Slurm fan-out: outside an allocation that is Slurm's refusal."""
+    proc = inv(tmp_path, "preflight.host", env={"INVOKE_ANVIL_RUNTIME": "slurm+container"},
+               unset=("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"))
+    assert "anvil.runtime is slurm+container" in proc.stderr and "--runtime slurm" in proc.stderr, proc.stderr
+    one_line_error(proc, "preflight.host", "Slurm")
     assert runs(tmp_path) == []
 
 

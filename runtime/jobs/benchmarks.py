@@ -20,19 +20,14 @@ import sys
 from trainer.errors import AnvilError, UserError
 
 DTYPES = ("bf16", "fp16", "fp32")
-RUNTIMES = ("direct", "slurm")   # container: neither the GEMM child nor the collective's launch is built for one
 
 
 def check_runtime(given: str, settings) -> str:
-    """The runtime the task runs under (--runtime, else the anvil.runtime setting); UserError unless supported.
+    """The runtime the task runs under: direct | slurm (runtime.runs.options.per_node_runtime); UserError else.
 
-    The program fans slurm out before the task runs, so the task sees direct or the unsupported rest."""
-    runtime = given or settings.runtime
-    if runtime not in RUNTIMES:
-        where = f"--runtime {runtime}" if given else f"runtime {runtime!r} (the anvil.runtime setting)"
-        raise UserError(f"{where} is not supported: use --runtime direct (this node) or slurm "
-                        "(every node of the allocation)")
-    return runtime
+    The program fans slurm out before the task runs (and prints the notice), so on a node this is direct."""
+    from runtime.runs.options import per_node_runtime
+    return per_node_runtime(given, settings.runtime)[0]
 
 
 def check_iters(iters: int) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 from pathlib import Path
 
 from invoke import Argument, Config, Executor, Program
@@ -34,7 +35,7 @@ from invoke import __version__ as invoke_version
 from invoke.exceptions import Exit
 
 from runtime import settings as settings_mod
-from trainer.errors import AnvilError
+from trainer.errors import AnvilError, UserError
 
 VERSION = "0.1.0"
 SHORT_FLAGS_KEPT = ("h", "H")   # core flags no task's auto short flag may take
@@ -147,13 +148,17 @@ class AnvilExecutor(Executor):
         if not self._made_with(context, "per_node"):
             return False
         from runtime.program.fanout import per_node_options
+        from runtime.runs.options import per_node_runtime
         given, nodes = per_node_options(context)
-        runtime = given or settings_mod.load(self).runtime
-        if runtime not in settings_mod.RUNTIMES:
-            raise Exit(f"{context.name}: --runtime {runtime!r}: expected {' | '.join(settings_mod.RUNTIMES)}", 2)
-        if nodes and not runtime.startswith("slurm"):
+        try:
+            runtime, note = per_node_runtime(given, settings_mod.load(self).runtime)
+        except UserError as exc:
+            raise Exit(f"{context.name}: {exc}", exc.exit_code) from None
+        if note:
+            print(f"{context.name}: {note}", file=sys.stderr, flush=True)
+        if nodes and runtime != "slurm":
             raise Exit(f"{context.name}: --nodes needs --runtime slurm (runtime is {runtime})", 2)
-        return runtime.startswith("slurm")
+        return runtime == "slurm"
 
 
 class AnvilProgram(Program):

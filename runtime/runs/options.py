@@ -19,6 +19,8 @@ from typing import Any, Callable
 
 from invoke import task as invoke_task
 
+from trainer.errors import UserError
+
 
 @dataclass
 class RunSpec:
@@ -74,9 +76,28 @@ RUN_OPTION_HELP = {
 _RUN_OPTION_NAMES = ("name", "env", "no_hooks", "patch")
 PER_NODE_HELP = {
     "runtime": "direct (this node) | slurm: run on every node of the Slurm allocation, one task per node, "
-               "and merge the results (default: the anvil.runtime setting)",
+               "and merge the results (default: the anvil.runtime setting, without its container)",
     "nodes": "Slurm: how many nodes (default: the whole allocation; 1 outside one)",
 }
+PER_NODE_RUNTIMES = ("direct", "slurm")
+
+
+def per_node_runtime(given: str, setting: str) -> tuple[str, str]:
+    """The runtime a per-node task runs under (direct | slurm), and a notice when the setting's container is dropped.
+
+    A per-node task checks or measures the node itself (its GPUs, driver, network), so it takes no
+    container: --runtime container or slurm+container is a UserError. The same runtime from the
+    anvil.runtime setting (which is there for training) keeps its launcher, drops the container and says so."""
+    if given:
+        if given not in PER_NODE_RUNTIMES:
+            raise UserError(f"--runtime {given} is not supported here: a per-node task runs on the node itself; "
+                            "use --runtime direct (this node) or slurm (every node of the allocation)")
+        return given, ""
+    runtime = "slurm" if setting.startswith("slurm") else "direct"
+    if setting == runtime:
+        return runtime, ""
+    return runtime, (f"runs on the node itself, not in a container (anvil.runtime is {setting}); "
+                     f"--runtime {runtime} says so and hides this note")
 
 
 def run_task(*args, per_node: bool = False, takes_hosts: bool = False, **task_kwargs):
