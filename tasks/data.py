@@ -74,12 +74,16 @@ def prepare(c, input=None, out=DEFAULT_DATASET, tokenizer="byte", vocab_size=0, 
         return
     rows = [[name, s["documents"], s["tokens"], len(s["shards"])] for name, s in m["splits"].items()]
     print(tabulate(rows, headers=["split", "documents", "tokens", "shards"], intfmt=","))
-    skipped = m["source"]["skipped"]
     print(f"tokenizer {m['tokenizer']['kind']} (vocab {m['tokenizer']['vocab_size']:,}, {m['dtype']}); "
           f"{m['source']['files_used']:,}/{m['source']['files']:,} files used; skipped: "
-          + (", ".join(f"{n} {r}" for r, n in sorted(skipped.items())) or "none")
+          + _skipped_text(m["source"]["skipped"])
           + (" (stopped at --max-docs/--max-tokens)" if m["source"]["truncated"] else ""))
     print(f"wrote {result['path']} in {result['seconds']:.1f}s")
+
+
+def _skipped_text(skipped: dict | None) -> str:
+    """{"empty": 3, "binary": 1} -> "1 binary, 3 empty" (the manifest's skipped-file counts by reason)."""
+    return ", ".join(f"{n:,} {reason}" for reason, n in sorted((skipped or {}).items())) or "none"
 
 
 @task(iterable=["input"], help={
@@ -142,10 +146,10 @@ def inspect_(c, path=DEFAULT_DATASET, samples=3, chars=400, split="train", verif
               f"eos {tok['eos_id']}, pad {tok['pad_id']}" + (f", {tok['path']}" if tok.get("path") else ""))
         src = report["source"]
         print(f"source: {', '.join(map(str, src.get('inputs') or ['?']))} ({src.get('files_used', '?')}/"
-              f"{src.get('files', '?')} files used, skipped {src.get('skipped') or 'none'})")
+              f"{src.get('files', '?')} files used, skipped: {_skipped_text(src.get('skipped'))})")
         cols = ["documents", "tokens", "shards", "min_len", "median_len", "mean_len", "max_len"]
         rows = [[name] + [s.get(k, "") for k in cols] for name, s in report["splits"].items()]
-        print(tabulate(rows, headers=["split"] + cols, intfmt=","))
+        print(tabulate(rows, headers=["split"] + cols, intfmt=",", floatfmt=",.0f"))
         for name, s in report["splits"].items():
             print(f"\ndocument length ({name}, tokens):\n{text_bars(s['histogram'])}")
         for sample in report["samples"]:

@@ -36,9 +36,19 @@ def test_prepare_rerun_inspect(tmp_path):
     shown = inv("data.inspect", "--path", str(out), "--samples", "2", "--verify")
     assert "document length (train, tokens)" in shown.stdout and "#" in shown.stdout
     assert "<|begin_of_text|>" in shown.stdout and "all shards match" in shown.stdout
+    assert "skipped: 1 bad_gzip, 1 bad_json_line, 1 binary, 3 empty, 1 invalid_utf8, 2 missing_text_field)" \
+        in shown.stdout, shown.stdout     # counts, not a dict
     report = json.loads(inv("data.inspect", "--path", str(out), "--json").stdout)
     assert report["documents"] == len(expected) and report["tokenizer"]["kind"] == "byte"
     assert sum(s["documents"] for s in report["splits"].values()) == len(expected)
+
+
+def test_inspect_an_empty_validation_split(tmp_path):
+    corpus, _ = make_corpus(tmp_path)
+    out = tmp_path / "ds"
+    inv("data.prepare", "--input", str(corpus), "--out", str(out), "--val-fraction", "0", "--quiet")
+    shown = inv("data.inspect", "--path", str(out), "--samples", "0").stdout
+    assert shown.split("document length (val, tokens):\n", 1)[1].strip() == "(no documents)", shown
 
 
 def test_default_corpus_and_bpe_tokenizer(tmp_path):

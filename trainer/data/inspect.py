@@ -25,8 +25,8 @@ def text_bars(histogram: list[dict], width: int = 40) -> str:
     lines = []
     for h in histogram:
         bar = "#" * round(h["documents"] / peak * width)
-        lines.append(f"{h['from']:>10,} - {h['to']:<10,} {h['documents']:>8,} {bar}")
-    return "\n".join(lines)
+        lines.append(f"{h['from']:>10,} - {h['to']:<10,} {h['documents']:>8,} {bar}".rstrip())
+    return "\n".join(lines) or "    (no documents)"
 
 
 def verify(dataset: Dataset) -> list[str]:
