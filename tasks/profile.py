@@ -75,9 +75,12 @@ def train(c, config=None, set_=None, steps="3:6", ranks="0", top=15, nproc=0, co
         report = jsonlib.loads(path.read_text())
         print(f"\nrank {report['rank']}, steps {report['steps'][0]}..{report['steps'][1] - 1}: "
               f"{path.with_name(path.name.replace('.ops.json', '.trace.json'))}")
-        print(tabulate([[op["name"][:60], op["calls"], f"{op['self_device_ms']:.2f}", f"{op['self_cpu_ms']:.2f}"]
-                        for op in report["ops"][:top]],
-                       headers=["operator", "calls", "self device ms", "self CPU ms"]))
+        ops = report["ops"][:top]
+        on_device = any(op["self_device_ms"] for op in ops)     # a CPU run has no device column to show
+        print(tabulate([[op["name"][:60], op["calls"]] + ([f"{op['self_device_ms']:.2f}"] if on_device else [])
+                        + [f"{op['self_cpu_ms']:.2f}"] for op in ops],
+                       headers=["operator", "calls"] + (["self device ms"] if on_device else []) + ["self CPU ms"],
+                       floatfmt=".2f"))
 
 
 ns = Collection("profile")

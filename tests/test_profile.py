@@ -68,6 +68,8 @@ def test_inv_profile_train_traces_one_rank_of_two(tmp_path, dataset):
     report = json.loads((run / "profile" / "rank1.ops.json").read_text())
     assert report["steps"] == [2, 4] and report["ops"]
     assert "rank 1, steps 2..3" in proc.stdout and "aten::" in proc.stdout
+    assert "self CPU ms" in proc.stdout and "self device ms" not in proc.stdout     # a CPU run: no device column
+    assert "USDT:" not in proc.stdout + proc.stderr and "profiler_start" not in proc.stdout + proc.stderr
     assert json.loads((run / "metadata.json").read_text())["status"] == "ok"
 
 

@@ -89,6 +89,9 @@ class StepProfiler:
         import torch
         from torch.profiler import ProfilerActivity, profile
 
+        # Kineto prints "USDT: ... profiler_start/stop" and stage lines on every trace; its levels put ERROR
+        # under those, so only a level past them all is quiet. KINETO_LOG_LEVEL set by the user wins.
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():  # CUDA and ROCm (roctracer) both appear as CUDA here
             activities.append(ProfilerActivity.CUDA)
