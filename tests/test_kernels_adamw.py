@@ -123,3 +123,22 @@ def test_float8_all_gather_weights_are_updated_inside_their_wrapper():
     run(TritonAdamW, wrapped, steps=2)
     for a, b in zip(plain, wrapped):
         torch.testing.assert_close(b._tensor, a.detach(), rtol=1e-6, atol=1e-6)
+
+
+def test_float8_wrappers_are_opened_without_a_host_sync(monkeypatch):
+    """The wrapper's __tensor_flatten__ reads `if self._precomputed_scale:`, which on a GPU waits for the
+    GPU to finish (a sync per FP8 weight every step); the optimizer reaches the elements without it."""
+    fsdp_utils = pytest.importorskip("torchao.float8.fsdp_utils", reason="torchao not installed (anvil[fp8])")
+    from torchao.float8.float8_training_tensor import LinearMMConfig
+    cls = fsdp_utils.WeightWithDynamicFloat8CastTensor
+    plain = params(torch.float32)
+    wrapped = [torch.nn.Parameter(cls(p.detach().clone(), LinearMMConfig(), torch.float8_e4m3fn,
+                                      precomputed_scale=torch.tensor(1.0, device=DEVICE))) for p in plain]
+
+    def flatten_syncs(self):
+        raise AssertionError("__tensor_flatten__ called: bool(_precomputed_scale) syncs the host with the GPU")
+    monkeypatch.setattr(cls, "__tensor_flatten__", flatten_syncs)
+    run(torch.optim.AdamW, plain, steps=2, foreach=False)
+    run(TritonAdamW, wrapped, steps=2)
+    for a, b in zip(plain, wrapped):
+        torch.testing.assert_close(b._tensor, a.detach(), rtol=1e-6, atol=1e-6)
