@@ -549,11 +549,58 @@ def trace_breakdown(trace: str | Path | dict, steps: int, step_time_s: float | N
            "top_by_category": {cat: [[name, grid, round(us * ms, 3)] for (c, name, grid), us in
                                      sorted(by_shape.items(), key=lambda kv: -kv[1]) if c == cat][:10]
                                for cat in per_cat}}
+    out["idle_gaps"] = idle_gaps(doc, kernels, steps)
     if step_time_s:
         out["step_ms"] = round(step_time_s * 1000, 2)
         out["everything_else_ms"] = round(step_time_s * 1000 - out["matmul_ms"] - out["attention_ms"]
                                           - out["exposed_communication_ms"], 2)
     return out
+
+
+HOST_CATS = ("cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver")
+
+
+def idle_gaps(doc: dict, kernels: list[dict], steps: int, min_us: float = 20.0, top: int = 12) -> dict:
+    """Where the GPU sat idle, and what the host was doing meanwhile: every gap of min_us or more with
+    no kernel on any stream, charged to the host events covering the gap's middle on the thread that
+    launched the kernel after it (its outermost and innermost op: the backward runs on the autograd
+    thread, the rest on the main one). ms per step by (outer, inner), and the longest gaps."""
+    launched_by = {}   # correlation id -> host thread of the launch
+    host: dict = {}    # thread -> [(start, end, name)]
+    for e in doc.get("traceEvents", []):
+        if e.get("ph") != "X" or e.get("cat") not in HOST_CATS:
+            continue
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in (e.get("args") or {}):
+            launched_by[e["args"]["correlation"]] = (e.get("pid"), e.get("tid"))
+        start = float(e["ts"])
+        host.setdefault((e.get("pid"), e.get("tid")), []).append((start, start + float(e.get("dur", 0)),
+                                                                  e.get("name", "")))
+    order = sorted(kernels, key=lambda e: float(e["ts"]))
+    busy_until, previous = None, None
+    charged: dict = {}
+    longest = []
+    for e in order:
+        start, end = float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))
+        if busy_until is not None and start - busy_until >= min_us:
+            middle = (busy_until + start) / 2
+            thread = launched_by.get((e.get("args") or {}).get("correlation"))
+            covering = sorted((ev for ev in host.get(thread, ()) if ev[0] <= middle <= ev[1]),
+                              key=lambda ev: ev[1] - ev[0], reverse=True)
+            outer = covering[0][2][:60] if covering else "(no host event)"
+            inner = covering[-1][2][:60] if covering else ""
+            gap = start - busy_until
+            key = (outer, inner)
+            total, count = charged.get(key, (0.0, 0))
+            charged[key] = (total + gap, count + 1)
+            longest.append((gap, previous, e.get("name", "")[:60], outer, inner))
+        if busy_until is None or end > busy_until:
+            busy_until, previous = end, e.get("name", "")[:60]
+    ms = 1e-3 / steps
+    return {"min_us": min_us,
+            "by_host_op": [[outer, inner, round(us * ms, 3), n // max(steps, 1) or n]
+                           for (outer, inner), (us, n) in sorted(charged.items(), key=lambda kv: -kv[1][0])[:top]],
+            "longest": [[round(gap, 1), before, after, outer, inner]
+                        for gap, before, after, outer, inner in sorted(longest, key=lambda g: -g[0])[:top]]}
 
 
 # --------------------------------------------------------------------------- kernel categories (profile worker)

@@ -119,6 +119,25 @@ def test_trace_breakdown_lists_each_category_by_kernel_and_grid():
     assert top["other"] == [["triton_poi_fused_add_0", "", 0.005]]
 
 
+def test_idle_gaps_are_charged_to_what_the_launching_thread_was_doing():
+    def host(name, ts, dur, tid, cat="cpu_op", **args):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid, "args": args}
+    trace = {"traceEvents": [
+        dict(_kernel("nvjet_a", 0, 100), args={"correlation": 1}),
+        dict(_kernel("triton_poi_b", 400, 50), args={"correlation": 2}),      # after a 300 us gap
+        dict(_kernel("nvjet_c", 460, 40), args={"correlation": 3}),           # a 10 us gap: under min_us
+        host("Optimizer.step#TritonAdamW.step", 90, 320, tid=7, cat="user_annotation"),
+        host("aten::_foreach_copy_", 150, 200, tid=7),                       # covers the gap's middle (250)
+        host("cudaLaunchKernel", 395, 5, tid=7, cat="cuda_runtime", correlation=2),
+        host("cudaLaunchKernel", 450, 5, tid=7, cat="cuda_runtime", correlation=3),
+        host("autograd::engine::evaluate_function", 0, 500, tid=9),           # another thread: not charged
+    ]}
+    gaps = tt.trace_breakdown(trace, steps=1)["idle_gaps"]
+    assert gaps["by_host_op"] == [["Optimizer.step#TritonAdamW.step", "aten::_foreach_copy_", 0.3, 1]]
+    assert gaps["longest"] == [[300.0, "nvjet_a", "triton_poi_b", "Optimizer.step#TritonAdamW.step",
+                                "aten::_foreach_copy_"]]
+
+
 @pytest.mark.parametrize("name, cat", [
     ("sm90_xmma_gemm_e4m3e4m3_bf16_f32_tn_n_tilesize128x128x64", "matmul"),
     ("void cutlass::device_kernel<flash::FlashAttnFwdSm90>", "attention"),
