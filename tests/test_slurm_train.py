@@ -237,6 +237,63 @@ def test_ctrl_c_while_following_a_job_leaves_it_running_and_says_so(slurm_cluste
             slurm_cluster.slurm_run("scancel", job)
 
 
+def test_scancel_of_a_followed_job_cancels_it_and_it_stays_cancelled(slurm_cluster, dataset, tmp_path):
+    """scancel sends TERM, which the ranks take like a preemption (checkpoint, exit 3): the batch script
+    must not requeue a cancelled job (it did, and the job trained on)."""
+    env = _env(slurm_cluster, tmp_path)
+    proc = subprocess.Popen([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "1", "--name", "cancel",
+                             *_args(dataset, steps=400)], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = None
+    try:
+        job = _wait_for(lambda: _job_id(tmp_path), 60, "the job id")
+        _wait_for(lambda: _steps_done(tmp_path) >= 2, 300, "two steps")
+        slurm_cluster.slurm_run("scancel", job)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130, out[-2000:] + err[-2000:]
+        assert f"Slurm job {job} was cancelled" in err and "Traceback" not in err, err[-2000:]
+        run = _only_run(tmp_path)
+        assert json.loads((run / "metadata.json").read_text())["status"] == "cancelled"
+        log = run / "logs" / f"slurm-{job}.out"
+        _wait_for(lambda: "step exited with status" in log.read_text(), 60, "the batch script's end")
+        time.sleep(3)                                 # a requeue would show as PENDING / Restarts=1 now
+        state = slurm_cluster.slurm_run("scontrol", "show", "job", job).stdout
+        assert "JobState=CANCELLED" in state and "Restarts=0" in state, state
+        assert f"job {job} start 1" not in log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if job:
+            slurm_cluster.slurm_run("scancel", job)
+
+
+def test_sigterm_to_the_follower_detaches_and_the_job_records_its_end(slurm_cluster, dataset, tmp_path):
+    """A closed terminal or SSH session (SIGHUP) or SIGTERM to inv: the run said "running" for ever."""
+    env = _env(slurm_cluster, tmp_path)
+    proc = subprocess.Popen([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "1", "--name", "hup",
+                             *_args(dataset, steps=8)], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = None
+    try:
+        job = _wait_for(lambda: _job_id(tmp_path), 60, "the job id")
+        time.sleep(2)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 143, out[-2000:] + err[-2000:]
+        assert f"stopped following Slurm job {job} on SIGTERM; it keeps running" in err, err[-2000:]
+        run = _only_run(tmp_path)
+
+        def status():
+            return json.loads((run / "metadata.json").read_text())["status"]
+        assert status() == "detached"
+        assert _wait_for(lambda: status() not in ("detached", "running") and status(), 300, "the job's end") == "ok"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if job:
+            slurm_cluster.slurm_run("scancel", job)
+
+
 def test_a_job_killed_outright_is_recorded_when_runs_are_listed(slurm_cluster, dataset, tmp_path):
     """A batch shell killed with SIGKILL cannot run runtime.runs.jobend: the run said "submitted"
     for ever. Listing or showing runs asks Slurm (runtime.runs.settle) and records the end."""

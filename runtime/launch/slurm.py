@@ -179,15 +179,30 @@ def follow(job_id: str, env: Mapping[str, str], log: Path | None, out: IO) -> in
         time.sleep(POLL_S)
     if tail:
         tail.poll()
+    if info.get("JobState") == "CANCELLED":
+        raise FollowStopped(f"Slurm job {job_id} was cancelled (scancel); its ranks checkpoint on the way out "
+                            "when they can, and `inv train.pretrain --resume RUN` continues", "cancelled")
     return exit_status(info)
 
 
 class FollowStopped(AnvilError):
-    """Ctrl-C while following a submitted job: it was cancelled, or it keeps running unfollowed."""
+    """Following a submitted job stopped: it was cancelled, or it keeps running unfollowed."""
 
-    def __init__(self, message: str, status: str):
-        super().__init__(message, EXIT_INTERRUPTED)
+    def __init__(self, message: str, status: str, exit_code: int = EXIT_INTERRUPTED):
+        super().__init__(message, exit_code)
         self.status = status
+
+
+class _Hangup(Exception):
+    """SIGTERM or SIGHUP to the inv that follows a job (a closed terminal, a dropped SSH session)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _hang_up(signum, _frame):
+    raise _Hangup(signum)
 
 
 def _ask_cancel(job_id: str, env: Mapping[str, str], out: IO) -> None:
@@ -228,12 +243,22 @@ def submit_and_follow(built: Built, env: Mapping[str, str], run_dir: Path | None
     if not wait:
         return 0
     log = Path(run_dir) / "logs" / f"slurm-{job_id}.out" if run_dir is not None else None
-    previous = signal.getsignal(signal.SIGINT)
+    # Ctrl-C asks; SIGTERM and SIGHUP (the terminal or SSH session went away) detach: the run says so,
+    # and the batch script records the job's end, instead of the run saying "running" for ever.
+    caught = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.getsignal(s) for s in caught}
     try:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, _hang_up)
+        signal.signal(signal.SIGHUP, _hang_up)
         return follow(job_id, env, log, out)
     except KeyboardInterrupt:
         _ask_cancel(job_id, env, out)       # raises FollowStopped
         raise
+    except _Hangup as hangup:
+        raise FollowStopped(f"stopped following Slurm job {job_id} on {signal.Signals(hangup.signum).name}; it "
+                            f"keeps running (`scontrol show job {job_id}` shows it; the run records its end)",
+                            "detached", 128 + hangup.signum) from None
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -5,11 +5,11 @@
 cancelling, leaves it "detached". In both cases no inv is left to write the outcome, so
 the batch script (runtime.launch.commands.sbatch_script) calls
 
-    python -m runtime.runs.jobend RUN_DIR STATUS [--requeued]
+    python -m runtime.runs.jobend RUN_DIR STATUS [--requeued | --on-term]
 
 after each attempt's step. It writes what inv would have: status (ok, failed, interrupted,
 "requeued" when the job checkpointed and Slurm took it back, "preempted" when it checkpointed
-and was not taken back: scancel), exit code, end time,
+and was not taken back: after SIGTERM, from scancel or the time limit), exit code, end time,
 the failing rank's line, hosts and world size, result.json with the summary. A run that inv
 is still following ("running") is left to inv, so there is one writer at a time.
 """
@@ -35,7 +35,8 @@ def status_of(code: int, requeued: bool = False) -> str:
 
 
 def record(run_dir: Path, code: int, requeued: bool = False, environ: dict[str, str] | None = None,
-           status: str | None = None, why: str | None = None, ended: float | None = None) -> bool:
+           status: str | None = None, why: str | None = None, ended: float | None = None,
+           on_term: bool = False) -> bool:
     """Write the attempt's end into RUN_DIR/metadata.json when no inv follows the job; whether it did.
     `status` and `why` come from runtime.runs.settle, which records a job that ended without
     getting here: its status when exit codes do not say it (cancelled, lost), what Slurm said,
@@ -47,6 +48,8 @@ def record(run_dir: Path, code: int, requeued: bool = False, environ: dict[str, 
     if metadata.get("status") not in UNFOLLOWED and not (from_script and metadata.get("settled_by") == "slurm"):
         return False
     masker = Masker.from_environ(dict(os.environ if environ is None else environ))
+    if on_term and code == EXIT_REQUEUE:
+        why = "stopped by SIGTERM (scancel, or the time limit) after checkpointing; not requeued"
     status = status or status_of(code, requeued)
     if from_script:
         metadata.pop("settled_by", None)
@@ -69,16 +72,16 @@ def record(run_dir: Path, code: int, requeued: bool = False, environ: dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m runtime.runs.jobend RUN_DIR STATUS [--requeued]: record the attempt's end
+    """python -m runtime.runs.jobend RUN_DIR STATUS [--requeued | --on-term]: record the attempt's end
     (exit 0; 2 on bad arguments)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    requeued = "--requeued" in args
-    args = [a for a in args if a != "--requeued"]
+    requeued, on_term = "--requeued" in args, "--on-term" in args
+    args = [a for a in args if a not in ("--requeued", "--on-term")]
     if len(args) != 2 or not args[1].lstrip("-").isdigit():
         print(main.__doc__, file=sys.stderr)
         return 2
     try:
-        record(Path(args[0]), int(args[1]), requeued)
+        record(Path(args[0]), int(args[1]), requeued, on_term=on_term)
     except (OSError, ValueError, rundir.RunDirError) as exc:
         # The job's own status matters more than its bookkeeping: say why and let the script go on.
         print(f"anvil: could not record the job's end in {args[0]}: {exc}", file=sys.stderr)
