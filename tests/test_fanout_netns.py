@@ -92,6 +92,19 @@ def test_unreachable_host_is_reported_and_the_others_finish(fanout):
     assert "Traceback" not in result.stdout + result.stderr
 
 
+def test_input_every_host_refuses_is_one_line_and_fails_no_node(fanout):
+    """A typo is the user's, not the hosts': exit 2, the task's own message once, no failing node list."""
+    result = fanout.run(fanout.up, "bench.gemm", "-M", "abc")
+    assert result.returncode == 2, explain(result)
+    lines = [line for line in result.stderr.splitlines() if "-M" in line and "abc" in line]
+    assert len(lines) == 1 and "every host refused the input" in lines[0], explain(result)
+    assert "Traceback" not in result.stdout + result.stderr and "failing hosts" not in result.stdout
+    (run,) = (fanout.work / "runs").iterdir()
+    assert not (run / "nodes").exists()                       # nothing for --exclude-from to exclude
+    metadata = json.loads((run / "metadata.json").read_text())
+    assert metadata["status"] == "failed" and metadata["exit_code"] == 2 and "abc" in metadata["error"]
+
+
 # ---- preflight.all: one merged table -------------------------------------------------------
 
 def test_preflight_all_on_two_hosts_merges_one_table(fanout):

@@ -212,6 +212,14 @@ def per_node_options(context) -> tuple[str, int]:
 Transport = Callable[[list[str], Path, Callable[[HostResult], None]], list[HostResult]]
 
 
+def refused_input(results: list[HostResult]) -> str | None:
+    """The error line when every host ran the task and exited 2 (a user error: the input, not the host)."""
+    if not results or any(not r.reachable or r.exit_code != 2 for r in results):
+        return None
+    lines = [line.strip() for line in results[0].stderr.splitlines() if line.strip()]
+    return lines[-1] if lines else "the task refused its input (exit 2)"
+
+
 def fan_out(config, context, label: str, hosts_hint: str, transport: Transport) -> int:
     """Run one task through `transport`, record it as a run, print the merged report; exit status."""
     from runtime.runs import nodes as nodes_mod
@@ -234,6 +242,14 @@ def fan_out(config, context, label: str, hosts_hint: str, transport: Transport) 
         run_mod.finish(run, "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
                        error=str(exc) or type(exc).__name__, exit_code=getattr(exc, "exit_code", 1))
         raise
+    refused = refused_input(results)
+    if refused:
+        # Every host refused the same input (exit 2: a typo, a missing file): one line, and no node
+        # is written down as failing for it (nodes/fail.json feeds --exclude-from).
+        run_mod.finish(run, "failed", error=refused, exit_code=2)
+        print(f"{context.name}: {refused} (every host refused the input; run directory {run.path})",
+              file=sys.stderr, flush=True)
+        return 2
     report = merge(results)
     for r in results:
         run.write_json(Path("hosts") / f"{r.host}.json",
