@@ -109,7 +109,13 @@ def test_bad_per_node_input_is_one_message(slurm_cluster, dataset, tmp_path):
     bad_partition = subprocess.run([str(INV), "preflight.host"], cwd=REPO, env=env, capture_output=True, text=True,
                                    timeout=120)
     assert bad_partition.returncode == 2, _explain(bad_partition)
-    assert "srun ran nothing" in bad_partition.stderr and "partition" in bad_partition.stderr.lower()
+    assert "Slurm cannot run this" in bad_partition.stderr and "partition" in bad_partition.stderr.lower()
+    # outside an allocation, more nodes than the cluster has: srun would wait for ever without a word
+    runs_before = sorted((tmp_path / "runs").glob("*"))
+    never = subprocess.run([str(INV), "preflight.host", "--runtime", "slurm", "--nodes", "5"], cwd=REPO,
+                           env=_env(slurm_cluster, tmp_path), capture_output=True, text=True, timeout=120)
+    assert never.returncode == 2 and "--nodes 5: Slurm cannot run this" in never.stderr, _explain(never)
+    assert sorted((tmp_path / "runs").glob("*")) == runs_before      # refused before a run directory
 
     direct = subprocess.run([str(INV), "preflight.host", "--runtime", "direct", "--nodes", "2"], cwd=REPO,
                             env=_env(slurm_cluster, tmp_path), capture_output=True, text=True, timeout=120)
@@ -127,5 +133,5 @@ def test_bad_per_node_input_is_one_message(slurm_cluster, dataset, tmp_path):
         assert proc.returncode == 2 and "controller does not answer" in proc.stderr, _explain(proc)
         assert "Traceback" not in proc.stderr
     assert sorted(p.name for p in (tmp_path / "runs").glob("*")) == before   # no run directory was made
-    for proc in (too_many, bad_partition, direct):
+    for proc in (too_many, bad_partition, direct, never):
         assert "Traceback" not in proc.stderr

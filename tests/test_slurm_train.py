@@ -206,6 +206,11 @@ def test_bad_slurm_input_is_one_message(slurm_cluster, dataset, tmp_path):
                                "--nodes", "3", *_args(dataset)],
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert too_many.returncode == 2 and "has only 2 node(s)" in too_many.stderr, too_many.stderr[-2000:]
+    never = subprocess.run([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "5", *_args(dataset)],
+                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)   # the cluster has 2
+    assert never.returncode == 2 and "Slurm will not start job" in never.stderr, never.stderr[-2000:]
+    assert "so it was cancelled" in never.stderr and "Traceback" not in never.stderr
+    assert slurm_cluster.slurm_run("squeue", "-h").stdout.strip() == ""      # nothing left pending
     no_slurm = subprocess.run([str(INV), "train.pretrain", "--runtime", "slurm", *_args(dataset)],
                               cwd=REPO, env={**env, "PATH": str(INV.parent) + ":/usr/bin/none"},
                               capture_output=True, text=True, timeout=120)

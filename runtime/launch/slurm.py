@@ -145,8 +145,19 @@ class _Tail:
             self.out.flush()
 
 
+# Reasons a pending job gives when nothing but a change of the cluster's configuration would start it.
+NEVER_STARTS = {
+    "PartitionConfig": "it asks for more than the partition has (nodes, CPUs, memory or GPUs)",
+    "PartitionNodeLimit": "it asks for more nodes than the partition allows",
+    "PartitionTimeLimit": "it asks for more time than the partition allows",
+    "BadConstraints": "no node matches its constraints",
+    "InvalidAccount": "the account is not valid",
+    "InvalidQOS": "the QOS is not valid",
+}
+
+
 def follow(job_id: str, env: Mapping[str, str], log: Path | None, out: IO) -> int:
-    """Follow the job until it ends; its exit status."""
+    """Follow the job until it ends; its exit status. A job Slurm will never start is cancelled: LaunchError."""
     tail = _Tail(log, out) if log else None
     last_state, last = None, None
     while True:
@@ -167,6 +178,11 @@ def follow(job_id: str, env: Mapping[str, str], log: Path | None, out: IO) -> in
             print(f"slurm: job {job_id} {state}{where}{why}{restarts}", file=out, flush=True)
             last_state = shown
         last = info
+        if state == "PENDING" and info.get("Reason") in NEVER_STARTS:
+            cancel(job_id, env)
+            raise LaunchError(f"Slurm will not start job {job_id} ({info['Reason']}: "
+                              f"{NEVER_STARTS[info['Reason']]}), so it was cancelled; `sinfo -s` shows the "
+                              "partitions and their nodes")
         if state in TERMINAL_STATES:
             # A job requeued by its own batch script (`scontrol requeue`) can show the
             # killed attempt's end for a moment before it is PENDING again: look twice.

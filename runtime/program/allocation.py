@@ -52,16 +52,35 @@ def node_count(nodes: int, env: Mapping[str, str]) -> int:
     return nodes or allocated or 1
 
 
-def srun_command(argv: list[str], hosts_dir: Path, settings, nodes: int, inv: str,
-                 job_name: str = "anvil") -> list[str]:
+def _srun_options(settings, nodes: int, job_name: str) -> list[str]:
     options = [f"--nodes={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=0", f"--job-name={job_name[:60]}"]
     for name, value in (("partition", settings.slurm_partition), ("account", settings.slurm_account),
                         ("time", settings.slurm_time)):
         if value:
             options.append(f"--{name}={value}")
+    return options + list(settings.slurm_extra)
+
+
+def srun_command(argv: list[str], hosts_dir: Path, settings, nodes: int, inv: str,
+                 job_name: str = "anvil") -> list[str]:
     timeout = ["--timeout", str(settings.command_timeout)] if settings.command_timeout else []
-    return ["srun", *options, *settings.slurm_extra, sys.executable, "-m", NODE_TASK, str(hosts_dir), *timeout,
-            "--", inv, *argv]
+    return ["srun", *_srun_options(settings, nodes, job_name), sys.executable, "-m", NODE_TASK, str(hosts_dir),
+            *timeout, "--", inv, *argv]
+
+
+def check_request(settings, nodes: int, env: Mapping[str, str], job_name: str = "anvil") -> None:
+    """Outside an allocation srun asks Slurm for the nodes and, when they can never be had (more than
+    the partition has), waits for ever without a word: `srun --test-only` asks first. AllocationError."""
+    if in_allocation(env):
+        return      # node_count checked the count against the allocation
+    try:
+        proc = subprocess.run(["srun", "--test-only", *_srun_options(settings, nodes, job_name), "true"],
+                              env=dict(env), capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise AllocationError("srun --test-only did not answer in 60 s (is slurmctld up?)") from None
+    if proc.returncode != 0:
+        said = _last_line(proc.stderr) or _last_line(proc.stdout) or f"exit {proc.returncode}"
+        raise AllocationError(f"--nodes {nodes}: Slurm cannot run this: {said.removeprefix('srun: error: ')}")
 
 
 def run_on_allocation(argv: list[str], run_dir: Path, settings, count: int, inv: str = "",

@@ -304,6 +304,7 @@ def run_on_slurm(config, context) -> int:
     _runtime, nodes = per_node_options(context)
     count = allocation.node_count(nodes, os.environ)
     allocation.require_slurm(os.environ)        # before a run directory is made
+    allocation.check_request(settings, count, os.environ, job_name=f"anvil-{context.name}")
 
     def over_srun(argv, run_dir, progress):
         return allocation.run_on_allocation(argv, run_dir, settings, count, progress=progress,
