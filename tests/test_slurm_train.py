@@ -206,6 +206,15 @@ def test_bad_slurm_input_is_one_message(slurm_cluster, dataset, tmp_path):
                                "--nodes", "3", *_args(dataset)],
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert too_many.returncode == 2 and "has only 2 node(s)" in too_many.stderr, too_many.stderr[-2000:]
+    stranger = subprocess.run(["salloc", "-N2", "--quiet", str(INV), "train.pretrain", "--runtime", "slurm",
+                               "--exclude", "node9", *_args(dataset)],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert stranger.returncode == 2 and "--exclude node9: not a node of this allocation" in stranger.stderr, \
+        stranger.stderr[-2000:]
+    everyone = subprocess.run(["salloc", "-N2", "--quiet", str(INV), "train.pretrain", "--runtime", "slurm",
+                               "--exclude", "node1", "--exclude", "node2", *_args(dataset)],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert everyone.returncode == 2 and "every node of this allocation" in everyone.stderr, everyone.stderr[-2000:]
     never = subprocess.run([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "5", *_args(dataset)],
                            cwd=REPO, env=env, capture_output=True, text=True, timeout=120)   # the cluster has 2
     assert never.returncode == 2 and "Slurm will not start job" in never.stderr, never.stderr[-2000:]

@@ -70,7 +70,15 @@ def slurm_nodes(spec: LaunchSpec, env: Mapping[str, str], mode: str) -> int:
         from runtime.launch.slurm import hostnames
         members = hostnames(env.get("SLURM_JOB_NODELIST", ""), env)
         left_out = [n for n in members if n in set(spec.slurm.exclude)]
+        strangers = [n for n in spec.slurm.exclude if n not in members]
+        if strangers:   # srun would end the step with "Invalid node name specified", after a run directory
+            raise LaunchError(f"--exclude {', '.join(strangers)}: not a node of this allocation (job "
+                              f"{env.get('SLURM_JOB_ID')}: {', '.join(members)}); a preflight run over -H "
+                              "names hosts as they were given to -H")
     usable = allocated - len(left_out)
+    if allocated and left_out and usable == 0:
+        raise LaunchError(f"every node of this allocation (job {env.get('SLURM_JOB_ID')}) is excluded: "
+                          f"{', '.join(left_out)}")
     nodes = spec.slurm.nodes or usable or 1
     if nodes < 1:
         raise LaunchError(f"--nodes must be >= 1, got {nodes}")
