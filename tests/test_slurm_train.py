@@ -8,6 +8,7 @@ with the loss curve of an uninterrupted run; a node whose ranks die; bad input.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -228,14 +229,25 @@ def test_bad_slurm_input_is_one_message(slurm_cluster, dataset, tmp_path):
     assert not any((run / "metrics.jsonl").exists() for run in (tmp_path / "runs").glob("*"))
 
 
-def test_ctrl_c_while_following_a_job_leaves_it_running_and_says_so(slurm_cluster, dataset, tmp_path):
-    env = _env(slurm_cluster, tmp_path)
-    proc = subprocess.Popen([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "1", "--name", "fol",
-                             *_args(dataset, steps=400)], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+@contextlib.contextmanager
+def _following(cluster, dataset, tmp_path, name: str, steps: int):
+    """inv following a one-node batch job (no terminal): yields (proc, job id); kills what is left after."""
+    proc = subprocess.Popen([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "1", "--name", name,
+                             *_args(dataset, steps=steps)], cwd=REPO, env=_env(cluster, tmp_path),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     job = None
     try:
         job = _wait_for(lambda: _job_id(tmp_path), 60, "the job id")
+        yield proc, job
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if job:
+            cluster.slurm_run("scancel", job)
+
+
+def test_ctrl_c_while_following_a_job_leaves_it_running_and_says_so(slurm_cluster, dataset, tmp_path):
+    with _following(slurm_cluster, dataset, tmp_path, "fol", steps=400) as (proc, job):
         time.sleep(2)
         proc.send_signal(signal.SIGINT)            # Ctrl-C to inv only: no terminal, so no question
         out, err = proc.communicate(timeout=60)
@@ -244,23 +256,12 @@ def test_ctrl_c_while_following_a_job_leaves_it_running_and_says_so(slurm_cluste
         assert json.loads((_only_run(tmp_path) / "metadata.json").read_text())["status"] == "detached"
         state = slurm_cluster.slurm_run("scontrol", "show", "job", job).stdout
         assert "JobState=RUNNING" in state or "JobState=PENDING" in state, state
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        if job:
-            slurm_cluster.slurm_run("scancel", job)
 
 
 def test_scancel_of_a_followed_job_cancels_it_and_it_stays_cancelled(slurm_cluster, dataset, tmp_path):
     """scancel sends TERM, which the ranks take like a preemption (checkpoint, exit 3): the batch script
     must not requeue a cancelled job (it did, and the job trained on)."""
-    env = _env(slurm_cluster, tmp_path)
-    proc = subprocess.Popen([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "1", "--name", "cancel",
-                             *_args(dataset, steps=400)], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    job = None
-    try:
-        job = _wait_for(lambda: _job_id(tmp_path), 60, "the job id")
+    with _following(slurm_cluster, dataset, tmp_path, "cancel", steps=400) as (proc, job):
         _wait_for(lambda: _steps_done(tmp_path) >= 2, 300, "two steps")
         slurm_cluster.slurm_run("scancel", job)
         out, err = proc.communicate(timeout=120)
@@ -274,22 +275,11 @@ def test_scancel_of_a_followed_job_cancels_it_and_it_stays_cancelled(slurm_clust
         state = slurm_cluster.slurm_run("scontrol", "show", "job", job).stdout
         assert "JobState=CANCELLED" in state and "Restarts=0" in state, state
         assert f"job {job} start 1" not in log.read_text()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        if job:
-            slurm_cluster.slurm_run("scancel", job)
 
 
 def test_sigterm_to_the_follower_detaches_and_the_job_records_its_end(slurm_cluster, dataset, tmp_path):
     """A closed terminal or SSH session (SIGHUP) or SIGTERM to inv: the run said "running" for ever."""
-    env = _env(slurm_cluster, tmp_path)
-    proc = subprocess.Popen([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "1", "--name", "hup",
-                             *_args(dataset, steps=8)], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    job = None
-    try:
-        job = _wait_for(lambda: _job_id(tmp_path), 60, "the job id")
+    with _following(slurm_cluster, dataset, tmp_path, "hup", steps=8) as (proc, job):
         time.sleep(2)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
@@ -301,11 +291,6 @@ def test_sigterm_to_the_follower_detaches_and_the_job_records_its_end(slurm_clus
             return json.loads((run / "metadata.json").read_text())["status"]
         assert status() == "detached"
         assert _wait_for(lambda: status() not in ("detached", "running") and status(), 300, "the job's end") == "ok"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        if job:
-            slurm_cluster.slurm_run("scancel", job)
 
 
 def test_a_job_killed_outright_is_recorded_when_runs_are_listed(slurm_cluster, dataset, tmp_path):
