@@ -564,7 +564,7 @@ def idle_gaps(doc: dict, kernels: list[dict], steps: int, min_us: float = 20.0, 
     """Where the GPU sat idle, and what the host was doing meanwhile: every gap of min_us or more with
     no kernel on any stream, charged to the host events covering the gap's middle on the thread that
     launched the kernel after it (its outermost and innermost op: the backward runs on the autograd
-    thread, the rest on the main one). ms per step by (outer, inner), and the longest gaps."""
+    thread, the rest on the main one). ms and gaps per step by (outer, inner), and the longest gaps."""
     launched_by = {}   # correlation id -> host thread of the launch
     host: dict = {}    # thread -> [(start, end, name)]
     for e in doc.get("traceEvents", []):
@@ -597,7 +597,7 @@ def idle_gaps(doc: dict, kernels: list[dict], steps: int, min_us: float = 20.0, 
             busy_until, previous = end, e.get("name", "")[:60]
     ms = 1e-3 / steps
     return {"min_us": min_us,
-            "by_host_op": [[outer, inner, round(us * ms, 3), n // max(steps, 1) or n]
+            "by_host_op": [[outer, inner, round(us * ms, 3), round(n / steps, 1)]
                            for (outer, inner), (us, n) in sorted(charged.items(), key=lambda kv: -kv[1][0])[:top]],
             "longest": [[round(gap, 1), before, after, outer, inner]
                         for gap, before, after, outer, inner in sorted(longest, key=lambda g: -g[0])[:top]]}

@@ -59,8 +59,6 @@ class RunOptions:
 
 def patch_file(given: str | Path) -> Path:
     """The --patch file; UserError when there is none."""
-    from trainer.errors import UserError
-
     path = Path(given).expanduser()
     if not path.is_file():
         raise UserError(f"--patch {given}: no such file")
