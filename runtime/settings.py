@@ -153,12 +153,21 @@ def from_mapping(values: Mapping[str, Any] | None, root: Path) -> Settings:
     )
 
 
+#: Set by a fan-out (ssh, srun) for the task it starts on a node: where that node's run directory
+#: goes and how it runs its part. They win over every configuration level, -f FILE included, since
+#: the fan-out forwards that file too.
+NODE_OVERRIDES = {"ANVIL_NODE_RUNS_DIR": "runs_dir", "ANVIL_NODE_RUNTIME": "runtime"}
+
+
 def load(ctx=None) -> Settings:
-    """Settings from ``ctx.config.anvil`` (invoke.yaml, -f FILE, INVOKE_ANVIL_* env)."""
+    """Settings from ``ctx.config.anvil`` (invoke.yaml, -f FILE, INVOKE_ANVIL_* env), then NODE_OVERRIDES."""
     config = getattr(ctx, "config", None)
     values = {}
     if config is not None:
         section = config.get("anvil", None) if hasattr(config, "get") else None
         if section is not None:
             values = {k: section[k] for k in section}
+    for variable, key in NODE_OVERRIDES.items():
+        if os.environ.get(variable):
+            values[key] = os.environ[variable]
     return from_mapping(values, project_root(ctx))

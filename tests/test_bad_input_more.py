@@ -325,26 +325,23 @@ def test_list_shows_runs_with_unreadable_metadata(tmp_path):
 @pytest.mark.parametrize("existing", [True, False])
 def test_ctrl_c_during_prepare_keeps_the_old_dataset_and_leaves_no_temp(tmp_path, corpus, existing):
     import signal
-    import time
+
+    from process_utils import start_as_from_a_terminal, wait_until
 
     out = tmp_path / "ds"
     if existing:
         assert inv(tmp_path, "data.prepare", "--input", corpus, "--out", out, "-q").returncode == 0
     before = tree(out) if existing else {}
     # the default corpus (the stdlib, ~12 M tokens) in 1000-token shards: seconds of work
-    proc = subprocess.Popen([str(INV), "data.prepare", "--out", str(out), "--shard-tokens", "1000", "--force",
-                             "--workers", "2"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True,
-                            # as from a terminal: a suite started in the background (`cmd &` in a script)
-                            # hands its children SIGINT ignored, and Python keeps it ignored
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-                            env={**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs")})
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
+    proc = start_as_from_a_terminal([str(INV), "data.prepare", "--out", str(out), "--shard-tokens", "1000",
+                                     "--force", "--workers", "2"], cwd=tmp_path, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True,
+                                    env={**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs")})
+
+    def sharding() -> bool:
         tmps = list(tmp_path.glob("ds.tmp-*"))
-        if tmps and len(list(tmps[0].glob("train/*.bin"))) >= 3:
-            break
-        time.sleep(0.01)
+        return bool(tmps) and len(list(tmps[0].glob("train/*.bin"))) >= 3
+    wait_until(sharding, proc, timeout=120, pause=0.01)
     assert proc.poll() is None, "prepare finished before it could be interrupted"
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C on a terminal does: the whole process group
     stdout, stderr = proc.communicate(timeout=120)

@@ -123,6 +123,17 @@ def test_fanout_to_an_unreachable_host_fails_cleanly(project):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("given", [["--runtime", "slurm"], ["--nodes", "2"]])
+def test_dash_h_with_slurm_choosing_the_nodes_is_one_line_before_any_connection(tmp_path, given):
+    result = inv(["-H", "127.0.0.1:1", "-t", "2", "preflight.host", *given], tmp_path,
+                 env=clean_env(INVOKE_ANVIL_RUNS_DIR=str(tmp_path / "runs")), timeout=60)
+    assert result.returncode == 2, explain(result)
+    assert result.stderr.strip() == (f"-H: preflight.host {' '.join(given)}: -H already says where it runs (over "
+                                     f"SSH, on the hosts named); drop -H to run it on Slurm's nodes, or {given[0]} "
+                                     f"to run it on the hosts"), explain(result)
+    assert not (tmp_path / "runs").exists() and "UNREACHABLE" not in result.stdout
+
+
 @pytest.mark.netns
 def test_pre_and_post_tasks_run_on_every_host_with_the_task(netns_cluster, project, tmp_path):
     """Not Fabric's way (pre/post once, locally; hosts one after another): each host runs all three."""

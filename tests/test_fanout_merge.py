@@ -6,7 +6,9 @@ test_cli.py (unreachable host through the installed inv).
 from __future__ import annotations
 
 import json
+import os
 import shlex
+from pathlib import Path
 
 import pytest
 from invoke import Collection, task
@@ -15,6 +17,8 @@ from invoke.parser import Parser
 from runtime.program import fanout, results, ssh
 from runtime.program.results import HostResult
 from runtime.program.ssh import FanoutOptions
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def checks(*rows):
@@ -47,6 +51,17 @@ def test_merge_marks_differences_and_splits_hosts():
     data = report.to_json()
     assert data["hosts"]["n2"]["failed_checks"] == ["gpu.count"] and data["hosts"]["n4"]["ok"] is False
     assert data["checks"][0]["hosts"]["n4"] is None
+
+
+def test_a_long_fix_is_wrapped_whole_and_said_once_for_hosts_that_share_it():
+    fix = "raise the limit in /etc/security/limits.d/99-rdma.conf: '* soft memlock unlimited', then log in again"
+    same = ("host.memlock", "WARN", "64 KiB", "locked memory is limited and RDMA devices are present", fix)
+    report = fanout.merge([result("n1", checks(same)), result("n2", checks(same))])
+    text = fanout.render(report)
+    assert " ".join(text.split()).count("log in again") == 1 and "…" not in text
+    assert all(len(line) <= 140 for line in text.splitlines())
+    (n2_row,) = [line for line in text.splitlines() if " n2 " in line and "64 KiB" in line]
+    assert n2_row.rstrip().endswith("(as above)")
 
 
 def test_nonzero_exit_fails_a_host_even_when_checks_pass():
@@ -82,19 +97,63 @@ def test_remote_command_quotes_everything():
     line = ssh.remote_command("n1", ["demo.hello", "--say", "$(rm -rf ~); echo", "--json"], options)
     assert line.startswith("cd '/shared/my repo' && ANVIL_HOST=n1 ")
     assert shlex.split(line.split("&& ", 1)[1]) == [
-        "ANVIL_HOST=n1", ".venv/bin/inv", "-f", "/x/a b.yaml", "demo.hello", "--say", "$(rm -rf ~); echo", "--json"]
+        "ANVIL_HOST=n1", "ANVIL_STOP_AT_EOF=1", ".venv/bin/inv", "-f", "/x/a b.yaml", "demo.hello", "--say",
+        "$(rm -rf ~); echo", "--json"]
+    # the host's own runs go under the fan-out's run; a shared `runtime: slurm` is for this machine
+    line = ssh.remote_command("root@n1:22", ["x"], options, runs_dir="/r/run 1/hosts", runtime="direct")
+    assert shlex.split(line.split("&& ", 1)[1])[:4] == [
+        "ANVIL_HOST=root@n1:22", "ANVIL_STOP_AT_EOF=1", "ANVIL_NODE_RUNS_DIR=/r/run 1/hosts/root@n1:22",
+        "ANVIL_NODE_RUNTIME=direct"]
+
+
+def test_node_overrides_win_over_every_configuration_level(monkeypatch, tmp_path):
+    from runtime import settings as settings_mod
+
+    class Holder:
+        config = {"anvil": {"runs_dir": "/from/-f", "runtime": "slurm"}}
+    monkeypatch.setenv("ANVIL_NODE_RUNS_DIR", str(tmp_path / "node"))
+    monkeypatch.setenv("ANVIL_NODE_RUNTIME", "direct")
+    loaded = settings_mod.load(Holder())
+    assert (loaded.runs_dir, loaded.runtime) == (tmp_path / "node", "direct")
+    monkeypatch.setenv("ANVIL_NODE_RUNTIME", "nonsense")
+    with pytest.raises(settings_mod.SettingsError):
+        settings_mod.load(Holder())
+
+
+def test_the_remote_inv_stops_as_at_a_ctrl_c_when_its_stdin_ends():
+    """The far end of Ctrl-C under -H: stdin closed (by the fan-out, or a dropped connection) is SIGINT
+    to the task's process group."""
+    import subprocess
+    import sys
+
+    from runtime.program import remote_stop
+
+    assert remote_stop.watch_stdin({}) is False
+    code = ("import time\nfrom runtime.program import remote_stop\nassert remote_stop.watch_stdin()\n"
+            "import os\nassert 'ANVIL_STOP_AT_EOF' not in os.environ\nprint('ready', flush=True)\n"
+            "try:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    print('stopped', flush=True)\n"
+            "    raise SystemExit(130)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, start_new_session=True,     # its own group, as sshd gives a session
+                            env={**os.environ, "ANVIL_STOP_AT_EOF": "1", "PYTHONPATH": str(REPO)})
+    assert proc.stdout.readline() == "ready\n"
+    proc.stdin.close()
+    assert proc.wait(timeout=30) == 130 and proc.stdout.read() == "stopped\n"
 
 
 def test_task_argv_rebuilds_given_options_only():
-    @task(iterable=["env"])
-    def work(c, name="", count=1, verbose=False, hooks=True, env=None, json=False):
+    @task(iterable=["env", "set_"])
+    def work(c, name="", count=1, verbose=False, hooks=True, env=None, json=False, set_=None, exclude_from="",
+             dry_run=False):
         pass
 
     parser = Parser(contexts=Collection(work).to_contexts())
     contexts = parser.parse_argv(["work", "--name", "a b", "--verbose", "--no-hooks", "--env", "X=1",
-                                  "--env", "Y=2", "--count", "3"])
+                                  "--env", "Y=2", "--count", "3", "--set", "a.b=1", "--exclude-from", "runs/x",
+                                  "--dry-run"])
     assert fanout.task_argv(contexts[0]) == ["work", "--name", "a b", "--count", "3", "--verbose",
-                                             "--no-hooks", "--env", "X=1", "--env", "Y=2"]
+                                             "--no-hooks", "--env", "X=1", "--env", "Y=2", "--set", "a.b=1",
+                                             "--exclude-from", "runs/x", "--dry-run"]
 
 
 def test_failed_host_detail_is_the_error_not_the_run_directory():

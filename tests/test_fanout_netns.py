@@ -15,12 +15,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 import cluster as cluster_mod
+from process_utils import start_as_from_a_terminal, wait_until
 
 pytestmark = [pytest.mark.netns]
 
@@ -35,10 +37,21 @@ class Fanout:
     down: str            # an address in our namespace with no sshd (refused)
     work: Path
 
+    def argv(self, hosts: list[str], *task: str) -> list[str]:
+        return [str(self.inv), "-f", str(self.settings), "-i", self.key, "-H", ",".join(hosts), *task]
+
     def run(self, hosts: list[str], *task: str, timeout: float = 180) -> subprocess.CompletedProcess:
-        argv = [str(self.inv), "-f", str(self.settings), "-i", self.key, "-H", ",".join(hosts), *task]
-        return subprocess.run(argv, cwd=self.repo, capture_output=True, text=True,
+        return subprocess.run(self.argv(hosts, *task), cwd=self.repo, capture_output=True, text=True,
                               stdin=subprocess.DEVNULL, timeout=timeout)
+
+    def start(self, hosts: list[str], *task: str) -> subprocess.Popen:
+        """As typed on a terminal: os.killpg(proc.pid, SIGINT) is its Ctrl-C."""
+        return start_as_from_a_terminal(self.argv(hosts, *task), cwd=self.repo, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+
+    @property
+    def runs(self) -> Path:
+        return self.work / "runs"
 
 
 @pytest.fixture
@@ -202,6 +215,71 @@ def test_hosts_run_at_the_same_time(fanout):
     assert max(arrived.values()) <= min(left.values())
     spread = max(arrived.values()) - min(arrived.values())
     print(f"\nhosts arrived within {spread:.2f} s of each other: {arrived}")
+
+
+# ---- Ctrl-C, and a dropped connection --------------------------------------------------------
+
+LONG_GEMM = ("bench.gemm", "-M", "512", "--dtype", "fp32", "--iters", "10000000")   # hours on a CPU
+
+
+def _host_runs(fanout: Fanout, task: str) -> dict[str, Path]:
+    """Each host's own run of `task`, under the fan-out's run (RUN/hosts/<host>/<run>)."""
+    found = {}
+    for host in fanout.up:
+        runs = sorted(fanout.runs.glob(f"*_{task}/hosts/{host}/*_{task}"))
+        if runs and (runs[-1] / "metadata.json").is_file():
+            found[host] = runs[-1]
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)      # the namespace hosts share this machine's process table
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _remote_pids(runs: dict[str, Path]) -> list[int]:
+    return [json.loads((run / "metadata.json").read_text())["pid"] for run in runs.values()]
+
+
+def _start_long_gemm(fanout: Fanout) -> tuple[subprocess.Popen, dict[str, Path]]:
+    """The fan-out, once every host's task is well under way (its run made, its products timed)."""
+    proc = fanout.start(fanout.up, *LONG_GEMM)
+    started = wait_until(lambda: len(_host_runs(fanout, "bench.gemm")) == len(fanout.up), proc)
+    assert started, proc.communicate(timeout=60)
+    time.sleep(2)
+    assert proc.poll() is None, proc.communicate(timeout=60)
+    return proc, _host_runs(fanout, "bench.gemm")
+
+
+def test_ctrl_c_stops_the_task_on_every_host_and_records_it(fanout):
+    proc, runs = _start_long_gemm(fanout)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 130, f"exit {proc.returncode}\n{out}\n{err}"
+    assert "Traceback" not in err and "interrupted: stopping the task on 2 host(s)" in err, err
+    for host in fanout.up:
+        assert re.search(rf"^{re.escape(host)}\s+INTERRUPTED\s", err, re.M), err
+    (run,) = fanout.runs.glob("*_bench.gemm")
+    metadata = json.loads((run / "metadata.json").read_text())
+    assert (metadata["status"], metadata["exit_code"]) == ("interrupted", 130)
+    assert not (run / "nodes").exists()          # nobody failed: no list for --exclude-from
+    for host, own in runs.items():               # each host's run ended as at a Ctrl-C there
+        assert json.loads((own / "metadata.json").read_text())["status"] == "interrupted", host
+        assert json.loads((run / "hosts" / f"{host}.json").read_text())["interrupted"] is True
+    assert not any(_alive(pid) for pid in _remote_pids(runs))
+
+
+def test_a_dropped_connection_stops_the_task_on_the_hosts(fanout):
+    proc, runs = _start_long_gemm(fanout)
+    proc.kill()                                  # inv gone at once: its SSH connections drop
+    proc.communicate(timeout=30)
+    pids = _remote_pids(runs)
+    assert wait_until(lambda: not any(_alive(pid) for pid in pids), timeout=60), "a remote task kept running"
+    for own in runs.values():
+        assert json.loads((own / "metadata.json").read_text())["status"] == "interrupted"
 
 
 # ---- the testbed itself ----------------------------------------------------------------------

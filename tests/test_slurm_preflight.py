@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
+from process_utils import start_as_from_a_terminal, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 INV = REPO / ".venv" / "bin" / "inv"
@@ -135,3 +139,31 @@ def test_bad_per_node_input_is_one_message(slurm_cluster, dataset, tmp_path):
     assert sorted(p.name for p in (tmp_path / "runs").glob("*")) == before   # no run directory was made
     for proc in (too_many, bad_partition, direct, never):
         assert "Traceback" not in proc.stderr
+
+
+def test_ctrl_c_stops_the_task_on_every_node_and_records_it(slurm_cluster, tmp_path):
+    """Outside an allocation, as typed on the login node: Ctrl-C reaches every node's task as SIGINT
+    (through scancel: srun alone would end the step), each node's end is recorded, and no node is
+    written down as failing for it."""
+    proc = start_as_from_a_terminal([str(INV), "bench.gemm", "-M", "512", "--dtype", "fp32", "--iters", "10000000",
+                                     "--nodes", "2"], cwd=REPO, env=_env(slurm_cluster, tmp_path),
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    stdin=subprocess.DEVNULL)
+
+    def node_runs() -> list[Path]:
+        return sorted((tmp_path / "runs").glob("*_bench.gemm/hosts/node*/*_bench.gemm/metadata.json"))
+    assert wait_until(lambda: len(node_runs()) == 2, proc), proc.communicate(timeout=60)
+    time.sleep(2)                 # well under way on both nodes
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, f"exit {proc.returncode}\n{out}\n{err}"
+    assert "Traceback" not in err and "interrupted: stopping the task on 2 node(s)" in err, err
+    assert re.search(r"^node1\s+INTERRUPTED\s", err, re.M) and re.search(r"^node2\s+INTERRUPTED\s", err, re.M), err
+    run = _run_of(tmp_path, "bench.gemm")
+    assert json.loads((run / "metadata.json").read_text())["status"] == "interrupted"
+    assert not (run / "nodes").exists()
+    for own in node_runs():      # each node's task ended as at a Ctrl-C there, and said so
+        assert json.loads(own.read_text())["status"] == "interrupted", own
+    for node in ("node1", "node2"):
+        assert json.loads((run / "hosts" / f"{node}.json").read_text())["exit_code"] == 130
+    assert slurm_cluster.slurm_run("squeue", "-h").stdout.strip() == ""     # the step and its job are gone

@@ -98,3 +98,25 @@ def test_progress_bar_on_the_terminal_only(tmp_path, dataset):
         assert "[#" not in log.read_text(), log                          # never in the logs
     piped = inv(tmp_path, *argv[1:])                                      # no terminal: no bar at all
     assert piped.returncode == 0 and "\r\x1b[K" not in piped.stdout + piped.stderr
+
+
+def test_resume_auto_on_a_fanned_out_host_finds_its_own_earlier_runs(tmp_path):
+    """`inv -H n1,n2 train.pretrain --resume auto`: each host's runs live in FANOUT/hosts/<host>/,
+    a new fan-out run each time; auto finds this host's newest checkpoint in an earlier one."""
+    from runtime.jobs.training import previous_checkpoint
+    from trainer.checkpoint import COMPLETE_MARKER
+
+    def checkpoint(fanout: str, host: str, run: str, step: int) -> Path:
+        path = tmp_path / "runs" / fanout / "hosts" / host / run / "checkpoints" / f"step_{step}"
+        path.mkdir(parents=True)
+        (path / COMPLETE_MARKER).write_text("")
+        return path
+
+    older = checkpoint("2026-01-01T00-00-00_train.pretrain", "n1", "2026-01-01T00-00-01_train.pretrain_tiny", 2)
+    mine = checkpoint("2026-01-02T00-00-00_train.pretrain", "n1", "2026-01-02T00-00-01_train.pretrain_tiny", 4)
+    checkpoint("2026-01-03T00-00-00_train.pretrain", "n2", "2026-01-03T00-00-01_train.pretrain_tiny", 9)
+    checkpoint("2026-01-03T00-00-00_train.pretrain", "n1", "2026-01-03T00-00-01_train.pretrain_other", 9)
+    now = tmp_path / "runs" / "2026-01-04T00-00-00_train.pretrain" / "hosts" / "n1"
+    now.mkdir(parents=True)
+    assert previous_checkpoint(now, "tiny") == str(mine) != str(older)
+    assert previous_checkpoint(tmp_path / "runs", "tiny") is None      # not a host: only its own folder

@@ -59,10 +59,18 @@ class TrainingJob:
 
 
 def previous_checkpoint(runs_dir: Path, name: str) -> str | None:
-    """--resume auto: the newest complete checkpoint among earlier runs with this name."""
+    """--resume auto: the newest complete checkpoint among earlier runs with this name.
+
+    A host of an `inv -H` fan-out keeps its runs in FANOUT/hosts/<host>/, a new fan-out run each
+    time: its earlier runs are in the other fan-outs' hosts/<host>/ folders beside it."""
     from trainer.checkpoint import find_latest
 
-    for run_dir in sorted(Path(runs_dir).glob(f"*_train.pretrain_{name}"), reverse=True):
+    runs_dir = Path(runs_dir)
+    pattern = f"*_train.pretrain_{name}"
+    candidates = list(runs_dir.glob(pattern))
+    if runs_dir.parent.name == "hosts":
+        candidates += runs_dir.parent.parent.parent.glob(f"*/hosts/{runs_dir.name}/{pattern}")
+    for run_dir in sorted(set(candidates), key=lambda p: p.name, reverse=True):   # names start with the time
         found = find_latest(run_dir)
         if found is not None:
             return str(found)

@@ -26,7 +26,7 @@ from typing import Mapping
 
 from runtime.launch.commands import allocated_nodes, in_allocation
 from runtime.launch.slurm import hostnames, require, require_controller
-from runtime.program.results import HostResult, parse_json_output
+from runtime.program.results import HostResult, Interrupted, parse_json_output
 from trainer.errors import UserError
 
 NODE_TASK = "runtime.program.nodetask"
@@ -97,36 +97,72 @@ def run_on_allocation(argv: list[str], run_dir: Path, settings, count: int, inv:
     # srun's own messages only; each node's output goes to its result file.
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             stdin=subprocess.DEVNULL)
+    interrupted = False
     try:
         out, err = proc.communicate()
     except KeyboardInterrupt:
-        proc.send_signal(signal.SIGTERM)        # srun passes it to every node's task, then ends the step
-        try:
-            proc.communicate(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        raise
+        interrupted = True
+        out, err = _stop(proc, hosts_dir, env, count)
     records = _read_results(hosts_dir)
     srun_said = _last_line(err) or _last_line(out)
-    if not records:
+    if not records and not interrupted:
         raise AllocationError(f"srun ran nothing (exit {proc.returncode}): {srun_said or 'no message'}")
-    step = records[0].get("step_nodes") or ""
+    step = (records[0].get("step_nodes") or "") if records else ""
     expected = hostnames(step, env) if step else []
     found = {r["host"]: r for r in records}
     results = []
     for host in expected + [h for h in found if h not in expected]:
         record = found.get(host)
-        if record is None:
+        if record is None and interrupted:
+            results.append(HostResult(host, error="interrupted: no result from this node", interrupted=True))
+        elif record is None:
             why = f"srun exit {proc.returncode}: {srun_said}" if srun_said else f"srun exit {proc.returncode}"
             results.append(HostResult(host, error=f"no result from this node ({why})"))
         else:
             results.append(HostResult(host, exit_code=record.get("exit_code"), stdout=record.get("stdout", ""),
                                       stderr=record.get("stderr", ""), error=record.get("error"),
                                       payload=parse_json_output(record.get("stdout", "")),
-                                      seconds=float(record.get("seconds") or 0)))
+                                      seconds=float(record.get("seconds") or 0), interrupted=interrupted))
         if progress:
             progress(results[-1])
+    if interrupted:
+        raise Interrupted(results)
     return results
+
+
+def _stop(proc: subprocess.Popen, hosts_dir: Path, env: Mapping[str, str], count: int) -> tuple[str, str]:
+    """Ctrl-C: SIGINT to every node's task, as a terminal's Ctrl-C would give it, then wait for their
+    results; a second Ctrl-C ends the step. (srun alone forwards SIGINT only at a second Ctrl-C within
+    a second, and ends the step on SIGTERM, so it is asked for through scancel.)"""
+    print(f"interrupted: stopping the task on {count} node(s) (Ctrl-C again to stop waiting)",
+          file=sys.stderr, flush=True)
+    step = _step_of(hosts_dir)
+    if step:
+        subprocess.run(["scancel", "--signal=INT", step], env=dict(env), capture_output=True, timeout=30,
+                       stdin=subprocess.DEVNULL)
+    else:
+        proc.send_signal(signal.SIGINT)     # no task started yet: srun gives up its request
+    try:
+        try:
+            return proc.communicate()
+        except KeyboardInterrupt:
+            proc.send_signal(signal.SIGTERM)
+            return proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.communicate()
+
+
+def _step_of(hosts_dir: Path) -> str:
+    """JOB.STEP of the running step, as nodetask wrote it on starting ('' before any did)."""
+    for path in sorted(hosts_dir.glob(".*.step")):
+        try:
+            step = path.read_text().strip()
+        except OSError:
+            continue
+        if step:
+            return step
+    return ""
 
 
 def _read_results(hosts_dir: Path) -> list[dict]:

@@ -32,11 +32,13 @@ from typing import Any, Callable
 
 from tabulate import tabulate
 
-from runtime.program.results import HostResult, checks_of, error_line, node_lists_footer, slurm_name
+from runtime.program.results import (HostResult, Interrupted, checks_of, error_line, node_lists_footer,
+                                     slurm_name)
 
 STATUSES = ("PASS", "WARN", "FAIL")
 DIFFERS = "≠"
 SLOW_SHARE = 0.9      # a measurement under 90% of the hosts' median marks a straggler
+NOTE_WIDTH = 64       # the reason / fix column wraps here
 
 
 def _cell(value: Any) -> str:
@@ -119,6 +121,8 @@ def _short(text: str, width: int = 70) -> str:
 
 
 def host_status(r: HostResult) -> str:
+    if r.interrupted and not r.ok:
+        return "INTERRUPTED"
     if not r.reachable:
         return "UNREACHABLE" if r.error.startswith("unreachable") else "ERROR"
     if r.failed_checks:
@@ -129,12 +133,23 @@ def host_status(r: HostResult) -> str:
     return "WARN" if "WARN" in statuses else "PASS" if statuses else "OK"
 
 
+def host_table(results: list[HostResult], task: str = "") -> str:
+    """One row per host: its result, seconds and what went wrong."""
+    rows = []
+    for r in results:
+        detail = r.error or (", ".join(r.failed_checks) and f"failed: {', '.join(r.failed_checks)}")
+        if not detail and r.exit_code:
+            detail = error_line(r.stderr, task)
+        rows.append([r.host, host_status(r), f"{r.seconds:.1f}", _short(detail or "", 90)])
+    return tabulate(rows, headers=["host", "result", "seconds", "detail"])
+
+
 def render(report: MergedReport, task: str = "", run_dir: Path | str | None = None) -> str:
     out: list[str] = []
     if report.checks:
         table = []
         for check in report.checks:
-            first = True
+            first, previous_note = True, None
             for host in report.hosts:
                 c = check["rows"].get(host)
                 if c is None:
@@ -145,12 +160,15 @@ def render(report: MergedReport, task: str = "", run_dir: Path | str | None = No
                 value = _short(_cell(c.get("value")), 40)
                 if check["differs"]:
                     value = f"{DIFFERS} {value}"
-                note = c.get("reason") or ""
+                note = " ".join(str(c.get("reason") or "").split())
                 if c.get("status") in ("WARN", "FAIL") and c.get("fix"):
                     note = f"{note} | fix: {c['fix']}" if note else f"fix: {c['fix']}"
-                table.append([check["name"] if first else "", host, c.get("status", "?"), value, _short(note)])
-                first = False
-        out.append(tabulate(table, headers=["check", "host", "status", "value", "reason / fix"]))
+                shown = "(as above)" if note and note == previous_note else note
+                table.append([check["name"] if first else "", host, c.get("status", "?"), value, shown])
+                first, previous_note = False, note
+        # The reason and its fix are wrapped, not cut: the fix is what the reader came for.
+        out.append(tabulate(table, headers=["check", "host", "status", "value", "reason / fix"],
+                            maxcolwidths=[None, None, None, None, NOTE_WIDTH]))
         if any(c["differs"] for c in report.checks):
             out.append(f"{DIFFERS} = value differs between hosts")
         out.append("")
@@ -163,14 +181,7 @@ def render(report: MergedReport, task: str = "", run_dir: Path | str | None = No
             text = (r.stdout.rstrip() + ("\n" + r.stderr.rstrip() if r.exit_code and r.stderr.strip() else "")).strip()
             out.append(text or "(no output)")
             out.append("")
-    summary = []
-    for host in report.hosts:
-        r = report.results[host]
-        detail = r.error or (", ".join(r.failed_checks) and f"failed: {', '.join(r.failed_checks)}")
-        if not detail and r.exit_code:
-            detail = _short(error_line(r.stderr, task), 90)
-        summary.append([host, host_status(r), f"{r.seconds:.1f}", _short(detail or "", 90)])
-    out.append(tabulate(summary, headers=["host", "result", "seconds", "detail"]))
+    out.append(host_table([report.results[h] for h in report.hosts], task))
     out.append("")
     out += node_lists_footer(report.passing, report.failing, run_dir)
     return "\n".join(out)
@@ -184,10 +195,13 @@ def task_argv(context, skip: tuple[str, ...] = ()) -> list[str]:
         if id(arg) in seen or not arg.got_value or arg.name in skip:
             continue
         seen.add(id(arg))
-        flag = ("-" if len(arg.name) == 1 else "--") + arg.name.replace("_", "-")
+        # names[0] is the flag as typed (`set_` -> "set", `exclude_from` -> "exclude-from"); arg.name
+        # is the Python name.
+        long = arg.names[0]
+        flag = ("-" if len(long) == 1 else "--") + long
         value = arg.value
         if arg.kind is bool:
-            argv.append(flag if value else f"--no-{arg.name.replace('_', '-')}")
+            argv.append(flag if value else f"--no-{long}")
         elif arg.kind is list:
             for item in value:
                 argv += [flag, str(item)]
@@ -220,24 +234,28 @@ def refused_input(results: list[HostResult]) -> str | None:
     return lines[-1] if lines else "the task refused its input (exit 2)"
 
 
-def fan_out(config, context, label: str, hosts_hint: str, transport: Transport) -> int:
-    """Run one task through `transport`, record it as a run, print the merged report; exit status."""
+def fan_out(config, context, label: str, hosts_hint: str, transport: Transport,
+            skip: tuple[str, ...] = ()) -> int:
+    """Run one task through `transport`, record it as a run, print the merged report; exit status.
+    skip: the task's options the transport itself took (not passed on to the hosts)."""
     from runtime.runs import nodes as nodes_mod
     from runtime.runs import run as run_mod
 
-    argv = task_argv(context, skip=("runtime", "nodes"))
+    argv = task_argv(context, skip=skip)
     wants_json = context.args["json"].value if "json" in context.args else False
     if "json" in context.args and not wants_json:
         argv.append("--json")
     run = run_mod.create(_ConfigHolder(config), run_mod.RunSpec(task=context.name, hooks=False,
                                                                 extra={"fanout": label}))
-    print(f"{context.name} on {hosts_hint} (over {label}); run directory {run.path}", file=sys.stderr, flush=True)
+    print(f"{context.name} on {hosts_hint} (over {label})", file=sys.stderr, flush=True)   # after "run directory"
 
     def progress(r: HostResult) -> None:
         print(f"  {r.host}: {host_status(r)} ({r.seconds:.1f} s)", file=sys.stderr, flush=True)
 
     try:
         results = transport(argv, run.path, progress)
+    except Interrupted as stop:
+        return _interrupted(run, context.name, stop.results)
     except BaseException as exc:
         run_mod.finish(run, "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
                        error=str(exc) or type(exc).__name__, exit_code=getattr(exc, "exit_code", 1))
@@ -251,10 +269,7 @@ def fan_out(config, context, label: str, hosts_hint: str, transport: Transport) 
               file=sys.stderr, flush=True)
         return 2
     report = merge(results)
-    for r in results:
-        run.write_json(Path("hosts") / f"{r.host}.json",
-                       {"host": r.host, "exit_code": r.exit_code, "error": r.error, "seconds": r.seconds,
-                        "stdout": r.stdout, "stderr": r.stderr})
+    _write_hosts(run, results)
     failing = {slurm_name(h): report.results[h].failure_reasons(context.name) for h in report.failing}
     nodes_mod.write(run.path, [slurm_name(h) for h in report.passing], failing)
     document = {"task": context.name, "run_dir": str(run.path), **report.to_json()}
@@ -271,6 +286,27 @@ def fan_out(config, context, label: str, hosts_hint: str, transport: Transport) 
     return 0
 
 
+def _write_hosts(run, results: list[HostResult]) -> None:
+    for r in results:
+        run.write_json(Path("hosts") / f"{r.host}.json",
+                       {"host": r.host, "exit_code": r.exit_code, "error": r.error, "seconds": r.seconds,
+                        "interrupted": r.interrupted, "stdout": r.stdout, "stderr": r.stderr})
+
+
+def _interrupted(run, task: str, results: list[HostResult]) -> int:
+    """Ctrl-C: how each host ended is recorded and shown; no node is listed as passing or failing
+    (nodes/fail.json feeds --exclude-from, and a stopped node did not fail)."""
+    from runtime.runs import run as run_mod
+
+    _write_hosts(run, results)
+    text = host_table(results, task) if results else "no node had started the task"
+    run.write_text("report.txt", text + "\n")
+    print(text, file=sys.stderr)
+    print(f"{task}: interrupted; run directory {run.path}", file=sys.stderr, flush=True)
+    run_mod.finish(run, "interrupted", error="interrupted (Ctrl-C)", exit_code=130)
+    return 130
+
+
 def run_cli(collection, config, core, contexts) -> int:
     """`inv -H ...`: fan the requested tasks out over SSH; stop at the first that fails (like Invoke)."""
     from runtime import settings as settings_mod
@@ -280,19 +316,34 @@ def run_cli(collection, config, core, contexts) -> int:
         settings = settings_mod.load(_ConfigHolder(config))
         hosts = ssh.parse_hosts(core[0].args.hosts.value, settings.hosts)
         options = ssh.options_from(config, core)
+        for context in contexts:
+            _no_slurm_options(context)
     except (ssh.FanoutError, settings_mod.SettingsError) as exc:
         print(f"-H: {exc}", file=sys.stderr)
         return 2
     fab_config = ssh.fabric_config(options.ssh_config)
+    # A shared anvil.runtime of slurm is for this machine: each host runs its part itself.
+    remote_runtime = {"slurm": "direct", "slurm+container": "container"}.get(settings.runtime, "")
 
-    def over_ssh(argv, _run_dir, progress):
-        return ssh.run_on_hosts(hosts, argv, options, fab_config, progress=progress)
+    def over_ssh(argv, run_dir, progress):
+        return ssh.run_on_hosts(hosts, argv, options, fab_config, progress=progress,
+                                runs_dir=Path(run_dir) / "hosts", runtime=remote_runtime)
 
     for context in contexts:
         code = fan_out(config, context, "ssh", f"{len(hosts)} host(s): {', '.join(hosts)}", over_ssh)
         if code:
             return code
     return 0
+
+
+def _no_slurm_options(context) -> None:
+    """-H names the hosts; --runtime slurm and --nodes would have Slurm choose them: one or the other."""
+    runtime, nodes = per_node_options(context)
+    if runtime.startswith("slurm") or nodes:
+        given = f"--runtime {runtime}" if runtime.startswith("slurm") else f"--nodes {nodes}"
+        from runtime.program.ssh import FanoutError
+        raise FanoutError(f"{context.name} {given}: -H already says where it runs (over SSH, on the hosts "
+                          f"named); drop -H to run it on Slurm's nodes, or {given.split()[0]} to run it on the hosts")
 
 
 def run_on_slurm(config, context) -> int:
@@ -310,7 +361,7 @@ def run_on_slurm(config, context) -> int:
         return allocation.run_on_allocation(argv, run_dir, settings, count, progress=progress,
                                             job_name=f"anvil-{context.name}")
 
-    return fan_out(config, context, "srun", f"{count} Slurm node(s)", over_srun)
+    return fan_out(config, context, "srun", f"{count} Slurm node(s)", over_srun, skip=("runtime", "nodes"))
 
 
 class _ConfigHolder:

@@ -4,12 +4,13 @@ from __future__ import annotations
 import os
 import sys
 
-from runtime.program import shim
+from runtime.program import remote_stop, shim
 from runtime.program.cli import program
 
 
 def main(argv=None):
     shim.ensure_installed()
+    remote_stop.watch_stdin()
     try:
         program.run(argv)
     except BrokenPipeError:

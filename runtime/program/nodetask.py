@@ -3,10 +3,12 @@
     python -m runtime.program.nodetask HOSTS_DIR [--timeout S] -- INV TASK ARGS
 
 Runs ``INV TASK ARGS`` on this node as the node's own, local task: ANVIL_HOST
-is the Slurm node name, INVOKE_ANVIL_RUNTIME=direct (the node does its own
-part; no second fan-out), and its run directory goes under HOSTS_DIR/<node>/.
-Then it writes HOSTS_DIR/<node>.json: {host, exit_code, stdout, stderr,
-seconds, step_nodes, error}. It exits 0 once that file is written, so a node
+is the Slurm node name, ANVIL_NODE_RUNTIME=direct (the node does its own
+part; no second fan-out), and its run directory goes under HOSTS_DIR/<node>/
+(ANVIL_NODE_RUNS_DIR; runtime.settings.NODE_OVERRIDES).
+On starting it writes HOSTS_DIR/.<node>.step (JOB.STEP, which a Ctrl-C of
+the fanning inv signals), then HOSTS_DIR/<node>.json: {host, exit_code,
+stdout, stderr, seconds, step_nodes, error}. It exits 0 once that file is written, so a node
 whose task fails is a result in the merged report, not the end of the srun
 step for the other nodes. SIGTERM/SIGINT/SIGUSR2 (scancel, Ctrl-C on srun) go
 on to the task, whose result is still recorded.
@@ -22,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainer.files import write_json_atomic
+from trainer.files import write_atomic, write_json_atomic
 
 
 def node_name() -> str:
@@ -38,11 +40,14 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     host = node_name()
     hosts_dir = Path(args.hosts_dir)
-    env = {**os.environ, "ANVIL_HOST": host, "INVOKE_ANVIL_RUNTIME": "direct",
-           "INVOKE_ANVIL_RUNS_DIR": str(hosts_dir / host)}
+    env = {**os.environ, "ANVIL_HOST": host, "ANVIL_NODE_RUNTIME": "direct",
+           "ANVIL_NODE_RUNS_DIR": str(hosts_dir / host)}
     record = {"host": host, "exit_code": None, "stdout": "", "stderr": "", "error": None,
               "step_nodes": os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST", "")}
     started = time.monotonic()
+    job, step = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID")
+    if job and step:        # what Ctrl-C on the fanning inv signals (scancel JOB.STEP)
+        write_atomic(hosts_dir / f".{host}.step", f"{job}.{step}\n")
     try:
         proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 stdin=subprocess.DEVNULL)

@@ -26,6 +26,7 @@ class HostResult:
     error: str | None = None             # why it never ran, in one line
     payload: Any = None                  # parsed JSON output, if any
     seconds: float = 0.0
+    interrupted: bool = False            # it ended after a Ctrl-C told it to stop
 
     @property
     def reachable(self) -> bool:
@@ -49,6 +50,15 @@ class HostResult:
                    + (f" ({c['value']})" if c.get("value") not in (None, "") else "")
                    for c in checks_of(self.payload) if c.get("status") == "FAIL"]
         return reasons or [error_line(self.stderr, task) or f"exit status {self.exit_code}"]
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a fan-out, raised once the nodes were told to stop: what each host ended with
+    (a host still stopping when the wait was cut short has its error say so)."""
+
+    def __init__(self, results: list[HostResult]):
+        super().__init__()
+        self.results = results
 
 
 def slurm_name(host: str) -> str:

@@ -18,14 +18,16 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
 from runtime import settings as settings_mod
-from runtime.program.results import HostResult, parse_json_output
+from runtime.program import remote_stop
+from runtime.program.results import HostResult, Interrupted, parse_json_output
 from trainer.errors import UserError
 
 
@@ -74,13 +76,62 @@ def local_inv() -> str:
     return str(Path(sys.executable).with_name("inv"))
 
 
-def remote_command(host: str, argv: list[str], options: FanoutOptions) -> str:
-    """The shell line run on one host; every piece quoted."""
+def remote_command(host: str, argv: list[str], options: FanoutOptions, runs_dir: str | Path | None = None,
+                   runtime: str = "") -> str:
+    """The shell line run on one host; every piece quoted.
+
+    runs_dir: where the host's own run directory goes (the fan-out's RUN/hosts/<host>; on a shared
+    file system that is the same folder). runtime: the host's anvil.runtime when it must differ from
+    the shared setting's (the node runs its part itself, not through Slurm). The remote inv stops as
+    at a Ctrl-C when its stdin ends (runtime.program.remote_stop): that is how Ctrl-C here reaches it."""
     inv = [options.remote_inv or local_inv()]
     if options.runtime_config:
         inv += ["-f", options.runtime_config]
-    return (f"cd {shlex.quote(options.remote_path)} && ANVIL_HOST={shlex.quote(host)} "
-            f"{shlex.join(inv + list(argv))}")
+    env = [f"ANVIL_HOST={host}", f"{remote_stop.ENV}=1"]
+    if runs_dir:
+        env.append(f"ANVIL_NODE_RUNS_DIR={Path(runs_dir) / host}")
+    if runtime:
+        env.append(f"ANVIL_NODE_RUNTIME={runtime}")
+    return f"cd {shlex.quote(options.remote_path)} && {shlex.join(env + inv + list(argv))}"
+
+
+class Stopper:
+    """Ctrl-C during `inv -H`: the first closes every remote task's stdin (the remote inv takes that
+    for its own Ctrl-C and ends as it would here), the second closes the connections."""
+
+    def __init__(self):
+        self.asked = threading.Event()
+        self.abandoned = threading.Event()      # the second Ctrl-C: connections closed, no exit status
+        self._connections: set = set()
+        self._lock = threading.Lock()
+
+    def stdin(self) -> "_EndOnStop":
+        return _EndOnStop(self.asked)
+
+    def track(self, connection, open_: bool = True) -> None:
+        with self._lock:
+            (self._connections.add if open_ else self._connections.discard)(connection)
+
+    def close_all(self) -> None:
+        self.abandoned.set()
+        with self._lock:
+            connections = list(self._connections)
+        for connection in connections:
+            try:
+                connection.close()
+            except Exception:  # noqa: BLE001 - closing is best effort; the host's result says the rest
+                pass
+
+
+class _EndOnStop:
+    """A remote task's stdin as Invoke reads it: nothing yet (None), then end of file ("") once
+    asked to stop, when Invoke closes the channel's stdin."""
+
+    def __init__(self, asked: threading.Event):
+        self.asked = asked
+
+    def read(self, _size: int = 1) -> str | None:
+        return "" if self.asked.is_set() else None
 
 
 def _connect_kwargs(options: FanoutOptions) -> dict:
@@ -94,32 +145,49 @@ def _connect_kwargs(options: FanoutOptions) -> dict:
     return kwargs
 
 
-def run_command(host: str, command: str, options: FanoutOptions, config,
-                timeout: float | None = None) -> tuple[int | None, str, str, str | None]:
+def run_command(host: str, command: str, options: FanoutOptions, config, timeout: float | None = None,
+                stopper: Stopper | None = None) -> tuple[int | None, str, str, str | None]:
     """(exit status, stdout, stderr, error) of one shell command on one host; never raises."""
     from fabric import Connection
     connection = None
     try:
         connection = Connection(host, user=options.user or None, config=config,
                                 connect_timeout=options.connect_timeout, connect_kwargs=_connect_kwargs(options))
-        ran = connection.run(command, hide=True, warn=True, in_stream=False, timeout=timeout)
+        if stopper is not None:
+            stopper.track(connection)
+            if stopper.asked.is_set():      # Ctrl-C came before this host's turn
+                return None, "", "", STOPPED_BEFORE
+        ran = connection.run(command, hide=True, warn=True, timeout=timeout,
+                             in_stream=stopper.stdin() if stopper is not None else False)
+        if stopper is not None and stopper.abandoned.is_set():
+            return None, ran.stdout, ran.stderr, STOPPED_WAITING
         return ran.exited, ran.stdout, ran.stderr, None
     except Exception as exc:  # noqa: BLE001 - any SSH trouble is this host's result, not a crash
+        if stopper is not None and stopper.abandoned.is_set():
+            return None, "", "", STOPPED_WAITING
         return None, "", "", _describe(exc)
     finally:
         if connection is not None:
+            if stopper is not None:
+                stopper.track(connection, open_=False)
             try:
                 connection.close()
             except Exception:  # noqa: BLE001
                 pass
 
 
-def _run_one(host: str, argv: list[str], options: FanoutOptions, config) -> HostResult:
+STOPPED_BEFORE = "interrupted before it started"
+STOPPED_WAITING = "interrupted: stopped waiting for it (the task may still be ending there)"
+
+
+def _run_one(host: str, command: str, options: FanoutOptions, config, stopper: Stopper | None = None
+             ) -> HostResult:
     started = time.monotonic()
-    code, out, err, error = run_command(host, remote_command(host, argv, options), options, config,
-                                        timeout=options.command_timeout or None)
+    code, out, err, error = run_command(host, command, options, config,
+                                        timeout=options.command_timeout or None, stopper=stopper)
     result = HostResult(host, exit_code=code, stdout=out, stderr=err, error=error,
-                        payload=parse_json_output(out) if error is None else None)
+                        payload=parse_json_output(out) if error is None else None,
+                        interrupted=stopper is not None and stopper.asked.is_set())
     result.seconds = round(time.monotonic() - started, 2)
     return result
 
@@ -154,19 +222,47 @@ def _quiet_paramiko() -> None:
     logger.propagate = False
 
 
-def run_on_hosts(hosts: list[str], argv: list[str], options: FanoutOptions,
-                 config=None, progress=None) -> list[HostResult]:
-    """Run `inv ARGV` on every host concurrently; results in host order."""
+def run_on_hosts(hosts: list[str], argv: list[str], options: FanoutOptions, config=None, progress=None,
+                 runs_dir: str | Path | None = None, runtime: str = "") -> list[HostResult]:
+    """Run `inv ARGV` on every host concurrently; results in host order. runs_dir, runtime: see
+    remote_command.
+
+    Ctrl-C stops the task on every host and waits for them to end (results.Interrupted carries
+    what each ended with); a second Ctrl-C stops waiting."""
     _quiet_paramiko()
     if config is None:
         config = fabric_config(ssh_config=options.ssh_config)
-    with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
-        futures = {pool.submit(_run_one, host, argv, options, config): host for host in hosts}
-        for future in futures:
-            if progress:
-                future.add_done_callback(lambda f: progress(f.result()))
-        results = {futures[f]: f.result() for f in futures}
-    return [results[h] for h in hosts]
+    stopper = Stopper()
+    pool = ThreadPoolExecutor(max_workers=max(1, len(hosts)))
+    try:
+        futures = {pool.submit(_run_one, host, remote_command(host, argv, options, runs_dir, runtime), options,
+                               config, stopper): host for host in hosts}
+        if progress:
+            for future in futures:
+                future.add_done_callback(lambda f: f.cancelled() or progress(f.result()))
+        try:
+            wait(futures)
+        except KeyboardInterrupt:
+            stopper.asked.set()
+            print(f"interrupted: stopping the task on {len(hosts)} host(s) (Ctrl-C again to stop waiting)",
+                  file=sys.stderr, flush=True)
+            try:
+                wait(futures)
+            except KeyboardInterrupt:
+                stopper.close_all()
+                wait(futures, timeout=options.connect_timeout + 5)
+            raise Interrupted(_results_of(futures, hosts)) from None
+        return _results_of(futures, hosts)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _results_of(futures: dict, hosts: list[str]) -> list[HostResult]:
+    by_host = {}
+    for future, host in futures.items():
+        done = future.done() and not future.cancelled()
+        by_host[host] = future.result() if done else HostResult(host, error=STOPPED_WAITING, interrupted=True)
+    return [by_host[h] for h in hosts]
 
 
 # Where `inv -H` leaves the SSH options of its flags for a task that reaches the nodes itself

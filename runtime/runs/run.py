@@ -265,6 +265,8 @@ def _error_text(exc: BaseException) -> str:
         return exc.message or f"exit status {exc.code}"
     if isinstance(exc, UnexpectedExit):
         return f"command failed with exit status {exc.result.exited}: {exc.result.command}"
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted (Ctrl-C)"     # "bench.gemm interrupted (Ctrl-C)", as the trainer words it
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
@@ -304,14 +306,19 @@ def create(ctx, spec: RunSpec) -> Run:
     }
     run = Run(path, spec, settings, {**os.environ, **values}, sources, masker, metadata)
     run.update_metadata()
-    if original is not None:
-        try:
-            (path / "replay_of").symlink_to(original)
-        except OSError:
-            pass  # file systems without symlinks: metadata.json has replay_of anyway
-    _write_snapshot(run, argv, warnings)
-    run.metadata["config_sources"] = dict(spec.config_sources)
-    run.update_metadata()
+    try:
+        if original is not None:
+            try:
+                (path / "replay_of").symlink_to(original)
+            except OSError:
+                pass  # file systems without symlinks: metadata.json has replay_of anyway
+        _write_snapshot(run, argv, warnings)
+        run.metadata["config_sources"] = dict(spec.config_sources)
+        run.update_metadata()
+    except BaseException as exc:   # Ctrl-C while the snapshot is written: not "running" for ever
+        finish(run, "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed", error=_error_text(exc),
+               exit_code=_exit_code(exc))
+        raise
     run.log.info("run directory %s", path)
     return run
 
