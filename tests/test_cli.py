@@ -123,6 +123,19 @@ def test_fanout_to_an_unreachable_host_fails_cleanly(project):
     assert "Traceback" not in result.stderr
 
 
+def test_a_reader_that_leaves_does_not_fail_the_run(tmp_path):
+    """`inv preflight.host | head -1`: the task's output has nowhere to go, which is not its failure."""
+    proc = subprocess.Popen([str(INV), "preflight.host"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                            env=clean_env(INVOKE_ANVIL_RUNS_DIR=str(tmp_path / "runs")))
+    proc.stdout.close()                  # the reader is gone before the first line
+    stderr = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 0, stderr
+    assert "BrokenPipe" not in stderr and "Traceback" not in stderr, stderr
+    (run,) = (tmp_path / "runs").iterdir()
+    assert json.loads((run / "metadata.json").read_text())["status"] == "ok"
+
+
 @pytest.mark.parametrize("given", [["--runtime", "slurm"], ["--nodes", "2"]])
 def test_dash_h_with_slurm_choosing_the_nodes_is_one_line_before_any_connection(tmp_path, given):
     result = inv(["-H", "127.0.0.1:1", "-t", "2", "preflight.host", *given], tmp_path,

@@ -4,17 +4,19 @@ from __future__ import annotations
 import os
 import sys
 
-from runtime.program import remote_stop, shim
+from runtime.program import pipes, remote_stop, shim
 from runtime.program.cli import program
 
 
 def main(argv=None):
     shim.ensure_installed()
     remote_stop.watch_stdin()
+    pipes.guard_stdout()
     try:
         program.run(argv)
     except BrokenPipeError:
-        # `inv --list | head`: the reader left; that is not an error of ours.
+        # `inv --list | head`: the reader left; that is not an error of ours. (pipes.guard_stdout
+        # catches it in sys.stdout's writes; this is for whatever wrote to the file descriptor itself.)
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         sys.exit(0)
