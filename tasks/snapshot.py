@@ -134,12 +134,13 @@ def replay(c, run, force=False, dry_run=False):
     from tabulate import tabulate
     from runtime.runs import replay as replay_mod
     plan = replay_mod.plan(run, _settings(c).runs_dir)
-    differences = replay_mod.check_machine(plan.recorded)
+    differences = replay_mod.check_machine(plan.recorded) + replay_mod.check_topology(plan.recorded)
     if differences:
         print(tabulate([[d.item, d.recorded, d.here, "yes" if d.blocking else ""] for d in differences],
                        headers=["differs", "recorded", "this machine", "incompatible"]))
     else:
-        print("this machine matches the recorded one (GPU model, count, driver, torch)")
+        print("this machine matches the recorded one (GPU model, count, driver, torch"
+              + (", nodes)" if replay_mod.recorded_nodes(plan.recorded.metadata) else ")"))
     for note in plan.dropped:
         print(f"note: {note}")
     blocking = [d.item for d in differences if d.blocking]

@@ -86,3 +86,46 @@ def test_replay_passes_the_recorded_config_when_the_run_used_the_default(tmp_pat
     (run_dir,) = runs(tmp_path)
     plan = replay.plan(run_dir)
     assert plan.argv == ["train.pretrain", "--set", "optim.lr=0.5", "--config", str(run_dir / "configs" / "train.yaml")]
+
+
+def _recorded_run(tmp_path, argv: list[str], task: str, **extra):
+    from invoke import Context
+    from runtime.program.cli import AnvilConfig
+    from runtime.runs.run import RunSpec, execute
+    ctx = Context(config=AnvilConfig(overrides={"anvil": {"runs_dir": str(tmp_path / "runs")}}))
+    execute(ctx, RunSpec(task=task, argv=argv, extra=extra), lambda run: None)
+    (run_dir,) = runs(tmp_path)
+    return run_dir
+
+
+def test_a_tasks_own_hosts_option_and_its_dash_h_input_are_replayed(tmp_path):
+    """-H is dropped where it fanned a task out; a task's own --hosts, and -H where the task took it
+    as its input (preflight.comm reaches the hosts itself: no fan-out run), are kept."""
+    own = _recorded_run(tmp_path / "a", ["inv", "preflight.comm", "--hosts", "n1,n2"], "preflight.comm")
+    assert replay.plan(own).argv == ["preflight.comm", "--hosts", "n1,n2"]
+    given = _recorded_run(tmp_path / "b", ["inv", "-i", "k", "-H", "n1,n2", "preflight.comm"], "preflight.comm")
+    assert replay.plan(given).argv == ["-i", "k", "-H", "n1,n2", "preflight.comm"]
+    fanned = _recorded_run(tmp_path / "c", ["inv", "-i", "k", "-H", "n1,n2", "preflight.all"], "preflight.all",
+                           fanout="ssh")
+    plan = replay.plan(fanned)
+    assert plan.argv == ["preflight.all"] and "dropped -H n1,n2" in plan.dropped
+
+
+def test_a_slurm_training_run_replays_on_as_many_nodes(tmp_path):
+    run_dir = _recorded_run(tmp_path, ["inv", "train.pretrain", "--set", "train.steps=4"], "train.pretrain",
+                            runtime="slurm", nodes=2, world_size=4)
+    plan = replay.plan(run_dir)
+    assert plan.argv[:3] == ["train.pretrain", "--set", "train.steps=4"]
+    assert plan.argv[-4:] == ["--runtime", "slurm", "--nodes", "2"]
+    assert "added --nodes 2 (the run had 2 node(s), world size 4)" in plan.dropped
+    recorded = plan.recorded
+    assert replay.check_topology(recorded, {}) == []                                  # sbatch asks for 2
+    assert replay.check_topology(recorded, {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2"}) == []
+    (short,) = replay.check_topology(recorded, {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "1"})
+    assert (short.item, short.recorded, short.here, short.blocking) == ("nodes", "2", "1 (Slurm job 7)", True)
+    # given on the command line: kept as typed; a one-node direct run pins nothing
+    typed = _recorded_run(tmp_path / "t", ["inv", "train.pretrain", "--runtime", "slurm", "--nodes", "1"],
+                          "train.pretrain", runtime="slurm", nodes=1)
+    assert replay.plan(typed).argv[1:] == ["--runtime", "slurm", "--nodes", "1"]
+    direct = _recorded_run(tmp_path / "d", ["inv", "train.pretrain"], "train.pretrain", runtime="direct", nodes=1)
+    assert replay.plan(direct).argv[:1] == ["train.pretrain"] and "--nodes" not in replay.plan(direct).argv

@@ -4,7 +4,9 @@
     problems = replay.check_machine(plan.recorded)   # differences with this machine
     code = replay.run(plan)                          # a new run dir, linked to the old one
 
-The recorded command line is replayed without its fan-out flags (-H, -i, ...),
+The recorded command line is replayed without its fan-out flags (-H, -i, ...;
+kept where -H was the input of a task that reaches the hosts itself), with
+a Slurm training run's launcher and node count pinned (--runtime, --nodes),
 with every config path that the run recorded (config_sources) swapped for the
 copy inside the run directory. The child gets the recorded environment over
 this one, and ANVIL_REPLAY_OF, so runtime.runs.run lays that environment over the
@@ -22,6 +24,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 from runtime.runs import history, rundir, snapshot
 from runtime.runs.run import MACHINE_IDENTITY, REPLAY_ENV
@@ -89,6 +92,12 @@ def _replay_argv(metadata: dict, run_dir: Path) -> tuple[list[str], list[str]]:
     argv = recorded[1:]
     if not argv:
         raise ReplayError(f"{run_dir}: no recorded command line")
+    task = metadata.get("task")
+    core_end = argv.index(task) if task in argv else len(argv)   # the program's flags come before the task
+    # -H is dropped where it fanned the task out (the replay runs here); a task that reaches the
+    # hosts itself (preflight.comm) took it as its input, and keeps it with the SSH flags.
+    hosts_are_input = not metadata.get("fanout") and any(t.split("=", 1)[0] in ("-H", "--hosts")
+                                                           for t in argv[:core_end])
     for key in ("config_sources", "config_options"):
         if not isinstance(metadata.get(key) or {}, dict):
             raise ReplayError(f"{run_dir}: metadata.json '{key}' is not a JSON object; the run "
@@ -103,7 +112,7 @@ def _replay_argv(metadata: dict, run_dir: Path) -> tuple[list[str], list[str]]:
     while i < len(argv):
         token = argv[i]
         flag = token.split("=", 1)[0]
-        if flag in _DROPPED_FLAGS:
+        if flag in _DROPPED_FLAGS and i < core_end and not hosts_are_input:
             takes_value = _DROPPED_FLAGS[flag] and "=" not in token
             notes.append(f"dropped {token}{' ' + argv[i + 1] if takes_value and i + 1 < len(argv) else ''}")
             i += 2 if takes_value else 1
@@ -121,6 +130,7 @@ def _replay_argv(metadata: dict, run_dir: Path) -> tuple[list[str], list[str]]:
             token = f"{flag}={swaps[token.split('=', 1)[1]]}"
         out.append(token)
         i += 1
+    out += _pinned_topology(metadata, out, notes)
     for name, option in (metadata.get("config_options") or {}).items():
         copy = run_dir / "configs" / rundir.slug(Path(name).name)
         if copy.is_file() and str(copy) not in out and f"{option}={copy}" not in out:
@@ -129,6 +139,49 @@ def _replay_argv(metadata: dict, run_dir: Path) -> tuple[list[str], list[str]]:
             out += [option, str(copy)]
             notes.append(f"added {option} {copy} (the run used the default {name})")
     return out, notes
+
+
+# Tasks whose recorded launcher and node count a replay pins when the command line left them to the
+# settings or to the allocation (a 2-node run replayed outside its allocation would run on 1 node).
+_TOPOLOGY_TASKS = ("train.pretrain",)
+
+
+def recorded_nodes(metadata: dict) -> int:
+    """The node count of a Slurm training run (0: not one)."""
+    nodes = metadata.get("nodes")
+    if metadata.get("task") not in _TOPOLOGY_TASKS or not str(metadata.get("runtime") or "").startswith("slurm"):
+        return 0
+    return nodes if isinstance(nodes, int) and nodes > 0 else 0
+
+
+def _pinned_topology(metadata: dict, argv: list[str], notes: list[str]) -> list[str]:
+    nodes = recorded_nodes(metadata)
+    if not nodes:
+        return []
+
+    def given(option: str) -> bool:
+        return any(t == option or t.startswith(option + "=") for t in argv)
+    added = []
+    if not given("--runtime"):
+        added += ["--runtime", str(metadata["runtime"])]
+        notes.append(f"added --runtime {metadata['runtime']} (how the run was launched)")
+    if not given("--nodes"):
+        added += ["--nodes", str(nodes)]
+        world = metadata.get("world_size")
+        notes.append(f"added --nodes {nodes} (the run had {nodes} node(s)"
+                     + (f", world size {world})" if world else ")"))
+    return added
+
+
+def check_topology(recorded: history.Recorded, env: Mapping[str, str] | None = None) -> list[Difference]:
+    """Inside a Slurm allocation: fewer nodes than the recorded run had is a blocking difference."""
+    from runtime.launch.commands import allocated_nodes, in_allocation
+
+    env = os.environ if env is None else env
+    nodes = recorded_nodes(recorded.metadata)
+    if not nodes or not in_allocation(env) or allocated_nodes(env) >= nodes:
+        return []
+    return [Difference("nodes", str(nodes), f"{allocated_nodes(env)} (Slurm job {env.get('SLURM_JOB_ID')})", True)]
 
 
 def plan(path: str | Path, runs_dir: Path | None = None) -> ReplayPlan:
