@@ -183,7 +183,8 @@ def test_sbatch_script_outside_an_allocation(tmp_path):
     assert 'scontrol requeue "$SLURM_JOB_ID"' in script
     record = next(l for l in script.splitlines() if "runtime.runs.jobend" in l)
     assert shlex.split(record)[-4:] == ["runtime.runs.jobend", str(tmp_path), "$@;", "}"]
-    assert "record 3 --requeued; exit 0" in script and 'record "$code"' in script
+    assert 'record 3 --requeued; scontrol requeue "$SLURM_JOB_ID" && exit 0' in script and 'record "$code"' in script
+    assert 'record --resumed "$SLURM_RESTART_COUNT"' in script.split("srun ", 1)[0]   # before the step
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)      # valid shell
 
 
@@ -263,6 +264,12 @@ def test_an_unfollowed_batch_job_records_its_own_end(tmp_path):
     meta.write_text(jsonlib.dumps({**md(), "status": "submitted"}))
     assert jobend.record(tmp_path, 3, requeued=True, environ={})
     assert md()["status"] == "requeued" and md()["exit_code"] == 3 and md()["end"]
+    # the next attempt starts (the batch script's first lines): running again, not "requeued"
+    assert jobend.main([str(tmp_path), "--resumed", "1"]) == 0
+    assert (md()["status"], md()["restarts"], md()["end"], md()["exit_code"]) == ("resumed", 1, None, None)
+    meta.write_text(jsonlib.dumps({**md(), "status": "running"}))
+    assert not jobend.resumed(tmp_path, 2) and md()["restarts"] == 1              # inv follows: its to write
+    meta.write_text(jsonlib.dumps({**md(), "status": "resumed"}))
     (tmp_path / "summary.json").write_text(jsonlib.dumps({"final_loss": 1.5}))
     assert jobend.record(tmp_path, 0, environ={})                                  # the resumed attempt
     assert md()["status"] == "ok" and md()["hosts"] == ["n0", "n1"] and md()["world_size"] == 4

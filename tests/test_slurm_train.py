@@ -84,6 +84,16 @@ def test_two_nodes_in_an_allocation_train_like_one_node(slurm_cluster, dataset, 
         assert abs(losses[step] - loss) < 1e-4 * max(1.0, abs(loss)), (step, losses[step], loss)
     print(f"2 nodes x 2 processes: {elapsed:.1f} s wall")
 
+    # Replayed from outside the allocation, it runs on two nodes again (a batch job of --nodes 2), not one.
+    replay = subprocess.run([str(INV), "snapshot.replay", str(run)], cwd=REPO, env=_env(slurm_cluster, tmp_path),
+                            capture_output=True, text=True, timeout=600)
+    assert replay.returncode == 0, replay.stdout[-2000:] + replay.stderr[-3000:]
+    assert "note: added --nodes 2 (the run had 2 node(s), world size 4)" in replay.stdout, replay.stdout
+    (again,) = [p for p in (tmp_path / "runs").iterdir() if p != run]
+    md = json.loads((again / "metadata.json").read_text())
+    assert (md["status"], md["hosts"], md["world_size"], md["replay_of"]) == ("ok", ["node1", "node2"], 4, str(run))
+    assert _losses(again) == losses
+
 
 def _trainer_pids(netns: str) -> list[int]:
     """The ranks (python -m trainer, not their agent) running in one node's namespace."""
@@ -148,7 +158,8 @@ def test_sbatch_job_is_preempted_requeued_and_resumes_the_same_curve(slurm_clust
 
 def test_a_job_submitted_without_waiting_records_its_own_end(slurm_cluster, dataset, tmp_path):
     """--no-wait returns once sbatch took the job; the run says "submitted" until the batch script
-    writes the job's end into metadata.json (runtime.runs.jobend)."""
+    writes the job's end into metadata.json (runtime.runs.jobend), and "resumed" while a requeued
+    attempt runs."""
     env = _env(slurm_cluster, tmp_path)
     proc = subprocess.run([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "2", "--nproc", "2",
                            "--name", "nowait", "--no-wait", *_args(dataset, steps=8)],
@@ -162,8 +173,12 @@ def test_a_job_submitted_without_waiting_records_its_own_end(slurm_cluster, data
 
     assert metadata()["status"] == "submitted" and metadata()["slurm_job_id"] == job
     assert f"squeue -j {job}" in proc.stderr
-    ended = _wait_for(lambda: metadata()["status"] != "submitted" and metadata(), 300, "the job's end")
-    assert ended["status"] == "ok" and ended["exit_code"] == 0, ended
+    # Preempted on the way (the USR2 warning): "requeued" while it waits, "resumed" once it runs again.
+    _wait_for(lambda: _steps_done(tmp_path) >= 3, 300, "three steps")
+    slurm_cluster.slurm_run("scancel", "--signal=USR2", "--full", job, check=True)
+    _wait_for(lambda: metadata()["status"] == "resumed", 300, "the requeued job to run again")
+    ended = _wait_for(lambda: metadata()["status"] != "resumed" and metadata(), 300, "the job's end")
+    assert ended["status"] == "ok" and ended["exit_code"] == 0 and ended["restarts"] == 1, ended
     assert ended["hosts"] == ["node1", "node2"] and ended["world_size"] == 4
     result = json.loads((run / "result.json").read_text())
     assert result["summary"]["steps"] == 8 and max(_losses(run)) == 8

@@ -208,6 +208,9 @@ def sbatch_script(spec: LaunchSpec, nproc: int, nodes: int, inner: list[str], ru
               "# job is requeued; a requeued job resumes from the run directory's checkpoint.",
               f"cd {shlex.quote(spec.workdir or os.getcwd())}",
               'echo "anvil: job $SLURM_JOB_ID start ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST"',
+              "# the run's metadata.json gets each attempt's end when no inv follows the job (--no-wait)",
+              f"record() {{ {shlex.join(record)} \"$@\"; }}" if record else "record() { :; }",
+              '[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && record --resumed "$SLURM_RESTART_COUNT"',
               shlex.join(step) + " &",
               "step=$! got=",
               "trap 'got=USR2; kill -USR2 $step 2>/dev/null' USR2",
@@ -218,12 +221,11 @@ def sbatch_script(spec: LaunchSpec, nproc: int, nodes: int, inner: list[str], ru
               f"if [ $code -eq 0 ]; then {shlex.join(stop_status)} --restart \"${{SLURM_RESTART_COUNT:-0}}\"; "
               "code=$?; fi",
               'echo "anvil: step exited with status $code"',
-              "# the run's metadata.json gets each attempt's end when no inv follows the job (--no-wait)",
-              f"record() {{ {shlex.join(record)} \"$@\"; }}" if record else "record() { :; }",
               "# Only the preemption warning (USR2) requeues: scancel and the time limit send TERM, and the",
               "# ranks checkpoint for those too, but the job is to end (it trained on after scancel before)",
               "if [ $code -eq 3 ] && [ \"$got\" = TERM ]; then record 3 --on-term; exit $code; fi",
-              "if [ $code -eq 3 ] && scontrol requeue \"$SLURM_JOB_ID\"; then record 3 --requeued; exit 0; fi",
+              "# (recorded first: Slurm ends this script as it requeues the job)",
+              "if [ $code -eq 3 ]; then record 3 --requeued; scontrol requeue \"$SLURM_JOB_ID\" && exit 0; fi",
               'record "$code"',
               "exit $code", ""]
     return "\n".join(lines)

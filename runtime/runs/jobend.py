@@ -7,7 +7,8 @@ the batch script (runtime.launch.commands.sbatch_script) calls
 
     python -m runtime.runs.jobend RUN_DIR STATUS [--requeued | --on-term]
 
-after each attempt's step. It writes what inv would have: status (ok, failed, interrupted,
+after each attempt's step (and, as a requeued job's next attempt starts, `RUN_DIR --resumed N`:
+status "resumed"). It writes what inv would have: status (ok, failed, interrupted,
 "requeued" when the job checkpointed and Slurm took it back, "preempted" when it checkpointed
 and was not taken back: after SIGTERM, from scancel or the time limit), exit code, end time,
 the failing rank's line, hosts and world size, result.json with the summary. A run that inv
@@ -24,7 +25,7 @@ from runtime.runs.run import end_entries
 from trainer.secrets import Masker
 from trainer.signals import EXIT_INTERRUPTED, EXIT_REQUEUE
 
-UNFOLLOWED = ("submitted", "detached", "requeued")
+UNFOLLOWED = ("submitted", "detached", "requeued", "resumed")
 
 
 def status_of(code: int, requeued: bool = False) -> str:
@@ -71,10 +72,29 @@ def record(run_dir: Path, code: int, requeued: bool = False, environ: dict[str, 
     return True
 
 
+def resumed(run_dir: Path, restart: int) -> bool:
+    """A requeued job's next attempt starts: an unfollowed run is "resumed" (running again) instead
+    of showing the last attempt's "requeued" while it trains; whether it was written."""
+    run_dir = Path(run_dir)
+    metadata = rundir.metadata(run_dir)
+    if metadata.get("status") not in UNFOLLOWED:
+        return False
+    metadata.update(status="resumed", restarts=restart, end=None, duration_s=None, exit_code=None, error=None)
+    rundir.write_text(run_dir / rundir.METADATA, rundir.to_json(metadata))
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
-    """python -m runtime.runs.jobend RUN_DIR STATUS [--requeued | --on-term]: record the attempt's end
+    """python -m runtime.runs.jobend RUN_DIR STATUS [--requeued | --on-term]: record the attempt's end;
+    python -m runtime.runs.jobend RUN_DIR --resumed RESTART: a requeued job's next attempt started
     (exit 0; 2 on bad arguments)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) == 3 and args[1] == "--resumed" and args[2].isdigit():
+        try:
+            resumed(Path(args[0]), int(args[2]))
+        except (OSError, ValueError, rundir.RunDirError) as exc:
+            print(f"anvil: could not record the job's new attempt in {args[0]}: {exc}", file=sys.stderr)
+        return 0
     requeued, on_term = "--requeued" in args, "--on-term" in args
     args = [a for a in args if a not in ("--requeued", "--on-term")]
     if len(args) != 2 or not args[1].lstrip("-").isdigit():
