@@ -101,6 +101,7 @@ def test_remote_command_quotes_everything():
         "$(rm -rf ~); echo", "--json"]
     # the host's own runs go under the fan-out's run; a shared `runtime: slurm` is for this machine
     line = ssh.remote_command("root@n1:22", ["x"], options, runs_dir="/r/run 1/hosts", runtime="direct")
+    assert " ANVIL_NODE_RUNS_DIR='/r/run 1/hosts/root@n1:22' " in line     # an assignment, not a command name
     assert shlex.split(line.split("&& ", 1)[1])[:4] == [
         "ANVIL_HOST=root@n1:22", "ANVIL_STOP_AT_EOF=1", "ANVIL_NODE_RUNS_DIR=/r/run 1/hosts/root@n1:22",
         "ANVIL_NODE_RUNTIME=direct"]

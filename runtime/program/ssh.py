@@ -87,12 +87,14 @@ def remote_command(host: str, argv: list[str], options: FanoutOptions, runs_dir:
     inv = [options.remote_inv or local_inv()]
     if options.runtime_config:
         inv += ["-f", options.runtime_config]
-    env = [f"ANVIL_HOST={host}", f"{remote_stop.ENV}=1"]
+    env = {"ANVIL_HOST": host, remote_stop.ENV: "1"}
     if runs_dir:
-        env.append(f"ANVIL_NODE_RUNS_DIR={Path(runs_dir) / host}")
+        env["ANVIL_NODE_RUNS_DIR"] = str(Path(runs_dir) / host)
     if runtime:
-        env.append(f"ANVIL_NODE_RUNTIME={runtime}")
-    return f"cd {shlex.quote(options.remote_path)} && {shlex.join(env + inv + list(argv))}"
+        env["ANVIL_NODE_RUNTIME"] = runtime
+    # NAME='value', not 'NAME=value': a quoted name is a command, not an assignment, to the shell
+    assignments = " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
+    return f"cd {shlex.quote(options.remote_path)} && {assignments} {shlex.join(inv + list(argv))}"
 
 
 class Stopper:
