@@ -127,12 +127,16 @@ def test_preflight_all_on_two_hosts_merges_one_table(fanout):
     table = result.stdout.split("passing hosts:")[0]
     header = next(line for line in table.splitlines() if line.startswith("check "))
     assert header.split() == ["check", "host", "status", "value", "reason", "/", "fix"]
-    # Check by check, host by host: each check's row, then the next host's row under it.
+    # Check by check, host by host: each check's row, then the next host's row under it (after the
+    # wrapped rest of a long reason / fix, if any).
     lines = table.splitlines()
     for check in ("gpu.present", "host.memory", "software.torch", "network.interfaces"):
         at = next(i for i, line in enumerate(lines) if line.startswith(check + " "))
-        assert lines[at].split()[1] == fanout.up[0], lines[at:at + 2]
-        assert lines[at + 1].split()[0] == fanout.up[1], lines[at:at + 2]
+        assert lines[at].split()[1] == fanout.up[0], lines[at:at + 3]
+        following = [line.split()[0] for line in lines[at + 1:at + 4] if line.strip()]
+        assert fanout.up[1] in following and not any(line.startswith(check) for line in lines[at + 1:at + 4])
+        host_row = lines[at + 1 + following.index(fanout.up[1])]
+        assert host_row.startswith(" ") and host_row.split()[1] in ("PASS", "WARN"), lines[at:at + 3]
     assert "gpu.present" in table and "no GPU" in table    # says plainly there is no GPU
 
 
