@@ -26,7 +26,7 @@ from typing import Mapping
 
 from runtime.launch.commands import allocated_nodes, in_allocation
 from runtime.launch.slurm import hostnames, require, require_controller
-from runtime.program.results import HostResult, Interrupted, parse_json_output
+from runtime.program.results import HostResult, Interrupted, error_line, parse_json_output
 from trainer.errors import UserError
 
 NODE_TASK = "runtime.program.nodetask"
@@ -79,7 +79,7 @@ def check_request(settings, nodes: int, env: Mapping[str, str], job_name: str = 
     except subprocess.TimeoutExpired:
         raise AllocationError("srun --test-only did not answer in 60 s (is slurmctld up?)") from None
     if proc.returncode != 0:
-        said = _last_line(proc.stderr) or _last_line(proc.stdout) or f"exit {proc.returncode}"
+        said = error_line(proc.stderr) or error_line(proc.stdout) or f"exit {proc.returncode}"
         raise AllocationError(f"--nodes {nodes}: Slurm cannot run this: {said.removeprefix('srun: error: ')}")
 
 
@@ -104,7 +104,7 @@ def run_on_allocation(argv: list[str], run_dir: Path, settings, count: int, inv:
         interrupted = True
         out, err = _stop(proc, hosts_dir, env, count)
     records = _read_results(hosts_dir)
-    srun_said = _last_line(err) or _last_line(out)
+    srun_said = error_line(err or "") or error_line(out or "")
     if not records and not interrupted:
         raise AllocationError(f"srun ran nothing (exit {proc.returncode}): {srun_said or 'no message'}")
     step = (records[0].get("step_nodes") or "") if records else ""
@@ -175,8 +175,3 @@ def _read_results(hosts_dir: Path) -> list[dict]:
         if isinstance(record, dict) and record.get("host"):
             records.append(record)
     return records
-
-
-def _last_line(text: str | None) -> str:
-    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
-    return lines[-1] if lines else ""

@@ -230,8 +230,7 @@ def refused_input(results: list[HostResult]) -> str | None:
     """The error line when every host ran the task and exited 2 (a user error: the input, not the host)."""
     if not results or any(not r.reachable or r.exit_code != 2 for r in results):
         return None
-    lines = [line.strip() for line in results[0].stderr.splitlines() if line.strip()]
-    return lines[-1] if lines else "the task refused its input (exit 2)"
+    return error_line(results[0].stderr) or "the task refused its input (exit 2)"
 
 
 def fan_out(config, context, label: str, hosts_hint: str, transport: Transport,
@@ -257,8 +256,8 @@ def fan_out(config, context, label: str, hosts_hint: str, transport: Transport,
     except Interrupted as stop:
         return _interrupted(run, context.name, stop.results)
     except BaseException as exc:
-        run_mod.finish(run, "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
-                       error=str(exc) or type(exc).__name__, exit_code=getattr(exc, "exit_code", 1))
+        status, error, code = run_mod.ended_by(exc)
+        run_mod.finish(run, status, error=error, exit_code=code)
         raise
     refused = refused_input(results)
     if refused:
@@ -340,10 +339,10 @@ def _no_slurm_options(context) -> None:
     """-H names the hosts; --runtime slurm and --nodes would have Slurm choose them: one or the other."""
     runtime, nodes = per_node_options(context)
     if runtime.startswith("slurm") or nodes:
-        given = f"--runtime {runtime}" if runtime.startswith("slurm") else f"--nodes {nodes}"
+        flag, value = ("--runtime", runtime) if runtime.startswith("slurm") else ("--nodes", nodes)
         from runtime.program.ssh import FanoutError
-        raise FanoutError(f"{context.name} {given}: -H already says where it runs (over SSH, on the hosts "
-                          f"named); drop -H to run it on Slurm's nodes, or {given.split()[0]} to run it on the hosts")
+        raise FanoutError(f"{context.name} {flag} {value}: -H already says where it runs (over SSH, on the hosts "
+                          f"named); drop -H to run it on Slurm's nodes, or {flag} to run it on the hosts")
 
 
 def run_on_slurm(config, context) -> int:

@@ -1,7 +1,6 @@
 """`inv` / `anvil` / `python -m runtime.program.main`: make sure the .pth shim is in place, run the program."""
 from __future__ import annotations
 
-import os
 import sys
 
 from runtime.program import pipes, remote_stop, shim
@@ -17,8 +16,7 @@ def main(argv=None):
     except BrokenPipeError:
         # `inv --list | head`: the reader left; that is not an error of ours. (pipes.guard_stdout
         # catches it in sys.stdout's writes; this is for whatever wrote to the file descriptor itself.)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        pipes.to_devnull(sys.stdout)
         sys.exit(0)
 
 

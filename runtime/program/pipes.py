@@ -35,11 +35,7 @@ class ReaderSafeStdout:
 
     def _to_devnull(self) -> None:
         self.reader_left = True
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(devnull, self._stream.fileno())   # what is still buffered, and any child's output, goes there
-        finally:
-            os.close(devnull)
+        to_devnull(self._stream)        # what is still buffered, and any child's output, goes there
         try:
             self._stream.flush()
         except OSError:
@@ -47,6 +43,15 @@ class ReaderSafeStdout:
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
+
+
+def to_devnull(stream) -> None:
+    """Point the stream's file descriptor at /dev/null."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, stream.fileno())
+    finally:
+        os.close(devnull)
 
 
 def guard_stdout() -> None:

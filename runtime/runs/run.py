@@ -258,6 +258,12 @@ def _exit_code(exc: BaseException) -> int:
     return getattr(exc, "exit_code", None) or 1
 
 
+def ended_by(exc: BaseException) -> tuple[str, str, int]:
+    """(status, error, exit code) of a run that `exc` ended."""
+    status = getattr(exc, "status", None) or ("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
+    return status, _error_text(exc), _exit_code(exc)
+
+
 def _error_text(exc: BaseException) -> str:
     if isinstance(exc, AnvilError):
         return str(exc) or type(exc).__name__
@@ -316,8 +322,8 @@ def create(ctx, spec: RunSpec) -> Run:
         run.metadata["config_sources"] = dict(spec.config_sources)
         run.update_metadata()
     except BaseException as exc:   # Ctrl-C while the snapshot is written: not "running" for ever
-        finish(run, "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed", error=_error_text(exc),
-               exit_code=_exit_code(exc))
+        status, error, code = ended_by(exc)
+        finish(run, status, error=error, exit_code=code)
         raise
     run.log.info("run directory %s", path)
     return run
@@ -360,12 +366,12 @@ def execute(ctx, spec: RunSpec, body: Callable[[Run], Any]) -> Any:
         finish(run, run.end_status, result=result)
         return result
 
-    error = outcome["error"] if failure is not None else post_error
-    code = _exit_code(failure) if failure is not None else 1
-    status = getattr(failure, "status", None) or ("interrupted" if isinstance(failure, KeyboardInterrupt)
-                                                  else "failed")
-    if failure is not None and post_error:
-        error += f"\n(also: {post_error})"
+    if failure is not None:
+        status, error, code = ended_by(failure)
+        if post_error:
+            error += f"\n(also: {post_error})"
+    else:
+        status, error, code = "failed", post_error, 1
     findings = diagnose.scan(diagnose.log_files(run.path), extra_text=error)
     finish(run, status, error=error, exit_code=code, result=result, diagnosis=findings)
     said = run.masker.text(error)
