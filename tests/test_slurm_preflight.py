@@ -105,6 +105,19 @@ def test_benchmarks_run_once_per_node_with_a_row_each(slurm_cluster, tmp_path):
     assert row["name"].startswith("all_reduce 65536 B x 2") and set(row["hosts"]) == {"node1", "node2"}
 
 
+def test_a_config_file_given_with_f_is_read_on_every_node(slurm_cluster, tmp_path):
+    """`inv -f FILE TASK --runtime slurm`: each node's inv reads FILE too (here: where the hooks are)."""
+    hook = tmp_path / "hooks" / "preflight" / "host" / "pre" / "10_mark.sh"
+    hook.parent.mkdir(parents=True)
+    hook.write_text(f'#!/bin/sh\ntouch "{tmp_path}/ran-on-$ANVIL_HOST"\n')
+    hook.chmod(0o755)
+    config = tmp_path / "site.yaml"
+    config.write_text(json.dumps({"anvil": {"hooks_dir": str(tmp_path / "hooks")}}))
+    proc = _salloc(slurm_cluster, tmp_path, "-f", str(config), "preflight.host")
+    assert proc.returncode in (0, 1) and "passing hosts:" in proc.stdout, _explain(proc)
+    assert sorted(p.name for p in tmp_path.glob("ran-on-*")) == ["ran-on-node1", "ran-on-node2"], _explain(proc)
+
+
 def test_bad_per_node_input_is_one_message(slurm_cluster, dataset, tmp_path):
     too_many = _salloc(slurm_cluster, tmp_path, "preflight.host", "--nodes", "3")
     assert too_many.returncode == 2 and "has only 2 node(s)" in too_many.stderr, _explain(too_many)

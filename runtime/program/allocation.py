@@ -62,10 +62,12 @@ def _srun_options(settings, nodes: int, job_name: str) -> list[str]:
 
 
 def srun_command(argv: list[str], hosts_dir: Path, settings, nodes: int, inv: str,
-                 job_name: str = "anvil") -> list[str]:
+                 job_name: str = "anvil", config_file: str | None = None) -> list[str]:
+    """config_file: this inv's -f FILE, read by each node's inv too (a shared file system, as for -H)."""
     timeout = ["--timeout", str(settings.command_timeout)] if settings.command_timeout else []
+    runtime_config = ["-f", config_file] if config_file else []
     return ["srun", *_srun_options(settings, nodes, job_name), sys.executable, "-m", NODE_TASK, str(hosts_dir),
-            *timeout, "--", inv, *argv]
+            *timeout, "--", inv, *runtime_config, *argv]
 
 
 def check_request(settings, nodes: int, env: Mapping[str, str], job_name: str = "anvil") -> None:
@@ -85,7 +87,7 @@ def check_request(settings, nodes: int, env: Mapping[str, str], job_name: str = 
 
 def run_on_allocation(argv: list[str], run_dir: Path, settings, count: int, inv: str = "",
                       env: Mapping[str, str] | None = None, job_name: str = "anvil",
-                      progress=None) -> list[HostResult]:
+                      progress=None, config_file: str | None = None) -> list[HostResult]:
     """Run `inv ARGV` once on each of `count` nodes (node_count's answer, after require_slurm);
     results in the step's node order."""
     from runtime.program.ssh import local_inv
@@ -93,7 +95,7 @@ def run_on_allocation(argv: list[str], run_dir: Path, settings, count: int, inv:
     env = dict(os.environ if env is None else env)
     hosts_dir = Path(run_dir) / "hosts"
     hosts_dir.mkdir(parents=True, exist_ok=True)
-    command = srun_command(argv, hosts_dir, settings, count, inv or local_inv(), job_name)
+    command = srun_command(argv, hosts_dir, settings, count, inv or local_inv(), job_name, config_file)
     # srun's own messages only; each node's output goes to its result file.
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             stdin=subprocess.DEVNULL)

@@ -114,7 +114,8 @@ class AnvilExecutor(Executor):
                 results.update(super().execute(context))
                 continue
             self.current_task = context.name
-            code = fanout.run_on_slurm(self.config, context)
+            config_file = self.core[0].args.config.value if self.core is not None else None
+            code = fanout.run_on_slurm(self.config, context, config_file)
             if code:
                 raise Exit(code=code)
         return results

@@ -345,12 +345,14 @@ def _no_slurm_options(context) -> None:
                           f"named); drop -H to run it on Slurm's nodes, or {flag} to run it on the hosts")
 
 
-def run_on_slurm(config, context) -> int:
-    """`inv TASK --runtime slurm` for a per-node task: one task per node of the allocation."""
+def run_on_slurm(config, context, config_file: str | None = None) -> int:
+    """`inv TASK --runtime slurm` for a per-node task: one task per node of the allocation.
+    config_file: inv's -f FILE, which each node's inv reads too."""
     from runtime import settings as settings_mod
     from runtime.program import allocation
 
     settings = settings_mod.load(_ConfigHolder(config))
+    config_file = str(Path(config_file).resolve()) if config_file else None
     _runtime, nodes = per_node_options(context)
     count = allocation.node_count(nodes, os.environ)
     allocation.require_slurm(os.environ)        # before a run directory is made
@@ -358,7 +360,7 @@ def run_on_slurm(config, context) -> int:
 
     def over_srun(argv, run_dir, progress):
         return allocation.run_on_allocation(argv, run_dir, settings, count, progress=progress,
-                                            job_name=f"anvil-{context.name}")
+                                            job_name=f"anvil-{context.name}", config_file=config_file)
 
     return fan_out(config, context, "srun", f"{count} Slurm node(s)", over_srun, skip=("runtime", "nodes"))
 
