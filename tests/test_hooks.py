@@ -91,6 +91,23 @@ def test_post_hooks_run_after_a_failed_body_and_see_the_outcome(project, monkeyp
     assert "outcome=failed" in (run_dir / "hooks" / "post.log").read_text()
 
 
+def test_post_hooks_are_told_a_ctrl_c_was_an_interruption(project, monkeypatch):
+    ctx, root, tmp = project
+    trace = tmp / "trace.txt"
+    monkeypatch.setenv("TRACE", str(trace))
+    trace_hook(root / "demo" / "work" / "post", "10_post")
+
+    def body(run):
+        raise KeyboardInterrupt
+
+    with pytest.raises(RunFailed) as caught:
+        execute(ctx, RunSpec(task=TASK), body)
+    assert trace.read_text().splitlines() == ["10_post:post:interrupted"]   # what the run records, too
+    assert caught.value.exit_code == 130
+    md = json.loads(next((tmp / "runs").iterdir()).joinpath("metadata.json").read_text())
+    assert md["status"] == "interrupted"
+
+
 def test_patch_runs_first_and_no_hooks_skips(project, monkeypatch):
     ctx, root, tmp = project
     trace = tmp / "trace.txt"

@@ -358,16 +358,15 @@ def execute(ctx, spec: RunSpec, body: Callable[[Run], Any]) -> Any:
         result = body(run)
     except BaseException as exc:  # noqa: BLE001 - recorded, post hooks told, then re-raised as RunFailed
         failure = exc
-    outcome = {"status": (getattr(failure, "status", None) or "failed") if failure else run.end_status,
-               "error": _error_text(failure) if failure else None}
-    post_error = _run_post(run, outcome) if spec.hooks else None   # also after a failed pre hook
+    # Post hooks run also after a failed pre hook, told what the run will record (a Ctrl-C: interrupted).
+    status, error, code = ended_by(failure) if failure is not None else (run.end_status, None, 0)
+    post_error = _run_post(run, {"status": status, "error": error}) if spec.hooks else None
 
     if failure is None and post_error is None:
         finish(run, run.end_status, result=result)
         return result
 
     if failure is not None:
-        status, error, code = ended_by(failure)
         if post_error:
             error += f"\n(also: {post_error})"
     else:
