@@ -111,6 +111,26 @@ def test_val_split_never_empty_and_limits(tmp_path):
     assert m["source"]["default_corpus"] and m["documents"] == 5
 
 
+def test_workers_are_asked_to_stop_not_killed_when_the_pool_ends_early(tmp_path, monkeypatch):
+    """Pool.terminate() kills workers, and one killed while sending a file's tokens leaves half a
+    message in the pipe: the pool then waits for the rest for ever (a Ctrl-C that hung data.prepare).
+    Ending early (here --max-tokens; Ctrl-C takes the same way out) must not go through it."""
+    import multiprocessing.pool
+
+    terminated = []
+    real = multiprocessing.pool.Pool.terminate
+    monkeypatch.setattr(multiprocessing.pool.Pool, "terminate", lambda pool: (terminated.append(pool), real(pool)))
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(40):
+        (corpus / f"d{i:02}.txt").write_text(f"document {i} " * 2000)
+    m = prepare([corpus], tmp_path / "ds", max_tokens=30_000, workers=2, progress=False)["manifest"]
+    assert m["source"]["truncated"] and 30_000 <= m["tokens"] < 30_000 + 2 * 24_000
+    assert terminated == []
+    m = prepare([corpus], tmp_path / "all", workers=2, progress=False)["manifest"]   # the jobs still run in full
+    assert m["documents"] == 40 and not m["source"]["truncated"] and terminated == []
+
+
 def test_bad_inputs_are_clear_errors(tmp_path):
     corpus, _ = make_corpus(tmp_path)
     with pytest.raises(DataError, match="input not found: .*nope"):

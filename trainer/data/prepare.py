@@ -58,13 +58,16 @@ def anvil_version() -> str:
 # ---------------------------------------------------------------- worker side
 
 _worker_tokenizer = None
+_worker_stop = None     # set by the main process: skip the jobs left (see _stop_pool)
 
 
-def _init_pool_worker(tokenizer_name: str) -> None:
+def _init_pool_worker(tokenizer_name: str, stop=None) -> None:
     # Ctrl-C reaches the whole process group: the main process stops the pool and cleans up;
     # the workers leave that to it instead of each printing a KeyboardInterrupt traceback.
     # They start with SIGINT ignored already (see _results); this keeps it so either way.
+    global _worker_stop
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _worker_stop = stop
     _init_worker(tokenizer_name)
 
 
@@ -77,6 +80,8 @@ def _init_worker(tokenizer_name: str) -> None:
 def _tokenize_file(job) -> dict:
     """Read one file and tokenize its documents: BOS + tokens + EOS each, concatenated."""
     source, text_field, dtype, seed, val_fraction = job
+    if _worker_stop is not None and _worker_stop.is_set():
+        return _SKIPPED_JOB
     tok = _worker_tokenizer
     read = sources.read_documents(source, text_field)
     texts = [text for _, text in read.documents]
@@ -95,6 +100,10 @@ def _tokenize_file(job) -> dict:
     to_val = np.array([_is_val(key, seed, val_fraction) for key, _ in read.documents], dtype=bool)
     return {"tokens": tokens, "lengths": lengths, "to_val": to_val, "skipped": read.skipped,
             "notes": read.notes, "bytes": read.bytes_read}
+
+
+_SKIPPED_JOB = {"tokens": np.empty(0, dtype=np.uint8), "lengths": np.empty(0, dtype=np.int64),
+                "to_val": np.empty(0, dtype=bool), "skipped": {}, "notes": [], "bytes": 0}
 
 
 def _is_val(key: str, seed: int, val_fraction: float) -> bool:
@@ -341,7 +350,7 @@ def check_out(out, inputs: list[str]) -> Path:
     puts a new dataset in place removes what was at --out)."""
     given = str(out)
     if not given.strip():
-        raise DataError(f"--out is empty; expected a dataset directory such as data/mine")
+        raise DataError("--out is empty; expected a dataset directory such as data/mine")
     out = Path(given).expanduser().absolute()
     real = out.resolve()
     if real == Path(real.anchor):
@@ -629,16 +638,38 @@ def _results(jobs, tok_name: str, workers: int):
     # a traceback. (The main process ignores it only for the few milliseconds of the spawns.)
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    stop = ctx.Event()
     try:
-        pool = ctx.Pool(workers, initializer=_init_pool_worker, initargs=(tok_name,))
+        pool = ctx.Pool(workers, initializer=_init_pool_worker, initargs=(tok_name, stop))
     finally:
         if main:
             signal.signal(signal.SIGINT, previous)
     try:
         yield pool.imap(_tokenize_file, jobs, chunksize=4)
     finally:
-        pool.terminate()
-        pool.join()
+        _stop_pool(pool, stop)
+
+
+def _stop_pool(pool, stop, grace: float = 20.0) -> None:
+    """End the pool early (Ctrl-C, --max-tokens reached) or at the end, without killing a worker.
+
+    Pool.terminate() kills the workers, and one killed halfway through sending a result (a file's
+    tokens: megabytes) leaves a part of the message in the pipe; the pool's result thread then
+    waits for the rest for ever and so does terminate(). So the workers are asked instead: with
+    `stop` set each job left returns at once, empty, and close() + join() lets them finish. Only
+    a worker still busy after `grace` seconds (one huge file) is killed, by a terminate() that is
+    not waited for beyond another `grace`."""
+    stop.set()
+    pool.close()
+    for end in (pool.join, pool.terminate):
+        waiter = threading.Thread(target=end, daemon=True, name=f"prepare-pool-{end.__name__}")
+        waiter.start()
+        try:
+            waiter.join(grace)
+        except KeyboardInterrupt:   # a second Ctrl-C: stop waiting for the workers
+            pass
+        if not waiter.is_alive():
+            return
 
 
 def train_tokenizer(inputs: list[Path] | None, out: Path, vocab_size: int = DEFAULT_BPE_VOCAB, *,
