@@ -46,7 +46,7 @@ def trained_checkpoint(tmp_path: Path, cfg) -> tuple[Transformer, Path]:
         optimizer.step()
         optimizer.zero_grad()
     run_dir = tmp_path / "run"
-    path = ck.save(run_dir / "checkpoints", 3, model=model, optimizer=optimizer, config=cfg.to_dict())
+    ck.save(run_dir / "checkpoints", 3, model=model, optimizer=optimizer, config=cfg.to_dict())
     return model, run_dir
 
 

@@ -52,7 +52,7 @@ def read_manifest(path: Path) -> dict:
         raise DataError(f"no prepared dataset at {path} (no {MANIFEST}); {hint}") from None
     except OSError as exc:
         raise DataError(f"cannot read {manifest_path} ({exc.strerror or exc})") from None
-    damaged = f"the dataset is damaged; prepare it again with --force"
+    damaged = "the dataset is damaged; prepare it again with --force"
     try:
         manifest = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
