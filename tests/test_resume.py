@@ -234,3 +234,32 @@ def test_resumed_summary_gives_this_segments_wall_time_and_the_total(tmp_path, d
     assert (f" {two['wall_s']:.1f} s (this segment; 2 segments, {two['wall_s_total']:.1f} s in all)"
             in row), row
     assert ck.read_meta(second / "checkpoints" / "step_4")["extra"]["segments"] == 2
+
+
+def test_a_closed_terminal_checkpoints_and_records_an_interruption(tmp_path, dataset):
+    """SIGHUP to `inv train.pretrain`'s process group (the terminal or SSH session closed): the ranks
+    finish the step, checkpoint, and the run says interrupted (130), as after a Ctrl-C. Without a
+    handler SIGHUP killed them with nothing saved and the run said failed."""
+    from process_utils import start_as_from_a_terminal
+
+    inv = REPO / ".venv" / "bin" / "inv"
+    sets = [arg for item in [f"data.path={dataset}", *SHORT, "checkpoint.interval=0", "train.steps=400"]
+            for arg in ("--set", item)]
+    proc = start_as_from_a_terminal([str(inv), "train.pretrain", *sets], cwd=tmp_path,
+                                    env={**env(), "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs")},
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: any(last_step(r) >= 2 for r in (tmp_path / "runs").glob("*")), proc, what="step 2")
+        os.killpg(proc.pid, signal.SIGHUP)      # what the kernel does when the terminal goes away
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 130, err[-3000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    metadata = json.loads((run_dir / "metadata.json").read_text())
+    assert metadata["status"] == "interrupted" and metadata["exit_code"] == 130
+    path = ck.find_latest(run_dir)
+    assert path is not None and 2 <= ck.read_meta(path)["step"] == last_step(run_dir) < 400
+    assert "SIGHUP: stopping after step" in (run_dir / "logs" / "rank0.log").read_text()

@@ -1,8 +1,9 @@
 """Stop cleanly on a signal: finish the step, checkpoint on every rank, then exit.
 
 SIGTERM / SIGUSR2 (a scheduler's preemption warning) -> exit 3, "requeue me";
-SIGINT (Ctrl-C) -> exit 130, status "interrupted" (it checkpoints too, so
-`--resume` continues where it stopped).
+SIGINT (Ctrl-C) and SIGHUP (the terminal or SSH session closed) -> exit 130,
+status "interrupted" (it checkpoints too, so `--resume` continues where it
+stopped; without a handler SIGHUP killed the ranks with nothing saved).
 
 Slurm sends SIGUSR2 (with `--signal=USR2@120`) before a time limit or preemption and SIGTERM
 at it; torchrun forwards SIGTERM to its workers (and SIGUSR2 only when started with
@@ -23,7 +24,8 @@ import signal
 EXIT_REQUEUE = 3
 EXIT_HUNG = 4            # no training step for health.hang_timeout_s: stacks dumped, rank ended
 EXIT_INTERRUPTED = 130
-DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR2", "SIGINT")
+DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR2", "SIGINT", "SIGHUP")
+_USER_STOPS = (signal.SIGINT, signal.SIGHUP)     # the user ended it: interrupted, not preempted
 
 
 class Stopper:
@@ -37,7 +39,7 @@ class Stopper:
         self._previous: dict[int, object] = {}
         self._group = None
         self._group_ready = False
-        self.interrupted = False   # agreed: some rank got SIGINT (Ctrl-C) rather than a preemption
+        self.interrupted = False   # agreed: some rank got SIGINT/SIGHUP (the user) rather than a preemption
 
     # -- handler
     def _handle(self, signum, frame) -> None:
@@ -104,7 +106,7 @@ class Stopper:
         import torch
         import torch.distributed as dist
 
-        local = 2 if self.signum == signal.SIGINT else 1 if self.requested else 0
+        local = 2 if self.signum in _USER_STOPS else 1 if self.requested else 0
         if not (dist.is_available() and dist.is_initialized()):
             self.interrupted = local == 2
             return self.requested
