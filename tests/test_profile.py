@@ -36,6 +36,7 @@ def test_profiler_records_only_its_window(tmp_path):
 
     profiler = StepProfiler(tmp_path, rank=0, start=2, end=3)
     a = torch.randn(32, 32)
+    profiler.step_done(0)       # the loop's call before its first step
     for step in range(1, 5):
         (torch.mm if step == 2 else torch.add)(a, a)   # mm only inside the window
         profiler.step_done(step)
@@ -48,6 +49,29 @@ def test_profiler_records_only_its_window(tmp_path):
 
 
 
+@pytest.mark.parametrize("start_step, window, recorded", [(0, (1, 3), {1, 2}), (5, (4, 8), {6, 7}), (9, (4, 8), set())])
+def test_a_window_from_step_1_or_one_a_resumed_run_starts_inside_is_recorded(tmp_path, start_step, window,
+                                                                               recorded):
+    """Step N's work runs between step_done(N-1) and step_done(N); the loop first calls step_done with the
+    step it starts from (0, or a resumed run's). Each step here leaves its number as a tensor size."""
+    import torch
+
+    profiler = StepProfiler(tmp_path, rank=0, start=window[0], end=window[1])
+    profiler.step_done(start_step)
+    for step in range(start_step + 1, 10):
+        torch.zeros(step, 1000 + step).add_(1)
+        profiler.step_done(step)
+    profiler.close()
+    ops = tmp_path / "profile" / "rank0.ops.json"
+    if not recorded:
+        assert not ops.exists()
+        return
+    trace = json.loads((tmp_path / "profile" / "rank0.trace.json").read_text())["traceEvents"]
+    sizes = {dims[0][1] for e in trace if e.get("name") == "aten::add_"
+             for dims in [e.get("args", {}).get("Input Dims") or [[0, 0]]]}
+    assert {s - 1000 for s in sizes} == recorded
+
+
 def inv(tmp_path, *args):
     env = {**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs")}
     return subprocess.run([str(INV), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
@@ -57,7 +81,7 @@ def inv(tmp_path, *args):
 def test_inv_profile_train_traces_one_rank_of_two(tmp_path, dataset):
     sets = [f"data.path={dataset}", "data.seq_len=32", "data.batch_size=2", "model.n_layers=1",
             "train.val_interval=0", "train.log_interval=1"]
-    args = ["profile.train", "--nproc", "2", "--ranks", "1", "--steps", "2:4", "--env", "OMP_NUM_THREADS=1"]
+    args = ["profile.train", "--nproc", "2", "--ranks", "1", "--steps", "1:3", "--env", "OMP_NUM_THREADS=1"]
     for item in sets:
         args += ["--set", item]
     proc = inv(tmp_path, *args)
@@ -66,8 +90,8 @@ def test_inv_profile_train_traces_one_rank_of_two(tmp_path, dataset):
     assert run.name.endswith("_profile.train_tiny")
     assert sorted(p.name for p in (run / "profile").iterdir()) == ["rank1.ops.json", "rank1.trace.json"]
     report = json.loads((run / "profile" / "rank1.ops.json").read_text())
-    assert report["steps"] == [2, 4] and report["ops"]
-    assert "rank 1, steps 2..3" in proc.stdout and "aten::" in proc.stdout
+    assert report["steps"] == [1, 3] and report["ops"]      # from step 1: the loop's call before its first step
+    assert "rank 1, steps 1..2" in proc.stdout and "aten::" in proc.stdout
     assert "self CPU ms" in proc.stdout and "self device ms" not in proc.stdout     # a CPU run: no device column
     assert "USDT:" not in proc.stdout + proc.stderr and "profiler_start" not in proc.stdout + proc.stderr
     assert json.loads((run / "metadata.json").read_text())["status"] == "ok"

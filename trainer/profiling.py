@@ -61,6 +61,7 @@ class StepProfiler:
         self.dir = Path(run_dir) / "profile"
         self.rank, self.start, self.end = rank, start, end
         self._prof = None
+        self._recorded = False
 
     @classmethod
     def from_env(cls, run_dir: Path | str, rank: int, environ=os.environ) -> "StepProfiler | None":
@@ -74,8 +75,10 @@ class StepProfiler:
         return cls(run_dir, rank, start, end)
 
     def step_done(self, step: int) -> None:
-        """``step`` is the number of optimizer steps completed so far."""
-        if self._prof is None and step == self.start - 1:
+        """``step`` is the number of optimizer steps completed so far; called once more before the
+        first step with the step the run starts from (0, or a resumed run's), so that a window from
+        step 1, or one a resumed run starts inside, is recorded too."""
+        if self._prof is None and not self._recorded and self.start - 1 <= step < self.end - 1:
             self._begin()
         elif self._prof is not None and step >= self.end - 1:
             self._finish()
@@ -100,6 +103,7 @@ class StepProfiler:
 
     def _finish(self) -> None:
         prof, self._prof = self._prof, None
+        self._recorded = True
         prof.__exit__(None, None, None)
         self.dir.mkdir(parents=True, exist_ok=True)
         trace = self.dir / f"rank{self.rank}.trace.json"

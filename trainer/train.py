@@ -253,6 +253,8 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
     straggler = health.StragglerDetector.from_config(cfg, run_dir, info, log).watch(model)
     watchdog = health.HangWatchdog.from_config(cfg, run_dir, info, log).start(step)
     interval_start, interval_tokens, interval_steps = time.perf_counter(), 0, 0
+    if profiler is not None:
+        profiler.step_done(step)    # a window from step 1 (or one a resumed run starts inside) starts here
     try:
         while step < cfg.train.steps:
             with straggler.data_time():
