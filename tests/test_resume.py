@@ -263,3 +263,21 @@ def test_a_closed_terminal_checkpoints_and_records_an_interruption(tmp_path, dat
     path = ck.find_latest(run_dir)
     assert path is not None and 2 <= ck.read_meta(path)["step"] == last_step(run_dir) < 400
     assert "SIGHUP: stopping after step" in (run_dir / "logs" / "rank0.log").read_text()
+
+
+def test_resuming_a_checkpoint_at_or_past_train_steps_is_refused_before_a_run(tmp_path, dataset):
+    """It used to load the checkpoint, train nothing, save it again and say ok."""
+    inv = REPO / ".venv" / "bin" / "inv"
+    environ = {**env(), "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs")}
+    sets = [arg for item in [f"data.path={dataset}", *SHORT, "checkpoint.interval=0"] for arg in ("--set", item)]
+    first = subprocess.run([str(inv), "train.pretrain", *sets, "--set", "train.steps=3"], cwd=tmp_path, env=environ,
+                           capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    (run,) = (tmp_path / "runs").iterdir()
+    for steps in (2, 3):
+        proc = subprocess.run([str(inv), "train.pretrain", *sets, "--set", f"train.steps={steps}", "--resume",
+                               str(run)], cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        assert (f"--resume {run}: its checkpoint (step_3) is at step 3, and train.steps is {steps}: nothing to "
+                f"train; --set train.steps=N with N > 3 trains on from there") in proc.stderr, proc.stderr
+        assert list((tmp_path / "runs").iterdir()) == [run]

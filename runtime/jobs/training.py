@@ -161,7 +161,12 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     resume = job.resume
     if resume not in ("", "auto"):
         from trainer.checkpoint import resolve as resolve_checkpoint
-        resolve_checkpoint(resume, Path("."), what="--resume")   # CheckpointError now, not in every rank later
+        found = resolve_checkpoint(resume, Path("."), what="--resume")   # CheckpointError now, not in every rank
+        done = finished_at(str(found), cfg.train.steps)
+        if done is not None:    # the trainer would load it and stop at once: a run that trains nothing
+            raise UserError(f"--resume {resume}: its checkpoint ({found.name}) is at step {done}, and "
+                            f"train.steps is {cfg.train.steps}: nothing to train; --set train.steps=N with N > "
+                            f"{done} trains on from there")
     if resume == "auto":
         resume = previous_checkpoint(settings.runs_dir, name) or "auto"
         done = finished_at(resume, cfg.train.steps)
