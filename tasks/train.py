@@ -49,7 +49,7 @@ PRETRAIN_HELP = {
 
 
 @run_task(help=PRETRAIN_HELP, iterable=["set_", "exclude"])
-def pretrain(c, config=None, set_=None, nproc=0, resume="", compile=False, kernels=False, gpu="",
+def pretrain(c, config=None, set_=None, nproc=0, resume=None, compile=False, kernels=False, gpu="",
              site="", runtime="", nodes=0, partition="", account="", time="", wait=True, exclude=None,
              exclude_from="", dry_run=False, json=False, run_options=None):
     """Train a Llama model with Anvil's trainer (run dir, snapshot, hooks, one rank per GPU)."""

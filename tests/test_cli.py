@@ -214,3 +214,20 @@ def test_inv_survives_a_forced_reinstall_of_invoke(tmp_path):
     other = subprocess.run([str(venv / "bin" / "python"), "-c", "import sys; print('invoke.main' in sys.modules)"],
                            capture_output=True, text=True)
     assert other.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["train.pretrain", "--resume", ""], "train.pretrain: --resume is empty; expected auto or a run directory or "
+                                         "checkpoint path"),
+    (["train.pretrain", "--name", " "], "train.pretrain: --name is empty; expected a word for "
+                                        "runs/<time>_<task>_<name>"),
+    (["bench.gemm", "-M", "64", "--patch", ""], "bench.gemm: --patch is empty; expected a .py or .sh hook file"),
+    (["bench.gemm", "-M", "64", "--patch", "README.md"],
+     "bench.gemm: --patch README.md: expected a .py file with def hook(ctx) or a .sh script"),
+])
+def test_an_option_given_empty_or_a_patch_that_is_no_hook_is_refused_before_a_run(tmp_path, argv, said):
+    """Given empty is not left out: `--resume ''` used to start a fresh full run, `--name ''` to drop the name."""
+    result = inv([*argv, "--dry-run"] if argv[0] == "train.pretrain" else argv, REPO,
+                 clean_env(INVOKE_ANVIL_RUNS_DIR=str(tmp_path / "runs")))
+    assert result.returncode == 2 and result.stderr.strip() == said, explain(result)
+    assert not (tmp_path / "runs").exists()

@@ -41,7 +41,7 @@ class TrainingJob:
     config: str | None = None           # None = configs/tiny.yaml
     sets: list[str] = field(default_factory=list)
     nproc: int = 0                      # 0 = one per visible GPU, one on CPU
-    resume: str = ""                    # "", "auto", or a run / checkpoint path
+    resume: str | None = None           # None (not given), "auto", or a run / checkpoint path
     compile: bool = False
     kernels: bool = False
     gpu: str = ""
@@ -159,6 +159,9 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
         job.exclude = sorted(set(job.exclude) | set(excluded))
     name = run_options.name or cfg.name
     resume = job.resume
+    if resume is not None and not resume.strip():
+        raise UserError("--resume is empty; expected auto or a run directory or checkpoint path")
+    resume = resume or ""
     if resume not in ("", "auto"):
         from trainer.checkpoint import resolve as resolve_checkpoint
         found = resolve_checkpoint(resume, Path("."), what="--resume")   # CheckpointError now, not in every rank

@@ -58,11 +58,20 @@ class RunOptions:
 
 
 def patch_file(given: str | Path) -> Path:
-    """The --patch file; UserError when there is none."""
+    """The --patch file; UserError when there is none or it is not a hook file (.py, .sh)."""
     path = Path(given).expanduser()
     if not path.is_file():
         raise UserError(f"--patch {given}: no such file")
+    if path.suffix not in (".py", ".sh"):
+        raise UserError(f"--patch {given}: expected a .py file with def hook(ctx) or a .sh script")
     return path
+
+
+def _given(option: str, value: str | None, expected: str) -> str | None:
+    """An option's value, None when not given; given empty is a UserError (not the same as leaving it out)."""
+    if value is not None and not str(value).strip():
+        raise UserError(f"--{option} is empty; expected {expected}")
+    return value or None
 
 
 RUN_OPTION_HELP = {
@@ -124,14 +133,15 @@ def run_task(*args, per_node: bool = False, takes_hosts: bool = False, **task_kw
             raise TypeError(f"{func.__name__}: parameter(s) {clash} clash with the run options")
         params = [p for p in signature.parameters.values()
                   if p.name != "run_options" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-        defaults = [("name", ""), ("env", None), ("no_hooks", False), ("patch", "")]
+        defaults = [("name", None), ("env", None), ("no_hooks", False), ("patch", None)]
         defaults += [("runtime", ""), ("nodes", 0)] if per_node else []
         added = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=d) for n, d in defaults]
 
         @functools.wraps(func)
         def wrapper(c, *a, **kw):
-            options = RunOptions(name=kw.pop("name", "") or None, env=list(kw.pop("env", None) or []),
-                                 no_hooks=bool(kw.pop("no_hooks", False)), patch=kw.pop("patch", "") or None)
+            options = RunOptions(name=_given("name", kw.pop("name", None), "a word for runs/<time>_<task>_<name>"),
+                                 env=list(kw.pop("env", None) or []), no_hooks=bool(kw.pop("no_hooks", False)),
+                                 patch=_given("patch", kw.pop("patch", None), "a .py or .sh hook file"))
             if per_node:   # (a task of its own with a `runtime` option keeps it: train.pretrain)
                 options.runtime, options.nodes = kw.pop("runtime", "") or "", int(kw.pop("nodes", 0) or 0)
             return func(c, *a, run_options=options, **kw)
