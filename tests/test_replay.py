@@ -129,3 +129,37 @@ def test_a_slurm_training_run_replays_on_as_many_nodes(tmp_path):
     assert replay.plan(typed).argv[1:] == ["--runtime", "slurm", "--nodes", "1"]
     direct = _recorded_run(tmp_path / "d", ["inv", "train.pretrain"], "train.pretrain", runtime="direct", nodes=1)
     assert replay.plan(direct).argv[:1] == ["train.pretrain"] and "--nodes" not in replay.plan(direct).argv
+
+
+def test_resume_auto_replays_from_the_checkpoint_the_run_found_or_fresh(tmp_path):
+    """Resolving 'auto' again would pick whatever is newest today (another run's, or the run's own
+    last checkpoint, which makes the replay 'already complete')."""
+    found = str(tmp_path / "runs" / "older_train.pretrain_tiny" / "checkpoints" / "step_20")
+    resumed = _recorded_run(tmp_path / "a", ["inv", "train.pretrain", "--resume", "auto", "--set", "train.steps=40"],
+                            "train.pretrain", resume=found)
+    plan = replay.plan(resumed)
+    assert plan.argv == ["train.pretrain", "--resume", found, "--set", "train.steps=40"]
+    assert f"--resume auto -> --resume {found} (the checkpoint the run resumed from)" in plan.dropped
+    fresh = _recorded_run(tmp_path / "b", ["inv", "train.pretrain", "--resume=auto"], "train.pretrain", resume="auto")
+    plan = replay.plan(fresh)
+    assert plan.argv == ["train.pretrain"] and "dropped --resume auto (the run found no checkpoint and started " \
+                                                  "fresh)" in plan.dropped
+
+
+def test_a_run_whose_config_copy_is_gone_is_not_replayed_with_another_config(tmp_path):
+    from invoke import Context
+    from runtime.program.cli import AnvilConfig
+    from runtime.runs.run import RunSpec, execute
+    ctx = Context(config=AnvilConfig(overrides={"anvil": {"runs_dir": str(tmp_path / "runs")}}))
+    spec = RunSpec(task="train.pretrain", configs={"train.yaml": {"optim": {"lr": 0.5}}},
+                   config_sources={"train.yaml": "configs/llama3_1b.yaml"}, config_options={"train.yaml": "--config"},
+                   argv=["inv", "train.pretrain", "--config", "configs/llama3_1b.yaml"])
+    execute(ctx, spec, lambda run: None)
+    (run_dir,) = runs(tmp_path)
+    (run_dir / "configs" / "train.yaml").unlink()
+    with pytest.raises(replay.ReplayError, match=r"its copy of the config it ran with \(configs/train.yaml, from "
+                                                 r"configs/llama3_1b.yaml\) is missing; the run directory is damaged"):
+        replay.plan(run_dir)
+    result = inv(["snapshot.replay", str(run_dir)], tmp_path)
+    assert result.returncode == 2 and "is missing; the run directory is damaged" in result.stderr, explain(result)
+    assert "Traceback" not in result.stderr and len(runs(tmp_path)) == 1

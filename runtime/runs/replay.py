@@ -7,8 +7,9 @@
 The recorded command line is replayed without its fan-out flags (-H, -i, ...;
 kept where -H was the input of a task that reaches the hosts itself), with
 a Slurm training run's launcher and node count pinned (--runtime, --nodes),
+`--resume auto` pinned to the checkpoint it found then (or dropped, if none),
 with every config path that the run recorded (config_sources) swapped for the
-copy inside the run directory. The child gets the recorded environment over
+copy inside the run directory (a copy gone is a damaged run: refused). The child gets the recorded environment over
 this one, and ANVIL_REPLAY_OF, so runtime.runs.run lays that environment over the
 task's own resolution (source "replay:<run>") and links the new run to the old.
 
@@ -107,6 +108,9 @@ def _replay_argv(metadata: dict, run_dir: Path) -> tuple[list[str], list[str]]:
         copy = run_dir / "configs" / rundir.slug(Path(name).name)
         if copy.is_file() and source:
             swaps[str(source)] = str(copy)
+        elif source:    # the replay would read today's file, or the default, instead: not this run
+            raise ReplayError(f"{run_dir}: its copy of the config it ran with ({copy.relative_to(run_dir)}, "
+                              f"from {source}) is missing; the run directory is damaged")
     out, notes = [], []
     i = 0
     while i < len(argv):
@@ -131,6 +135,7 @@ def _replay_argv(metadata: dict, run_dir: Path) -> tuple[list[str], list[str]]:
         out.append(token)
         i += 1
     out += _pinned_topology(metadata, out, notes)
+    out = _pinned_resume(metadata, out, notes)
     for name, option in (metadata.get("config_options") or {}).items():
         copy = run_dir / "configs" / rundir.slug(Path(name).name)
         if copy.is_file() and str(copy) not in out and f"{option}={copy}" not in out:
@@ -171,6 +176,26 @@ def _pinned_topology(metadata: dict, argv: list[str], notes: list[str]) -> list[
         notes.append(f"added --nodes {nodes} (the run had {nodes} node(s)"
                      + (f", world size {world})" if world else ")"))
     return added
+
+
+def _pinned_resume(metadata: dict, argv: list[str], notes: list[str]) -> list[str]:
+    """--resume auto found a checkpoint when the run started (metadata 'resume'); today it would find
+    another (a newer run's, or the run's own last one). The replay resumes from the recorded one, or
+    starts fresh where the run found none."""
+    found = metadata.get("resume")
+    for i, token in enumerate(argv):
+        if token == "--resume" and i + 1 < len(argv) and argv[i + 1] == "auto":
+            end = i + 2
+        elif token == "--resume=auto":
+            end = i + 1
+        else:
+            continue
+        if isinstance(found, str) and found not in ("", "auto"):
+            notes.append(f"--resume auto -> --resume {found} (the checkpoint the run resumed from)")
+            return argv[:i] + ["--resume", found] + argv[end:]
+        notes.append("dropped --resume auto (the run found no checkpoint and started fresh)")
+        return argv[:i] + argv[end:]
+    return argv
 
 
 def check_topology(recorded: history.Recorded, env: Mapping[str, str] | None = None) -> list[Difference]:
