@@ -281,3 +281,42 @@ def test_resuming_a_checkpoint_at_or_past_train_steps_is_refused_before_a_run(tm
         assert (f"--resume {run}: its checkpoint (step_3) is at step 3, and train.steps is {steps}: nothing to "
                 f"train; --set train.steps=N with N > 3 trains on from there") in proc.stderr, proc.stderr
         assert list((tmp_path / "runs").iterdir()) == [run]
+
+
+def test_a_killed_inv_stops_its_ranks_after_a_checkpoint_instead_of_leaving_them_running(tmp_path, dataset):
+    """kill -9 of `inv train.pretrain` alone (a crash, the OOM killer): its agent gets SIGTERM from the
+    kernel (PR_SET_PDEATHSIG) and the ranks checkpoint and stop, as at a preemption. They used to train
+    on to the end, with no one left to record it."""
+    from process_utils import start_as_from_a_terminal
+
+    inv = REPO / ".venv" / "bin" / "inv"
+    sets = [arg for item in [f"data.path={dataset}", *SHORT, "checkpoint.interval=0", "train.steps=100000"]
+            for arg in ("--set", item)]
+    proc = start_as_from_a_terminal([str(inv), "train.pretrain", *sets], cwd=tmp_path,
+                                    env={**env(), "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs")},
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    group = proc.pid
+    try:
+        wait_for(lambda: any(last_step(r) >= 2 for r in (tmp_path / "runs").glob("*")), proc, what="step 2")
+        proc.kill()                 # inv only: the agent and the rank are left behind
+        proc.wait()
+
+        def group_gone() -> bool:
+            try:
+                os.killpg(group, 0)
+                return False
+            except ProcessLookupError:
+                return True
+        deadline = time.monotonic() + 60
+        while not group_gone() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert group_gone(), "the agent or a rank kept running after its inv was killed"
+    finally:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    path = ck.find_latest(run_dir)
+    assert path is not None and ck.read_meta(path)["step"] == last_step(run_dir) < 100000
+    assert "SIGTERM: stopping after step" in (run_dir / "logs" / "rank0.log").read_text()

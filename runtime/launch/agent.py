@@ -39,7 +39,8 @@ import sys
 import time
 from pathlib import Path
 
-from runtime.launch.spec import EXIT_INTERRUPTED, EXIT_REQUEUE, NODE_LOCAL_VAR, PASSED_SIGNALS, RUN_DIR_VAR
+from runtime.launch.spec import (EXIT_INTERRUPTED, EXIT_REQUEUE, LAUNCHER_PID_VAR, NODE_LOCAL_VAR, PASSED_SIGNALS,
+                                 RUN_DIR_VAR)
 from trainer.files import write_json_atomic
 from trainer.signals import EXIT_HUNG
 
@@ -164,6 +165,9 @@ class Agent:
         base = self.base_env()
         for signum in PASSED_SIGNALS:
             signal.signal(signum, self._on_signal)
+        if not _end_with_launcher():
+            print("anvil-agent: the inv that started this run is gone; no rank started", file=sys.stderr)
+            return EXIT_INTERRUPTED
         for local_rank in range(self.nproc):
             self.procs.append(subprocess.Popen(self.command, env=self.rank_env(base, local_rank)))
         kill_at = None
@@ -237,6 +241,23 @@ class Agent:
             write_json_atomic(path, record)
         except OSError as exc:
             print(f"anvil-agent: cannot write {path}: {exc}", file=sys.stderr)
+
+
+def _end_with_launcher() -> bool:
+    """A direct run's agent gets SIGTERM when the inv that started it dies (kill -9, a crash, an OOM
+    kill): the ranks checkpoint and stop, as at a preemption, instead of training on with no one to
+    record the end. Linux (prctl PR_SET_PDEATHSIG); call with the handlers in place. False when that
+    inv is gone already."""
+    launcher = os.environ.get(LAUNCHER_PID_VAR, "")
+    if not launcher.isdigit() or not sys.platform.startswith("linux"):
+        return True
+    import ctypes
+    pr_set_pdeathsig = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):
+        return True
+    return os.getppid() == int(launcher)
 
 
 def main(argv=None) -> int:

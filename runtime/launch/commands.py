@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
-from runtime.launch.spec import (ENGINES, NODE_LOCAL_VAR, RUN_DIR_VAR, RUNTIMES, SLURM_MODES, Built, LaunchError,
-                                 LaunchSpec, processes_per_node)
+from runtime.launch.spec import (ENGINES, LAUNCHER_PID_VAR, NODE_LOCAL_VAR, RUN_DIR_VAR, RUNTIMES, SLURM_MODES, Built,
+                                 LaunchError, LaunchSpec, processes_per_node)
 from runtime.settings import CHECKOUT
 
 AGENT_MODULE = "runtime.launch.agent"
@@ -165,6 +165,8 @@ def launch_env(spec: LaunchSpec, env: Mapping[str, str], run_dir: Path | None) -
     out = dict(env)
     if run_dir is not None:
         out[RUN_DIR_VAR] = str(run_dir)
+    if spec.runtime == "direct":    # the agent is this process's child
+        out[LAUNCHER_PID_VAR] = str(os.getpid())
     if spec.runtime.startswith("slurm") and spec.node_local:
         for name in spec.node_local:
             out.pop(name, None)
