@@ -325,3 +325,24 @@ def test_lock_on_a_lock_file_removed_meanwhile_does_not_count(tmp_path, monkeypa
         assert lock_path.is_file()                                    # C's, untouched
     finally:
         os.close(others[0])
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027], ids=["022", "027"])
+def test_dataset_gets_the_modes_mkdir_and_open_give(tmp_path, umask):
+    """Not mkdtemp's 0700: a dataset on a shared cluster is read by the whole team, like runs."""
+    corpus, _ = make_corpus(tmp_path)
+    old = os.umask(umask)
+    try:
+        for tokenizer, force in (("byte", False), ("bpe", False), ("bpe", True)):  # new, replaced, rebuilt
+            prepare([corpus], tmp_path / "ds", tokenizer, vocab_size=300, force=force, workers=1,
+                    progress=False)
+            out = tmp_path / "ds"
+            paths = [out, *sorted(out.rglob("*"))]
+            names = {str(p.relative_to(out)) for p in paths}
+            assert {"manifest.json", "train/000000.bin", "val/documents.bin"} <= names
+            assert ("tokenizer.json" in names) is (tokenizer == "bpe")
+            for path in paths:
+                expected = (0o777 if path.is_dir() else 0o666) & ~umask
+                assert path.stat().st_mode & 0o777 == expected, (tokenizer, path)
+    finally:
+        os.umask(old)

@@ -171,3 +171,30 @@ def test_export_errors(tmp_path):
     with pytest.raises(ExportError, match="dtype"):
         export_hf(run_dir, tmp_path / "x", dtype="int8")
     assert not (tmp_path / "x").exists()
+
+
+def modes(root: Path) -> dict[str, int]:
+    """Permission bits of `root` ("." ) and of everything under it."""
+    return {str(p.relative_to(root)): p.stat().st_mode & 0o777 for p in [root, *sorted(root.rglob("*"))]}
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027], ids=["022", "027"])
+def test_export_dir_and_files_get_the_mode_mkdir_and_open_give(tmp_path, umask):
+    """Not mkdtemp's 0700 nor safetensors' 0600: teammates on a shared cluster load exports."""
+    from trainer.data import prepare
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "doc.txt").write_text("def f(x):\n    return x\n" * 20)
+    raw = tiny_config(tmp_path).to_dict()
+    raw["data"]["path"] = str(prepare([corpus], tmp_path / "dataset", progress=False)["path"])  # tokenizer files
+    _, run_dir = trained_checkpoint(tmp_path, config_mod.from_dict(raw))
+    old = os.umask(umask)
+    try:
+        default, given = export_hf(run_dir), export_hf(run_dir, tmp_path / "given" / "hf")
+    finally:
+        os.umask(old)
+    for out in (default, given):
+        assert {"model.safetensors", "tokenizer.json", "config.json"} <= {p.name for p in out.iterdir()}
+        assert modes(out) == {name: (0o777 if name == "." else 0o666) & ~umask for name in modes(out)}, out
+    assert (run_dir / "export").stat().st_mode & 0o777 == 0o777 & ~umask

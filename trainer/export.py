@@ -18,14 +18,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
 from trainer import checkpoint as ck
 from trainer.errors import UserError
-from trainer.files import file_in_the_way, make_parent
+from trainer.files import file_in_the_way, make_parent, make_temp_dir, share
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32",
@@ -178,6 +177,7 @@ def export_hf(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike |
             weights.pop("lm_head.weight", None)
         tensors = {name: t.to(DTYPES[dtype]).contiguous() for name, t in sorted(weights.items())}
         save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
+        share(staging / "model.safetensors")  # safetensors writes 0600; the team loads exports too
         config = hf_config(cfg.model, torch_dtype=dtype)
         token_ids, tokenizer = _tokenizer_files(_dataset_dir(cfg, checkpoint), staging,
                                                 cfg.model.max_seq_len)
@@ -236,6 +236,6 @@ def _staging_dir(out: Path, overwrite: bool) -> Path:
                           f"written over an existing one)")
     make_parent(out, ExportError)
     try:
-        return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp", dir=out.parent))
+        return make_temp_dir(out.parent, prefix=f".{out.name}.tmp")  # mkdir's mode, not mkdtemp's 0700
     except OSError as exc:
         raise ExportError(f"--out {out}: cannot write in {out.parent} ({exc.strerror or exc})") from None

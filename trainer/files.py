@@ -2,7 +2,8 @@
 
 The one atomic writer of the project (run directories, checkpoints' metadata,
 datasets' manifests, benchmark results): write a temporary file beside the
-target, fsync it, rename it over the target.
+target, fsync it, rename it over the target. What it writes gets the mode a plain open()
+would give (umask, default_mode, share): runs and datasets are read by the whole team.
 """
 from __future__ import annotations
 
@@ -13,11 +14,50 @@ from pathlib import Path
 from typing import Any
 
 
-def _umask_mode() -> int:
-    """0o666 less the umask: the mode open() would give a new file (mkstemp's is 0600)."""
-    current = os.umask(0o022)
-    os.umask(current)
-    return 0o666 & ~current
+def umask() -> int:
+    """The process's umask, read without changing it. os.umask() reads only by setting: a
+    thread creating a file between the set and the restore would get the placeholder's mode."""
+    try:
+        with open("/proc/self/status") as status:  # Linux >= 4.7
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    # No /proc (macOS): the kernel gives a new file 0o777 less the umask; see what it gives.
+    probe = Path(tempfile.gettempdir()) / f".anvil-umask-{os.getpid()}-{os.urandom(6).hex()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o777)
+    except OSError:
+        return 0o077  # cannot tell: private is the safe guess
+    try:
+        return 0o777 & ~os.fstat(fd).st_mode
+    finally:
+        os.close(fd)
+        os.unlink(probe)
+
+
+def default_mode(directory: bool = False) -> int:
+    """The mode mkdir() or open() gives a new folder or file: 0o777 or 0o666 less the umask."""
+    return (0o777 if directory else 0o666) & ~umask()
+
+
+def share(path: str | Path) -> None:
+    """Give `path` the mode mkdir()/open() would have: for what a library or tempfile made
+    private (mkdtemp's 0700, safetensors' 0600) that teammates on a shared cluster must read."""
+    os.chmod(path, default_mode(directory=Path(path).is_dir()))
+
+
+def make_temp_dir(parent: str | Path, prefix: str) -> Path:
+    """tempfile.mkdtemp(prefix=, dir=parent), shared: a folder built under a temporary name and
+    renamed into place (a dataset, an export) must be as readable as one made by mkdir."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    try:
+        share(path)
+    except BaseException:
+        os.rmdir(path)
+        raise
+    return path
 
 
 def write_atomic(path: str | Path, data: str | bytes, mode: int | None = None) -> Path:
@@ -31,7 +71,7 @@ def write_atomic(path: str | Path, data: str | bytes, mode: int | None = None) -
             handle.write(data.encode("utf-8") if isinstance(data, str) else data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp, mode if mode is not None else _umask_mode())
+        os.chmod(tmp, mode if mode is not None else default_mode())
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.files import make_parent
+from trainer.files import make_parent, make_temp_dir
 
 from . import sources
 from .dataset import FORMAT, MANIFEST, dtype_for_vocab, read_manifest
@@ -468,7 +468,11 @@ def _prepare(inputs, out, tokenizer: str, state: dict, *, val_fraction: float, t
             if existing and existing.get("fingerprint") == fingerprint and _is_intact(out, existing):
                 return {"status": "up-to-date", "path": str(out), "manifest": existing,
                         "seconds": time.monotonic() - started, "notes": notes}
-        tmp = state["tmp"] = Path(tempfile.mkdtemp(prefix=f"{out.name}.tmp-", dir=out.parent))
+        try:  # shared like any folder mkdir makes: mkdtemp's 0700 would keep the team out
+            tmp = state["tmp"] = make_temp_dir(out.parent, prefix=f"{out.name}.tmp-")
+        except OSError as exc:
+            raise DataError(f"--out {out_given}: cannot create a folder in {out.parent} "
+                            f"({exc.strerror or exc}); nothing was written") from None
         try:
             manifest = _build(files, tmp, tokenizer, settings, workers, progress, input_names,
                               is_default, vocab_size, tok)
