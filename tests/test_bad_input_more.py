@@ -626,3 +626,28 @@ def test_kernels_on_a_cpu_and_a_warmup_longer_than_the_run_are_said_before_start
                   "--set", "schedule.warmup_steps=5", "--set", "train.val_batches=0")
     assert as_json.returncode == 0 and "never leaves warmup" in as_json.stderr, as_json.stderr[-2000:]
     assert json.loads(as_json.stdout)["steps"] == 2
+
+
+# ---------------------------------------------------------------- more: splits too small, said before launch
+
+def test_a_split_too_small_for_one_sequence_is_said_before_launch(tmp_path, corpus):
+    """data.prepare --val-fraction 0 is a user's choice; training on it must fail before a run
+    directory exists and name the fix, not after the training steps (the final validation)."""
+    proc = inv(tmp_path, "data.prepare", "--input", corpus, "--out", tmp_path / "vf0", "--val-fraction", "0")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    base = ["train.pretrain", "--env", "OMP_NUM_THREADS=1", "--set", f"data.path={tmp_path / 'vf0'}",
+            "--set", "train.steps=2", "--set", "data.seq_len=64"]
+    for extra in ([], ["--set", "train.val_interval=0"]):  # 0: validation at the end only, still on
+        one_line_error(inv(tmp_path, *base, *extra), "its 'val' split has 0 tokens, too few for one sequence "
+                       "of data.seq_len=64 + 1", "--set train.val_batches=0", "larger --val-fraction")
+    # 3 documents of 362 tokens, split at 0.5: train holds 1 or 2, under one sequence of 1024+1
+    proc = inv(tmp_path, "data.prepare", "--input", corpus, "--out", tmp_path / "half", "--val-fraction", "0.5")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    one_line_error(inv(tmp_path, *base[:3], "--set", f"data.path={tmp_path / 'half'}", "--set", "data.seq_len=1024"),
+                   "its 'train' split has", "too few for one sequence of data.seq_len=1024 + 1",
+                   "prepare it from more data, or lower data.seq_len")
+    assert runs(tmp_path) == []
+    proc = inv(tmp_path, *base, "--set", "train.val_batches=0", "--set", "checkpoint.interval=0")
+    assert proc.returncode == 0, proc.stderr[-3000:]                    # the fix it names works
+    (run,) = runs(tmp_path)
+    assert (run / "checkpoints" / "step_2" / "COMPLETE").is_file()

@@ -62,7 +62,33 @@ def check_data(cfg: TrainConfig) -> str:
         raise DataError(f"data.path {str(path)!r}: its tokenizer has {tok.vocab_size} tokens but "
                         f"model.vocab_size is {cfg.model.vocab_size}; set model.vocab_size >= "
                         f"{tok.vocab_size}")
+    _check_split_sizes(cfg, path)
     return f"{path} ({getattr(tok, 'kind', type(tok).__name__)} tokenizer, vocab {tok.vocab_size})"
+
+
+def _split_tokens(manifest: dict, name: str) -> int | None:
+    """Tokens of a split as the manifest counts them (no shard is opened); None if it has none."""
+    split = manifest["splits"].get(name)
+    return None if split is None else sum(int(shard["tokens"]) for shard in split["shards"])
+
+
+def _check_split_sizes(cfg: TrainConfig, path: Path) -> None:
+    """Each split the run reads must hold one sequence of seq_len+1 tokens, as TokenLoader needs:
+    found here, before launch, not by the rank (the val split: at the end, after the training)."""
+    from trainer.data import DataError, read_manifest
+    manifest = read_manifest(path)
+    need = cfg.data.seq_len + 1
+    fixes = {"train": "prepare it from more data, or lower data.seq_len",
+             # validation runs whenever val_batches > 0 (val_interval=0: at the end only)
+             "val": "train without validation with --set train.val_batches=0, or prepare the dataset "
+                    "again with a larger --val-fraction or more data"}
+    for name in ("train", "val") if cfg.train.val_batches else ("train",):
+        tokens = _split_tokens(manifest, name)
+        if tokens is None:
+            raise DataError(f"data.path {str(path)!r}: the dataset has no {name!r} split; {fixes[name]}")
+        if tokens < need:
+            raise DataError(f"data.path {str(path)!r}: its {name!r} split has {tokens:,} tokens, too few "
+                            f"for one sequence of data.seq_len={cfg.data.seq_len} + 1; {fixes[name]}")
 
 
 def make_loader(cfg: TrainConfig, split: str, info: distributed.DistInfo, shuffle: bool = True):
