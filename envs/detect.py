@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from envs import profiles
+from envs.errors import EnvError
 from envs.machine import GpuStatus, Machine, Gpu
 from envs.probes import amd, nvidia
 
@@ -16,19 +17,23 @@ ROOT = Path("/")
 
 def detect(gpu_override: Optional[str] = None, environ=os.environ) -> Machine:
     """This machine, or with `gpu_override` / ANVIL_GPU ("MI300X", "H100:4") another machine's profile."""
-    name = gpu_override or environ.get("ANVIL_GPU")
-    if name:
-        return synthesize(name)
+    if gpu_override:
+        return synthesize(gpu_override, "--gpu")
+    if environ.get("ANVIL_GPU"):
+        return synthesize(environ["ANVIL_GPU"], "ANVIL_GPU")
     return _detect_live(ROOT)
 
 
-def synthesize(name: str) -> Machine:
-    """A Machine for a model by name ("MI300X" or "MI300X:4" for 4 GPUs); raises EnvError if unknown."""
+def synthesize(name: str, source: str = "--gpu") -> Machine:
+    """A Machine for a model by name ("MI300X" or "MI300X:4" for 4 GPUs); raises EnvError if unknown.
+    source: where the name was given (--gpu, ANVIL_GPU), for the message."""
     count = None
     match = re.fullmatch(r"(.+):(\d+)", name.strip())
     if match:
         name, count = match.group(1), int(match.group(2))
-    model = profiles.by_name(name)
+        if count < 1:
+            raise EnvError(f"{source} {name}:{count}: the GPU count after ':' must be 1 or more")
+    model = profiles.by_name(name, source)
     count = count or model.default_count
     return Machine(
         vendor=model.vendor, model=model.name, name=model.name, arch=model.arch, count=count,

@@ -193,6 +193,45 @@ def test_override_synthesizes_a_machine():
         envs.detect("MI999")
 
 
+@pytest.mark.parametrize("typed, model, gib", [
+    ("A100", "A100", 80), ("h100", "H100", 80), ("mi-300x", "MI300X", 192), ("AMD Instinct MI300X", "MI300X", 192),
+    ("NVIDIA A100", "A100", 80), ("A100-40", "A100", 40), ("A100-40GB", "A100", 40), ("A100 40 GiB", "A100", 40)])
+def test_a_typed_gpu_name_is_an_exact_model_with_an_optional_size(typed, model, gib):
+    found = profiles.by_name(typed, "--gpu")
+    assert (found.name, found.memory_gib) == (model, gib)
+
+
+@pytest.mark.parametrize("typed, message", [
+    ("xA100y", "unknown GPU model 'xA100y'; did you mean A100"), ("A100-foo", "got '-foo' after the model name"),
+    ("NVIDIA A100-SXM4-40GB", "after the model name"), ("H100-0GB", "0 GiB per GPU is refused"),
+    ("H100-999GB", "at most 100 GiB"), ("MI250X-128", "at most 80 GiB"), ("RTX4090", "known models: MI210")])
+def test_a_typed_gpu_name_is_not_matched_loosely(typed, message):
+    """match_reported finds "A100" anywhere in a driver's name; a name a user typed is the model, exactly."""
+    with pytest.raises(envs.EnvError, match=message):
+        profiles.by_name(typed, "--gpu")
+
+
+def test_a_bad_anvil_gpu_says_it_came_from_anvil_gpu(monkeypatch):
+    monkeypatch.setenv("ANVIL_GPU", "RTX4090:2")
+    with pytest.raises(envs.EnvError, match="'RTX4090' in the ANVIL_GPU variable; known models: MI210") as bad:
+        envs.detect()
+    assert bad.value.exit_code == 2 and "unset ANVIL_GPU" in str(bad.value)
+    monkeypatch.setenv("ANVIL_GPU", "A100-foo")
+    with pytest.raises(envs.EnvError, match="^ANVIL_GPU='A100-foo': "):
+        envs.detect()
+    monkeypatch.setenv("ANVIL_GPU", "A100-40GB:2")
+    assert (envs.detect().memory_gib, envs.detect().count) == (40, 2)
+    with pytest.raises(envs.EnvError, match="^unknown GPU model 'RTX4090'; "):   # --gpu wins; not ANVIL_GPU's
+        envs.detect("RTX4090")
+
+
+def test_env_detect_names_anvil_gpu_in_one_line(tmp_path):
+    from user_input import inv, one_line_error
+
+    proc = inv(tmp_path, "env.detect", env={"ANVIL_GPU": "RTX4090"})
+    one_line_error(proc, "env.detect: unknown GPU model 'RTX4090' in the ANVIL_GPU variable", "known models: ")
+
+
 @pytest.mark.parametrize("key", sorted(profiles.MODELS))
 def test_every_model_profile_sets_arch_and_peak_with_sources(key):
     resolved = envs.resolve(gpu=key, site="none", context={"environ": {}, "root": "/nonexistent"})
@@ -353,3 +392,15 @@ def test_a_job_wide_value_is_not_recomputed_per_node():
     assert "ANVIL_GPU_PEAK_TFLOPS" not in resolved.node_local()
     assert "ANVIL_GPU_PEAK_TFLOPS" not in envs.compute_here(["ANVIL_GPU_PEAK_TFLOPS", "ANVIL_HOST"])
     assert "ANVIL_HOST" in resolved.node_local()
+
+
+def test_a_gpu_count_of_0_is_refused_not_read_as_the_default():
+    import re
+
+    from envs.detect import detect
+    from envs.errors import EnvError
+    for given, env, said in (("H100:0", {}, "--gpu H100:0: the GPU count after ':' must be 1 or more"),
+                             (None, {"ANVIL_GPU": "MI300X:0"}, "ANVIL_GPU MI300X:0: the GPU count after ':' must be")):
+        with pytest.raises(EnvError, match=re.escape(said)):
+            detect(given, environ=env)
+    assert detect(None, environ={"ANVIL_GPU": "A100-40GB:2"}).gpus[1].memory_gib == 40

@@ -233,6 +233,37 @@ def test_named_memory_and_no_gpu():
         assert here.returncode == 0 and here.stdout.strip().splitlines()[-1].startswith("NO GPU TO CHECK")
 
 
+def test_gpu_size_with_or_without_a_unit_and_bad_sizes_refused(monkeypatch):
+    """A100-40 is the 40 GB card as A100-40GB is; junk after the model, 0, negative or absurd sizes are
+    refused, not planned for the profile's 80 GiB."""
+    from envs import EnvError
+    from runtime.jobs.planning import split_gpu_size
+
+    monkeypatch.delenv("ANVIL_GPU", raising=False)
+    for typed, expected in [("A100-40", ("A100", 40)), ("A100-40GB", ("A100", 40)), ("a100_40g", ("A100", 40)),
+                            ("A100-40GiB:8", ("A100:8", 40)), ("MI300X-24GB", ("MI300X", 24)),
+                            ("H100:4", ("H100:4", None)), ("h100", ("H100", None)), ("", ("", None))]:
+        assert split_gpu_size(typed) == expected, typed
+    for typed, message in [("A100-foo", "got '-foo' after the model name"), ("H100-0GB", "0 GiB per GPU is refused"),
+                           ("H100--5", "-5 GiB per GPU is refused"), ("H100-999GB", "at most 100 GiB"),
+                           ("H100:0", "count after ':' must be 1 or more"), ("xA100y", "unknown GPU model")]:
+        with pytest.raises(EnvError, match=message) as refused:
+            split_gpu_size(typed)
+        assert refused.value.exit_code == 2
+
+
+def test_a100_40_plans_for_40_gib_and_bad_gpu_sizes_are_one_line():
+    forty = inv("--config", "configs/llama3_8b.yaml", "--gpu", "A100-40")
+    assert forty.returncode == 0, forty.stderr
+    assert "DOES NOT FIT on 8 x A100: needs 51.8 of 40 GiB" in forty.stdout.strip().splitlines()[-1]
+    for gpu, message in [("A100-foo", "expected A100 or A100-<GiB per GPU>"), ("H100-0GB", "more than 0"),
+                         ("H100-999GB", "at most 100 GiB"), ("NVIDIA H100 80GB HBM3", "after the model name")]:
+        proc = inv("--config", "configs/llama3_8b.yaml", "--gpu", gpu)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], (gpu, proc.stderr)
+        assert lines[0].startswith(f"train.plan: --gpu {gpu!r}: ") and not proc.stdout.strip()
+
+
 def test_plan_check_stops_cleanly_without_a_gpu():
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible: plan_check would measure")

@@ -14,15 +14,24 @@ import re
 from trainer.plan import Device, memory, with_changes
 
 GIB = 1024 ** 3
-_SIZED = re.compile(r"(.+?)[-_ ]?(\d+(?:\.\d+)?)\s*(?:GB|GiB|G)(:\d+)?", re.IGNORECASE)
 
 
 def split_gpu_size(gpu: str) -> tuple[str, float | None]:
-    """'A100-40GB' -> ('A100', 40.0): the profile to use and its memory; else (gpu, None)."""
-    sized = _SIZED.fullmatch(gpu.strip())
-    if not sized:
-        return gpu.strip(), None
-    return sized.group(1) + (sized.group(3) or ""), float(sized.group(2))
+    """'A100-40GB:8' -> ('A100:8', 40.0): the profile to resolve and the memory per GPU to plan for;
+    ('H100:4', None) without a size; ('', None) for none. A name envs.profiles.by_name refuses (an unknown
+    model, junk after it, a size of 0 or too large) or a count of 0 raises its EnvError (exit 2)."""
+    from envs import profiles
+    from envs.errors import EnvError
+
+    text = gpu.strip()
+    if not text:
+        return "", None
+    name, count = re.fullmatch(r"(.*?)(?::(\d+))?", text).groups()
+    if count is not None and int(count) < 1:
+        # envs.synthesize reads a count of 0 as "the model's default": here that would plan for 8 GPUs
+        raise EnvError(f"--gpu {text!r}: the GPU count after ':' must be 1 or more")
+    model, memory_gib = profiles.parse_typed(name, "--gpu")
+    return model.name + (f":{count}" if count else ""), memory_gib
 
 
 def plan_device(resolved, memory_gib: float | None = None) -> tuple[Device, int]:
@@ -32,10 +41,19 @@ def plan_device(resolved, memory_gib: float | None = None) -> tuple[Device, int]
         return Device(source="no GPU detected"), 1
     alloc = next((v for k, v in resolved.environ().items()
                   if k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF")), "")
-    source = ("--gpu" if memory_gib else f"envs/profiles/{machine.profile}.py") if machine.source == "override" \
+    source = ("--gpu" if memory_gib is not None else _profile_source(machine)) if machine.source == "override" \
         else f"detected by {machine.source}"
-    return Device(machine.model or machine.name, memory_gib or machine.memory_gib, machine.vendor,
-                  "expandable_segments:true" in alloc.replace(" ", "").lower(), source), machine.count
+    return Device(machine.model or machine.name, machine.memory_gib if memory_gib is None else memory_gib,
+                  machine.vendor, "expandable_segments:true" in alloc.replace(" ", "").lower(), source), machine.count
+
+
+def _profile_source(machine) -> str:
+    """Where a named machine's memory comes from: its profile, or a size in the name (ANVIL_GPU=A100-40GB)."""
+    from envs import profiles
+
+    model = profiles.MODELS.get(machine.profile)
+    return f"envs/profiles/{machine.profile}.py" if model and model.memory_gib == machine.memory_gib \
+        else "--gpu / ANVIL_GPU"
 
 
 def host_memory_gib() -> float | None:
