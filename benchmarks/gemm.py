@@ -71,7 +71,7 @@ def run_gemm(m: int, n: int | None = None, k: int | None = None, dtype: str = "b
              peak_tflops: float | None = None) -> GemmResult:
     import torch
 
-    n, k = n or m, k or m
+    n, k = m if n is None else n, m if k is None else k    # 0 is refused below, not taken for "as M"
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     if min(m, n, k) <= 0:
@@ -101,12 +101,17 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.iters < 1:
         p.error("--iters must be 1 or more")
+    for flag in ("M", "N", "K"):
+        if getattr(a, flag) is not None and getattr(a, flag) < 1:
+            p.error(f"-{flag} {getattr(a, flag)}: M, N and K must be positive integers")
     if a.M is None:   # an 8192^3 product takes seconds on a CPU: a CPU-sized default there
         import torch
         a.M = GPU_ROWS if torch.cuda.is_available() else CPU_ROWS
-    # The GPU's env profile exports its dense bf16 peak; a CPU has none.
+    # The GPU's env profile exports its dense bf16 peak; a CPU has none, even where --gpu named a profile.
     peak = float(os.environ.get("ANVIL_GPU_PEAK_TFLOPS") or 0) or None
     r = run_gemm(a.M, a.N, a.K, a.dtype, iters=a.iters, peak_tflops=peak)
+    if r.device == "cpu":
+        r.peak_tflops = None
     print(json.dumps(r.to_dict()) if a.json else
           f"{r.device} {r.dtype} {r.m}x{r.n}x{r.k}: {r.median_ms:.3f} ms, {r.tflops:.1f} TFLOP/s")
     return 0

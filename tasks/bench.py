@@ -39,7 +39,7 @@ def _execute(c, task_name, run_options, env, body, extra=None, dry=None):
                                "M": "Rows of A and of the product, an integer (default 8192 on a GPU, 1024 on a CPU)",
                                "N": "Columns of B (default: M)", "K": "Inner dimension (default: M)",
                                "dtype": "bf16 | fp16 | fp32", "iters": "Timed products (default 20)"})
-def gemm(c, M=None, N=0, K=0, dtype="bf16", iters=20, gpu="", json=False, dry_run=False, run_options=None):
+def gemm(c, M=None, N=None, K=None, dtype="bf16", iters=20, gpu="", json=False, dry_run=False, run_options=None):
     """GEMM throughput: median time and TFLOP/s of an M x N x K product (and % of the GPU's peak)."""
     import sys
 
@@ -47,25 +47,24 @@ def gemm(c, M=None, N=0, K=0, dtype="bf16", iters=20, gpu="", json=False, dry_ru
     from runtime.jobs import benchmarks
 
     def body(run, env):
-        result = benchmarks.gemm(run, m, N, K, dtype, iters)
+        result = benchmarks.gemm(run, m, n, k, dtype, iters)
         if json:
             print(jsonlib.dumps(result, indent=2))
         else:
             from tabulate import tabulate
-            peak = f"{result['percent_of_peak']:.1f}%" if result["percent_of_peak"] else "n/a (no GPU profile)"
             print(tabulate([[result["device"], result["dtype"], f"{result['m']}x{result['n']}x{result['k']}",
-                             f"{result['median_ms']:.3f}", f"{result['tflops']:.1f}", peak]],
+                             f"{result['median_ms']:.3f}", f"{result['tflops']:.1f}", benchmarks.peak_cell(result)]],
                            headers=["device", "dtype", "M x N x K", "median ms", "TFLOP/s", "of peak"]))
         return result
-    m = benchmarks.parse_rows(M)    # M=None: Invoke hands -M over as a string, so "not given" stays visible
-    benchmarks.check_gemm(m, N, K, dtype, iters)
+    m, n, k = benchmarks.parse_dims(M, N, K)   # None defaults: a typed 0 is refused, not taken for "as M"
+    benchmarks.check_gemm(m, n, k, dtype, iters)
     benchmarks.check_runtime(run_options.runtime, settings_mod.load(c))
     env = _resolve(gpu, run_options)
     m, note = benchmarks.gemm_rows(m, env)
     if note:
         print(note, file=sys.stderr)
-    dry = (lambda env: benchmarks.dry_run(env, argv=benchmarks.gemm_argv(m, N, K, dtype, iters))) if dry_run else None
-    _execute(c, "bench.gemm", run_options, env, body, extra={"M": m, "N": N or m, "K": K or m, "dtype": dtype},
+    dry = (lambda env: benchmarks.dry_run(env, argv=benchmarks.gemm_argv(m, n, k, dtype, iters))) if dry_run else None
+    _execute(c, "bench.gemm", run_options, env, body, extra={"M": m, "N": n or m, "K": k or m, "dtype": dtype},
              dry=dry)
 
 

@@ -107,3 +107,29 @@ def test_gemm_help_states_the_defaults(tmp_path):
     assert proc.returncode == 0, proc.stderr
     text = " ".join(proc.stdout.split())
     assert "default 8192 on a GPU, 1024 on a CPU" in text
+
+
+@pytest.mark.parametrize("flag", ["-M", "-N", "-K"])
+def test_gemm_zero_size_is_refused_like_a_negative_one(tmp_path, flag):
+    """-N 0 and -K 0 used to mean "as M"; a typed 0 is refused, only a left-out -N/-K is M."""
+    sizes = (flag, "0") if flag == "-M" else ("-M", "64", flag, "0")
+    proc = inv(tmp_path, "bench.gemm", *sizes, "--iters", "1")
+    one_line_error(proc, "bench.gemm", f"{flag} 0", "must be positive")
+    assert runs(tmp_path) == []
+    dry = inv(tmp_path, "bench.gemm", "-M", "64", "-K", "16", "--dry-run")   # -N left out: M, in the child
+    assert dry.returncode == 0 and dry.stdout.splitlines()[-1].endswith("--json -K 16"), dry.stdout[-2000:]
+
+
+def test_gemm_on_a_cpu_is_not_compared_with_a_named_gpus_peak(tmp_path):
+    from runtime.jobs.benchmarks import peak_cell
+
+    assert peak_cell({"device": "cpu", "percent_of_peak": 0.001}) == "n/a (ran on the CPU)"
+    assert peak_cell({"device": "NVIDIA H100 80GB HBM3", "percent_of_peak": 61.25}) == "61.2%"
+    assert peak_cell({"device": "NVIDIA H100 80GB HBM3", "percent_of_peak": None}) == "n/a (no GPU profile)"
+    if has_gpu():
+        pytest.skip("a GPU is visible: the product runs there, against the named profile's peak")
+    args = ("bench.gemm", "-M", "64", "--dtype", "fp32", "--iters", "1", "--gpu", "H100")
+    result = json.loads(inv(tmp_path, *args, "--json").stdout)
+    assert result["device"] == "cpu" and result["peak_tflops"] is None and result["percent_of_peak"] is None
+    table = inv(tmp_path, *args)
+    assert table.returncode == 0 and "n/a (ran on the CPU)" in table.stdout and "%" not in table.stdout, table.stdout

@@ -1,8 +1,8 @@
 """Benchmarks as runs: the GEMM in a child process with the run's environment, collectives through a launch.
 
     runtime = check_runtime(given, settings)      # both tasks, before the run: direct | slurm
-    m = parse_rows(M); check_gemm(m, N, K, dtype, iters); m, note = gemm_rows(m, env)
-    result = gemm(run, m, N, K, dtype, iters)
+    m, n, k = parse_dims(M, N, K); check_gemm(m, n, k, dtype, iters); m, note = gemm_rows(m, env)
+    result = gemm(run, m, n, k, dtype, iters)      # peak_cell(result): the table's "of peak"
     check_collective(op, sizes, iters, nproc)
     report = collective(settings, run, env, op, sizes, iters, nproc, runtime, quiet)
 
@@ -35,14 +35,15 @@ def check_iters(iters: int) -> None:
         raise UserError(f"--iters {iters}: expected 1 or more")
 
 
-def parse_rows(m: str | None) -> int | None:
-    """-M as typed (a string: its default depends on the machine, so None must mean "not given")."""
-    if m is None:
-        return None
-    try:
-        return int(m)
-    except ValueError:
-        raise UserError(f"-M: expected an integer, got {m!r}") from None
+def parse_dims(*typed: str | None) -> tuple[int | None, ...]:
+    """-M, -N, -K as typed: Invoke hands them over as strings, so None (not given) stays apart from 0."""
+    dims = []
+    for value, flag in zip(typed, ("-M", "-N", "-K")):
+        try:
+            dims.append(None if value is None else int(value))
+        except ValueError:
+            raise UserError(f"{flag}: expected an integer, got {value!r}") from None
+    return tuple(dims)
 
 
 def gemm_rows(m: int | None, env) -> tuple[int, str]:
@@ -60,21 +61,30 @@ def gemm_rows(m: int | None, env) -> tuple[int, str]:
     return CPU_ROWS, f"no GPU visible: -M defaults to {CPU_ROWS} on a CPU ({GPU_ROWS} on a GPU); give -M to choose"
 
 
-def check_gemm(m: int | None, n: int, k: int, dtype: str, iters: int) -> None:
-    """m None: -M not given (gemm_rows picks it); n, k 0: as M."""
-    if (m is not None and m <= 0) or n < 0 or k < 0:
-        raise UserError("M, N and K must be positive")
+def check_gemm(m: int | None, n: int | None, k: int | None, dtype: str, iters: int) -> None:
+    """None: not given (M: gemm_rows picks it; N, K: as M); a given 0 is as wrong as a negative."""
+    for flag, value in (("-M", m), ("-N", n), ("-K", k)):
+        if value is not None and value <= 0:
+            default = "" if flag == "-M" else f" (leave {flag} out for the default, M)"
+            raise UserError(f"{flag} {value}: M, N and K must be positive integers{default}")
     if dtype not in DTYPES:
         raise UserError(f"unknown --dtype {dtype!r} ({', '.join(DTYPES)})")
     check_iters(iters)
 
 
-def gemm_argv(m: int, n: int, k: int, dtype: str, iters: int) -> list[str]:
+def gemm_argv(m: int, n: int | None, k: int | None, dtype: str, iters: int) -> list[str]:
     return [sys.executable, "-m", "benchmarks.gemm", "-M", str(m), "--dtype", dtype, "--iters", str(iters),
-            "--json"] + (["-N", str(n)] if n else []) + (["-K", str(k)] if k else [])
+            "--json"] + (["-N", str(n)] if n is not None else []) + (["-K", str(k)] if k is not None else [])
 
 
-def gemm(run, m: int, n: int, k: int, dtype: str, iters: int) -> dict:
+def peak_cell(result: dict) -> str:
+    """The table's "of peak": a CPU run has no peak to compare with, even with --gpu naming a GPU's profile."""
+    if result["device"] == "cpu":
+        return "n/a (ran on the CPU)"
+    return f"{result['percent_of_peak']:.1f}%" if result["percent_of_peak"] else "n/a (no GPU profile)"
+
+
+def gemm(run, m: int, n: int | None, k: int | None, dtype: str, iters: int) -> dict:
     """benchmarks.gemm in a child process that gets the run's environment (TunableOp, hipBLASLt, ...)."""
     argv = gemm_argv(m, n, k, dtype, iters)
     proc = subprocess.run(argv, env=run.env, capture_output=True, text=True)
