@@ -163,3 +163,13 @@ def test_a_run_whose_config_copy_is_gone_is_not_replayed_with_another_config(tmp
     result = inv(["snapshot.replay", str(run_dir)], tmp_path)
     assert result.returncode == 2 and "is missing; the run directory is damaged" in result.stderr, explain(result)
     assert "Traceback" not in result.stderr and len(runs(tmp_path)) == 1
+
+
+def test_diff_says_when_two_runs_ran_on_different_numbers_of_processes(tmp_path):
+    from runtime.runs import history
+    one = _recorded_run(tmp_path / "a", ["inv", "train.pretrain"], "train.pretrain", world_size=1, nodes=1,
+                        runtime="direct")
+    two = _recorded_run(tmp_path / "b", ["inv", "train.pretrain"], "train.pretrain", world_size=2, nodes=1,
+                        runtime="direct")
+    rows = {(r["kind"], r["key"]): (r["a"], r["b"]) for r in history.diff(history.load(one), history.load(two))}
+    assert rows[("run", "world_size")] == ("1", "2") and ("run", "nodes") not in rows

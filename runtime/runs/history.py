@@ -278,12 +278,17 @@ def diff(a: Recorded, b: Recorded) -> list[dict]:
     versions_b = {k: v for k, v in flatten(b.versions).items() if k != "executable"}
     rows += _compare("version", versions_a, versions_b)
     rows += _compare("machine", machine_summary(a), machine_summary(b))
-    run_a = {"task": a.metadata.get("task"), "argv": argv_text(a.metadata),
-             "status": a.metadata.get("status"), "git": a.git.get("commit"), "dirty": a.git.get("dirty")}
-    run_b = {"task": b.metadata.get("task"), "argv": argv_text(b.metadata),
-             "status": b.metadata.get("status"), "git": b.git.get("commit"), "dirty": b.git.get("dirty")}
-    rows += _compare("run", run_a, run_b)
+    rows += _compare("run", _run_facts(a), _run_facts(b))
     return _result_differences(a, b) + rows
+
+
+def _run_facts(r: Recorded) -> dict:
+    """What a run was, beside its config: the command, and where and on how many processes it ran
+    (a 1-process and a 2-process run of one config differ in throughput for that reason)."""
+    md = r.metadata
+    return {"task": md.get("task"), "argv": argv_text(md), "status": md.get("status"),
+            "world_size": md.get("world_size"), "nodes": md.get("nodes"), "hosts": hosts_text(md),
+            "runtime": md.get("runtime"), "git": r.git.get("commit"), "dirty": r.git.get("dirty")}
 
 
 def _result_differences(a: Recorded, b: Recorded) -> list[dict]:
