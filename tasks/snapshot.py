@@ -24,7 +24,7 @@ def _load(c, path):
 
 
 def _say_settled(settled) -> None:
-    """Runs whose Slurm job ended without recording it, recorded now (runtime.runs.settle)."""
+    """Runs whose Slurm job, or whose inv, ended without recording it, recorded now (runtime.runs.settle)."""
     for item in settled:
         print(f"{item.run_dir.name}: {item.why}; recorded as {item.status}", file=sys.stderr)
 

@@ -341,3 +341,28 @@ def test_a_job_that_ended_unrecorded_gets_slurms_verdict_and_nothing_is_guessed(
     assert md()["status"] == "ok" and "settled_by" not in md() and md()["error"] is None
     assert not settle.jobend.record(sub, 1, environ={}, status="lost", why="x") and md()["status"] == "ok"
     assert not settle.jobend.record(sub, 1, environ={}) and md()["status"] == "ok"
+
+
+def test_a_running_run_is_recorded_lost_only_when_its_inv_is_gone_from_this_host(tmp_path):
+    import socket
+
+    from runtime.runs import settle
+
+    def run(name: str, **metadata) -> Path:
+        path = tmp_path / name
+        (path / "logs").mkdir(parents=True)
+        (path / "metadata.json").write_text(json.dumps({"task": "train.pretrain", "status": "running",
+                                                        "host": socket.gethostname(), "start_ts": time.time(),
+                                                        **metadata}))
+        return path
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    runs = {"alive": run("alive", pid=os.getpid()), "gone": run("gone", pid=gone.pid),
+            "reused": run("reused", pid=os.getpid(), start_ts=1.0),    # a pid now held by a later process
+            "elsewhere": run("elsewhere", pid=gone.pid, host="another-node"),
+            "slurm": run("slurm", pid=gone.pid, slurm_job_id="7")}
+    settled = settle.settle_dead_launchers([(p, json.loads((p / "metadata.json").read_text())) for p in runs.values()])
+    assert sorted(s.run_dir.name for s in settled) == ["gone", "reused"]
+    for name, path in runs.items():
+        status = json.loads((path / "metadata.json").read_text())["status"]
+        assert status == ("lost" if name in ("gone", "reused") else "running"), name

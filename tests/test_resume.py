@@ -320,3 +320,11 @@ def test_a_killed_inv_stops_its_ranks_after_a_checkpoint_instead_of_leaving_them
     path = ck.find_latest(run_dir)
     assert path is not None and ck.read_meta(path)["step"] == last_step(run_dir) < 100000
     assert "SIGTERM: stopping after step" in (run_dir / "logs" / "rank0.log").read_text()
+    # No one recorded the end; the next look at the runs does (its inv's pid is gone).
+    assert json.loads((run_dir / "metadata.json").read_text())["status"] == "running"
+    listed = subprocess.run([str(inv), "snapshot.list"], cwd=tmp_path, env={**env(), "INVOKE_ANVIL_RUNS_DIR": str(
+        tmp_path / "runs")}, capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0 and f"{run_dir.name}: its inv (pid {proc.pid}) ended without recording the end" \
+        in listed.stderr, listed.stderr
+    metadata = json.loads((run_dir / "metadata.json").read_text())
+    assert (metadata["status"], metadata["exit_code"], metadata["settled_by"]) == ("lost", 1, "pid")

@@ -1,4 +1,5 @@
-"""Record the end of a Slurm job that ended without recording it itself.
+"""Record the end of a Slurm job that ended without recording it itself (and of a run whose inv
+died on this machine: settle_dead_launchers, at the end).
 
 A run nobody follows ("submitted" by --no-wait, "detached" by Ctrl-C, "requeued" while it
 waits to resume) gets its end from its own batch script (runtime.runs.jobend). A batch shell
@@ -154,15 +155,79 @@ def settle(runs: list[tuple[Path, str]], env: Mapping[str, str] | None = None,
 
 
 def settle_runs(runs_dir: Path, env: Mapping[str, str] | None = None) -> list[Settled]:
-    """settle() every unfollowed run under runs_dir."""
-    return settle(unfollowed(rundir.iter_runs(runs_dir)), env)
+    """settle() every unfollowed run under runs_dir, and record the runs whose inv died here."""
+    runs = list(rundir.iter_runs(runs_dir))
+    return settle(unfollowed(runs), env) + settle_dead_launchers(runs)
 
 
 def settle_run(run_dir: Path, env: Mapping[str, str] | None = None) -> Settled | None:
-    """settle() one run, when it is unfollowed."""
+    """settle() one run, when it is unfollowed; or record it lost, when its inv died here."""
     try:
         metadata = rundir.metadata(run_dir)
     except (OSError, rundir.RunDirError):
         return None   # shown as damaged by the reader
-    settled = settle(unfollowed([(Path(run_dir), metadata)]), env)
+    runs = [(Path(run_dir), metadata)]
+    settled = settle(unfollowed(runs), env) + settle_dead_launchers(runs)
     return settled[0] if settled else None
+
+
+# -- a run whose inv died on this machine (kill -9, the OOM killer, a crash) --------------------
+
+def settle_dead_launchers(runs: Iterable[tuple[Path, dict]], host: str | None = None) -> list[Settled]:
+    """Record "lost" for each run that says "running" though the inv that runs it (metadata pid, on this
+    host) is gone: nothing else would ever record its end. A direct run's ranks stopped with it
+    (runtime.launch.agent). Runs of other hosts, Slurm jobs and live processes are left alone."""
+    import socket
+
+    host = host or os.environ.get("ANVIL_HOST") or socket.gethostname()
+    settled = []
+    for run_dir, metadata in runs:
+        pid = metadata.get("pid")
+        if (metadata.get("status") != "running" or metadata.get("slurm_job_id") or metadata.get("host") != host
+                or not isinstance(pid, int) or _is_running(pid, metadata.get("start_ts"))):
+            continue
+        why = (f"its inv (pid {pid}) ended without recording the end: killed (kill -9, the OOM killer) or "
+               f"crashed")
+        try:
+            if _record_lost(Path(run_dir), why):
+                settled.append(Settled(Path(run_dir), "", "lost", why))
+        except (OSError, KeyError, TypeError, rundir.RunDirError):
+            continue   # unreadable or unwritable (a teammate's run), or damaged: shown as it was
+    return settled
+
+
+def _is_running(pid: int, started: float | None) -> bool:
+    """Whether process `pid` lives and is the one that started at `started` (not a later one given the
+    same pid). Unsure (another user's process, no /proc) counts as running: nothing is written on a guess."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        began = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return True
+    return not isinstance(started, (int, float)) or began <= started + 2
+
+
+def _record_lost(run_dir: Path, why: str) -> bool:
+    from runtime.runs import diagnose, outcome
+    from runtime.runs.run import end_entries
+    from trainer.secrets import Masker
+
+    metadata = rundir.metadata(run_dir)
+    if metadata.get("status") != "running":
+        return False
+    findings = diagnose.scan(diagnose.log_files(run_dir), extra_text=why)
+    ranks = outcome.failure_summary(run_dir)
+    error = "; ".join(filter(None, (why, ranks)))
+    metadata.update(end_entries(metadata, "lost", error, EXIT_UNKNOWN, Masker.from_environ(dict(os.environ)),
+                                findings, _last_sign_of_life(run_dir)))
+    metadata["settled_by"] = "pid"
+    rundir.write_text(run_dir / rundir.METADATA, rundir.to_json(metadata))
+    return True
