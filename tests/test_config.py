@@ -113,3 +113,11 @@ def test_a_bare_off_is_the_choice_off_not_yaml_false(tmp_path):
     path.write_text("precision:\n  compute: off\n")        # no "off" among its choices: still an error
     with pytest.raises(ConfigError):
         load(path)
+
+
+def test_a_check_across_keys_names_the_set_that_broke_it():
+    with pytest.raises(ConfigError, match=r"tiny.yaml with --set model.n_heads=3: model.dim: expected a multiple of "
+                                          r"model.n_heads \(3\), got 128"):
+        load(None, ["train.steps=5", "model.n_heads=3"])
+    with pytest.raises(ConfigError, match=r"tiny.yaml with --set model.dim=130: model.dim: expected a multiple"):
+        load(None, ["model.dim=130", "train.steps=5"])     # the key itself, as before

@@ -194,6 +194,9 @@ def _blame_override(exc: ConfigError, src: str, overrides: list[str]) -> ConfigE
     key = said and (said[1] or said[2])
     item = next((o for o in reversed(overrides) if key and o.partition("=")[0].strip() in
                  (key, *(key.rsplit(".", n)[0] for n in range(1, key.count(".") + 1)))), None)
+    if item is None and said:   # a check across keys ("model.dim: expected a multiple of model.n_heads")
+        item = next((o for o in reversed(overrides) if o.partition("=")[0].strip() and
+                     re.search(rf"(?<![\w.]){re.escape(o.partition('=')[0].strip())}(?![\w.])", text)), None)
     return ConfigError(f"{src} with --set {item}{text[len(src):]}") if item else exc
 
 
