@@ -144,10 +144,11 @@ def replay(c, run, force=False, dry_run=False):
     for note in plan.dropped:
         print(f"note: {note}")
     blocking = [d.item for d in differences if d.blocking]
-    print("replaying: inv " + " ".join(plan.argv))
+    refused = blocking and not force
+    print(("would replay: inv " if dry_run or refused else "replaying: inv ") + " ".join(plan.argv))
     if dry_run:
         return
-    if blocking and not force:
+    if refused:
         # A user error (2), not 3: 3 means "checkpointed, requeue me" to a batch script.
         raise UserError(f"replay refused: this machine differs in {', '.join(blocking)}; "
                         f"use --force to replay anyway")

@@ -69,6 +69,7 @@ def test_replay_matches_here_then_refuses_a_different_machine_unless_forced(reco
     assert refused.returncode == 2, explain(refused)
     assert "replay refused" in refused.stderr and "gpu.model" in refused.stderr
     assert "MI300X" in refused.stdout and len(runs(project)) == before
+    assert "would replay: inv demo.hello" in refused.stdout and "replaying:" not in refused.stdout
     forced = inv(["snapshot.replay", str(run_dir), "--force"], project)
     assert forced.returncode == 0, explain(forced)
     assert len(runs(project)) == before + 1
