@@ -375,6 +375,7 @@ def playground(tmp_path_factory) -> Path:
     (root / "bin.dat").write_bytes(b"\x00\x01\x02binary")
     (root / "afile").write_text("text")
     (root / "emptydir").mkdir()
+    (root / "halfds" / "train").mkdir(parents=True)      # shards begun, no manifest: a cut-short prepare
     (root / "tokdir").mkdir()
     (root / "one.jsonl").write_text('{"text": "x"}\n')
     prepare([root / "corpus"], root / "ds", progress=False, workers=1)
@@ -469,7 +470,10 @@ DATA_CASES = [
     # data.inspect
     ("data.inspect --path ''", "the dataset path is empty; expected a dataset directory"),
     ("data.inspect --path {w}/afile", "afile is a file, not a directory; expected a dataset directory"),
-    ("data.inspect --path {w}/corpus", "no prepared dataset at {w}/corpus (no manifest.json)"),
+    ("data.inspect --path {w}/corpus", "no prepared dataset at {w}/corpus (no manifest.json); this folder is not a "
+                                       "dataset; give one made by `inv data.prepare --out DIR`"),
+    ("data.inspect --path {w}/halfds", "(no manifest.json); it is not a finished dataset; run `inv data.prepare` "
+                                       "again"),
     ("data.inspect --path {w}/ds --split nosuch", "has no split 'nosuch'; expected one of: train, val"),
     ("data.inspect --path {w}/ds --samples -1", "--samples: expected a number of documents >= 0, got -1"),
     ("data.inspect --path {w}/ds --chars -1", "--chars: expected a positive number of characters per sample, got -1"),

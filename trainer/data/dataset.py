@@ -47,8 +47,12 @@ def read_manifest(path: Path) -> dict:
     try:
         raw = manifest_path.read_bytes()
     except FileNotFoundError:
-        hint = ("run `inv data.prepare` to build it" if not path.exists()
-                else "it is not a finished dataset; run `inv data.prepare` again")
+        if not path.exists():
+            hint = "run `inv data.prepare` to build it"
+        elif (path / "train").is_dir() or (path / "val").is_dir():     # shards, no manifest: cut short
+            hint = "it is not a finished dataset; run `inv data.prepare` again"
+        else:
+            hint = "this folder is not a dataset; give one made by `inv data.prepare --out DIR`"
         raise DataError(f"no prepared dataset at {path} (no {MANIFEST}); {hint}") from None
     except OSError as exc:
         raise DataError(f"cannot read {manifest_path} ({exc.strerror or exc})") from None
