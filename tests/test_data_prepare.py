@@ -346,3 +346,12 @@ def test_dataset_gets_the_modes_mkdir_and_open_give(tmp_path, umask):
                 assert path.stat().st_mode & 0o777 == expected, (tokenizer, path)
     finally:
         os.umask(old)
+
+
+def test_a_file_named_twice_is_read_once(tmp_path):
+    corpus, expected = make_corpus(tmp_path)
+    once = prepare([corpus / "py"], tmp_path / "once", workers=1, progress=False)["manifest"]
+    twice = prepare([corpus / "py", corpus / "py", corpus / "py" / "this.py"], tmp_path / "twice", workers=1,
+                    progress=False)["manifest"]
+    assert twice["documents"] == once["documents"] == len(STDLIB_FILES) and twice["tokens"] == once["tokens"]
+    assert twice["source"]["files"] == len(STDLIB_FILES) and len(twice["source"]["inputs"]) == 2

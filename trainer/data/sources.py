@@ -66,7 +66,7 @@ def resolve_inputs(inputs: list[Path] | None, pattern: str | None = None
     """(files, input names, is the default corpus) for what the user named (None: stdlib)."""
     if inputs:
         files = expand_inputs([Path(p) for p in inputs], pattern or "*")
-        names = [str(Path(p).absolute()) for p in inputs]
+        names = list(dict.fromkeys(str(Path(p).absolute()) for p in inputs))
     else:
         roots, default_pattern, exclude = default_inputs()
         files = expand_inputs(roots, pattern or default_pattern, exclude)
@@ -100,7 +100,10 @@ def expand_inputs(inputs: list[Path], pattern: str = "*", exclude_dirs: set[str]
                 if path.is_file():
                     rel = path.relative_to(given)
                     files.append(_source(path, f"{given.name}/{rel.as_posix()}"))
-    return files
+    # A file named twice (--input a --input a, or a folder and a file in it) is read once: its first place.
+    seen: set[Path] = set()
+    unique = [f for f in files if not (f.path.resolve() in seen or seen.add(f.path.resolve()))]
+    return unique
 
 
 def _source(path: Path, key: str) -> SourceFile:
