@@ -620,7 +620,15 @@ def test_kernels_on_a_cpu_and_a_warmup_longer_than_the_run_are_said_before_start
     no_gpu = inv(tmp_path, "train.pretrain", "--kernels", "--set", "data.path=synthetic",
                  env={"TRITON_INTERPRET": "0"})
     assert no_gpu.returncode == 2 and "--kernels needs a GPU (CUDA or ROCm)" in no_gpu.stderr, no_gpu.stderr
+    fp8 = inv(tmp_path, "train.pretrain", "--set", "data.path=synthetic", "--set", "precision.fp8=tensorwise")
+    assert fp8.returncode == 2 and fp8.stderr.strip() == ("train.pretrain: precision.fp8 needs a GPU with FP8 support "
+                                                          "(sm_89+ / MI300+); this machine has none. Set "
+                                                          "precision.fp8=off"), fp8.stderr   # not a failed rank
     assert not (tmp_path / "runs").exists()
+    # Through Slurm the GPUs are the nodes', not this (login) machine's: nothing to refuse here.
+    on_nodes = inv(tmp_path, "train.pretrain", "--kernels", "--set", "precision.fp8=tensorwise", "--runtime", "slurm",
+                   "--dry-run", "--set", "data.path=synthetic", env={"TRITON_INTERPRET": "0"})
+    assert on_nodes.returncode == 0 and "sbatch --parsable" in on_nodes.stdout, on_nodes.stderr
     warm = inv(tmp_path, "train.pretrain", "--dry-run", "--set", "data.path=synthetic", "--set", "train.steps=5",
                "--set", "schedule.warmup_steps=5")
     assert warm.returncode == 0, warm.stderr

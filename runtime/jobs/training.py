@@ -90,6 +90,17 @@ def finished_at(checkpoint: str, steps: int) -> int | None:
     return step if step >= steps else None
 
 
+def _needs_a_gpu_here(cfg, machine) -> None:
+    """--kernels and precision.fp8 on a machine without a GPU: one line before a run, not a failed rank."""
+    if not machine.has_gpu and cfg.train.kernels and os.environ.get("TRITON_INTERPRET") != "1":
+        raise UserError("--kernels needs a GPU (CUDA or ROCm): the fused Triton kernels do not run on a CPU "
+                        "(TRITON_INTERPRET=1 runs them in Triton's interpreter, slowly, as the tests do); "
+                        "drop --kernels here")
+    if not machine.has_gpu and cfg.precision.fp8 != "off":
+        from trainer.fp8 import NEEDS_GPU
+        raise UserError(f"{NEEDS_GPU}; this machine has none. Set precision.fp8=off")
+
+
 def launch_spec(job: TrainingJob, settings, env, args: list[str], job_name: str = "anvil",
                 mounts: list[str] = ()):
     """The LaunchSpec of this job, its Slurm options from the task's options over the settings;
@@ -143,10 +154,6 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     config_path = job.config or str(DEFAULT_CONFIG)
     env = envs.resolve(gpu=job.gpu or None, site=job.site or None, config_env=cfg.env,
                        overrides=list(run_options.env) + list(extra_env), config_ref=f"{config_path} (env:)")
-    if cfg.train.kernels and not env.machine.has_gpu and os.environ.get("TRITON_INTERPRET") != "1":
-        raise UserError("--kernels needs a GPU (CUDA or ROCm): the fused Triton kernels do not run on a CPU "
-                        "(TRITON_INTERPRET=1 runs them in Triton's interpreter, slowly, as the tests do); "
-                        "drop --kernels here")
     warnings = list(env.warnings)
     if cfg.schedule.warmup_steps >= cfg.train.steps and task_name == "train.pretrain":   # (a profile is short)
         warnings.append(f"schedule.warmup_steps={cfg.schedule.warmup_steps} >= train.steps={cfg.train.steps}: "
@@ -181,6 +188,8 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     # a container sees the checkout and the run directory; the dataset may live elsewhere
     data_mounts = [] if cfg.data.path == SYNTHETIC else [str(Path(cfg.data.path).resolve())]
     probe = launch_spec(job, settings, env, ["--config", "CONFIG", "--run-dir", "RUN"], mounts=data_mounts)
+    if not probe.runtime.startswith("slurm"):   # (a Slurm login node has no GPU; its nodes do)
+        _needs_a_gpu_here(cfg, env.machine)
     built = build(probe, {**os.environ, **env.environ()}, Path("RUN"))
     world = built.nproc * built.nodes
     if job.ranks_used and max(job.ranks_used) >= world:
