@@ -148,6 +148,8 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
 
     if job.config is not None and not str(job.config).strip():
         raise UserError("--config is empty; expected a YAML config such as configs/tiny.yaml")
+    if job.resume is not None and not job.resume.strip():
+        raise UserError("--resume is empty; expected auto or a run directory or checkpoint path")
     sets = list(job.sets) + ["train.compile=true"] * job.compile + ["train.kernels=true"] * job.kernels
     cfg = load(job.config or None, sets)
     check_data(cfg)
@@ -165,10 +167,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
         excluded = nodes_mod.failing(job.exclude_from)
         job.exclude = sorted(set(job.exclude) | set(excluded))
     name = run_options.name or cfg.name
-    resume = job.resume
-    if resume is not None and not resume.strip():
-        raise UserError("--resume is empty; expected auto or a run directory or checkpoint path")
-    resume = resume or ""
+    resume = job.resume or ""
     if resume not in ("", "auto"):
         from trainer.checkpoint import resolve as resolve_checkpoint
         found = resolve_checkpoint(resume, Path("."), what="--resume")   # CheckpointError now, not in every rank
