@@ -61,10 +61,10 @@ def bus_factor(op: str, n: int) -> float:
 def _run_op(op, dist, buf, chunks, out):
     if op == "all_reduce":
         dist.all_reduce(buf)
-    elif op == "all_gather":
-        dist.all_gather_into_tensor(out, chunks)
+    elif op == "all_gather":     # torch >= 2.12 names it all_gather_single (the old name warns each call)
+        (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, chunks)
     elif op == "reduce_scatter":
-        dist.reduce_scatter_tensor(chunks, buf)
+        (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(chunks, buf)
     else:
         dist.broadcast(buf, src=0)
 
