@@ -51,6 +51,9 @@ def list_(c, limit=0, json=False):
     print(tabulate([[r["start"], r["task"], r["name"], r["status"], r["hosts"], r["seconds"],
                      r["replay_of"], r["dir"]] for r in rows],
                    headers=["start", "task", "name", "status", "hosts", "seconds", "replay of", "directory"]))
+    for r in rows:      # below the table, so that one long reason does not widen every row
+        if r.get("problem"):
+            print(f"{r['dir']}: {r['problem']}")
 
 
 @task(auto_shortflags=False, help={"run": "Run directory (path, or name under the runs folder)",

@@ -218,7 +218,7 @@ def list_rows(runs_dir: Path, limit: int | None = None) -> list[dict]:
         if problem == "missing":
             continue
         if md is None:
-            rows.append({"start": "", "task": "", "name": "", "status": f"(metadata.json unreadable: {problem})",
+            rows.append({"start": "", "task": "", "name": "", "status": "(unreadable)",
                          "hosts": "", "seconds": None, "replay_of": "", "dir": path.name,
                          "problem": f"metadata.json unreadable: {problem}"})
             continue
