@@ -75,16 +75,22 @@ def test_replay_matches_here_then_refuses_a_different_machine_unless_forced(reco
     assert len(runs(project)) == before + 1
 
 
-def test_replay_passes_the_recorded_config_when_the_run_used_the_default(tmp_path):
+def _training_run_with_config(tmp_path, source: str, argv: list[str]):
+    """A recorded train.pretrain run whose config came from `source` (its copy in RUN/configs/train.yaml)."""
     from invoke import Context
     from runtime.program.cli import AnvilConfig
     from runtime.runs.run import RunSpec, execute
     ctx = Context(config=AnvilConfig(overrides={"anvil": {"runs_dir": str(tmp_path / "runs")}}))
     spec = RunSpec(task="train.pretrain", configs={"train.yaml": {"optim": {"lr": 0.5}}},
-                   config_sources={"train.yaml": "configs/tiny.yaml"}, config_options={"train.yaml": "--config"},
-                   argv=["inv", "train.pretrain", "--set", "optim.lr=0.5"])
+                   config_sources={"train.yaml": source}, config_options={"train.yaml": "--config"}, argv=argv)
     execute(ctx, spec, lambda run: None)
     (run_dir,) = runs(tmp_path)
+    return run_dir
+
+
+def test_replay_passes_the_recorded_config_when_the_run_used_the_default(tmp_path):
+    run_dir = _training_run_with_config(tmp_path, "configs/tiny.yaml", ["inv", "train.pretrain", "--set",
+                                                                          "optim.lr=0.5"])
     plan = replay.plan(run_dir)
     assert plan.argv == ["train.pretrain", "--set", "optim.lr=0.5", "--config", str(run_dir / "configs" / "train.yaml")]
 
@@ -148,15 +154,8 @@ def test_resume_auto_replays_from_the_checkpoint_the_run_found_or_fresh(tmp_path
 
 
 def test_a_run_whose_config_copy_is_gone_is_not_replayed_with_another_config(tmp_path):
-    from invoke import Context
-    from runtime.program.cli import AnvilConfig
-    from runtime.runs.run import RunSpec, execute
-    ctx = Context(config=AnvilConfig(overrides={"anvil": {"runs_dir": str(tmp_path / "runs")}}))
-    spec = RunSpec(task="train.pretrain", configs={"train.yaml": {"optim": {"lr": 0.5}}},
-                   config_sources={"train.yaml": "configs/llama3_1b.yaml"}, config_options={"train.yaml": "--config"},
-                   argv=["inv", "train.pretrain", "--config", "configs/llama3_1b.yaml"])
-    execute(ctx, spec, lambda run: None)
-    (run_dir,) = runs(tmp_path)
+    run_dir = _training_run_with_config(tmp_path, "configs/llama3_1b.yaml", ["inv", "train.pretrain", "--config",
+                                                                               "configs/llama3_1b.yaml"])
     (run_dir / "configs" / "train.yaml").unlink()
     with pytest.raises(replay.ReplayError, match=r"its copy of the config it ran with \(configs/train.yaml, from "
                                                  r"configs/llama3_1b.yaml\) is missing; the run directory is damaged"):
