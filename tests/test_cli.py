@@ -231,3 +231,21 @@ def test_an_option_given_empty_or_a_patch_that_is_no_hook_is_refused_before_a_ru
                  clean_env(INVOKE_ANVIL_RUNS_DIR=str(tmp_path / "runs")))
     assert result.returncode == 2 and result.stderr.strip() == said, explain(result)
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("content, said", [
+    (b"anvil:\n  # runtime: slurm\n", "'anvil' must be a mapping of settings (runs_dir, hosts, runtime, ...), got nothing"),
+    (b"anvil: 5\n", "'anvil' must be a mapping of settings (runs_dir, hosts, runtime, ...), got int"),
+    (b"- a\n", "expected a mapping of settings (e.g. 'anvil:' with keys under it), got a list"),
+    (b"\xff\xfe", "not a text file (invalid UTF-8 at byte 0); expected YAML or JSON"),
+    (b"anvil:\n  runtim: slurm\n", "unknown anvil setting(s): runtim"),
+])
+def test_a_malformed_dash_f_file_is_one_line_naming_it(tmp_path, project, content, said):
+    """Invoke merged these with a traceback (AmbiguousMergeError, AttributeError, UnicodeDecodeError)."""
+    site = tmp_path / "site.yaml"
+    site.write_bytes(content)
+    result = inv(["-f", str(site), "demo.checks"], project)
+    assert result.returncode == 2 and said in result.stderr and "Traceback" not in result.stderr, explain(result)
+    assert str(site) in result.stderr      # the file is named, not only invoke.yaml
+    folder = inv(["-f", str(tmp_path), "demo.checks"], project)
+    assert folder.returncode == 2 and "is a directory; expected a YAML or JSON configuration file" in folder.stderr

@@ -190,10 +190,9 @@ class AnvilProgram(Program):
 
     def update_config(self, merge: bool = True):
         runtime_file = self.args.config.value
-        if runtime_file and not Path(runtime_file).is_file():
-            # Stock Invoke skips a missing -f file silently: a typo would go unnoticed.
-            raise Exit(f"-f {runtime_file}: no such configuration file", 2)
-        with _config_errors():
+        if runtime_file:
+            _check_runtime_file(Path(runtime_file))
+        with _config_errors(f"invoke.yaml or -f {runtime_file}" if runtime_file else "invoke.yaml"):
             super().update_config(merge=merge)
             # Check the runner settings once, here, so no task meets a bad one as a traceback.
             settings_mod.load(self)
@@ -276,7 +275,7 @@ def _bad_value_message(tokens: list[str], exc: ValueError) -> str:
 
 
 @contextlib.contextmanager
-def _config_errors():
+def _config_errors(settings_from: str = "invoke.yaml"):
     """Broken invoke.yaml / -f file / bad anvil setting: one message, exit 2, no traceback."""
     from invoke.util import yaml
     try:
@@ -286,9 +285,35 @@ def _config_errors():
     except json.JSONDecodeError as exc:
         raise Exit(f"invalid JSON in a configuration file: {exc}", 2) from None
     except settings_mod.SettingsError as exc:
-        raise Exit(f"invoke.yaml: {exc}", 2) from None
+        raise Exit(f"{settings_from}: {exc}", 2) from None
     except OSError as exc:
         raise Exit(f"cannot read a configuration file: {exc}", 2) from None
+
+
+def _check_runtime_file(path: Path) -> None:
+    """-f FILE as Invoke will merge it: a readable YAML/JSON mapping whose `anvil` (if any) is a mapping.
+    Invoke itself skips a missing file silently and meets the others with a traceback."""
+    from invoke.util import yaml
+    if path.is_dir():
+        raise Exit(f"-f {path}: is a directory; expected a YAML or JSON configuration file", 2)
+    if not path.is_file():
+        raise Exit(f"-f {path}: no such configuration file", 2)
+    try:
+        text = path.read_bytes().decode("utf-8")
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except OSError as exc:
+        raise Exit(f"-f {path}: cannot read it ({exc.strerror or exc})", 2) from None
+    except UnicodeDecodeError as exc:
+        raise Exit(f"-f {path}: not a text file (invalid UTF-8 at byte {exc.start}); expected YAML or JSON", 2) from None
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        raise Exit(f"-f {path}: invalid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}", 2) from None
+    if data is not None and not isinstance(data, dict):
+        raise Exit(f"-f {path}: expected a mapping of settings (e.g. 'anvil:' with keys under it), got a "
+                   f"{type(data).__name__}", 2)
+    section = (data or {}).get("anvil", {})
+    if not isinstance(section, dict):
+        raise Exit(f"-f {path}: 'anvil' must be a mapping of settings (runs_dir, hosts, runtime, ...), got "
+                   f"{'nothing' if section is None else type(section).__name__}", 2)
 
 
 def _drop_shadowing_short_flags(context) -> None:
