@@ -234,7 +234,8 @@ def test_an_option_given_empty_or_a_patch_that_is_no_hook_is_refused_before_a_ru
 
 
 @pytest.mark.parametrize("content, said", [
-    (b"anvil:\n  # runtime: slurm\n", "'anvil' must be a mapping of settings (runs_dir, hosts, runtime, ...), got nothing"),
+    (b"anvil:\n  # runtime: slurm\n",
+     "'anvil' must be a mapping of settings (runs_dir, hosts, runtime, ...), got nothing"),
     (b"anvil: 5\n", "'anvil' must be a mapping of settings (runs_dir, hosts, runtime, ...), got int"),
     (b"- a\n", "expected a mapping of settings (e.g. 'anvil:' with keys under it), got a list"),
     (b"\xff\xfe", "not a text file (invalid UTF-8 at byte 0); expected YAML or JSON"),

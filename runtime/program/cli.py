@@ -304,7 +304,8 @@ def _check_runtime_file(path: Path) -> None:
     except OSError as exc:
         raise Exit(f"-f {path}: cannot read it ({exc.strerror or exc})", 2) from None
     except UnicodeDecodeError as exc:
-        raise Exit(f"-f {path}: not a text file (invalid UTF-8 at byte {exc.start}); expected YAML or JSON", 2) from None
+        raise Exit(f"-f {path}: not a text file (invalid UTF-8 at byte {exc.start}); expected YAML or JSON",
+                   2) from None
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
         raise Exit(f"-f {path}: invalid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}", 2) from None
     if data is not None and not isinstance(data, dict):
