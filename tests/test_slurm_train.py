@@ -359,3 +359,41 @@ def test_a_job_killed_outright_is_recorded_when_runs_are_listed(slurm_cluster, d
     assert "Slurm no longer knows job 9999999" in shown.stderr and "recorded as lost" in shown.stderr
     assert re.search(r"^status\s+lost$", shown.stdout, re.M), shown.stdout[:2000]
     assert metadata()["status"] == "lost"
+
+
+@pytest.mark.parametrize("to_the_group", [True, False])
+def test_ctrl_c_of_a_run_in_an_allocation_checkpoints_on_every_node(slurm_cluster, dataset, tmp_path, to_the_group):
+    """`salloc -N2 inv train.pretrain --runtime slurm` (srun inside the allocation), then Ctrl-C: every rank
+    finishes its step and checkpoints, 130, interrupted. srun read the terminal's SIGINT and the one inv passed
+    on as a double Ctrl-C and killed the step (no checkpoint, 'failed'); one SIGINT to inv alone did nothing."""
+    from process_utils import start_as_from_a_terminal
+
+    proc = start_as_from_a_terminal(["salloc", "-N2", "--quiet", str(INV), "train.pretrain", "--runtime", "slurm",
+                                     "--name", "intr", *_args(dataset, steps=100000)],
+                                    cwd=REPO, env=_env(slurm_cluster, tmp_path), stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+    inv = None
+    try:
+        _wait_for(lambda: _steps_done(tmp_path) >= 3, 300, "three steps")
+        # salloc runs its command in a process group of its own, the terminal's foreground one: a Ctrl-C
+        # there reaches inv and whatever inv started in its group (srun, before it got a session of its own).
+        (inv,) = map(int, subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split())
+        assert os.getpgid(inv) == inv
+        (os.killpg if to_the_group else os.kill)(inv, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            for group in filter(None, (inv, proc.pid)):
+                try:
+                    os.killpg(group, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            proc.communicate()
+            slurm_cluster.slurm_run("scancel", "--user", "root")
+    assert proc.returncode == 130, out[-2000:] + err[-3000:]
+    run = _only_run(tmp_path)
+    md = json.loads((run / "metadata.json").read_text())
+    assert md["status"] == "interrupted" and md["hosts"] == ["node1", "node2"], md
+    assert (run / "checkpoints").is_dir() and list((run / "checkpoints").glob("step_*/COMPLETE"))
+    assert "CANCELLED" not in err and "Traceback" not in err
+    assert not slurm_cluster.slurm_run("squeue", "-h").stdout.strip()

@@ -40,8 +40,8 @@ import time
 from pathlib import Path
 
 from runtime.launch.spec import (EXIT_INTERRUPTED, EXIT_REQUEUE, LAUNCHER_PID_VAR, NODE_LOCAL_VAR, PASSED_SIGNALS,
-                                 RUN_DIR_VAR)
-from trainer.files import write_json_atomic
+                                 RUN_DIR_VAR, STEP_FILE)
+from trainer.files import write_atomic, write_json_atomic
 from trainer.signals import EXIT_HUNG
 
 
@@ -265,6 +265,12 @@ def main(argv=None) -> int:
     if args.slurm:
         nnodes, node_rank, master, port = slurm_layout(os.environ)
         port = args.master_port or port
+        job, step, run_dir = (os.environ.get(n) for n in ("SLURM_JOB_ID", "SLURM_STEP_ID", RUN_DIR_VAR))
+        if job and step and run_dir and step.isdigit():   # the step itself (a batch script's is not one)
+            try:        # what a Ctrl-C of the inv that ran srun signals (runtime.launch.process)
+                write_atomic(Path(run_dir) / STEP_FILE, f"{job}.{step}\n")
+            except OSError:
+                pass
     else:
         nnodes, node_rank, master, port = args.nnodes, args.node_rank, args.master_addr, args.master_port
     code = Agent(args.nproc, nnodes, node_rank, master, port, command).run()

@@ -16,10 +16,10 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import IO, Mapping
+from typing import IO, Callable, Mapping
 
 from runtime.launch.commands import build, launch_env
-from runtime.launch.spec import PASSED_SIGNALS, LaunchError, LaunchSpec
+from runtime.launch.spec import PASSED_SIGNALS, STEP_FILE, LaunchError, LaunchSpec
 from trainer.ranklog import PROGRESS_TTY_VAR
 from trainer.files import write_atomic
 
@@ -52,15 +52,19 @@ class _MaskedFile:
 
 
 class passing_signals:
-    """While active (main thread only), signals to this process go to `proc` instead."""
+    """While active (main thread only), signals to this process go to `proc` instead; SIGINT goes to
+    `interrupt(proc)` when one is given (srun: see interrupt_step)."""
 
-    def __init__(self, proc: subprocess.Popen):
-        self.proc, self.previous, self.received = proc, {}, []
+    def __init__(self, proc: subprocess.Popen, interrupt: Callable[[subprocess.Popen], None] | None = None):
+        self.proc, self.previous, self.received, self.interrupt = proc, {}, [], interrupt
 
     def _forward(self, signum, _frame) -> None:
         self.received.append(signum)
         try:
-            self.proc.send_signal(signum)
+            if signum == signal.SIGINT and self.interrupt is not None:
+                self.interrupt(self.proc)
+            else:
+                self.proc.send_signal(signum)
         except ProcessLookupError:
             pass
 
@@ -75,16 +79,41 @@ class passing_signals:
             signal.signal(signum, handler)
 
 
+def interrupt_step(run_dir: Path, env: Mapping[str, str]) -> Callable[[subprocess.Popen], None]:
+    """Ctrl-C of an `inv` running srun: SIGINT to the step's tasks (`scancel --signal=INT JOB.STEP`, the
+    step the agents recorded), so the ranks checkpoint and stop as after a Ctrl-C here. srun itself reads
+    one SIGINT as "print the tasks' state" and two within a second (the terminal's and ours) as "kill
+    the step", which lost the training. Before the step has started, srun gets the SIGINT and gives up."""
+    def interrupt(proc: subprocess.Popen) -> None:
+        try:
+            step = (Path(run_dir) / STEP_FILE).read_text().strip()
+        except OSError:
+            step = ""
+        if not step:
+            proc.send_signal(signal.SIGINT)
+            return
+        print(f"interrupted: the ranks of Slurm step {step} checkpoint and stop", file=sys.stderr, flush=True)
+        try:
+            subprocess.run(["scancel", "--signal=INT", step], env=dict(env), capture_output=True, timeout=30,
+                           stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.send_signal(signal.SIGINT)
+    return interrupt
+
+
 def run_streaming(argv: list[str], env: Mapping[str, str], log_path: Path | None = None,
                   cwd: str | None = None, stdout: IO | None = None, stderr: IO | None = None,
-                  masker=None) -> int:
+                  masker=None, interrupt: Callable[[subprocess.Popen], None] | None = None) -> int:
     """Run argv, tee output to console + log_path, pass signals on; the exit status."""
     log = open(log_path, "a", encoding="utf-8") if log_path else None
     if log and masker is not None:
         log = _MaskedFile(log, masker)
     try:
-        proc = subprocess.Popen(argv, env=dict(env), cwd=cwd, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        # With `interrupt` (srun) the child gets a session of its own: a terminal's Ctrl-C reaches the whole
+        # foreground group, and srun, its stdin not a terminal, aborts the step on it. Every signal it should
+        # see comes through passing_signals.
+        proc = subprocess.Popen(argv, env=dict(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, start_new_session=interrupt is not None)
     except OSError as exc:
         if log:
             log.close()
@@ -97,7 +126,7 @@ def run_streaming(argv: list[str], env: Mapping[str, str], log_path: Path | None
     for pump in pumps:
         pump.start()
     try:
-        with passing_signals(proc):
+        with passing_signals(proc, interrupt):
             code = proc.wait()
     finally:
         for pump in pumps:
@@ -135,5 +164,6 @@ def launch(spec: LaunchSpec, env: Mapping[str, str], run_dir: Path | None = None
         with open(log_path, "a", encoding="utf-8") as handle:
             shown = masker.argv(built.argv) if masker is not None else built.argv
             handle.write(f"$ {shlex.join(shown)}\n")
+    interrupt = interrupt_step(run_dir, child_env) if spec.runtime.startswith("slurm") and run_dir else None
     return run_streaming(built.argv, child_env, log_path, cwd=spec.workdir or None, stdout=stdout,
-                         stderr=stderr, masker=masker)
+                         stderr=stderr, masker=masker, interrupt=interrupt)

@@ -27,6 +27,8 @@ VISIBLE_DEVICE_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISI
 NODE_LOCAL_VAR = "ANVIL_NODE_LOCAL"
 #: The run directory, for the agent's per-node report.
 RUN_DIR_VAR = "ANVIL_RUN_DIR"
+# RUN_DIR/<this>: JOB.STEP of a training step srun started (the agents write it; Ctrl-C signals it).
+STEP_FILE = "logs/slurm-step"
 # A direct run's inv: its agent stops the ranks when that process dies (runtime.launch.agent).
 LAUNCHER_PID_VAR = "ANVIL_LAUNCHER_PID"
 
