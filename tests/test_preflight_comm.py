@@ -303,6 +303,10 @@ def test_render_names_the_failing_node_and_the_exclude_line():
 # a healthy pair has measured at half the median here under load, while the slowed host's pairs
 # measure 2-8% of it (50 Mbit/s). The real tests judge at 40% (the default 0.7 is for idle nodes).
 NOISY_RATIO = 0.4
+# With no host slowed, a pair has also measured at 21-28% of the median, twice in a row, with only the
+# test suite running (one CI run of many): the all-fast test asks for no more than what tells the
+# slowed host (2-8%) apart.
+ALL_FAST_RATIO = 0.15
 
 
 @pytest.fixture(scope="module")
@@ -344,7 +348,7 @@ def test_screen_over_ssh_all_fast(comm_cluster, repo, tmp_path, capsys):
     hosts = [h.address for h in comm_cluster.hosts]
     t0 = time.monotonic()
     document = comm.run_comm_check(_context(comm_cluster, repo, tmp_path / "runs"), hosts, False, "1M", 10,
-                                   timeout=60, ratio=NOISY_RATIO)
+                                   timeout=60, ratio=ALL_FAST_RATIO)
     seconds = time.monotonic() - t0
     out = capsys.readouterr()
     assert document["status"] in ("PASS", "WARN"), out.out + out.err
