@@ -37,16 +37,17 @@ def status_of(code: int, requeued: bool = False) -> str:
 
 def record(run_dir: Path, code: int, requeued: bool = False, environ: dict[str, str] | None = None,
            status: str | None = None, why: str | None = None, ended: float | None = None,
-           on_term: bool = False) -> bool:
+           on_term: bool = False, settled_by: str = "slurm", waiting: tuple[str, ...] = UNFOLLOWED) -> bool:
     """Write the attempt's end into RUN_DIR/metadata.json when no inv follows the job; whether it did.
     `status` and `why` come from runtime.runs.settle, which records a job that ended without
     getting here: its status when exit codes do not say it (cancelled, lost), what Slurm said,
-    and when the job ended."""
+    and when the job ended. settle also records a run whose inv died ("running" in `waiting`,
+    settled_by "pid"). Only a run whose status is in `waiting` is written."""
     run_dir = Path(run_dir)
     metadata = rundir.metadata(run_dir)
     # settle's verdict is Slurm's view from outside: the batch script's own record replaces it.
     from_script = status is None
-    if metadata.get("status") not in UNFOLLOWED and not (from_script and metadata.get("settled_by") == "slurm"):
+    if metadata.get("status") not in waiting and not (from_script and metadata.get("settled_by") == "slurm"):
         return False
     masker = Masker.from_environ(dict(os.environ if environ is None else environ))
     if on_term and code == EXIT_REQUEUE:
@@ -55,7 +56,7 @@ def record(run_dir: Path, code: int, requeued: bool = False, environ: dict[str, 
     if from_script:
         metadata.pop("settled_by", None)
     else:
-        metadata["settled_by"] = "slurm"
+        metadata["settled_by"] = settled_by
     error, findings = None, []
     if status == "failed" or (why and status != "ok"):
         ranks = outcome.failure_summary(run_dir)

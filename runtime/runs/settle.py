@@ -189,7 +189,8 @@ def settle_dead_launchers(runs: Iterable[tuple[Path, dict]], host: str | None = 
         why = (f"its inv (pid {pid}) ended without recording the end: killed (kill -9, the OOM killer) or "
                f"crashed")
         try:
-            if _record_lost(Path(run_dir), why):
+            if jobend.record(Path(run_dir), EXIT_UNKNOWN, status="lost", why=why,
+                             ended=_last_sign_of_life(Path(run_dir)), settled_by="pid", waiting=("running",)):
                 settled.append(Settled(Path(run_dir), "", "lost", why))
         except (OSError, KeyError, TypeError, rundir.RunDirError):
             continue   # unreadable or unwritable (a teammate's run), or damaged: shown as it was
@@ -213,21 +214,3 @@ def _is_running(pid: int, started: float | None) -> bool:
     except (OSError, ValueError, IndexError, StopIteration):
         return True
     return not isinstance(started, (int, float)) or began <= started + 2
-
-
-def _record_lost(run_dir: Path, why: str) -> bool:
-    from runtime.runs import diagnose, outcome
-    from runtime.runs.run import end_entries
-    from trainer.secrets import Masker
-
-    metadata = rundir.metadata(run_dir)
-    if metadata.get("status") != "running":
-        return False
-    findings = diagnose.scan(diagnose.log_files(run_dir), extra_text=why)
-    ranks = outcome.failure_summary(run_dir)
-    error = "; ".join(filter(None, (why, ranks)))
-    metadata.update(end_entries(metadata, "lost", error, EXIT_UNKNOWN, Masker.from_environ(dict(os.environ)),
-                                findings, _last_sign_of_life(run_dir)))
-    metadata["settled_by"] = "pid"
-    rundir.write_text(run_dir / rundir.METADATA, rundir.to_json(metadata))
-    return True
