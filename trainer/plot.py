@@ -173,9 +173,7 @@ def plot_run(run_dir: str | os.PathLike, out_png: str | os.PathLike | None = Non
 
         plt.close(fig)
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        write_atomic(out, buffer.getvalue(), mode=0o666 & ~umask)  # as savefig made it: umask, not 0600
+        write_atomic(out, buffer.getvalue())  # (its mode: as savefig made it, the umask's, not mkstemp's 0600)
     except OSError as exc:
         raise PlotError(f"--out {out}: cannot write it in {out.parent} ({exc.strerror or exc})") from None
     return out
