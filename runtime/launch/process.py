@@ -53,7 +53,7 @@ class _MaskedFile:
 
 class passing_signals:
     """While active (main thread only), signals to this process go to `proc` instead; SIGINT goes to
-    `interrupt(proc)` when one is given (srun: see interrupt_step)."""
+    `interrupt(proc)` when one is given (srun: see interrupt_recorded_step)."""
 
     def __init__(self, proc: subprocess.Popen, interrupt: Callable[[subprocess.Popen], None] | None = None):
         self.proc, self.previous, self.received, self.interrupt = proc, {}, [], interrupt
@@ -79,25 +79,20 @@ class passing_signals:
             signal.signal(signum, handler)
 
 
-def interrupt_step(run_dir: Path, env: Mapping[str, str]) -> Callable[[subprocess.Popen], None]:
-    """Ctrl-C of an `inv` running srun: SIGINT to the step's tasks (`scancel --signal=INT JOB.STEP`, the
-    step the agents recorded), so the ranks checkpoint and stop as after a Ctrl-C here. srun itself reads
-    one SIGINT as "print the tasks' state" and two within a second (the terminal's and ours) as "kill
-    the step", which lost the training. Before the step has started, srun gets the SIGINT and gives up."""
+def interrupt_recorded_step(run_dir: Path, env: Mapping[str, str]) -> Callable[[subprocess.Popen], None]:
+    """Ctrl-C of an `inv` running srun for a training run: SIGINT to the tasks of the step the agents
+    recorded in RUN/logs/slurm-step (slurm.interrupt_step), so the ranks checkpoint and stop as after
+    a Ctrl-C here. Passed on to srun, two SIGINTs within a second (the terminal's and ours), or one
+    with no terminal on its stdin, ended the step instead, which lost the training."""
     def interrupt(proc: subprocess.Popen) -> None:
+        from runtime.launch.slurm import interrupt_step
         try:
             step = (Path(run_dir) / STEP_FILE).read_text().strip()
         except OSError:
             step = ""
-        if not step:
-            proc.send_signal(signal.SIGINT)
-            return
-        print(f"interrupted: the ranks of Slurm step {step} checkpoint and stop", file=sys.stderr, flush=True)
-        try:
-            subprocess.run(["scancel", "--signal=INT", step], env=dict(env), capture_output=True, timeout=30,
-                           stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.TimeoutExpired):
-            proc.send_signal(signal.SIGINT)
+        if step:
+            print(f"interrupted: the ranks of Slurm step {step} checkpoint and stop", file=sys.stderr, flush=True)
+        interrupt_step(step, proc, env)
     return interrupt
 
 
@@ -164,6 +159,6 @@ def launch(spec: LaunchSpec, env: Mapping[str, str], run_dir: Path | None = None
         with open(log_path, "a", encoding="utf-8") as handle:
             shown = masker.argv(built.argv) if masker is not None else built.argv
             handle.write(f"$ {shlex.join(shown)}\n")
-    interrupt = interrupt_step(run_dir, child_env) if spec.runtime.startswith("slurm") and run_dir else None
+    interrupt = interrupt_recorded_step(run_dir, child_env) if spec.runtime.startswith("slurm") and run_dir else None
     return run_streaming(built.argv, child_env, log_path, cwd=spec.workdir or None, stdout=stdout,
                          stderr=stderr, masker=masker, interrupt=interrupt)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Mapping
 
 from runtime.launch.commands import allocated_nodes, in_allocation
-from runtime.launch.slurm import hostnames, require, require_controller
+from runtime.launch.slurm import hostnames, interrupt_step, require, require_controller
 from runtime.program.results import HostResult, Interrupted, error_line, parse_json_output
 from trainer.errors import UserError
 
@@ -138,12 +138,7 @@ def _stop(proc: subprocess.Popen, hosts_dir: Path, env: Mapping[str, str], count
     a second, and ends the step on SIGTERM, so it is asked for through scancel.)"""
     print(f"interrupted: stopping the task on {count} node(s) (Ctrl-C again to stop waiting)",
           file=sys.stderr, flush=True)
-    step = _step_of(hosts_dir)
-    if step:
-        subprocess.run(["scancel", "--signal=INT", step], env=dict(env), capture_output=True, timeout=30,
-                       stdin=subprocess.DEVNULL)
-    else:
-        proc.send_signal(signal.SIGINT)     # no task started yet: srun gives up its request
+    interrupt_step(_step_of(hosts_dir), proc, env)
     try:
         try:
             return proc.communicate()
