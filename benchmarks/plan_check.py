@@ -1,10 +1,10 @@
 """Check `inv train.plan` against a GPU: real training steps, measured peak memory next to the plan.
 
     python -m benchmarks.plan_check [--config configs/llama3_1b.yaml] [--batch 4] [--seq 4096]
-        [--ac none,selective,selective_lean,full] [--nproc 1] [--steps 4] [--set KEY=VALUE]... [--kernels]
-        [--compile] [--out DIR] [--timeout 600]
+        [--ac none,selective,selective_lean,full] [--fp8 off,tensorwise,rowwise] [--nproc 1] [--steps 4]
+        [--set KEY=VALUE]... [--kernels] [--compile] [--out DIR] [--timeout 600]
 
-For each activation-checkpointing mode, a fresh process runs the real trainer
+For each FP8 recipe (precision.fp8) and activation-checkpointing mode, a fresh process runs the real trainer
 (`python -m trainer`, or torch.distributed.run with --nproc > 1) on synthetic tokens for
 --steps steps with log interval 1, and its metrics.jsonl gives the peak of
 torch.cuda.max_memory_allocated and max_memory_reserved over the steps (rank 0). The plan is
@@ -41,6 +41,8 @@ def parse_args(argv=None):
     p.add_argument("--seq", type=int, default=None, help="data.seq_len (default: the config's)")
     p.add_argument("--ac", default="", help="checkpointing modes to run, comma-separated "
                                             "(none,selective,selective_lean,full; default: the config's)")
+    p.add_argument("--fp8", default="", help="precision.fp8 recipes to run, comma-separated "
+                                             "(off,tensorwise,rowwise; default: the config's)")
     p.add_argument("--nproc", type=int, default=1, help="GPUs (processes) on this node")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
@@ -65,9 +67,9 @@ def overrides(args) -> list[str]:
     return sets
 
 
-def run_sets(args, mode: str) -> list[str]:
+def run_sets(args, mode: str, fp8: str = "") -> list[str]:
     """What the training run gets on top of overrides(): synthetic data, every step logged, no I/O."""
-    return overrides(args) + [
+    return overrides(args) + ([f"precision.fp8={fp8}"] if fp8 else []) + [
         "data.path=synthetic", f"train.activation_checkpoint={mode}", f"train.steps={args.steps}",
         "train.log_interval=1", "train.val_batches=0", "checkpoint.interval=0", "checkpoint.save_final=false",
         "logging.progress=false", "logging.tensorboard=false"]
@@ -102,10 +104,10 @@ def planned(cfg, nproc: int, device, mode: str) -> dict:
             "plan_fits": mem.fits(nproc)}
 
 
-def measure(args, mode: str, out: Path, env: dict) -> dict:
-    run_dir = out / f"run_{mode}"
+def measure(args, mode: str, fp8: str, out: Path, env: dict) -> dict:
+    run_dir = out / (f"run_{mode}_fp8_{fp8}" if fp8 else f"run_{mode}")
     trainer = ["-m", "trainer", "--config", args.config, "--run-dir", str(run_dir)]
-    for item in run_sets(args, mode):
+    for item in run_sets(args, mode, fp8):
         trainer += ["--set", item]
     if args.nproc > 1:
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -114,7 +116,7 @@ def measure(args, mode: str, out: Path, env: dict) -> dict:
         argv = [sys.executable] + trainer
     log_path = out / "plan_check.log"
     with open(log_path, "a", encoding="utf-8") as log:
-        log.write(f"\n===== {mode}: {' '.join(argv)}\n")
+        log.write(f"\n===== {mode}{' fp8 ' + fp8 if fp8 else ''}: {' '.join(argv)}\n")
         log.flush()
         start = log.tell()
         try:
@@ -145,7 +147,8 @@ def main(argv=None) -> int:
     try:
         cfg = load(args.config, overrides(args))
         modes = [m.strip() for m in (args.ac or cfg.train.activation_checkpoint).split(",") if m.strip()]
-        configs = {mode: load(args.config, run_sets(args, mode)) for mode in modes}
+        recipes = [r.strip() for r in args.fp8.split(",") if r.strip()] or [""]
+        configs = {(fp8, mode): load(args.config, run_sets(args, mode, fp8)) for fp8 in recipes for mode in modes}
     except ConfigError as exc:
         print(f"plan_check: {exc}", file=sys.stderr)
         return 2
@@ -160,7 +163,8 @@ def main(argv=None) -> int:
               "device_memory_gib": device.memory_gib if device else None,
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "runs": []}
     if device is None:
-        report["runs"] = [{"ac": mode, **planned(configs[mode], args.nproc, None, mode)} for mode in modes]
+        report["runs"] = [{"ac": mode, "fp8": cfg.precision.fp8, **planned(cfg, args.nproc, None, mode)}
+                          for (_, mode), cfg in configs.items()]
         report["error"] = f"no GPU visible to torch ({torch.__version__}): nothing measured"
         print(json.dumps(report, indent=2))
         print(f"plan_check: {report['error']}; run it on a GPU machine", file=sys.stderr)
@@ -176,9 +180,9 @@ def main(argv=None) -> int:
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     report["alloc_conf"] = next((f"{v}={env[v]}" for v in ALLOC_VARS if env.get(v)), None)
     report["out"] = str(out)
-    for mode in modes:
-        row = {"ac": mode, **planned(configs[mode], args.nproc, device, mode)}
-        row.update(measure(args, mode, out, env))
+    for (fp8, mode), run_cfg in configs.items():
+        row = {"ac": mode, "fp8": run_cfg.precision.fp8, **planned(run_cfg, args.nproc, device, mode)}
+        row.update(measure(args, mode, fp8, out, env))
         if row["max_allocated_gib"]:
             row["error_allocated_pct"] = round(100 * (row["plan_peak_allocated_gib"] / row["max_allocated_gib"] - 1), 1)
         if row["max_reserved_gib"]:
