@@ -39,6 +39,12 @@ Saved for backward, per decoder layer and token (bytes):
     fp32 compute on a GPU runs SDPA's math kernel (flash needs 16-bit): 4cD + cHT per token
       instead (scaled q, k and v repeated to H heads, output, the T x T probabilities)
 
+    precision.fp8 (Float8Linear for the layers' linears; trainer/fp8.py), no checkpointing: eager
+      keeps the same 16-bit inputs (torchao saves the input before its cast); under torch.compile
+      the partitioner keeps the float8 cast instead (one byte) of each input the linears share and
+      nothing else needs: attention's and the MLP's normed inputs (D each, however many casts
+      autocast made) and SwiGLU's output (F). Checkpointed modes keep what they kept.
+
 The no-checkpointing formula is exact against autograd's saved tensors on CPU (test_plan.py
 counts them with saved_tensors_hooks, bf16 weights and fp32 weights under autocast).
 Checkpointing adds, during each layer's backward, the recomputed rest of that one layer.
@@ -62,19 +68,22 @@ loss's gradients), the last layer (kept gathered by distributed.wrap), in backwa
 layers: the one computing, the one prefetched, its unsharded gradients and the fp32
 reduce-scatter input (reduce_dtype fp32), max(3c + 4, 2c + 8) bytes per layer parameter; and
 at the end of backward the embedding's unsharded gradient with its fp32 reduce-scatter input.
-Without FSDP, fp32 weights under bf16 autocast add bf16 copies of every matmul weight
-(autocast's cache; autograd keeps them for backward when nothing is checkpointed), DDP a second
+With FP8 tensorwise, FSDP2 gathers the converted weights in float8 (one byte each).
+Without FSDP, fp32 weights under bf16 autocast add bf16 copies of every matmul weight but the
+FP8 ones (autocast's cache; autograd keeps them for backward when nothing is checkpointed), DDP a second
 copy of the gradients (its buckets). With data.grad_accum > 1 the gradients live through the
 next micro-batches; under FSDP2's no-sync
 they are unsharded and fp32 (4 bytes per parameter of the whole model on every rank).
 
 Peak allocated = the largest of these moments: forward end (in the loss), the loss backward
 (all activations still held), the first layer's backward (head gradient, recompute, gradient
-transients), the end of backward / optimizer step (weights + gradients + optimizer, plus the
+transients; eager FP8 adds its casts' two fp32 copies of the widest gradient), the end of
+backward / optimizer step (weights + gradients + optimizer, plus the
 root's reduce-scatter under FSDP2) and, for FSDP2 without parallel.meta_init, the full model
 built on each GPU before sharding. Checked on an H200 (BENCHMARKS.md, Llama-3.2-1B, batch
 4 x 4096, one GPU): eager bf16 57.3 GiB measured / 57.2 planned, --kernels 26.7 / 26.8,
---kernels with fp32 weights 40.9 / 41.0 (test_plan.py keeps these).
+--kernels with fp32 weights 40.9 / 41.0; with FP8 on an H100 and two H200s within 1.1%
+(test_plan.py keeps these).
 
 Needed = peak * (1 + fragmentation) + context + communicator. Assumptions, not measurements:
 fragmentation 5% with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set by the CUDA
@@ -211,8 +220,41 @@ def dtypes(cfg: TrainConfig, world: int) -> Dtypes:
     return Dtypes(4, c, 4, False, ddp)          # fp32 weights, autocast to c (or plain fp32)
 
 
+@dataclass(frozen=True)
+class Fp8:
+    """What precision.fp8 changes in the plan: which of a layer's linears are Float8Linear
+    (trainer.fp8.convert_filter's rule), whether torch.compile runs them, whether FSDP2 gathers
+    their weights in float8."""
+
+    recipe: str
+    compiled: bool
+    attn_in: bool          # q, k, v converted: their shared input can be kept in float8
+    mlp_in: bool           # gate, up converted
+    down: bool             # down_proj converted: SwiGLU's output can be kept in float8
+    converted: int         # elements of one layer's converted weights
+    widest_out: int        # the largest output width of a converted linear (its gradient is cast)
+    gather: bool           # FSDP2 all-gathers the converted weights in float8 (tensorwise)
+
+
+def fp8_layout(cfg: TrainConfig, dt: Dtypes) -> Fp8 | None:
+    """The Fp8 of cfg, or None with precision.fp8 off."""
+    recipe = getattr(cfg.precision, "fp8", "off")
+    if recipe == "off":
+        return None
+    from trainer.fp8 import ALIGN   # the alignment rule of trainer.fp8.convert_filter
+    m = cfg.model
+    q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
+    linears = {"q": (m.dim, q), "k": (m.dim, kv), "v": (m.dim, kv), "o": (q, m.dim),
+               "gate": (m.dim, m.ffn_dim), "up": (m.dim, m.ffn_dim), "down": (m.ffn_dim, m.dim)}
+    ok = {name: i % ALIGN == 0 and o % ALIGN == 0 for name, (i, o) in linears.items()}
+    return Fp8(recipe, bool(cfg.train.compile), ok["q"] and ok["k"] and ok["v"], ok["gate"] and ok["up"],
+               ok["down"], sum(i * o for name, (i, o) in linears.items() if ok[name]),
+               max((o for name, (_, o) in linears.items() if ok[name]), default=0),
+               dt.fsdp and recipe == "tensorwise")
+
+
 def layer_activation_bytes(m: ModelConfig, seq_len: int, mode: str, dt: Dtypes,
-                           kernels: bool = False) -> int:
+                           kernels: bool = False, fp8: Fp8 | None = None) -> int:
     """Bytes one decoder layer keeps for backward per token (the module docstring's table)."""
     D, F, H = m.dim, m.ffn_dim, m.n_heads
     Dkv = m.n_kv_heads * m.head_dim
@@ -228,13 +270,21 @@ def layer_activation_bytes(m: ModelConfig, seq_len: int, mode: str, dt: Dtypes,
     if mode != "none":
         raise PlanError(f"activation checkpointing {mode!r}: expected one of {', '.join(AC_MODES)}")
     norms = 2 * (r * D + 4) if kernels else 2 * (4 * D + r * D + 4)
-    linear_inputs = c * D * ((3 + 2) if dt.casts else 2)
+    attn_in = c * D * (3 if dt.casts else 1)     # autocast casts the input once per linear
+    mlp_in = c * D * (2 if dt.casts else 1)
     if flash:
         attn = 2 * c * D + 2 * c * Dkv + 4 * H
     else:
         attn = 4 * c * D + c * H * seq_len
     mlp = (3 if kernels else 4) * c * F
-    return norms + linear_inputs + attn + mlp
+    if fp8 and fp8.compiled:
+        # Inductor's partitioner keeps a Float8Linear's input as its float8 cast (one byte), once per
+        # input the linears share, where nothing else needs the 16-bit tensor: the normed inputs of
+        # attention and the MLP, and SwiGLU's output. o_proj's input is SDPA's output, kept anyway.
+        attn_in = D if fp8.attn_in else attn_in
+        mlp_in = D if fp8.mlp_in else mlp_in
+        mlp -= (c - 1) * F if fp8.down else 0
+    return norms + attn_in + mlp_in + attn + mlp
 
 
 def _flce_chunk(n_tokens: int, m: ModelConfig) -> tuple[int, str]:
@@ -327,6 +377,7 @@ def memory(cfg: TrainConfig, world: int, device: Device, batch_size: int | None 
     mode = mode or cfg.train.activation_checkpoint
     kernels = cfg.train.kernels
     dt = dtypes(cfg, world)
+    fp8 = fp8_layout(cfg, dt)
     p, c = dt.p, dt.c
     shapes = param_shapes(m)
     count = ParamCount.of(m)
@@ -345,8 +396,8 @@ def memory(cfg: TrainConfig, world: int, device: Device, batch_size: int | None 
     optim = Term("optimizer", f"optimizer: AdamW exp_avg + exp_avg_sq ({pname}{share})", 2 * p * local)
 
     # Activations and the loss.
-    per_token_layer = layer_activation_bytes(m, T, mode, dt, kernels)
-    none_layer = layer_activation_bytes(m, T, "none", dt, kernels)
+    per_token_layer = layer_activation_bytes(m, T, mode, dt, kernels, fp8)
+    none_layer = layer_activation_bytes(m, T, "none", dt, kernels, fp8)
     acts = L * N * per_token_layer
     act_term = Term("activations", f"activations ({L} layers, checkpointing {mode})", acts,
                     f"{per_token_layer:,} B per token per layer x {N:,} tokens")
@@ -372,9 +423,13 @@ def memory(cfg: TrainConfig, world: int, device: Device, batch_size: int | None 
                         f"log-probs + 2 fp32 gradients, 12 B x {N:,} tokens x {V:,} vocab")
     recompute = (none_layer - per_token_layer) * N
     transient = N * (3 * c * m.ffn_dim + 2 * c * D)
+    # Eager float8 casts (torchao: x.float() * scale, then a clamp) hold two fp32 copies of the
+    # tensor they cast; the largest is a gradient of the widest converted output. Inductor fuses them.
+    casts = 8 * N * fp8.widest_out if fp8 and not fp8.compiled else 0
     layer_work = Term("layer_bwd", "one layer's backward: recompute + activation gradients",
-                      recompute + transient,
-                      (f"recompute {_gib(recompute)} + " if recompute else "") + f"grads {_gib(transient)}")
+                      recompute + transient + casts,
+                      (f"recompute {_gib(recompute)} + " if recompute else "") + f"grads {_gib(transient)}"
+                      + (f" + eager float8 casts {_gib(casts)}" if casts else ""))
 
     # What comes on top of the state, by strategy.
     shared: list[Term] = []          # at every moment from forward to the end of backward
@@ -385,6 +440,9 @@ def memory(cfg: TrainConfig, world: int, device: Device, batch_size: int | None 
     if dt.fsdp:
         layer_numel = world * sum(_shard_numel(s, world) for n, s in shapes.items()
                                   if n.startswith("model.layers.0."))
+        # Bytes of one gathered layer: float8 for the converted weights under float8 all-gather.
+        f8_numel = fp8.converted if fp8 and fp8.gather else 0
+        layer_gathered = c * layer_numel - (c - 1) * f8_numel
         def gathered_numel(name: str) -> int:
             return world * _shard_numel(shapes[name], world) if name in shapes else 0
         outer_numel = sum(gathered_numel(n) for n in shapes if not n.startswith("model.layers."))
@@ -395,15 +453,17 @@ def memory(cfg: TrainConfig, world: int, device: Device, batch_size: int | None 
         root_numel = outer_numel - head_numel - embed_numel
         root = Term("fsdp_root", "FSDP2 root all-gathered (final norm)" if head_numel else
                     "FSDP2 root all-gathered (embedding, norm, LM head)", c * root_numel)
+        f8_note = "float8 all-gather of the FP8 linears' weights" if f8_numel else ""
         if cfg.parallel.reshard_after_forward:
-            gathered = Term("fsdp_layers", "FSDP2 last layer all-gathered", c * layer_numel,
-                            "distributed.wrap keeps it for backward")
+            gathered = Term("fsdp_layers", "FSDP2 last layer all-gathered", layer_gathered,
+                            "distributed.wrap keeps it for backward" + (f"; {f8_note}" if f8_note else ""))
         else:
             gathered = Term("fsdp_layers", "FSDP2 layers all-gathered (reshard_after_forward off)",
-                            c * layer_numel * L)
+                            layer_gathered * L, f8_note)
+        grad_rs = (c + 4) * layer_numel            # unsharded gradients + fp32 reduce-scatter input
         window = Term("fsdp_window", "FSDP2 backward window (gathered, prefetched, grads, reduce-scatter)",
-                      max(3 * c + 4, 2 * c + 8) * layer_numel
-                      + (c * layer_numel * L if not cfg.parallel.reshard_after_forward else 0))
+                      max(2 * layer_gathered + grad_rs, layer_gathered + grad_rs + 4 * layer_numel)
+                      + (layer_gathered * L if not cfg.parallel.reshard_after_forward else 0), f8_note)
         shared.append(root)
         fwd_extra.append(gathered)
         bwd_extra.append(gathered)
@@ -433,17 +493,19 @@ def memory(cfg: TrainConfig, world: int, device: Device, batch_size: int | None 
                          "larger batch_size avoids that")
     else:
         if dt.casts:
-            copies_all = c * (L * count.layer_matmul + V * D)
-            copies_saved = (c * L * count.layer_matmul if mode == "none" else 0) + (0 if kernels else c * V * D)
+            # Float8Linear casts its fp32 weight to float8 itself: autocast copies only the others.
+            cast_matmul = count.layer_matmul - (fp8.converted if fp8 else 0)
+            copies_all = c * (L * cast_matmul + V * D)
+            copies_saved = (c * L * cast_matmul if mode == "none" else 0) + (0 if kernels else c * V * D)
             fwd_extra.append(Term("copies", "bf16 weight copies (autocast cache)", copies_all,
                                   "fp32 weights cast for bf16 matmuls"))
             if copies_saved:
                 label = ("bf16 weight copies saved for backward" if mode == "none"
                          else "bf16 LM head copy saved for backward")
                 bwd_extra.append(Term("copies", label, copies_saved))
-            if mode == "none":   # the LM head's copy is gone once the loss backward ran
+            if mode == "none" and cast_matmul:   # the LM head's copy is gone once the loss backward ran
                 layer_extra.append(Term("copies", "bf16 layer weight copies saved for backward",
-                                        c * L * count.layer_matmul))
+                                        c * L * cast_matmul))
         layer_extra.append(Term("head_grad", "LM head gradient", p * V * D))
         if dt.ddp:
             buckets = Term("ddp", "DDP gradient buckets (a second copy of the gradients)", p * count.total)
@@ -579,11 +641,16 @@ class Plan:
     @property
     def notes(self) -> list[str]:
         notes = list(self.memory.notes)
+        fp8 = fp8_layout(self.cfg, dtypes(self.cfg, self.world))
         if self.cfg.train.compile:
             notes.append("torch.compile: planned as eager, an upper bound (Inductor fuses the loss "
                          "upcast and recomputes cheap ops)")
-        if getattr(self.cfg.precision, "fp8", "off") != "off":
-            notes.append("precision.fp8: not modelled (planned as bf16)")
+        if fp8:
+            notes.append(f"precision.fp8 {fp8.recipe}: "
+                         + ("weights all-gathered in float8; " if fp8.gather else "")
+                         + ("the FP8 linears' inputs kept in float8 for backward (as Inductor does)"
+                            if fp8.compiled else "eager: the linears' 16-bit inputs kept and each float8 "
+                            "cast holds two fp32 copies; train.compile keeps the inputs in float8"))
         return notes
 
 
