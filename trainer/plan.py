@@ -238,18 +238,19 @@ class Fp8:
 
 def fp8_layout(cfg: TrainConfig, dt: Dtypes) -> Fp8 | None:
     """The Fp8 of cfg, or None with precision.fp8 off."""
-    recipe = getattr(cfg.precision, "fp8", "off")
+    recipe = cfg.precision.fp8
     if recipe == "off":
         return None
     from trainer.fp8 import ALIGN   # the alignment rule of trainer.fp8.convert_filter
-    m = cfg.model
-    q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
-    linears = {"q": (m.dim, q), "k": (m.dim, kv), "v": (m.dim, kv), "o": (q, m.dim),
-               "gate": (m.dim, m.ffn_dim), "up": (m.dim, m.ffn_dim), "down": (m.ffn_dim, m.dim)}
-    ok = {name: i % ALIGN == 0 and o % ALIGN == 0 for name, (i, o) in linears.items()}
-    return Fp8(recipe, bool(cfg.train.compile), ok["q"] and ok["k"] and ok["v"], ok["gate"] and ok["up"],
-               ok["down"], sum(i * o for name, (i, o) in linears.items() if ok[name]),
-               max((o for name, (_, o) in linears.items() if ok[name]), default=0),
+    pre = "model.layers.0."
+    # One layer's linears, {"q_proj": (out, in), ...}: the 2-D weights of param_shapes.
+    linears = {n[len(pre):].split(".")[1]: s for n, s in param_shapes(cfg.model).items()
+               if n.startswith(pre) and len(s) == 2}
+    ok = {name: out % ALIGN == 0 and inp % ALIGN == 0 for name, (out, inp) in linears.items()}
+    return Fp8(recipe, bool(cfg.train.compile), ok["q_proj"] and ok["k_proj"] and ok["v_proj"],
+               ok["gate_proj"] and ok["up_proj"], ok["down_proj"],
+               sum(_numel(s) for name, s in linears.items() if ok[name]),
+               max((s[0] for name, s in linears.items() if ok[name]), default=0),
                dt.fsdp and recipe == "tensorwise")
 
 
