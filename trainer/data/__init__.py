@@ -13,7 +13,8 @@ from .dataset import Dataset, read_manifest
 from .errors import DataError, Interrupted
 from .inspect import inspect_dataset
 from .loader import SyntheticLoader, TokenLoader
-from .prepare import prepare, train_tokenizer
+from .bpe import train_tokenizer
+from .prepare import prepare
 from .tokenizers import ByteTokenizer, get_tokenizer, load_tokenizer
 
 __all__ = ["ByteTokenizer", "DataError", "Dataset", "Interrupted", "SyntheticLoader", "TokenLoader", "get_tokenizer",
