@@ -1,7 +1,7 @@
 """The real trainer (`python -m trainer`, under torchrun with gloo) killed and resumed:
 
 - SIGKILL of the whole process tree mid-run, then `--resume auto`: the loss curve is
-  bit-identical to an uninterrupted run (2 ranks, DDP);
+  bit-identical to an uninterrupted run (2 ranks, DDP), on one dataset and on a blend of two;
 - SIGTERM reaching ONE rank of an FSDP run: both ranks stop at the same step, checkpoint and
   exit 3; the 2-rank checkpoint then resumes on 1 process and finishes;
 - SIGUSR2 to a single process: checkpoint, summary "preempted", exit status 3.
@@ -120,8 +120,24 @@ def kill_tree(pid: int) -> None:
     psutil.wait_procs(family, timeout=30)
 
 
-def test_sigkill_then_resume_auto_reproduces_the_loss_curve(tmp_path, dataset):
+@pytest.fixture(scope="module")
+def second_dataset(tmp_path_factory) -> Path:
+    """Ten other standard-library files, byte tokenizer: a blend's second source."""
+    import sysconfig
+
+    from trainer.data import prepare
+
+    out = tmp_path_factory.mktemp("data") / "stdlib10"
+    prepare(sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[30:40], out, progress=False)
+    return out
+
+
+@pytest.mark.parametrize("data", ["one dataset", "a blend"])
+def test_sigkill_then_resume_auto_reproduces_the_loss_curve(tmp_path, dataset, second_dataset, data):
     steps = ["train.steps=24", "checkpoint.interval=4", "checkpoint.keep_last=2"]
+    if data == "a blend":   # the position in each source resumes exactly too
+        steps += ["data.path=null", f"data.blend=[{{path: {dataset}, weight: 0.6}}, "
+                                    f"{{path: {second_dataset}, weight: 0.4, name: other}}]"]
     reference = run(trainer_argv(tmp_path / "reference", dataset, 2, *steps))
     assert reference.returncode == 0, reference.stderr[-3000:]
     expected = losses(tmp_path / "reference")
@@ -146,6 +162,11 @@ def test_sigkill_then_resume_auto_reproduces_the_loss_curve(tmp_path, dataset):
     assert f"resumed from {resume_from} at step {resume_from.name[5:]}" in (victim / "logs" / "rank0.log").read_text()
     got = losses(victim)
     assert got == expected  # every step, bit for bit, including those replayed after the kill
+    if data == "a blend":
+        def tokens(run_dir):
+            last = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
+            return last["tokens/stdlib30"], last["tokens/other"]
+        assert tokens(victim) == tokens(tmp_path / "reference") and 0 < tokens(victim)[1] < tokens(victim)[0]
     assert [p.name for p in ck.list_checkpoints(victim / "checkpoints")] == ["step_20", "step_24"]
 
     from trainer.plot import read_metrics, plot_run  # the real killed-and-resumed log plots

@@ -57,9 +57,10 @@ def _training_config(checkpoint: Path):
 
 
 def _dataset_dir(cfg, checkpoint: Path) -> Path | None:
-    path = Path(cfg.data.path)
-    if str(cfg.data.path) == "synthetic":
+    datasets = cfg.data.datasets()   # a blend's share one tokenizer (trainer.train.check_data)
+    if not datasets:
         return None
+    path = Path(datasets[0])
     if not path.is_absolute():  # relative to the directory training ran in
         path = Path(ck.read_meta(checkpoint).get("cwd") or os.getcwd()) / path
     return path if (path / "manifest.json").is_file() else None

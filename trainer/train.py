@@ -43,27 +43,55 @@ def user_errors() -> tuple[type[BaseException], ...]:
 # --------------------------------------------------------------------------- data
 
 def check_data(cfg: TrainConfig) -> str:
-    """Fail early (before any process starts) when data.path is not usable; returns a label."""
+    """Fail early (before any process starts) when data.path or a dataset of data.blend is not
+    usable (a blend's must also share one tokenizer); returns a label."""
     if cfg.data.path == SYNTHETIC:
         return f"SYNTHETIC random tokens (vocab {cfg.model.vocab_size})"
+    if not cfg.data.blend:
+        tok = _check_dataset(cfg, "data.path", Path(cfg.data.path))
+        return f"{Path(cfg.data.path)} ({_tokenizer_label(tok)})"
+    from trainer.data import read_manifest
+    from trainer.data.blend import check_same_tokenizer, shares
+    sources = [(f"data.blend[{i}].path", Path(source.path)) for i, source in enumerate(cfg.data.blend)]
+    for key, path in sources:   # every one there before their tokenizers are compared
+        _require_dataset(cfg, key, path)
+    check_same_tokenizer([(f"{key} {str(path)!r}", read_manifest(path)) for key, path in sources])
+    tok = [_check_dataset(cfg, key, path) for key, path in sources][0]
+    parts = [f"{source.name} {share:.1%} ({source.path})"
+             for source, share in zip(cfg.data.blend, shares([s.weight for s in cfg.data.blend]))]
+    return f"blend of {', '.join(parts)} ({_tokenizer_label(tok)})"
+
+
+def _tokenizer_label(tok) -> str:
+    return f"{getattr(tok, 'kind', type(tok).__name__)} tokenizer, vocab {tok.vocab_size}"
+
+
+def _require_dataset(cfg: TrainConfig, key: str, path: Path) -> None:
+    """DataError saying how to make it when `path` (from config key `key`) holds no prepared dataset."""
+    from trainer.data import DataError
+    if (path / "manifest.json").is_file():
+        return
+    if cfg.model.vocab_size > 65536:
+        hint = (f"prepare it with Llama 3's tokenizer (vocab {cfg.model.vocab_size}): "
+                f"`inv data.prepare --input TEXT_FILES --tokenizer PATH/TO/tokenizer.json --out {path}`"
+                + ("; for throughput runs use --set data.path=synthetic" if key == "data.path" else ""))
+    else:
+        hint = f"prepare it with `inv data.prepare --out {path}`"
+    raise DataError(f"{key} {str(path)!r}: no prepared dataset there (manifest.json missing); {hint}")
+
+
+def _check_dataset(cfg: TrainConfig, key: str, path: Path):
+    """The dataset at `path` (config key `key`) exists, its tokenizer fits the model and its splits
+    hold a sequence; returns its tokenizer."""
     from trainer.data import DataError, load_tokenizer
-    path = Path(cfg.data.path)
-    if not (path / "manifest.json").is_file():
-        if cfg.model.vocab_size > 65536:
-            hint = (f"prepare it with Llama 3's tokenizer (vocab {cfg.model.vocab_size}): "
-                    f"`inv data.prepare --input TEXT_FILES --tokenizer PATH/TO/tokenizer.json --out {path}`; "
-                    "for throughput runs use --set data.path=synthetic")
-        else:
-            hint = f"prepare it with `inv data.prepare --out {path}`"
-        raise DataError(f"data.path {str(path)!r}: no prepared dataset there (manifest.json "
-                        f"missing); {hint}")
+    _require_dataset(cfg, key, path)
     tok = load_tokenizer(path)
     if tok.vocab_size > cfg.model.vocab_size:
-        raise DataError(f"data.path {str(path)!r}: its tokenizer has {tok.vocab_size} tokens but "
+        raise DataError(f"{key} {str(path)!r}: its tokenizer has {tok.vocab_size} tokens but "
                         f"model.vocab_size is {cfg.model.vocab_size}; set model.vocab_size >= "
                         f"{tok.vocab_size}")
-    _check_split_sizes(cfg, path)
-    return f"{path} ({getattr(tok, 'kind', type(tok).__name__)} tokenizer, vocab {tok.vocab_size})"
+    _check_split_sizes(cfg, key, path)
+    return tok
 
 
 def _split_tokens(manifest: dict, name: str) -> int | None:
@@ -72,7 +100,7 @@ def _split_tokens(manifest: dict, name: str) -> int | None:
     return None if split is None else sum(int(shard["tokens"]) for shard in split["shards"])
 
 
-def _check_split_sizes(cfg: TrainConfig, path: Path) -> None:
+def _check_split_sizes(cfg: TrainConfig, key: str, path: Path) -> None:
     """Each split the run reads must hold one sequence of seq_len+1 tokens, as TokenLoader needs:
     found here, before launch, not by the rank (the val split: at the end, after the training)."""
     from trainer.data import DataError, read_manifest
@@ -85,15 +113,25 @@ def _check_split_sizes(cfg: TrainConfig, path: Path) -> None:
     for name in ("train", "val") if cfg.train.val_batches else ("train",):
         tokens = _split_tokens(manifest, name)
         if tokens is None:
-            raise DataError(f"data.path {str(path)!r}: the dataset has no {name!r} split; {fixes[name]}")
+            raise DataError(f"{key} {str(path)!r}: the dataset has no {name!r} split; {fixes[name]}")
         if tokens < need:
-            raise DataError(f"data.path {str(path)!r}: its {name!r} split has {tokens:,} tokens, too few "
+            raise DataError(f"{key} {str(path)!r}: its {name!r} split has {tokens:,} tokens, too few "
                             f"for one sequence of data.seq_len={cfg.data.seq_len} + 1; {fixes[name]}")
 
 
 def make_loader(cfg: TrainConfig, split: str, info: distributed.DistInfo, shuffle: bool = True):
+    """The loader of `split`: data.path's, or one stream of data.blend's datasets (always shuffled)."""
+    if not cfg.data.blend:
+        return _dataset_loader(cfg, cfg.data.path, split, info, shuffle)
+    from trainer.data import BlendLoader
+    return BlendLoader([(s.name, s.path, s.weight) for s in cfg.data.blend], split, cfg.data.seq_len,
+                       cfg.data.batch_size, info.rank, info.world_size, cfg.train.seed,
+                       vocab_size=cfg.model.vocab_size)
+
+
+def _dataset_loader(cfg: TrainConfig, path: str, split: str, info: distributed.DistInfo, shuffle: bool = True):
     from trainer.data import TokenLoader
-    return TokenLoader(cfg.data.path, split, cfg.data.seq_len, cfg.data.batch_size,
+    return TokenLoader(path, split, cfg.data.seq_len, cfg.data.batch_size,
                        info.rank, info.world_size, cfg.train.seed, shuffle=shuffle,
                        vocab_size=cfg.model.vocab_size)
 
@@ -159,9 +197,21 @@ def autocast_context(cfg: TrainConfig, info: distributed.DistInfo):
 # --------------------------------------------------------------------------- eval
 
 @torch.no_grad()
-def evaluate(model, cfg: TrainConfig, info, autocast) -> float:
-    """Mean token loss over the first val_batches batches of the val split (all ranks)."""
-    loader = make_loader(cfg, "val", info, shuffle=False)
+def evaluate(model, cfg: TrainConfig, info, autocast) -> tuple[float, dict[str, float]]:
+    """Mean token loss over the first val_batches batches of the val split (all ranks), and {}.
+    For a blend, that of each source's val split ({name: loss}) and the mixed loss: the sources'
+    losses weighted by the blend's shares, the expected loss of a sample drawn as training draws them."""
+    if not cfg.data.blend:
+        return _val_loss(model, _dataset_loader(cfg, cfg.data.path, "val", info, shuffle=False), cfg, info,
+                         autocast), {}
+    from trainer.data.blend import shares
+    by_source = {s.name: _val_loss(model, _dataset_loader(cfg, s.path, "val", info, shuffle=False), cfg, info,
+                                   autocast) for s in cfg.data.blend}
+    weights = shares([s.weight for s in cfg.data.blend])
+    return sum(w * by_source[s.name] for w, s in zip(weights, cfg.data.blend)), by_source
+
+
+def _val_loss(model, loader, cfg: TrainConfig, info, autocast) -> float:
     n_batches = min(cfg.train.val_batches, max(1, len(loader)))
     total = torch.zeros(2, dtype=torch.float64, device=info.device)
     model.eval()
@@ -321,7 +371,7 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
                 now = time.perf_counter()
                 met.train_step(step, loss=mean_loss, lr=lr, grad_norm=gnorm, tokens=tokens_seen,
                                interval_tokens=interval_tokens, interval_steps=interval_steps,
-                               interval_s=now - interval_start)
+                               interval_s=now - interval_start, by_source=loader.tokens_by_source())
                 if mean_loss != mean_loss:  # NaN: stop rather than burn GPU hours
                     raise TrainError(f"loss is NaN at step {step}; lower optim.lr or check the data")
                 interval_start, interval_tokens, interval_steps = time.perf_counter(), 0, 0
@@ -329,7 +379,7 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
             if (cfg.train.val_interval and cfg.train.val_batches and step < cfg.train.steps
                     and step % cfg.train.val_interval == 0):
                 with watchdog.busy("validation"):
-                    met.val_step(step, evaluate(model, cfg, info, autocast))
+                    met.val_step(step, *evaluate(model, cfg, info, autocast))
                 interval_start = time.perf_counter()  # eval time is not training time
             if stopper.should_stop(step):
                 log.warning(f"{stopper.reason}: stopping after step {step}, checkpointing")
@@ -344,7 +394,7 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
         if status == "ok":
             if cfg.train.val_batches:
                 with watchdog.busy("validation"):
-                    met.val_step(step, evaluate(model, cfg, info, autocast))
+                    met.val_step(step, *evaluate(model, cfg, info, autocast))
             if cfg.checkpoint.save_final:
                 last_ckpt = save(step)
     finally:
@@ -360,6 +410,7 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
                           else torch.cuda.get_device_name(info.device),
                           data=data_label, **metrics.wall_times(time.time() - started, prior_wall,
                                                                 prior_segments),
+                          sources=loader.source_summary(),
                           checkpoint=str(last_ckpt) if last_ckpt else None,
                           flops_per_token=fpt, config=cfg.name)
     if info.is_main:

@@ -143,7 +143,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     from runtime.runs import nodes as nodes_mod
     from runtime.runs import outcome
     from runtime.runs.run import execute
-    from trainer.config import DEFAULT_CONFIG, SYNTHETIC, dump, load
+    from trainer.config import DEFAULT_CONFIG, dump, load
     from trainer.train import check_data
 
     if job.config is not None and not str(job.config).strip():
@@ -185,7 +185,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
             return {"run_dir": None, "summary": None, "complete": resume}
     # Check the launch before a run directory exists (bad --nproc, --nodes, runtime, image).
     # a container sees the checkout and the run directory; the dataset may live elsewhere
-    data_mounts = [] if cfg.data.path == SYNTHETIC else [str(Path(cfg.data.path).resolve())]
+    data_mounts = [str(Path(path).resolve()) for path in cfg.data.datasets()]
     probe = launch_spec(job, settings, env, ["--config", "CONFIG", "--run-dir", "RUN"], mounts=data_mounts)
     if not probe.runtime.startswith("slurm"):   # (a Slurm login node has no GPU; its nodes do)
         _needs_a_gpu_here(cfg, env.machine)
