@@ -369,7 +369,8 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
                           data=data_label, **metrics.wall_times(time.time() - started, prior_wall,
                                                                 prior_segments),
                           checkpoint=str(last_ckpt) if last_ckpt else None,
-                          flops_per_token=fpt, config=cfg.name, init_from=init_from)
+                          flops_per_token=fpt, config=cfg.name,
+                          **({"init_from": init_from} if init_from else {}))   # where the weights started
     if info.is_main:
         write_json_atomic(run_dir / "summary.json", summary)
         log.info("summary\n" + metrics.summary_table(summary))
