@@ -198,6 +198,20 @@ def test_bf16_weights_go_into_fp32_master_weights_exactly(tmp_path):
         assert param.dtype == torch.float32 and torch.equal(param, tensor.float()), name
 
 
+def test_a_tied_head_saved_anyway_and_old_rope_buffers_are_not_loaded(tmp_path):
+    """Some tied checkpoints carry lm_head.weight too, older transformers wrote rotary_emb.inv_freq:
+    transformers skips both on load, and so does Anvil."""
+    hf_model = write_hf(tmp_path, tied=True)
+    tensors = load_file(tmp_path / SINGLE)
+    tensors["lm_head.weight"] = torch.zeros_like(tensors["model.embed_tokens.weight"])
+    tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
+    save_file(tensors, tmp_path / SINGLE)
+    cfg = load_config(None, [f"checkpoint.init_from={tmp_path}", "data.seq_len=64"])
+    model = Transformer(cfg.model)
+    assert load_weights(model, tmp_path)["tensors"] == 20
+    assert torch.equal(model.lm_head.weight, hf_model.model.embed_tokens.weight)
+
+
 def test_export_of_the_loaded_model_gives_back_the_same_tensors(tmp_path):
     from trainer.export import export_hf
 

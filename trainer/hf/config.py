@@ -221,7 +221,7 @@ def _init_from(path: str | Path | None, overrides: list[str]) -> str | None:
         key, _, value = item.partition("=")
         if key.strip() == "checkpoint.init_from":
             value = _yaml(value) if value.strip() else ""
-            return value if isinstance(value, str) or value == "" else None
+            return value if isinstance(value, str) else None   # null: not from a directory after all
     section = _file_section(path, "checkpoint")
     value = section.get("init_from")
     return value if isinstance(value, str) else None
@@ -233,7 +233,7 @@ def _given_model_keys(path: str | Path | None, overrides: list[str]) -> dict[str
     given = {key: str(path) for key in _file_section(path, "model")} if path is not None else {}
     for item in overrides:
         key = item.partition("=")[0].strip()
-        if key.startswith("model.") and key.count(".") >= 1:
+        if key.startswith("model."):
             given[key.split(".")[1]] = f"--set {item}"
         elif key == "model" and isinstance(_yaml(item.partition("=")[2]), dict):
             given.update({k: f"--set {item}" for k in _yaml(item.partition("=")[2])})
