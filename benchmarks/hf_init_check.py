@@ -62,8 +62,10 @@ def write_checkpoint(model_cfg, out: Path, dtype, device, seed: int) -> None:
     torch.manual_seed(seed)
     with torch.device(device):   # random init on the GPU: seconds, not minutes, for 1 B parameters
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**raw))
-    model.to(dtype).save_pretrained(out, max_shard_size="1GB")
+    model.to(device="cpu", dtype=dtype).save_pretrained(out, max_shard_size="1GB")
     del model
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def mean_loss(logits, labels) -> float:
