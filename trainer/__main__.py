@@ -1,5 +1,5 @@
 """python -m trainer --config CONFIG.yaml --run-dir RUN_DIR [--set k=v ...] [--resume auto|PATH]
-                    [--compile] [--kernels]
+                    [--compile] [--kernels] [--init-from HF_DIR]
 
 What torchrun, srun or a container starts on every rank. Exit status: 0 ok,
 1 failure, 3 stopped on SIGTERM/SIGUSR2 after checkpointing (requeue).
@@ -20,13 +20,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--resume", default=None, help="auto (newest checkpoint in the run dir) or a path")
     p.add_argument("--compile", action="store_true", help="torch.compile the decoder blocks")
     p.add_argument("--kernels", action="store_true", help="patch in the fused Triton kernels")
+    p.add_argument("--init-from", default=None, metavar="HF_DIR",
+                   help="start from a Hugging Face Llama directory (checkpoint.init_from)")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     from trainer import ranklog
-    from trainer import config, train
+    from trainer import hf, train
 
     overrides = list(args.overrides)
     if args.compile:
@@ -35,7 +37,9 @@ def main(argv=None) -> int:
         overrides.append("train.kernels=true")
     log = ranklog.setup(args.run_dir, name="anvil.trainer")
     try:
-        cfg = config.load(args.config, overrides)
+        if args.init_from is not None:
+            overrides.append(hf.init_from_override(args.init_from))
+        cfg = hf.load_config(args.config, overrides)   # the model shape from init_from's config.json
         return train.run(cfg, args.run_dir, resume=args.resume, log=log)
     except KeyboardInterrupt:   # before the loop's own handler is installed
         log.warning("interrupted (Ctrl-C) before training started; nothing to checkpoint")

@@ -145,6 +145,7 @@ class CheckpointConfig:
     keep_last: int = 3
     dir: str = "checkpoints"       # relative to the run dir
     save_final: bool = True
+    init_from: Optional[str] = None   # a Hugging Face Llama directory to start from (trainer/hf); --resume wins
 
 
 @dataclass

@@ -5,7 +5,8 @@
 Order of model construction (torchtitan's): build (on the meta device for very
 large FSDP models) -> kernels.patch -> FP8 linear layers (precision.fp8) ->
 activation checkpointing -> torch.compile of the blocks -> DDP / FSDP2 ->
-materialise and init. The loop makes no host sync per step except at the log
+materialise and init -> the weights of a --resume checkpoint, or else of
+checkpoint.init_from's Hugging Face directory (trainer/hf). The loop makes no host sync per step except at the log
 interval (loss and grad norm fetched there).
 """
 from __future__ import annotations
@@ -35,9 +36,10 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from trainer.checkpoint import CheckpointError
     from trainer.config import ConfigError
     from trainer.data import DataError
+    from trainer.hf import InitError
     from trainer.profiling import ProfileSettingsError
     return (ConfigError, DataError, CheckpointError, distributed.DistributedError, TrainError,
-            ProfileSettingsError, fp8.Fp8Error)
+            ProfileSettingsError, fp8.Fp8Error, InitError)
 
 
 # --------------------------------------------------------------------------- data
@@ -283,6 +285,7 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
     # prior_wall / prior_segments: the wall time and the number of earlier segments (runs that
     # this one resumes, up to their checkpoint); the summary's wall_s is this segment's alone
     step, tokens_seen, prior_wall, prior_segments = 0, 0, 0.0, 0
+    init_from = None   # the Hugging Face directory the run's weights started from (checkpoint.init_from)
     # A requeued job restarts with the same --resume: its own newer checkpoints come first.
     own = checkpoint.find_latest(ckpt_dir) if resume else None
     resume_from = own or checkpoint.resolve(resume, ckpt_dir)
@@ -293,7 +296,12 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
         tokens_seen = int(state["extra"].get("tokens_seen", 0))
         prior_wall = float(state["extra"].get("wall_s", 0.0))
         prior_segments = int(state["extra"].get("segments", 1))  # older checkpoints: one segment
-        log.info(f"resumed from {resume_from} at step {step}")
+        init_from = state["extra"].get("init_from")
+        log.info(f"resumed from {resume_from} at step {step}"
+                 + (" (its weights, not checkpoint.init_from's)" if cfg.checkpoint.init_from else ""))
+    elif cfg.checkpoint.init_from:   # after materialising, before training; optimizer and step start fresh
+        from trainer.hf import load_weights
+        init_from = load_weights(model, cfg.checkpoint.init_from, log)
     elif resume == "auto":
         log.info("resume auto: no checkpoint yet, starting fresh")
 
@@ -304,7 +312,7 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
                                    config=config_dict,
                                    extra={"tokens_seen": tokens_seen,
                                           "wall_s": prior_wall + time.time() - started,
-                                          "segments": prior_segments + 1})
+                                          "segments": prior_segments + 1, "init_from": init_from})
         log.info(f"checkpoint saved: {path}")
         return path
 
@@ -412,7 +420,8 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
                                                                 prior_segments),
                           sources=loader.source_summary(),
                           checkpoint=str(last_ckpt) if last_ckpt else None,
-                          flops_per_token=fpt, config=cfg.name)
+                          flops_per_token=fpt, config=cfg.name,
+                          **({"init_from": init_from} if init_from else {}))   # where the weights started
     if info.is_main:
         write_json_atomic(run_dir / "summary.json", summary)
         log.info("summary\n" + metrics.summary_table(summary))

@@ -44,6 +44,7 @@ class TrainingJob:
     resume: str | None = None           # None (not given), "auto", or a run / checkpoint path
     compile: bool = False
     kernels: bool = False
+    init_from: str | None = None        # a Hugging Face Llama directory to start from (checkpoint.init_from)
     gpu: str = ""
     site: str = ""
     runtime: str = ""                   # "" = the anvil.runtime setting
@@ -143,7 +144,8 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     from runtime.runs import nodes as nodes_mod
     from runtime.runs import outcome
     from runtime.runs.run import execute
-    from trainer.config import DEFAULT_CONFIG, dump, load
+    from trainer import hf
+    from trainer.config import DEFAULT_CONFIG, dump
     from trainer.train import check_data
 
     if job.config is not None and not str(job.config).strip():
@@ -151,12 +153,15 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     if job.resume is not None and not job.resume.strip():
         raise UserError("--resume is empty; expected auto or a run directory or checkpoint path")
     sets = list(job.sets) + ["train.compile=true"] * job.compile + ["train.kernels=true"] * job.kernels
-    cfg = load(job.config or None, sets)
+    if job.init_from is not None:
+        sets.append(hf.init_from_override(job.init_from))
+    cfg = hf.load_config(job.config or None, sets)   # with init_from, the model shape is its config.json's
     check_data(cfg)
+    started_from = hf.check_before_launch(cfg)       # its tensors' names and shapes, from the headers
     config_path = job.config or str(DEFAULT_CONFIG)
     env = envs.resolve(gpu=job.gpu or None, site=job.site or None, config_env=cfg.env,
                        overrides=list(run_options.env) + list(extra_env), config_ref=f"{config_path} (env:)")
-    warnings = list(env.warnings)
+    warnings = list(env.warnings) + [w for w in [hf.tokenizer_warning(cfg)] if w]
     if cfg.schedule.warmup_steps >= cfg.train.steps and task_name == "train.pretrain":   # (a profile is short)
         warnings.append(f"schedule.warmup_steps={cfg.schedule.warmup_steps} >= train.steps={cfg.train.steps}: "
                         "the learning rate never leaves warmup")
@@ -186,6 +191,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     # Check the launch before a run directory exists (bad --nproc, --nodes, runtime, image).
     # a container sees the checkout and the run directory; the dataset may live elsewhere
     data_mounts = [str(Path(path).resolve()) for path in cfg.data.datasets()]
+    data_mounts += [cfg.checkpoint.init_from] if cfg.checkpoint.init_from else []
     probe = launch_spec(job, settings, env, ["--config", "CONFIG", "--run-dir", "RUN"], mounts=data_mounts)
     if not probe.runtime.startswith("slurm"):   # (a Slurm login node has no GPU; its nodes do)
         _needs_a_gpu_here(cfg, env.machine)
@@ -217,6 +223,8 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
         if resume:
             args += ["--resume", resume]
         spec = launch_spec(job, settings, env, args, job_name=f"anvil-{run.path.name}", mounts=data_mounts)
+        if started_from:
+            run.update_metadata(init_from=started_from)
         if excluded:
             run.update_metadata(excluded_nodes=excluded)
             print(f"excluding {len(excluded)} node(s) that failed preflight in {job.exclude_from}: "
