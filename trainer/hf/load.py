@@ -49,18 +49,17 @@ def check_before_launch(cfg) -> dict | None:
 
 def tokenizer_warning(cfg) -> str | None:
     """One line when the directory has a tokenizer.json and the dataset was not made with it."""
-    from trainer.config import SYNTHETIC
-
     directory = cfg.checkpoint.init_from
     theirs = Path(directory or "") / "tokenizer.json"
-    if not directory or cfg.data.path == SYNTHETIC or not theirs.is_file():
+    datasets = cfg.data.datasets()   # a blend's datasets share one tokenizer (checked before launch)
+    if not directory or not datasets or not theirs.is_file():
         return None
     from trainer.data import load_tokenizer
 
-    ours = load_tokenizer(cfg.data.path)
+    ours = load_tokenizer(datasets[0])
     if getattr(ours, "sha256", None) == hashlib.sha256(theirs.read_bytes()).hexdigest():
         return None
-    return (f"data.path {cfg.data.path} was tokenized with a {ours.kind} tokenizer (vocab {ours.vocab_size:,}), "
+    return (f"dataset {datasets[0]} was tokenized with a {ours.kind} tokenizer (vocab {ours.vocab_size:,}), "
             f"not with {theirs}, which the checkpoint was trained with: its token ids mean other things to the "
             f"model. Tokenize the corpus with it: inv data.prepare --input CORPUS --tokenizer {directory} "
             f"--out DATASET")
