@@ -135,14 +135,14 @@ class JsonTokenizer:
                 "source": str(self.path), "sha256": self.sha256}
 
 
-_PIECE_PROBES = (("def f(x):\n    return x\n", "print(f(1))\n"), ("Hello, world.\n\n", "A new paragraph"),
+_PIECE_PROBES = (("def f(x):\n    return x\n", "print(f(1))\n"), ("Hello, world.\n\nSecond.\n", "A new paragraph"),
                  ("1234567\n", "89 tokens"), ("\u65e5\u672c\u8a9e\u306e\u6587\u3002\n", "\u6b21\u306e\u884c"),
                  ("  indented\n", "x = {'a': [1, 2]}"))
 
 
 def splits_at_newlines(tok) -> bool:
-    """Whether `tok` gives a text's tokens when the text is cut right after a newline that a
-    non-space follows and the pieces are tokenized apart (formats/text.py cuts long files
+    """Whether `tok` gives a text's tokens when the text is cut right after a newline with a
+    non-space on both sides and the pieces are tokenized apart (formats/text.py cuts long files
     there). True of byte-level BPEs and Llama 3's; not of tokenizers that mark the start of
     the input (SentencePiece's prefix space): those get their documents whole."""
     for a, b in _PIECE_PROBES:

@@ -44,13 +44,53 @@ def open_stream(path, compression: str | None, buffer: int = 1 << 20):
     try:
         if compression == "gzip":
             return io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), buffer_size=buffer)
-        import zstandard
-        # read_across_frames: files written by parallel compressors hold many frames
-        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True)
-        return io.BufferedReader(reader, buffer_size=buffer)
+        return io.BufferedReader(_ZstdReader(raw), buffer_size=buffer)
     except BaseException:
         raw.close()
         raise
+
+
+class _ZstdReader(io.RawIOBase):
+    """A zstd stream's content, frame after frame (parallel compressors write many), that
+    raises ZstdError where the stream is cut short: zstandard's own stream_reader ends quietly
+    there, which would pass a truncated file off as a whole one."""
+
+    def __init__(self, raw, chunk: int = 1 << 17):
+        import zstandard
+        self._raw, self._chunk, self._error = raw, chunk, zstandard.ZstdError
+        self._context = zstandard.ZstdDecompressor()
+        self._frame = self._context.decompressobj()
+        self._begun = False          # bytes of the current frame were fed
+        self._out = bytearray()
+        self._done = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self._out and not self._done:
+            data = self._raw.read(self._chunk)
+            if not data:
+                if self._begun and not self._frame.eof:
+                    raise self._error("the stream ends in the middle of a frame (file cut short)")
+                self._done = True
+                break
+            while data:
+                self._begun = True
+                self._out += self._frame.decompress(data)
+                if not self._frame.eof:
+                    break
+                data = self._frame.unused_data       # the next frame starts here
+                self._frame = self._context.decompressobj()
+                self._begun = False
+        n = min(len(buffer), len(self._out))
+        buffer[:n] = self._out[:n]
+        del self._out[:n]
+        return n
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
 
 
 def peek(path, compression: str | None, size: int) -> bytes:

@@ -11,22 +11,30 @@ field, an empty text, invalid UTF-8; a damaged compressed stream ends the file t
 from __future__ import annotations
 
 import json
+import re
 
 from . import compression
-from .base import Piece, Probe, Reading, SourceFile, Span
+from .base import PROBE_BYTES, Piece, Probe, Reading, SourceFile, Span
 
 NAME = "jsonl"
 SUFFIXES = (".jsonl", ".ndjson")
 
 
+_OBJECT_START = re.compile(rb'\s*\{\s*"(?:[^"\\]|\\.)*"\s*:')
+
+
 def sniff(probe: Probe) -> bool:
     if probe.stem_suffixes and probe.stem_suffixes[0] in SUFFIXES:
         return True
-    for line in probe.text_head.split(b"\n", 8)[:8]:
+    lines = probe.text_head.split(b"\n")
+    for number, line in enumerate(lines[:8]):
         if line.strip():
+            if number == len(lines) - 1 and len(probe.text_head) >= PROBE_BYTES:
+                # a first line longer than the probe (a long document): judged by how it starts
+                return bool(_OBJECT_START.match(line))
             try:
                 return isinstance(json.loads(line), dict)
-            except ValueError:   # also a line cut off by the end of the probe
+            except ValueError:
                 return False
     return False
 

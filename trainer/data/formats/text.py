@@ -1,7 +1,7 @@
 """Plain text (gzip or zstd too): the whole file is one document.
 
-Read as a stream in pieces of about PIECE_BYTES, each cut right after a newline that a
-non-space character follows. Common tokenizers (byte-level BPE, Llama 3's) never join
+Read as a stream in pieces of about PIECE_BYTES, each cut right after a newline with a
+non-space character on both sides. Common tokenizers (byte-level BPE, Llama 3's) never join
 characters across such a place, so the pieces tokenize to the document's own tokens, and
 memory is a piece, not the file (workers check this of their tokenizer before they cut).
 A file is skipped, by reason, when it is empty or blank, holds a NUL byte (binary), is not
@@ -29,13 +29,14 @@ def spans(source: SourceFile, probe: Probe, target: int, text_field: str = "text
 
 
 def cut_point(data: bytes) -> int:
-    """Where to end a piece of `data` (0: nowhere): after the last newline before a non-space."""
+    """Where to end a piece of `data` (0: nowhere): after the last lone newline, one with a
+    non-space on both sides (a run of whitespace is one pre-token, which a cut would split)."""
     end = len(data) - 1
     while True:
-        i = data.rfind(b"\n", 0, end)
+        i = data.rfind(b"\n", 1, end)
         if i < 0:
             return 0
-        if data[i + 1] not in _SPACE:
+        if data[i + 1] not in _SPACE and data[i - 1] not in _SPACE:
             return i + 1
         end = i
 
