@@ -20,12 +20,13 @@ def _paths(values) -> list[str] | None:
 
 
 @task(iterable=["input"], help={
-    "input": "text/JSONL file or directory (.gz too); repeat or comma-separate. Default: the Python stdlib",
+    "input": "text, JSONL (.gz/.zst), Parquet or Arrow file, a folder of them, or a datasets.save_to_disk "
+             "folder; repeat or comma-separate. Default: the Python stdlib",
     "out": f"dataset directory to write (default {DEFAULT_DATASET})",
-    "tokenizer": "byte (default), bpe (trained on the inputs), or a tokenizer.json path",
+    "tokenizer": "byte (default), bpe (trained on the inputs), or a tokenizer.json or a folder holding one",
     "vocab_size": "vocabulary size when --tokenizer bpe (default 8192; only with bpe)",
     "val_fraction": "share of documents held out for validation (default 0.01)",
-    "text_field": "JSONL field holding the text (default text)",
+    "text_field": "JSONL field or Parquet/Arrow column holding the text (default text)",
     "workers": "worker processes (default: all cores)",
     "shard_tokens": "tokens per shard file (default 134217728)",
     "max_docs": "stop after this many documents",
@@ -39,7 +40,7 @@ def _paths(values) -> list[str] | None:
 def prepare(c, input=None, out=DEFAULT_DATASET, tokenizer="byte", vocab_size=0, val_fraction="0.01",
             text_field="text", workers=0, shard_tokens=1 << 27, max_docs=0, max_tokens=0, pattern=None,
             seed=0, force=False, quiet=False, json_=False):
-    """Tokenize a corpus into train/val token shards with a manifest (atomic, parallel)."""
+    """Tokenize a corpus into train/val token shards with a manifest (streamed, parallel, resumable)."""
     from trainer.data import DataError, prepare as prepare_dataset
     from trainer.data.prepare import DEFAULT_BPE_VOCAB
 
@@ -74,8 +75,10 @@ def prepare(c, input=None, out=DEFAULT_DATASET, tokenizer="byte", vocab_size=0, 
         return
     rows = [[name, s["documents"], s["tokens"], len(s["shards"])] for name, s in m["splits"].items()]
     print(tabulate(rows, headers=["split", "documents", "tokens", "shards"], intfmt=","))
+    formats = ", ".join(f"{n:,} {name}" for name, n in (m["source"].get("formats") or {}).items())
     print(f"tokenizer {m['tokenizer']['kind']} (vocab {m['tokenizer']['vocab_size']:,}, {m['dtype']}); "
-          f"{m['source']['files_used']:,}/{m['source']['files']:,} files used; skipped: "
+          f"{m['source']['files_used']:,}/{m['source']['files']:,} files used"
+          + (f" ({formats})" if formats else "") + "; skipped: "
           + _skipped_text(m["source"]["skipped"])
           + (" (stopped at --max-docs/--max-tokens)" if m["source"]["truncated"] else ""))
     print(f"wrote {result['path']} in {result['seconds']:.1f}s")
