@@ -94,3 +94,24 @@ def test_max_docs_stops_the_workers_early(tmp_path, bpe_path):
     result = prepare([corpus], tmp_path / "ds", tokenizer=str(bpe_path), workers=1, progress=False, max_docs=3)
     assert result["manifest"]["documents"] == 3 and result["manifest"]["source"]["truncated"]
     assert result["manifest"]["source"]["bytes_read"] < corpus.stat().st_size / 2
+
+
+def test_parts_made_by_two_node_processes_give_the_one_node_dataset(tmp_path):
+    """prepare(on_nodes=...) leaves the parts to `python -m trainer.data.node` on every node (here two
+    processes with their own node rank) and assembles what they made: the same dataset as one node."""
+    corpus = corpus_of(tmp_path)
+    one = prepare([corpus], tmp_path / "one", workers=1, progress=False)
+    ran = []
+
+    def two_nodes(folder):
+        procs = [subprocess.Popen([sys.executable, "-m", "trainer.data.node", str(folder), "--workers", "1"],
+                                  cwd=REPO, stdout=subprocess.PIPE, text=True,
+                                  env={**os.environ, "ANVIL_NODE_RANK": str(rank), "ANVIL_NNODES": "2"})
+                 for rank in range(2)]
+        ran.extend(json.loads(p.communicate(timeout=300)[0]) for p in procs)
+        assert all(p.returncode == 0 for p in procs)
+
+    two = prepare([corpus], tmp_path / "two", workers=1, progress=False, on_nodes=two_nodes)
+    assert sorted(r["node"] for r in ran) == [0, 1] and all(r["made"] > 0 for r in ran)
+    assert sum(r["made"] for r in ran) == sum(r["units"] for r in ran)   # every unit made once, by one node
+    assert comparable(two["manifest"]) == comparable(one["manifest"])

@@ -20,6 +20,7 @@ import shutil
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -32,7 +33,6 @@ from .errors import DataError, Interrupted
 from .options import check_bpe_vocab, check_options, tokenizer_path
 from .output import check_out, ctrl_c_deferred, is_dataset_dir, locked, recover, remove, swap_into_place, write_json
 from .parts import WorkFolder
-from .progress import Progress
 from .shards import assemble
 from .tokenizers import get_tokenizer, train_bpe
 
@@ -76,16 +76,22 @@ def prepare(inputs: list[Path] | None = None, out: Path = DEFAULT_OUT, tokenizer
             val_fraction: float = 0.01, text_field: str = "text", workers: int | None = None,
             shard_tokens: int = DEFAULT_SHARD_TOKENS, max_docs: int | None = None,
             max_tokens: int | None = None, vocab_size: int = DEFAULT_BPE_VOCAB, seed: int = 0,
-            pattern: str | None = None, force: bool = False, progress: bool = True) -> dict:
+            pattern: str | None = None, force: bool = False, progress: bool = True,
+            on_nodes: Callable[[Path], None] | None = None) -> dict:
     """Build (or find up to date) the dataset at `out`. Returns a summary dict with
     "status" ("built" | "up-to-date"), "path", "seconds", "manifest", "notes".
-    Ctrl-C becomes Interrupted (exit 130): the finished parts are kept for the next run."""
+    Ctrl-C becomes Interrupted (exit 130): the finished parts are kept for the next run.
+
+    on_nodes(folder): make the parts elsewhere instead of here, and return when they are made:
+    the runner starts `python -m trainer.data.node FOLDER` once on every node (the folder is on
+    a file system they share, and its plan.json says everything a node needs); this process
+    then checks the parts and assembles the dataset as it would its own."""
     state = {"out": None, "had_dataset": False, "folder": None, "parts": 0, "units": 0, "done": False}
     try:
         return _prepare(inputs, out, tokenizer, state, val_fraction=val_fraction, text_field=text_field,
                         workers=workers, shard_tokens=shard_tokens, max_docs=max_docs,
                         max_tokens=max_tokens, vocab_size=vocab_size, seed=seed, pattern=pattern,
-                        force=force, progress=progress)
+                        force=force, progress=progress, on_nodes=on_nodes)
     except KeyboardInterrupt:
         raise Interrupted(_interrupted(state)) from None
 
@@ -108,7 +114,7 @@ def _interrupted(state: dict) -> str:
 
 def _prepare(inputs, out, tokenizer: str, state: dict, *, val_fraction: float, text_field: str,
              workers: int | None, shard_tokens: int, max_docs: int | None, max_tokens: int | None,
-             vocab_size: int, seed: int, pattern: str | None, force: bool, progress: bool) -> dict:
+             vocab_size: int, seed: int, pattern: str | None, force: bool, progress: bool, on_nodes=None) -> dict:
     started = time.monotonic()
     out_given = str(out)
     check_options(val_fraction=val_fraction, shard_tokens=shard_tokens, max_docs=max_docs,
@@ -152,7 +158,7 @@ def _prepare(inputs, out, tokenizer: str, state: dict, *, val_fraction: float, t
         plan = units.plan(files, text_field)
         try:
             manifest, resumed = _build(out, fingerprint, plan, files, tokenizer, tok, settings, workers,
-                                       progress, input_names, is_default, vocab_size, state)
+                                       progress, input_names, is_default, vocab_size, state, on_nodes)
         except OSError as exc:
             kept = (f"; the {state['parts']} finished parts are kept in {state['folder']} for the next run "
                     f"(delete it to free its space)") if state["parts"] else ""
@@ -168,13 +174,13 @@ def _prepare(inputs, out, tokenizer: str, state: dict, *, val_fraction: float, t
 
 
 def _build(out: Path, fingerprint: str, plan: list, files, tokenizer: str, tok, settings: dict, n_workers,
-           progress: bool, input_names: list[str], is_default: bool, vocab_size: int, state: dict
+           progress: bool, input_names: list[str], is_default: bool, vocab_size: int, state: dict, on_nodes=None
            ) -> tuple[dict, int]:
     """Parts (those not finished yet), then the dataset assembled from them and swapped in.
     Returns (manifest, how many parts an earlier run had finished)."""
-    folder, _ = WorkFolder.open(out, fingerprint, {"units": [u.to_dict() for u in plan],
-                                                   "tokenizer": tokenizer if tokenizer in ("byte", "bpe") else
-                                                   str(tok.path)})
+    folder, _ = WorkFolder.open(out, fingerprint, {
+        "units": [u.to_dict() for u in plan], "settings": settings,
+        "tokenizer": tokenizer if tokenizer in ("byte", "bpe") else str(tok.path)})
     state["folder"], state["units"] = folder.path, len(plan)
     if tokenizer == "bpe":
         tok = _trained_bpe(folder, files, settings, vocab_size)
@@ -183,7 +189,18 @@ def _build(out: Path, fingerprint: str, plan: list, files, tokenizer: str, tok, 
     dtype = dtype_for_vocab(tok.vocab_size)
     parts = {u.index: info for u in plan if (info := folder.finished(u.index)) is not None}
     resumed = state["parts"] = len(parts)
-    _make_parts(plan, parts, folder, tok, tok_name, dtype, settings, n_workers, progress, state)
+    if on_nodes is None:
+        workers.make_parts(plan, parts, folder, tok, tok_name, dtype, settings, n_workers, progress, state)
+    elif not workers.enough(plan, parts, settings) and len(parts) < len(plan):
+        on_nodes(folder.path)
+        parts.update({u.index: info for u in plan if u.index not in parts
+                      and (info := folder.finished(u.index)) is not None})
+        state["parts"] = len(parts)
+        missing = [u.index for u in plan if u.index not in parts]
+        if missing and not workers.enough(plan, parts, settings):
+            raise DataError(f"the nodes left {len(missing)} of {len(plan)} parts unmade (first: unit {missing[0]}); "
+                            f"the {len(parts)} finished ones are kept in {folder.path}: run the same command "
+                            f"again to continue")
 
     tmp = make_temp_dir(out.parent, prefix=f"{out.name}.tmp-")   # shared: mkdtemp's 0700 keeps the team out
     try:
@@ -216,56 +233,6 @@ def _trained_bpe(folder: WorkFolder, files, settings: dict, vocab_size: int):
     return train_bpe(texts, vocab_size, path)
 
 
-def _make_parts(plan: list, parts: dict, folder: WorkFolder, tok, tok_name: str, dtype, settings: dict,
-                n_workers, progress: bool, state: dict) -> None:
-    """Tokenize the units that have no finished part yet, into `parts` (index -> record); stop
-    early once the finished units from the first on already hold --max-docs / --max-tokens."""
-    todo = [u for u in plan if u.index not in parts]
-    meter = Progress(sum(u.size for u in plan), enabled=progress)
-    done_bytes = sum(u.size for u in plan if u.index in parts)
-    docs = sum(p["documents"] for p in parts.values())
-    tokens = sum(p["tokens"] for p in parts.values())
-    if _enough(plan, parts, settings) or not todo:
-        meter.update(len(parts), len(plan), docs, tokens, done_bytes, final=True)
-        return
-    n = max(1, min(n_workers or _auto_workers(todo, tok), len(todo)))
-    with workers.results(todo, tok_name, folder.path, dtype.name, settings["text_field"], n) as (finished, stop):
-        for index, info in finished:
-            if info is None:
-                continue
-            parts[index] = info
-            state["parts"] = len(parts)
-            done_bytes += plan[index].size
-            docs += info["documents"]
-            tokens += info["tokens"]
-            meter.update(len(parts), len(plan), docs, tokens, done_bytes)
-            if _enough(plan, parts, settings):
-                stop.set()
-                break
-    meter.update(len(parts), len(plan), docs, tokens, done_bytes, final=True)
-    missing = [u.index for u in plan if u.index not in parts]
-    if missing and not _enough(plan, parts, settings):
-        raise DataError(f"{len(missing)} of {len(plan)} parts were not made (first: unit {missing[0]}); "
-                        f"run the same command again to continue")
-
-
-def _enough(plan: list, parts: dict, settings: dict) -> bool:
-    """Whether the finished parts from the first unit on already reach --max-docs / --max-tokens."""
-    max_docs, max_tokens = settings["max_docs"], settings["max_tokens"]
-    if not (max_docs or max_tokens):
-        return False
-    docs = tokens = 0
-    for unit in plan:
-        info = parts.get(unit.index)
-        if info is None:
-            return False
-        docs += info["documents"]
-        tokens += info["tokens"]
-        if (max_docs and docs >= max_docs) or (max_tokens and tokens >= max_tokens):
-            return True
-    return False
-
-
 def _manifest(counts: dict, plan: list, files, tok, tokenizer: str, settings: dict, input_names: list[str],
               is_default: bool) -> dict:
     formats: dict[str, set] = {}
@@ -289,11 +256,3 @@ def _manifest(counts: dict, plan: list, files, tok, tokenizer: str, settings: di
         "settings": settings,
         "splits": counts["splits"],
     }
-
-
-def _auto_workers(todo, tok) -> int:
-    """All cores when the work pays for starting them (about a second per spawned worker):
-    byte tokenizing runs at ~100 MB/s in one process, HF BPE at ~1 MB/s."""
-    per_second = 100e6 if tok.kind == "byte" else 1e6
-    seconds = sum(u.size for u in todo) / per_second
-    return len(os.sched_getaffinity(0)) if seconds > 5 else 1
