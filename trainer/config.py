@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Literal, Optional
 
 import yaml
+from trainer import safe_yaml
 from trainer.errors import UserError
 from trainer.files import text_of
 
@@ -191,7 +192,7 @@ def load(path: str | Path | None = None, overrides: typing.Iterable[str] = ()) -
     src = str(path)
     text = _read_text(path, src)
     try:
-        raw = yaml.safe_load(text)
+        raw = safe_yaml.load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
@@ -266,7 +267,7 @@ def _apply_override(raw: dict, item: str, src: str) -> None:
             raise ConfigError(f"{src}: override {key}: {part!r} is not a section")
         node = child
     try:
-        node[parts[-1]] = yaml.safe_load(value) if value.strip() else ""
+        node[parts[-1]] = safe_yaml.load(value) if value.strip() else ""
     except yaml.YAMLError:
         node[parts[-1]] = value
 

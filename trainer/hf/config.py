@@ -251,8 +251,10 @@ def _file_section(path: str | Path | None, name: str) -> dict:
 
 def _yaml(text: str) -> Any:
     import yaml
+
+    from trainer import safe_yaml
     try:
-        return yaml.safe_load(text)
+        return safe_yaml.load(text)
     except yaml.YAMLError:
         return text
 
