@@ -173,18 +173,18 @@ def test_resolve(tmp_path):
 
 _SLOW_SAVE = textwrap.dedent("""
     import sys, time, torch
+    from pathlib import Path
     import torch.distributed.checkpoint as dcp
     sys.path.insert(0, {tests!r})
     from test_checkpoint import save_toy
-    from trainer import checkpoint as ck
-    save_toy(ck.Path({root!r}), 1)
+    save_toy(Path({root!r}), 1)
     real_save = dcp.save
     def slow_save(*a, **kw):  # shards written, then stuck before the rename: killed here
         real_save(*a, **kw)
         print("SAVING", flush=True)
         time.sleep(60)
     dcp.save = slow_save
-    save_toy(ck.Path({root!r}), 2)
+    save_toy(Path({root!r}), 2)
 """)
 
 

@@ -118,6 +118,8 @@ class CheckpointConfig:
     keep_last: int = 3
     dir: str = "checkpoints"       # relative to the run dir
     save_final: bool = True
+    async_save: Optional[bool] = None   # write in the background, training paused only to copy the state to
+    #                                 host memory; null: on where that copy fits in the host's memory
 
 
 @dataclass
