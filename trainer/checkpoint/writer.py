@@ -138,6 +138,11 @@ class Checkpointer:
         job.thread.join()
         return self._settle(job)
 
+    @property
+    def writing(self) -> bool:
+        """A save is being written in the background."""
+        return self._pending is not None and self._pending.thread.is_alive()
+
     def failed(self) -> bool:
         """The save in flight ended with an error (every rank's ends alike; the loop agrees on
         when to stop through signals.Stopper, then wait() raises it)."""
