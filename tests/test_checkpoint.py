@@ -42,7 +42,7 @@ class Toy(torch.nn.Module):
 
 
 class CountingLoader:
-    """The loader protocol checkpoint.py relies on: state_dict()/load_state_dict()."""
+    """The loader protocol trainer.checkpoint relies on: state_dict()/load_state_dict()."""
 
     def __init__(self):
         self.cursor = 0
