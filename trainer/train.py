@@ -280,6 +280,7 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
     straggler = health.StragglerDetector.from_config(cfg, run_dir, info, log).watch(model)
     watchdog = health.HangWatchdog.from_config(cfg, run_dir, info, log).start(step)
     interval_start, interval_tokens, interval_steps = time.perf_counter(), 0, 0
+    first_step = step
     if profiler is not None:
         profiler.step_done(step)    # a window from step 1 (or one a resumed run starts inside) starts here
     try:
@@ -315,6 +316,8 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
             met.progress(step)
             if profiler is not None:
                 profiler.step_done(step)
+            if step == first_step + 1 and cfg.checkpoint.interval:
+                checkpointer.prepare(model, optimizer)   # staging memory faulted in on a thread, ahead of the first save
 
             if step % cfg.train.log_interval == 0 or step == cfg.train.steps:
                 mean_loss = distributed.all_reduce_mean(loss_sum / step_tokens, info).item()

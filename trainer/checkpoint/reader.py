@@ -18,7 +18,8 @@ from trainer.checkpoint import checksums
 from trainer.checkpoint.layout import (COMPLETE_MARKER, RANKS_DIR, TRAINER_FILE, CheckpointError,
                                        DamagedCheckpoint, is_complete, read_meta, set_aside)
 from trainer.checkpoint.resume import Candidate, before
-from trainer.checkpoint.state import all_gather, barrier, dist_on, jsonable, rank, set_rng_state, world
+from trainer.checkpoint.state import (all_gather, barrier, broadcast_from_first, dist_on, jsonable, rank,
+                                      set_rng_state, world)
 
 log = logging.getLogger("anvil.trainer")
 _said_unverified = False
@@ -59,6 +60,7 @@ def load_first_intact(found: list[Candidate], **kwargs) -> dict | None:
     to try. A damaged fallback candidate is named, set aside and skipped; a damaged named one
     (--resume .../step_N) raises. Every candidate damaged: CheckpointError listing them."""
     damaged = []
+    found = broadcast_from_first(found)   # one list for all ranks, whatever each one's file system showed
     for candidate in found:
         try:
             return load(candidate.path, **kwargs)

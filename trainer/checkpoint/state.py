@@ -114,20 +114,20 @@ def dtensor_type() -> type:
     return DTensor
 
 
-def local_tensors(state: Any):
-    """Every tensor this rank holds in a state dict (a DTensor's local shard)."""
-    DTensor = dtensor_type()
-    if isinstance(state, DTensor):
-        yield state._local_tensor
+def tensors_of(state: Any, key: tuple = ()):
+    """(path, tensor) of every tensor this rank holds in a state dict (a DTensor: its local
+    shard); the path is the keys and indices that lead to it."""
+    if isinstance(state, dtensor_type()):
+        yield key, state._local_tensor
     elif isinstance(state, torch.Tensor):
-        yield state
+        yield key, state
     elif isinstance(state, dict):
-        for value in state.values():
-            yield from local_tensors(value)
+        for k, value in state.items():
+            yield from tensors_of(value, key + (k,))
     elif isinstance(state, (list, tuple)):
-        for value in state:
-            yield from local_tensors(value)
+        for i, value in enumerate(state):
+            yield from tensors_of(value, key + (i,))
 
 
 def local_bytes(state: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in local_tensors(state))
+    return sum(t.numel() * t.element_size() for _, t in tensors_of(state))

@@ -70,7 +70,7 @@ class _Job:
     meta: dict | None               # meta.json (rank 0)
     started: float
     ready: Any = None               # CUDA event the staging copies complete at
-    stall_s: float = 0.0            # how long the training loop waited for this save
+    stall_s: float | None = None    # how long training waited to stage it (None: synchronous, all of it)
     thread: threading.Thread | None = None
     path: Path | None = None
     error: CheckpointError | None = None
@@ -118,7 +118,6 @@ class Checkpointer:
                         "save_s": None, "stall_s": None, "async": self.asynchronous, "versions": versions(),
                         "extra": jsonable(extra or {}), "config": jsonable(self.config), "cwd": os.getcwd()}
         if not self.asynchronous:
-            job.stall_s = None   # (the whole save)
             self._write(job)
             return self._settle(job)
         job.state, job.ready = self._stager.stage(state)
@@ -129,6 +128,18 @@ class Checkpointer:
         self.log.info(f"checkpoint step {step}: training paused {job.stall_s:.2f} s to stage it; "
                       "writing it in the background")
         return self.wait() if wait else None
+
+    def prepare(self, model, optimizer) -> None:
+        """Once the optimizer holds its state (after the first step; asking for it earlier makes
+        torch take a step of its own): decide on background saves now (collective, as the first
+        save would) and, if on, fault in the staging memory on a thread ahead of the first save."""
+        if not optimizer.state:
+            return
+        state = model_optim_state(model, optimizer)
+        if self.asynchronous is None:
+            self.asynchronous = self._decide(local_bytes(state))
+        if self.asynchronous:
+            self._stager.reserve(state)
 
     def wait(self) -> Path | None:
         """Wait for the save in flight; raise its error. Returns the newest saved checkpoint."""
