@@ -11,22 +11,25 @@ and AdamW state unless precision.params says bf16) after one optimizer step:
   disk         a dd-style write of the state's size: 64 MiB blocks of random bytes, then one
                fdatasync (dd bs=64M conv=fdatasync)
   anvil_sync   trainer.checkpoint.Checkpointer(async_save=False): training waits for all of it
-  anvil_async  Checkpointer(async_save=True): the first save (page-locks its staging buffers),
-               then --repeats more: the pause (save() returning) and the background write
-               (meta.json save_s: from the save's start to its commit), each with checksums
+  anvil_async  Checkpointer(async_save=True): reserve_s (its staging memory faulted in, which the
+               trainer does on a thread after its first step), the first save (page-locks that
+               memory), then --repeats more: the pause (save() returning) and the background
+               write (meta.json save_s: from the save's start to its commit), with checksums
   dcp_save     torch.distributed.checkpoint.save as it comes (no checksums)
   dcp_async    dcp.async_save with its defaults (a thread); its pause and its total
   titan_pinned torchtitan's async_with_pinned_mem recipe (torchtitan/components/checkpoint.py):
                dcp.async_save into DefaultStager(StagingOptions(pinned, shared, async staging,
                non-blocking)) in process mode on a gloo group; its pause is async_save plus
                the staging it waits for before the next optimizer step. Needs
-               torch.distributed.checkpoint.staging (torch >= 2.9): skipped with a note otherwise
-  train        steps without saves (their median), then a window holding one asynchronous save,
+               torch.distributed.checkpoint.staging (torch 2.11 has it): skipped with a note
+               otherwise. Last, since it starts a (one-rank) process group
+  train        steps without saves (their pace), then a window holding one asynchronous save,
                and one holding a synchronous one: the seconds a save adds to training, and that
                as a share of --every steps (the goal: within 2% for a save every 100 steps)
 
-GB/s are the checkpoint's bytes (its checksums.json) over the seconds. The JSON goes to stdout
-(and --out). Under 5 minutes for llama3_1b on one H200; --skip drops parts.
+GB/s are the checkpoint's bytes (its checksums.json) over the seconds; of_disk is that over the
+dd-style figure. The JSON goes to stdout (and --out). Sized to take under 5 minutes for
+llama3_1b on one H200 (about 15 GB written eight times); --skip drops parts.
 """
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 BLOCK = 64 << 20
-PARTS = ("disk", "anvil_sync", "anvil_async", "dcp", "titan", "train")
+PARTS = ("disk", "anvil_sync", "anvil_async", "dcp", "train", "titan")
 
 
 def parse_args(argv=None):
@@ -172,6 +175,9 @@ def anvil_async(bench: Bench, root: Path) -> dict:
     from trainer.checkpoint import Checkpointer, read_meta
 
     saver = Checkpointer(root / "anvil_async", async_save=True, keep_last=1)
+    started = time.perf_counter()
+    saver.prepare(bench.model, bench.optimizer, wait=True)   # the trainer does it after its first step
+    reserve_s = time.perf_counter() - started
     rows = []
     for step in range(1, bench.args.repeats + 2):
         bench.sync()
@@ -188,7 +194,7 @@ def anvil_async(bench: Bench, root: Path) -> dict:
     clean(root / "anvil_async")
     release_host_memory()
     steady = rows[1:]
-    return {"first": rows[0], "saves": steady, "bytes": rows[0]["bytes"],
+    return {"reserve_s": round(reserve_s, 3), "first": rows[0], "saves": steady, "bytes": rows[0]["bytes"],
             "stall_s": statistics.median(r["stall_s"] for r in steady),
             "write_s": statistics.median(r["write_s"] for r in steady),
             "gb_per_s": statistics.median(r["gb_per_s"] for r in steady)}
@@ -246,7 +252,8 @@ def titan_pinned(bench: Bench, root: Path) -> dict:
     if not dist.is_initialized():   # process mode and its gloo group need a process group (one rank)
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 2000))
-        dist.init_process_group("cuda:nccl,cpu:gloo", rank=0, world_size=1, device_id=bench.device)
+        dist.init_process_group("cuda:nccl,cpu:gloo", rank=0, world_size=1,
+                                device_id=torch.device("cuda", torch.cuda.current_device()))
     group = dist.new_group(backend="gloo")
     stager = DefaultStager(StagingOptions(True, True, True, True))
     rows = []
@@ -293,6 +300,7 @@ def train(bench: Bench, root: Path) -> dict:
     for mode, asynchronous in (("async", True), ("sync", False)):
         saver = Checkpointer(root / f"train_{mode}", async_save=asynchronous, keep_last=1)
         if asynchronous:       # the staging buffers exist from an earlier save, as in a long run
+            saver.prepare(bench.model, bench.optimizer, wait=True)
             saver.save(0, model=bench.model, optimizer=bench.optimizer, wait=True)
         bench.sync()
         started = time.perf_counter()
@@ -338,7 +346,8 @@ def main(argv=None) -> int:
               "dir": str(root), "state_bytes": nbytes, "state_gb": round(nbytes / 1e9, 2)}
     parts = [("disk", lambda: disk(root, nbytes)), ("anvil_sync", lambda: anvil_sync(bench, root)),
              ("anvil_async", lambda: anvil_async(bench, root)), ("dcp", lambda: dcp_plain(bench, root)),
-             ("titan", lambda: titan_pinned(bench, root)), ("train", lambda: train(bench, root))]
+             ("train", lambda: train(bench, root)),
+             ("titan", lambda: titan_pinned(bench, root))]   # last: it starts a process group, the others run without one
     try:
         for name, run in parts:
             if name in skip:

@@ -42,8 +42,9 @@ class Stager:
         self._can_pin = True
         self._on_device = False
 
-    def reserve(self, state: Any) -> None:
-        """Fault in, on a thread, the host memory that staging `state` will take (GPU tensors)."""
+    def reserve(self, state: Any, wait: bool = False) -> None:
+        """Fault in, on a thread, the host memory that staging `state` will take (GPU tensors);
+        wait: until it is done."""
         sizes = {key: _nbytes(t) for key, t in tensors_of(state) if t.device.type == "cuda" and _nbytes(t)}
         if not sizes or self._reserving is not None:
             return
@@ -56,6 +57,8 @@ class Stager:
                     return   # no room: stage() allocates what is missing
         self._reserving = threading.Thread(target=populate, name="checkpoint-reserve", daemon=True)
         self._reserving.start()
+        if wait:
+            self._reserving.join()
 
     def stage(self, state: Any) -> tuple[Any, "torch.cuda.Event | None"]:
         """(a copy of `state` in host buffers, an event the copies complete at or None)."""

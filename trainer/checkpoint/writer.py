@@ -129,17 +129,18 @@ class Checkpointer:
                       "writing it in the background")
         return self.wait() if wait else None
 
-    def prepare(self, model, optimizer) -> None:
+    def prepare(self, model, optimizer, wait: bool = False) -> None:
         """Once the optimizer holds its state (after the first step; asking for it earlier makes
         torch take a step of its own): decide on background saves now (collective, as the first
-        save would) and, if on, fault in the staging memory on a thread ahead of the first save."""
+        save would) and, if on, fault in the staging memory on a thread ahead of the first save
+        (wait: until that is done)."""
         if not optimizer.state:
             return
         state = model_optim_state(model, optimizer)
         if self.asynchronous is None:
             self.asynchronous = self._decide(local_bytes(state))
         if self.asynchronous:
-            self._stager.reserve(state)
+            self._stager.reserve(state, wait=wait)
 
     def wait(self) -> Path | None:
         """Wait for the save in flight; raise its error. Returns the newest saved checkpoint."""
