@@ -147,6 +147,8 @@ class CheckpointConfig:
     dir: str = "checkpoints"       # relative to the run dir
     save_final: bool = True
     init_from: Optional[str] = None   # a Hugging Face Llama directory to start from (trainer/hf); --resume wins
+    async_save: Optional[bool] = None   # write in the background, training paused only to copy the state to
+    #                                 host memory; null: on where that copy fits in the host's memory
 
 
 @dataclass

@@ -12,6 +12,7 @@ interval (loss and grad norm fetched there).
 from __future__ import annotations
 
 import contextlib
+import datetime
 import time
 from pathlib import Path
 
@@ -286,18 +287,20 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
     # this one resumes, up to their checkpoint); the summary's wall_s is this segment's alone
     step, tokens_seen, prior_wall, prior_segments = 0, 0, 0.0, 0
     init_from = None   # the Hugging Face directory the run's weights started from (checkpoint.init_from)
-    # A requeued job restarts with the same --resume: its own newer checkpoints come first.
-    own = checkpoint.find_latest(ckpt_dir) if resume else None
-    resume_from = own or checkpoint.resolve(resume, ckpt_dir)
-    if resume_from is not None:
-        state = checkpoint.load(resume_from, model=model, optimizer=optimizer, scheduler=scheduler,
-                                loader=loader, config=config_dict)
+    checkpointer = checkpoint.Checkpointer(ckpt_dir, keep_last=cfg.checkpoint.keep_last, config=config_dict,
+                                           async_save=cfg.checkpoint.async_save, log=log,
+                                           timeout=datetime.timedelta(minutes=cfg.parallel.timeout_minutes))
+    # A requeued job restarts with the same --resume: its own newer checkpoints come first, and
+    # a damaged one gives way to the one before it (an explicit step_N does not: exit 2).
+    state = checkpoint.load_first_intact(checkpoint.candidates(resume, ckpt_dir), model=model, optimizer=optimizer,
+                                         scheduler=scheduler, loader=loader, config=config_dict)
+    if state is not None:
         step = state["step"]
         tokens_seen = int(state["extra"].get("tokens_seen", 0))
         prior_wall = float(state["extra"].get("wall_s", 0.0))
         prior_segments = int(state["extra"].get("segments", 1))  # older checkpoints: one segment
         init_from = state["extra"].get("init_from")
-        log.info(f"resumed from {resume_from} at step {step}"
+        log.info(f"resumed from {state['path']} at step {step}"
                  + (" (its weights, not checkpoint.init_from's)" if cfg.checkpoint.init_from else ""))
     elif cfg.checkpoint.init_from:   # after materialising, before training; optimizer and step start fresh
         from trainer.hf import load_weights
@@ -305,16 +308,13 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
     elif resume == "auto":
         log.info("resume auto: no checkpoint yet, starting fresh")
 
-    def save(at_step: int) -> Path:
+    def save(at_step: int, wait: bool = False) -> None:
+        """Synchronous, or staged and written in the background (wait: the write too)."""
         with watchdog.busy("checkpoint"):
-            path = checkpoint.save(ckpt_dir, at_step, model=model, optimizer=optimizer,
-                                   scheduler=scheduler, loader=loader, keep_last=cfg.checkpoint.keep_last,
-                                   config=config_dict,
-                                   extra={"tokens_seen": tokens_seen,
-                                          "wall_s": prior_wall + time.time() - started,
-                                          "segments": prior_segments + 1, "init_from": init_from})
-        log.info(f"checkpoint saved: {path}")
-        return path
+            checkpointer.save(at_step, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader,
+                              wait=wait, extra={"tokens_seen": tokens_seen,
+                                                "wall_s": prior_wall + time.time() - started,
+                                                "segments": prior_segments + 1, "init_from": init_from})
 
     met = metrics.Metrics(run_dir, is_main=info.is_main, log=log, device=info.device,
                           world_size=info.world_size, total_steps=cfg.train.steps,
@@ -325,11 +325,12 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
     from trainer.profiling import StepProfiler
     profiler = StepProfiler.from_env(run_dir, info.rank)  # ANVIL_PROFILE_STEPS (inv profile.train)
     stopper = signals.install()
+    stopper.failing = checkpointer.failed   # a background write that failed stops every rank, together
     autocast = autocast_context(cfg, info)
     fsdp = cfg.parallel.strategy == "fsdp" and info.distributed
     ddp = info.distributed and not fsdp
     accum = cfg.data.grad_accum
-    status, last_ckpt = "ok", None
+    status = "ok"
     train_model.train()
     if info.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(info.device)
@@ -337,6 +338,7 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
     straggler = health.StragglerDetector.from_config(cfg, run_dir, info, log).watch(model)
     watchdog = health.HangWatchdog.from_config(cfg, run_dir, info, log).start(step)
     interval_start, interval_tokens, interval_steps = time.perf_counter(), 0, 0
+    first_step = step
     if profiler is not None:
         profiler.step_done(step)    # a window from step 1 (or one a resumed run starts inside) starts here
     try:
@@ -372,6 +374,8 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
             met.progress(step)
             if profiler is not None:
                 profiler.step_done(step)
+            if step == first_step + 1 and cfg.checkpoint.interval:
+                checkpointer.prepare(model, optimizer)   # staging memory faulted in on a thread, ahead of the first save
 
             if step % cfg.train.log_interval == 0 or step == cfg.train.steps:
                 mean_loss = distributed.all_reduce_mean(loss_sum / step_tokens, info).item()
@@ -390,12 +394,15 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
                     met.val_step(step, *evaluate(model, cfg, info, autocast))
                 interval_start = time.perf_counter()  # eval time is not training time
             if stopper.should_stop(step):
+                if stopper.failed:
+                    with watchdog.busy("checkpoint"):
+                        checkpointer.wait()   # raises the background write's error (CheckpointWriteError)
                 log.warning(f"{stopper.reason}: stopping after step {step}, checkpointing")
-                last_ckpt = save(step)
+                save(step, wait=True)
                 status = stopper.status
                 break
             if cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0 and step < cfg.train.steps:
-                last_ckpt = save(step)
+                save(step)
                 interval_start = time.perf_counter()
             straggler.step(step)  # every health.straggler_interval steps: compare ranks (collective)
 
@@ -404,8 +411,11 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
                 with watchdog.busy("validation"):
                     met.val_step(step, *evaluate(model, cfg, info, autocast))
             if cfg.checkpoint.save_final:
-                last_ckpt = save(step)
+                save(step, wait=True)
+        with watchdog.busy("checkpoint"):
+            checkpointer.wait()   # an interval save still writing (save_final off)
     finally:
+        checkpointer.close()      # after an error: lets a write in flight finish
         watchdog.stop()
         straggler.close()
         stopper.restore()   # (stop signals ignored to the end after a stop was asked for: see Stopper.restore)
@@ -419,7 +429,9 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
                           data=data_label, **metrics.wall_times(time.time() - started, prior_wall,
                                                                 prior_segments),
                           sources=loader.source_summary(),
-                          checkpoint=str(last_ckpt) if last_ckpt else None,
+                          # the step and tokens reached, not those of the last log line (a stop between them)
+                          steps=step, tokens=tokens_seen,
+                          checkpoint=str(checkpointer.last_saved) if checkpointer.last_saved else None,
                           flops_per_token=fpt, config=cfg.name,
                           **({"init_from": init_from} if init_from else {}))   # where the weights started
     if info.is_main:

@@ -206,13 +206,17 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
         require_controller(os.environ)    # and its controller answers
     if built.script is not None and not resume:
         resume = "auto"   # a batch job that Slurm requeues resumes from its own run directory
+    # The trainer gets the folder of what auto found: its newest intact checkpoint, so that a damaged one
+    # (seen only once the ranks read its bytes) gives way to the one before it; a named step_N does not.
+    trainer_resume = str(Path(resume).parent) if job.resume == "auto" and resume != "auto" else resume
     too_big = planning.fit_warning(cfg, env, built.nproc, built.nodes,
                                    on_this_machine=not probe.runtime.startswith("slurm"))
     if too_big:
         print_warnings([too_big])
     if job.dry_run:
         print(dump(cfg))
-        args = ["--config", "RUN_DIR/config.yaml", "--run-dir", "RUN_DIR"] + (["--resume", resume] if resume else [])
+        args = ["--config", "RUN_DIR/config.yaml", "--run-dir", "RUN_DIR"] + (["--resume", trainer_resume]
+                                                                              if resume else [])
         spec = launch_spec(job, settings, env, args, mounts=data_mounts)
         launch(spec, {**os.environ, **env.environ()}, run_dir=Path("RUN_DIR"), dry_run=True)
         return {"run_dir": None, "summary": None, "dry_run": True}
@@ -221,7 +225,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
         run.write_text("config.yaml", dump(cfg))
         args = ["--config", str(run.path / "config.yaml"), "--run-dir", str(run.path)]
         if resume:
-            args += ["--resume", resume]
+            args += ["--resume", trainer_resume]
         spec = launch_spec(job, settings, env, args, job_name=f"anvil-{run.path.name}", mounts=data_mounts)
         if started_from:
             run.update_metadata(init_from=started_from)
