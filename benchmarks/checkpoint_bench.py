@@ -256,17 +256,24 @@ def titan_pinned(bench: Bench, root: Path) -> dict:
     stager = DefaultStager(StagingOptions(True, True, True, True))
     rows = []
     try:
-        for i in range(2):    # the first allocates the shared, pinned buffers
+        for i in range(2):    # the first allocates the shared, pinned buffers (a second fails on torch 2.11:
+            #                   its stager's deepcopy meets a class object; the first's figures stand then)
             bench.sync()
             started = time.perf_counter()
             response = dcp.async_save(model_optim_state(bench.model, bench.optimizer),
                                       checkpoint_id=str(root / f"titan_{i}"), process_group=group,
                                       async_checkpointer_type=AsyncCheckpointerType.PROCESS, async_stager=stager)
-            staging = getattr(response, "staging_completion", None)
-            if staging is not None:
-                staging.result()      # torchtitan waits for it before the next optimizer step
-            stall = time.perf_counter() - started
-            (getattr(response, "upload_completion", None) or response).result()
+            try:
+                staging = getattr(response, "staging_completion", None)
+                if staging is not None:
+                    staging.result()      # torchtitan waits for it before the next optimizer step
+                stall = time.perf_counter() - started
+                (getattr(response, "upload_completion", None) or response).result()
+            except Exception as exc:
+                if not rows:
+                    raise
+                rows[0]["second_save"] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                break
             seconds = time.perf_counter() - started
             nbytes = folder_bytes(root / f"titan_{i}")
             rows.append({"stall_s": round(stall, 3), "write_s": round(seconds, 3), "gb_per_s": rate(nbytes, seconds),
@@ -275,7 +282,7 @@ def titan_pinned(bench: Bench, root: Path) -> dict:
     finally:
         stager.close()
         release_host_memory()
-    return {**rows[-1], "first": rows[0], "note": note}
+    return {**rows[-1], "first": rows[0], "note": note} if len(rows) > 1 else {**rows[0], "note": note}
 
 
 def train(bench: Bench, root: Path) -> dict:
@@ -354,12 +361,18 @@ def main(argv=None) -> int:
             if name in skip:
                 continue
             started = time.perf_counter()
-            value = run()
+            try:
+                value = run()
+            except Exception as exc:   # one part failing (a peer's recipe on this torch) keeps the others' figures
+                value = {"failed": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"}
             print(f"[checkpoint_bench] {name}: {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
-            if name == "dcp":
+            if name == "dcp" and "failed" not in value:
                 result.update(value)
             else:
                 result["titan_pinned" if name == "titan" else name] = value
+            if args.out:   # what is measured so far, should a later part take the process down
+                from trainer.files import write_atomic
+                write_atomic(args.out, json.dumps(result, indent=1) + "\n")
     finally:
         if bench.saver is not None:
             bench.saver.close()
