@@ -167,8 +167,10 @@ def inspect_(c, path=None, samples=3, chars=400, split="train", verify=False, js
         print(f"tokenizer: {tok['kind']}, vocab {tok['vocab_size']:,}, bos {tok['bos_id']}, "
               f"eos {tok['eos_id']}, pad {tok['pad_id']}" + (f", {tok['path']}" if tok.get("path") else ""))
         src = report["source"]
+        formats = ", ".join(f"{n:,} {name}" for name, n in (src.get("formats") or {}).items())
         print(f"source: {', '.join(map(str, src.get('inputs') or ['?']))} ({src.get('files_used', '?')}/"
-              f"{src.get('files', '?')} files used, skipped: {_skipped_text(src.get('skipped'))})")
+              f"{src.get('files', '?')} files used" + (f": {formats}" if formats else "")
+              + f", skipped: {_skipped_text(src.get('skipped'))})")
         cols = ["documents", "tokens", "shards", "min_len", "median_len", "mean_len", "max_len"]
         rows = [[name] + [s.get(k, "") for k in cols] for name, s in report["splits"].items()]
         print(tabulate(rows, headers=["split"] + cols, intfmt=",", floatfmt=",.0f"))
