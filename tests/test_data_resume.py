@@ -106,7 +106,7 @@ def test_parts_made_by_two_node_processes_give_the_one_node_dataset(tmp_path):
     def two_nodes(folder):
         procs = [subprocess.Popen([sys.executable, "-m", "trainer.data.node", str(folder), "--workers", "1"],
                                   cwd=REPO, stdout=subprocess.PIPE, text=True,
-                                  env={**os.environ, "ANVIL_NODE_RANK": str(rank), "ANVIL_NODE_COUNT": "2"})
+                                  env={**os.environ, "ANVIL_NODE_RANK": str(rank), "ANVIL_NNODES": "2"})
                  for rank in range(2)]
         ran.extend(json.loads(p.communicate(timeout=300)[0]) for p in procs)
         assert all(p.returncode == 0 for p in procs)

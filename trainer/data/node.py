@@ -9,7 +9,7 @@ A part another node or an earlier run finished is not made again.
     python -m trainer.data.node FOLDER [--workers N] [--node K --nodes N]
 
 The node's rank and count default to the runner's environment: ANVIL_NODE_RANK and
-ANVIL_NODE_COUNT (what the runtime's each_node sets), else Slurm's SLURM_NODEID and SLURM_NNODES. Exit status: 0 done, 2 bad input
+ANVIL_NNODES (what the runtime's each_node sets), else Slurm's SLURM_NODEID and SLURM_NNODES. Exit status: 0 done, 2 bad input
 (the message says what), 130 stopped (Ctrl-C or SIGTERM: finished parts are kept).
 """
 from __future__ import annotations
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         node = args.node if args.node is not None else _env_int("ANVIL_NODE_RANK", "SLURM_NODEID", default=0)
-        nodes = args.nodes if args.nodes is not None else _env_int("ANVIL_NODE_COUNT", "SLURM_NNODES", default=1)
+        nodes = args.nodes if args.nodes is not None else _env_int("ANVIL_NNODES", "SLURM_NNODES", default=1)
         result = run(args.folder, node, nodes, args.workers or None, args.progress)
     except DataError as exc:
         print(f"data.prepare on {socket.gethostname()}: {exc}", file=sys.stderr)
