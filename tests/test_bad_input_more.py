@@ -392,10 +392,13 @@ def playground(tmp_path_factory) -> Path:
         shutil.copytree(root / "ds", root / name)
         edit(root / name)
 
-    def manifest(edit):
+    def manifest(edit, unsealed=True):
+        """An edited manifest; unsealed: without its own checksum, as one written before manifests had it."""
         def apply(path):
             m = json.loads((path / "manifest.json").read_text())
             edit(m)
+            if unsealed:
+                m.pop("record_sha256")
             (path / "manifest.json").write_text(json.dumps(m))
         return apply
 
@@ -406,6 +409,7 @@ def playground(tmp_path_factory) -> Path:
     damaged("short", lambda p: os.truncate(p / "train" / "000000.bin", 10))
     damaged("notok", manifest(lambda m: m["tokenizer"].update(kind="bpe")))
     damaged("nosplits", manifest(lambda m: m.update(splits={})))
+    damaged("edited", manifest(lambda m: m.update(tokens=m["tokens"] + 1), unsealed=False))
     damaged("badsum", lambda p: (p / "train" / "000000.bin").write_bytes(
         b"A\x00" + (p / "train" / "000000.bin").read_bytes()[2:]))
     return root
@@ -493,6 +497,8 @@ DATA_CASES = [
     ("data.inspect --path {w}/short", "short/train/000000.bin has 10 bytes, the manifest says"),
     ("data.inspect --path {w}/notok", "was made with a bpe tokenizer but its tokenizer.json is missing"),
     ("data.inspect --path {w}/nosplits", "has no split 'train'; expected one of: (none)"),
+    ("data.inspect --path {w}/edited", "edited/manifest.json does not match its own checksum (edited or "
+                                       "damaged since it was written); the dataset is damaged; prepare it again"),
     ("data.inspect --path {w}/badsum --verify --samples 0",
      "badsum is damaged: the sha256 of train/000000.bin differs from the manifest; prepare it again with --force"),
 ]

@@ -7,6 +7,7 @@ would give (umask, default_mode, share): runs and datasets are read by the whole
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -110,6 +111,32 @@ def text_of(data: bytes) -> tuple[str | None, str]:
     if nul >= 0:
         return None, f"NUL byte at byte {nul}"
     return text, ""
+
+
+SEAL = "record_sha256"   # the key of a record's own checksum (see seal)
+
+
+def _digest(record: dict) -> str:
+    body = {k: v for k, v in record.items() if k != SEAL}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
+
+
+def seal(record: dict) -> dict:
+    """The record with a checksum of its own content under SEAL, for a file a later command trusts
+    (a dataset's manifest, a run's record): a byte flipped or a value edited is then noticed on
+    reading (seal_problem) instead of being believed."""
+    body = json.loads(json.dumps({k: v for k, v in record.items() if k != SEAL}, default=str))
+    return {**body, SEAL: _digest(body)}
+
+
+def seal_problem(record: Any) -> str:
+    """Why a sealed record cannot be trusted ("" when its checksum matches, or it has none: a file
+    written before records were sealed)."""
+    if not isinstance(record, dict) or SEAL not in record:
+        return ""
+    if record[SEAL] != _digest(record):
+        return "does not match its own checksum (edited or damaged since it was written)"
+    return ""
 
 
 def to_json(obj: Any) -> str:

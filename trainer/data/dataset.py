@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from trainer.files import seal_problem
+
 from .errors import DataError
 
 FORMAT = "anvil-tokens/1"
@@ -65,7 +67,7 @@ def read_manifest(path: Path) -> dict:
         raise DataError(f"{manifest_path} is not valid JSON ({exc}); {damaged}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise DataError(f"{manifest_path} is not an Anvil dataset manifest (format {FORMAT!r} expected)")
-    problem = _manifest_problem(manifest)
+    problem = seal_problem(manifest) or _manifest_problem(manifest)
     if problem:
         raise DataError(f"{manifest_path} {problem}; {damaged}")
     return manifest

@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from trainer.files import make_temp_dir
+from trainer.files import make_temp_dir, seal
 
 from . import sources, units, workers
 from .bpe import DEFAULT_BPE_VOCAB
@@ -213,6 +213,7 @@ def _build(out: Path, fingerprint: str, plan: list, files, tokenizer: str, tok, 
             shutil.copyfile(tok.path, tmp / "tokenizer.json")
         manifest = _manifest(counts, plan, files, tok, tokenizer, settings, input_names, is_default)
         manifest["fingerprint"] = fingerprint
+        manifest = seal(manifest)   # a later reader notices an edited or damaged manifest
         write_json(tmp / MANIFEST, manifest)
         with ctrl_c_deferred():  # the two renames of the swap happen both or neither
             swap_into_place(tmp, out)
