@@ -253,6 +253,35 @@ def merge_sysfs(topo: Topology, machine=None, root: Path = Path("/")) -> Topolog
     return topo
 
 
+# ---------------------------------------------------------------- a recorded output, this machine
+
+def parse(text: str) -> Topology:
+    """A recorded tool output, recognised by its content: rocm-smi's banner or matrices, else nvidia-smi's."""
+    if "between two GPUs" in text or "ROCm System Management Interface" in text:
+        return parse_rocm_topo(text)
+    return parse_nvidia_topo(text)
+
+
+def from_file(path: str | Path) -> Topology:
+    """The map in a saved `nvidia-smi topo -m` / `rocm-smi --showtopo` output (no sysfs: it may be
+    another node's). EnvError (exit 2) when the file cannot be read or holds neither."""
+    from envs.errors import EnvError
+
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise EnvError(f"--tool-output {path}: cannot read it ({exc.strerror or exc})") from None
+    topo = parse(text)
+    if not topo.gpus:
+        raise EnvError(f"--tool-output {path}: no GPU found; expected the output of `nvidia-smi topo -m` or "
+                       f"`rocm-smi --showtopo`")
+    topo.source += f" (recorded: {Path(path).name})"
+    for gpu in topo.gpus:          # the NUMA nodes the recording names, with the CPUs it gives them
+        if gpu.numa is not None and not topo.numa_nodes.get(gpu.numa):
+            topo.numa_nodes[gpu.numa] = gpu.cpus
+    return topo
+
+
 # ---------------------------------------------------------------- this machine
 
 def probe(machine=None, root: Path = Path("/")) -> Topology:

@@ -109,3 +109,28 @@ def _nic_numa(topo, rdma) -> CheckResult:
     if not nic_nodes:
         return CheckResult("topology.nic_numa", PASS, value, "the platform does not report the NICs' NUMA nodes")
     return CheckResult("topology.nic_numa", PASS, value, "every GPU's NUMA node has an RDMA NIC")
+
+
+def tables(topo: topology.Topology) -> list[tuple[str, list[str], list[list]]]:
+    """(title, headers, rows) for the terminal: GPUs, NICs, NUMA nodes (inv env.topology)."""
+    gpu_rows = []
+    for gpu in topo.gpus:
+        others = [(other.index, topo.link(gpu.index, other.index)) for other in topo.gpus if other.index != gpu.index]
+        codes = sorted({code for _, code in others if code})
+        links = (f"{codes[0]} to all" if len(codes) == 1 and len(others) > 1 else
+                 " ".join(f"{i}:{code}" for i, code in others if code)) or "-"
+        nics = [n.name for n in topo.nics if gpu.index in topo.near_gpus(n)]
+        gpu_rows.append([f"GPU{gpu.index}", _num(gpu.numa), gpu.cpus or "-", gpu.bus_id or "-", links,
+                         ", ".join(nics) or "-"])
+    nic_rows = [[n.name, n.kind, _num(n.numa), n.netdev or "-", n.bus_id or "-",
+                 ", ".join(f"GPU{g}" for g in topo.near_gpus(n)) or "-"] for n in topo.nics]
+    numa_rows = [[node, cpus or "-", ", ".join(f"GPU{g.index}" for g in topo.gpus if g.numa == node) or "-",
+                  ", ".join(n.name for n in topo.nics if n.numa == node) or "-"]
+                 for node, cpus in sorted(topo.numa_nodes.items())]
+    return [("GPUs", ["GPU", "NUMA", "CPUs", "PCI bus", "links to the other GPUs", "NICs on its switch"], gpu_rows),
+            ("NICs", ["NIC", "kind", "NUMA", "netdev", "PCI bus", "GPUs on its switch"], nic_rows),
+            ("NUMA nodes", ["node", "CPUs", "GPUs", "NICs"], numa_rows)]
+
+
+def _num(value) -> str:
+    return "?" if value is None else str(value)
