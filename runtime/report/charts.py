@@ -16,7 +16,7 @@ def line(x: list, y: list, name: str, *, axis: str = "y", mode: str = "lines", c
     xs, ys = minmax(x, y)
     if not xs:
         return None
-    trace = {"type": "scattergl" if len(xs) > 1000 else "scatter", "mode": mode, "name": name, "x": xs,
+    trace = {"type": "scatter", "mode": mode, "name": name, "x": xs,
              "y": [v * scale for v in ys], "yaxis": axis}
     style = {k: v for k, v in (("color", color), ("dash", dash)) if v}
     if style:
