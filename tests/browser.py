@@ -11,7 +11,7 @@ through the Network domain (`page.requests`); the browser is also given a proxy 
 exist, so a request that slipped past would fail rather than leave the machine. Console errors
 and uncaught exceptions are collected in `page.errors`.
 
-    python tests/browser.py shot REPORT.html OUT.png [WIDTH [HEIGHT]]   # a screenshot (README's)
+    python tests/browser.py shot REPORT.html OUT.png [WIDTH [HEIGHT [CSS-SELECTOR]]]  # the README's pictures
     python tests/browser.py time REPORT.html                            # seconds until every chart is drawn
 """
 from __future__ import annotations
@@ -192,9 +192,15 @@ class Page:
                 out.append(f"log: {p['entry'].get('text')} {p['entry'].get('url', '')}")
         return out
 
-    def screenshot(self, out: Path, full_page: bool = False) -> Path:
+    def screenshot(self, out: Path, full_page: bool = False, selector: str = "") -> Path:
+        """The viewport, the whole page, or the box of the first element `selector` matches."""
         params = {"format": "png"}
-        if full_page:
+        if selector:
+            box = self.evaluate(f"(function(){{var r = document.querySelector({json.dumps(selector)})"
+                                ".getBoundingClientRect(); return [r.x, r.y + window.scrollY, r.width, r.height];})()")
+            params.update(captureBeyondViewport=True,
+                          clip={"x": box[0], "y": box[1], "width": box[2], "height": box[3], "scale": 1})
+        elif full_page:
             height = self.evaluate("document.documentElement.scrollHeight")
             params.update(captureBeyondViewport=True,
                           clip={"x": 0, "y": 0, "width": self.browser.width, "height": height, "scale": 1})
@@ -207,9 +213,10 @@ def main(argv: list[str]) -> int:
     if len(argv) >= 3 and argv[0] == "shot":
         width = int(argv[3]) if len(argv) > 3 else 1400
         height = int(argv[4]) if len(argv) > 4 else 900
+        selector = argv[5] if len(argv) > 5 else ""
         with Browser(width, height) as browser:
             page = browser.open(Path(argv[1]))
-            page.screenshot(Path(argv[2]))
+            page.screenshot(Path(argv[2]), selector=selector)
             print(f"{argv[2]} ({page.load_seconds:.2f} s to draw; errors: {page.errors or 'none'})")
         return 0
     if len(argv) == 2 and argv[0] == "time":

@@ -37,7 +37,7 @@ def figure(traces: list, title: str, ytitle: str, *, y2title: str = "", xtitle: 
     layout = {"title": {"text": title, "x": 0, "font": {"size": 14}}, "height": 320,
               "margin": {"l": 60, "r": 60 if y2title else 20, "t": 40, "b": 40},
               "xaxis": {"title": {"text": xtitle}}, "yaxis": {"title": {"text": ytitle}},
-              "legend": {"orientation": "h", "y": -0.25}, "hovermode": "x unified"}
+              "legend": {"orientation": "h", "y": -0.25}, "showlegend": True, "hovermode": "x unified"}
     if ymin0:
         layout["yaxis"]["rangemode"] = "tozero"
     if y2title:

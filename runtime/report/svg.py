@@ -29,42 +29,47 @@ def draw(topo: Topology, title: str = "") -> str:
     if unknown:
         groups.append((None, [g for g in topo.gpus if g.numa not in nodes],
                        [n for n in topo.nics if n.numa not in nodes]))
-    top = 56 if topo.gpus else 32
+    top = 66                                    # title, then the link band and its label above the boxes
+    gpu_y = top + GAP
+    nic_y = gpu_y + (GPU_H + 2 * GAP if topo.gpus else 0)
+    height = (nic_y - top) + (NIC_H + GAP if topo.nics else 0) + 26
     parts, centers, nic_at = [], {}, {}
     x = PAD
     for node, gpus, nics in groups:
-        width = max(len(gpus) * (GPU_W + GAP), len(nics) * (NIC_W + GAP), 180) + GAP
-        height = GPU_H + NIC_H + 3 * GAP + 36
+        width = max(len(gpus) * (GPU_W + GAP), len(nics) * (NIC_W + GAP), 200) + GAP
         label = f"NUMA {node}" if node is not None else "NUMA node unknown"
         cpus = topo.numa_nodes.get(node, "") if node is not None else ""
         parts.append(f'<rect x="{x}" y="{top}" width="{width}" height="{height}" rx="8" fill="{COLORS["box"]}" '
                      f'stroke="{COLORS["edge"]}"/>')
-        parts.append(_text(x + 10, top + 18, label + (f" · CPUs {cpus}" if cpus else ""), 12, "start", "bold"))
+        parts.append(_text(x + 10, top + height - 9, label + (f" · CPUs {cpus}" if cpus else ""), 12, "start",
+                           "bold"))
         gx = x + GAP
         for gpu in gpus:
-            centers[gpu.index] = (gx + GPU_W / 2, top + 30)
-            parts.append(f'<rect class="gpu" x="{gx}" y="{top + 30}" width="{GPU_W}" height="{GPU_H}" rx="5" '
+            centers[gpu.index] = (gx + GPU_W / 2, gpu_y)
+            parts.append(f'<rect class="gpu" x="{gx}" y="{gpu_y}" width="{GPU_W}" height="{GPU_H}" rx="5" '
                          f'fill="{COLORS["gpu"]}"/>')
-            parts.append(_text(gx + GPU_W / 2, top + 30 + 19, f"GPU{gpu.index}", 13, weight="bold", color="#fff"))
-            parts.append(_text(gx + GPU_W / 2, top + 30 + 35, (gpu.bus_id or "")[-7:], 9, color="#e2e8f0"))
+            parts.append(_text(gx + GPU_W / 2, gpu_y + 19, f"GPU{gpu.index}", 13, weight="bold", color="#fff"))
+            parts.append(_text(gx + GPU_W / 2, gpu_y + 35, (gpu.bus_id or "")[-7:], 9, color="#e2e8f0"))
             gx += GPU_W + GAP
         nx = x + GAP
         for nic in nics:
-            nic_at[nic.name] = (nx + NIC_W / 2, top + 30 + GPU_H + 2 * GAP)
-            parts.append(f'<rect class="nic" x="{nx}" y="{top + 30 + GPU_H + 2 * GAP}" width="{NIC_W}" '
-                         f'height="{NIC_H}" rx="5" fill="{COLORS["nic"] if nic.kind == "rdma" else "#718096"}"/>')
-            parts.append(_text(nx + NIC_W / 2, top + 30 + GPU_H + 2 * GAP + 19, nic.name[:12], 11, color="#fff"))
+            nic_at[nic.name] = (nx + NIC_W / 2, nic_y)
+            parts.append(f'<rect class="nic" x="{nx}" y="{nic_y}" width="{NIC_W}" height="{NIC_H}" rx="5" '
+                         f'fill="{COLORS["nic"] if nic.kind == "rdma" else "#718096"}"/>')
+            parts.append(_text(nx + NIC_W / 2, nic_y + 19, nic.name[:12], 11, color="#fff"))
             nx += NIC_W + GAP
         x += width + GAP
-    total_w, total_h = max(x + PAD - GAP, 320), top + GPU_H + NIC_H + 3 * GAP + 36 + 40
+    heading = title or (f"{len(topo.gpus)} GPU(s), {len(topo.nics)} NIC(s), {len(nodes)} NUMA node(s); from "
+                        f"{topo.source or 'no source'}")
+    total_w = max(x + PAD - GAP, 8 * len(heading) + 2 * PAD, 560)
+    total_h = top + height + 30
     lines = _gpu_links(topo, centers, top) + _nic_links(topo, centers, nic_at)
-    head = [_text(PAD, 20, title or f"{len(topo.gpus)} GPU(s), {len(topo.nics)} NIC(s), "
-                  f"{len(nodes)} NUMA node(s) ({topo.source or 'no source'})", 13, "start", "bold")]
-    legend = _text(PAD, total_h - 14, "purple: NVLink/XGMI · green line: NIC on the GPU's PCIe switch · orange: "
-                   "across NUMA nodes · red: no fast link where the others have one", 10, "start", color="#4a5568")
+    legend = _text(PAD, total_h - 10, "purple: NVLink/XGMI · green line: NIC on the GPU's PCIe switch · orange: "
+                   "across NUMA nodes · red: GPU pairs without a fast link", 10, "start", color="#4a5568")
     return (f'<svg xmlns="http://www.w3.org/2000/svg" class="topology" width="{total_w:.0f}" height="{total_h:.0f}" '
             f'viewBox="0 0 {total_w:.0f} {total_h:.0f}" role="img" aria-label="node topology">'
-            + "".join(head + parts + lines) + legend + "</svg>")
+            f'<rect width="100%" height="100%" fill="#fff"/>' + _text(PAD, 20, heading, 13, "start", "bold")
+            + "".join(parts + lines) + legend + "</svg>")
 
 
 def _gpu_links(topo: Topology, centers: dict, top: int) -> list[str]:
@@ -76,13 +81,12 @@ def _gpu_links(topo: Topology, centers: dict, top: int) -> list[str]:
     out = []
     if len(fast) == len(pairs):                    # a fabric: every pair linked
         codes = sorted(set(pairs.values()))
-        y = top + 8
+        y = top - 10
         out.append(f'<line x1="{min(xs):.0f}" y1="{y}" x2="{max(xs):.0f}" y2="{y}" stroke="{COLORS["fast"]}" '
                    f'stroke-width="5"/>')
         out += [f'<line x1="{cx:.0f}" y1="{y}" x2="{cx:.0f}" y2="{cy:.0f}" stroke="{COLORS["fast"]}" '
                 f'stroke-width="2"/>' for cx, cy in centers.values()]
-        out.append(_text(max(xs) + 8, y + 4, f"{'/'.join(codes)} between every pair", 11, "start",
-                         color=COLORS["fast"]))
+        out.append(_text(min(xs), y - 8, f"{'/'.join(codes)} between every pair", 11, "start", color=COLORS["fast"]))
         return out
     for (a, b), code in sorted(pairs.items()):
         if a not in centers or b not in centers:
@@ -95,7 +99,7 @@ def _gpu_links(topo: Topology, centers: dict, top: int) -> list[str]:
                        f'</title></path>')
     if fast:      # some pairs linked, others not: name the ones left out
         slow = [f"GPU{a}-GPU{b} {code}" for (a, b), code in sorted(pairs.items()) if (a, b) not in fast]
-        out.append(_text(PAD, top - 8, "no fast link: " + ", ".join(slow[:8]) + (" ..." if len(slow) > 8 else ""),
+        out.append(_text(PAD, top - 24, "no fast link: " + ", ".join(slow[:8]) + (" ..." if len(slow) > 8 else ""),
                          11, "start", color=COLORS["slow"]))
     return out
 
