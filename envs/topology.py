@@ -206,20 +206,39 @@ def pci_numa(root: Path, bus_id: Optional[str]) -> Optional[int]:
     return _int(_read(root / "sys/bus/pci/devices" / bus_id / "numa_node")) if bus_id else None
 
 
+PCI_ADDRESS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+
+
+def _pci_device(device: Path) -> Optional[Path]:
+    """The PCI function a class device hangs off: itself, or the nearest parent named like
+    0000:17:00.0 (a virtio NIC's "device" is virtio2, under its PCI function)."""
+    try:
+        real = device.resolve()
+    except OSError:
+        return None
+    return next((p for p in (real, *real.parents) if PCI_ADDRESS.fullmatch(p.name)), None)
+
+
+def _device_numa(device: Path) -> tuple[Optional[int], Optional[str]]:
+    pci = _pci_device(device)
+    if pci is None:
+        return _int(_read(device / "numa_node")), None
+    return _int(_read(pci / "numa_node")), pci.name
+
+
 def sysfs_nics(root: Path = Path("/")) -> list[TopoNic]:
     """RDMA devices (with their netdevs), then physical network interfaces that no RDMA device owns."""
     nics, owned = [], set()
     for dev in sorted((root / "sys/class/infiniband").glob("*")):
         netdevs = sorted(p.name for p in (dev / "device" / "net").glob("*"))
         owned.update(netdevs)
-        bus = (dev / "device").resolve().name if (dev / "device").exists() else None
-        nics.append(TopoNic(name=dev.name, numa=_int(_read(dev / "device" / "numa_node")), kind="rdma",
-                            netdev=",".join(netdevs), bus_id=bus))
+        numa, bus = _device_numa(dev / "device")
+        nics.append(TopoNic(name=dev.name, numa=numa, kind="rdma", netdev=",".join(netdevs), bus_id=bus))
     for dev in sorted((root / "sys/class/net").glob("*")):
         if dev.name in owned or not (dev / "device").exists():     # lo, bridges, veths have no device
             continue
-        nics.append(TopoNic(name=dev.name, numa=_int(_read(dev / "device" / "numa_node")), kind="net",
-                            bus_id=(dev / "device").resolve().name))
+        numa, bus = _device_numa(dev / "device")
+        nics.append(TopoNic(name=dev.name, numa=numa, kind="net", bus_id=bus))
     return nics
 
 

@@ -130,3 +130,27 @@ def test_env_topology_task(inv_bin, tmp_path):
                              text=True, timeout=120)
         assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
         assert bad.stderr.startswith("env.topology: --tool-output") and "Traceback" not in bad.stderr
+
+
+def test_the_h200_machine_as_captured(tmp_path):
+    """nvidia-smi topo -m and the sysfs facts of the real H200 VM, rebuilt as a /sys tree: the GPU's
+    NUMA node comes from nvidia-smi where sysfs says -1, eth0 is found under its PCI function."""
+    facts = json.loads((DATA / "nvidia_h200_x1_sysfs.json").read_text())
+    (tmp_path / "sys/devices/system/node/node0").mkdir(parents=True)
+    (tmp_path / "sys/devices/system/node/node0/cpulist").write_text(facts["/sys/devices/system/node/node0/cpulist"])
+    (tmp_path / "sys/bus/pci/devices/0000:00:06.0").mkdir(parents=True)
+    (tmp_path / "sys/bus/pci/devices/0000:00:06.0/numa_node").write_text(facts["gpu 00000000:00:06.0"] + "\n")
+    for name in ("eth0", "lo", "ifb0", "ifb1"):
+        (tmp_path / "sys/class/net" / name).mkdir(parents=True)
+        real = facts[f"/sys/class/net/{name}"]["real"]
+        if real:
+            target = tmp_path / real.lstrip("/")
+            target.mkdir(parents=True)
+            (tmp_path / "sys/class/net" / name / "device").symlink_to(target)
+    machine = Machine(vendor="nvidia", model="H200", name="NVIDIA H200", arch="sm_90", count=1, memory_gib=140,
+                      gpus=[Gpu(0, "NVIDIA H200", bus_id="0000:00:06.0")])
+    topo = topology.merge_sysfs(topology.parse((DATA / "nvidia_h200_x1_topo_m.txt").read_text()), machine, tmp_path)
+    assert [(g.index, g.numa, g.cpus, g.bus_id) for g in topo.gpus] == [(0, 0, "0-15", "0000:00:06.0")]
+    assert [(n.name, n.kind, n.numa, n.bus_id) for n in topo.nics] == [("eth0", "net", None, "0000:00:03.0")]
+    assert topo.numa_nodes == {0: "0-15"}
+    assert all(r.status == "PASS" for r in check.judge(topo, machine))
