@@ -115,9 +115,12 @@ def section(rec: history.Recorded) -> dict:
         blocks += _training(rec, notes)
     if (rec.path / "preflight.json").is_file():
         blocks += _preflight(rec.path, notes)
-    if task == "preflight.comm" or (task.startswith("preflight.") and (rec.path / "report.json").is_file()):
-        blocks += _fanout(rec.path, notes) if task != "preflight.comm" else _comm(rec.path, notes)
-    if task.startswith("bench."):
+    fanout = bool(md.get("fanout")) or (rec.path / "hosts").is_dir()     # a run of one task on many hosts
+    if task == "preflight.comm":
+        blocks += _comm(rec.path, notes)
+    elif fanout and (rec.path / "report.json").is_file():
+        blocks += _fanout(rec.path, notes)
+    elif task.startswith("bench."):
         blocks += _bench(rec, notes)
     topo = _json(rec.path / "topology.json", notes)
     if isinstance(topo, dict):
