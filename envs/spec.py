@@ -94,6 +94,12 @@ class GpuModel:
     compute_units: Optional[int] = None  # set only where it tells two models apart
     peak_variants: tuple = ()
     floors: Optional[Floors] = None  # node-screen minimums (preflight.perf)
+    # the link every GPU pair of a node has where this model is built as its usual 8-GPU board:
+    # "NVLink" | "XGMI" | "" (PCIe cards: no expectation); preflight's topology check holds a
+    # node's pairs against it. Form factors without it (PCIe) are named in link_exempt.
+    gpu_link: str = ""
+    gpu_link_ref: str = ""
+    link_exempt: tuple = ()  # substrings of the product name of boards without that link ("PCIe")
 
     @property
     def runtime(self) -> str:

@@ -1,4 +1,5 @@
-"""inv env.*: what GPU this is and which environment Anvil gives it, with the source of every value."""
+"""inv env.*: what GPU this is, which environment Anvil gives it (with the source of every value), and
+how its GPUs, NICs, NUMA nodes and CPUs are wired (env.topology)."""
 from __future__ import annotations
 
 import json as jsonlib
@@ -132,6 +133,36 @@ def _cell(value, source) -> str:
     return f"{'(unset)' if value is None else value}  [{source}]"
 
 
+
+
+@task(auto_shortflags=False, help={"gpu": "Hold the map against another GPU model's profile (default: detect)",
+                                   "json": COMMON_HELP["json"],
+                                   "tool_output": "Show this recorded `nvidia-smi topo -m` or `rocm-smi --showtopo` "
+                                                  "output (another node's, say) instead of this node's map"})
+def topology(c, gpu="", json=False, tool_output=""):
+    """GPU <-> NIC <-> NUMA <-> CPU map of this node, held against the GPU profile (WARN with the fix)."""
+    import envs
+    from envs import topology as topo_mod
+    from runtime.preflight import table
+    from runtime.preflight import topology as check
+    here = envs.detect()
+    profile = envs.detect(gpu) if gpu else here
+    topo = topo_mod.from_file(tool_output) if tool_output else topo_mod.probe(here)
+    results = check.judge(topo, profile)
+    if json:
+        print(jsonlib.dumps({"topology": topo.to_dict(), "checks": [r.to_dict() for r in results]}, indent=2))
+        return
+    print(f"{'recorded output' if tool_output else here.summary()}; held against "
+          f"{profile.model or 'no GPU profile'}; from {topo.source or 'nothing'}")
+    for title, headers, rows in check.tables(topo):
+        if rows:
+            print(f"\n{title}")
+            print(_table(rows, headers))
+    print()
+    print(table(results))
+    for note in topo.notes:
+        print(f"note: {note}")
+
 ns = Collection("env")
-for _task in (detect, show, explain, export, diff):
+for _task in (detect, show, explain, export, diff, topology):
     ns.add_task(_task)

@@ -34,7 +34,7 @@ HELP = {
     "require-gpu": "No GPU is a FAIL (default: a WARN, so CPU machines pass)",
     "allow-unknown-gpu": "A GPU without an Anvil profile is a WARN, not a FAIL (env ANVIL_ALLOW_UNKNOWN_GPU=1)",
 }
-ALL = ("gpu", "host", "software", "network", "affinity", "screen")
+ALL = ("gpu", "host", "software", "network", "affinity", "topology", "screen")
 PERF_HELP = {
     "floor": "Floor NAME=VALUE over the GPU profile's (gemm_tflops, hbm_gbps, h2d_gbps, allreduce_gbps; repeatable)",
     "baseline": "Also fail a GPU more than --tolerance below this baseline (a --save-baseline file)",
@@ -61,6 +61,8 @@ def run_preflight(c, task_name, names, gpu, site, json, require_gpu, allow_unkno
         inputs = CheckInputs(machine, env, runs_dir, require_gpu=require_gpu, allow_unknown_gpu=allow_unknown_gpu,
                              **(inputs_extra or {}))
         results = run_checks(names, inputs)
+        if inputs.topology is not None:      # the map the topology check saw: inv snapshot.report draws it
+            run.write_json("topology.json", inputs.topology.to_dict())
         if after:
             after(inputs, run)
         payload = {"host": host, "status": worst(results), "checks": [r.to_dict() for r in results],
@@ -101,9 +103,11 @@ software = _check_task(("software",), "Versions: driver, ROCm/CUDA, torch build,
 network = _check_task(("network",), "Network: interfaces, RDMA ports, NCCL_SOCKET_IFNAME / NCCL_IB_HCA exist, "
                                     "route to MASTER_ADDR.")
 affinity = _check_task(("affinity",), "GPU to NUMA/CPU mapping; warns where ranks would run on the far socket.")
+topology = _check_task(("topology",), "GPU <-> NIC <-> NUMA map against the GPU profile: GPU pairs without their "
+                                      "NVLink/XGMI, NICs on another NUMA node than their GPUs.")
 screen = _check_task(("screen",), "Fast node screen: each GPU in its own process (init, 256 MiB, finite GEMM), "
                                   "kernel log scanned for GPU faults, machine checks, hung tasks.")
-all_checks = _check_task(ALL, "All checks in one table (gpu, host, software, network, affinity, screen); "
+all_checks = _check_task(ALL, "All checks in one table (gpu, host, software, network, affinity, topology, screen); "
                               "exit 1 on FAIL.")
 
 
@@ -155,6 +159,7 @@ def comm(c, hosts="", size="64M", iters=10, runtime="", timeout=0, nproc=0, slow
 
 ns = Collection("preflight")
 for _name, _task in (("gpu", gpu), ("host", host), ("software", software), ("network", network),
-                     ("affinity", affinity), ("screen", screen), ("perf", perf), ("comm", comm),
+                     ("affinity", affinity), ("topology", topology), ("screen", screen), ("perf", perf),
+                     ("comm", comm),
                      ("all", all_checks)):
     ns.add_task(_task, name=_name)

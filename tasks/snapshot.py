@@ -1,4 +1,4 @@
-"""inv snapshot.*: recorded runs - list, show, diff, replay."""
+"""inv snapshot.*: recorded runs - list, show, diff, replay, and a report to look at."""
 import json as jsonlib
 import sys
 
@@ -163,8 +163,21 @@ def replay(c, run, force=False, dry_run=False):
                          + (f" (new run: {new_run})" if new_run is not None else ""), exit_code=code)
 
 
+@task(auto_shortflags=False, iterable=["also"],
+      help={"run": "Run directory (path, or name under the runs folder)",
+            "also": "Another run to compare with it: curves overlaid, snapshot.diff as a table (repeatable)",
+            "out": "Output .html file or folder (default: RUN/report.html; with --also, a dated file in the runs "
+                   "folder)"})
+def report(c, run, also=None, out=""):
+    """One self-contained HTML file to look at: charts, tables and the node topology of a run (or several)."""
+    from runtime.report import write
+    path = write([run, *(also or [])], out or None, _settings(c).runs_dir)   # one line, exit 2, on bad input
+    print(path)
+
+
 ns = Collection("snapshot")
 ns.add_task(list_, name="list")
 ns.add_task(show)
 ns.add_task(diff)
 ns.add_task(replay)
+ns.add_task(report)

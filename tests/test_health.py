@@ -137,9 +137,13 @@ def test_straggler_named_once_then_every_tenth_check_then_cleared(tmp_path):
            "median 102.0 ms (+47%), steps 1-50" in warnings[0]
     assert warnings[1].endswith("10 checks in a row")
     assert "straggler: rank 3 on n3 is back within 20% of the median after 10 check(s)" in text
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    written = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    records = [r for r in written if r["kind"] == "straggler"]
     assert len(records) == 10 and {(r["kind"], r["rank"], r["host"]) for r in records} == {("straggler", 3, "n3")}
     assert records[0]["step_time"] == 0.150 and records[0]["median"] == pytest.approx(0.102)
+    spreads = [r for r in written if r["kind"] == "rank_times"]     # every check, the last one too
+    assert [r["step"] for r in spreads] == list(range(50, 551, 50))
+    assert spreads[0]["step_time"] == [0.100, 0.104, 0.098, 0.150] and spreads[0]["steps"] == [1, 50]
 
 
 def test_straggler_margin_and_timer_noise():

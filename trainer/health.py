@@ -28,7 +28,8 @@ all-gathers, which wait for slower peers, so a straggler shows less there. A ran
 ``health.straggler_margin`` above the median (and at least 1 ms, below which it is timer
 noise) is named on rank 0's log (a WARNING when it becomes one, again every 10th check while
 it stays one, an INFO line when it is back) and in metrics.jsonl at every check (kind
-"straggler": rank, host, step_time, median, forward_s, data_s, steps).
+"straggler": rank, host, step_time, median, forward_s, data_s, steps). Every check also writes
+each rank's figure (kind "rank_times": step_time by rank, median), the spread a report draws.
 
 Why one module of this size: the flight-recorder setup, the straggler detector and the hang
 watchdog share the per-step heartbeat and the rank's identity; each is its own class with one job.
@@ -525,6 +526,9 @@ class StragglerDetector:
         if any(row[3] < 1 for row in rows):
             return []
         median = statistics.median(row[0] for row in rows)
+        # every check, flagged or not: the spread across ranks that a report draws (one short line)
+        self._write({"kind": "rank_times", "step": step, "time": time.time(), "median": median,
+                     "step_time": [row[0] for row in rows], "steps": list(steps)})
         found = []
         for rank, (total, forward, data, _) in enumerate(rows):
             if median <= 0 or total <= median * (1 + self.margin) or total - median < MIN_EXCESS_S:

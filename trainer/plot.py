@@ -1,10 +1,11 @@
 """metrics.jsonl -> one PNG: loss (train, val), throughput (tokens/s, MFU), memory, lr/grad norm.
 
-    plot_run(run_dir, out_png=None) -> Path     (default RUN_DIR/plots/metrics.png; out_png may
-                                                 also be a directory to put metrics.png in)
+    plot_run(run_dir, out_png=None, curves=None) -> Path   (default RUN_DIR/plots/metrics.png; out_png
+                                                           may also be a directory to put metrics.png in)
 
 A step logged twice (before a kill and again after the resume) is drawn once, with its last
-value, and each resume is marked with a dotted vertical line. Needs matplotlib (the `plot`
+value, and each resume is marked with a dotted vertical line. `inv train.plot` hands it every
+segment of a run resumed into a new run directory (runtime.runs.metrics). Needs matplotlib (the `plot`
 extra); drawn with the Agg backend, so no display is needed.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import os
 from pathlib import Path
 
+from trainer import metrics_log
 from trainer.errors import UserError
 from trainer.files import file_in_the_way, make_parent, write_atomic
 
@@ -26,7 +28,9 @@ class PlotError(UserError):
 
 def read_metrics(run_dir: Path) -> tuple[dict[int, dict], dict[int, dict], list[int]]:
     """(train records by step, val records by step, steps at which a resume restarted the
-    log). Lines cut short by a kill are skipped."""
+    log) of this run directory's metrics.jsonl. Lines cut short by a kill are skipped. (A run
+    resumed into a new run directory continues an earlier one's curve: runtime.runs.metrics
+    reads every segment, and `inv train.plot` draws those.)"""
     path = Path(run_dir) / "metrics.jsonl"
     if Path(run_dir).exists() and not Path(run_dir).is_dir():
         raise PlotError(f"{run_dir}: not a directory; expected a run directory (it holds metrics.jsonl)")
@@ -35,24 +39,10 @@ def read_metrics(run_dir: Path) -> tuple[dict[int, dict], dict[int, dict], list[
     if not path.is_file():
         raise PlotError(f"{run_dir}: no metrics.jsonl (rank 0 writes it from the first logged "
                         "step; has this run trained yet?)")
-    train, val, resumes, last = {}, {}, [], 0
-    with open(path, encoding="utf-8", errors="replace") as f:  # damaged lines are skipped below
-        for line in f:
-            try:
-                record = json.loads(line)
-                step = int(record["step"])
-            except (ValueError, KeyError, TypeError):
-                continue
-            if record.get("kind") == "train":
-                if step <= last:
-                    resumes.append(step)
-                last = step
-                train[step] = record
-            elif record.get("kind") == "val":
-                val[step] = record
-    if not train:
+    log = metrics_log.read(path)
+    if not log.train:
         raise PlotError(f"{path}: no training steps logged yet")
-    return train, val, resumes
+    return log.train, log.val, log.restarts
 
 
 def _series(records: dict[int, dict], key: str) -> tuple[list[int], list[float]]:
@@ -140,13 +130,14 @@ def _title(run_dir: Path, train: dict) -> str:
     return "  |  ".join(p for p in parts if p)
 
 
-def plot_run(run_dir: str | os.PathLike, out_png: str | os.PathLike | None = None) -> Path:
+def plot_run(run_dir: str | os.PathLike, out_png: str | os.PathLike | None = None, curves=None) -> Path:
     """Draw RUN_DIR/metrics.jsonl to out_png (a .png path or a directory; default
-    RUN_DIR/plots/metrics.png); returns the PNG's path."""
+    RUN_DIR/plots/metrics.png); returns the PNG's path. curves: (train, val, resumes) already
+    read, e.g. every segment of a resumed run (runtime.runs.metrics), instead of this file's."""
     if not str(run_dir).strip():
         raise PlotError("the run is empty; expected a run directory (it holds metrics.jsonl)")
     run_dir = Path(run_dir)
-    train, val, resumes = read_metrics(run_dir)
+    train, val, resumes = curves if curves is not None and curves[0] else read_metrics(run_dir)
     try:
         import matplotlib  # noqa: F401
     except ImportError:

@@ -326,3 +326,8 @@ def status() -> Optional[GpuStatus]:
         return found
     text = run_tool(["rocm-smi", "--showmeminfo", "vram", "--showtemp", "--showpids", "--json"])
     return parse_rocm_smi_status(text) if text else None
+
+
+def topology_text() -> Optional[str]:
+    """`rocm-smi --showtopo`: the link-type matrix and NUMA nodes that envs.topology parses."""
+    return run_tool(["rocm-smi", "--showtopo"])

@@ -151,3 +151,8 @@ def status() -> Optional[GpuStatus]:
         return None
     apps = run_tool(["nvidia-smi", "--query-compute-apps=pid,gpu_bus_id", "--format=csv,noheader,nounits"]) or ""
     return parse_status_csv(text, apps)
+
+
+def topology_text() -> Optional[str]:
+    """`nvidia-smi topo -m`: the GPU/NIC matrix that envs.topology parses (None without the tool)."""
+    return run_tool(["nvidia-smi", "topo", "-m"])

@@ -9,6 +9,10 @@ MODEL = GpuModel(
     floors=Floors(gemm_tflops=220, hbm_gbps=1300, h2d_gbps=20, allreduce_gbps=180, allreduce_gpus=8,
                   ref="about 70% of the 312 TFLOP/s dense peak, 64% of the 2.04 TB/s HBM2e datasheet figure (80 GB); "
                       "PCIe Gen4 x16 (32 GB/s) for H2D; all-reduce an estimate for NVLink 3 (600 GB/s per GPU)"),
+    gpu_link="NVLink",
+    gpu_link_ref=("NVIDIA A100 datasheet: HGX A100 boards join 8 GPUs through NVSwitch (NVLink 3, 600 GB/s per "
+                  "GPU); the PCIe card pairs at most two with a bridge"),
+    link_exempt=("PCIe",),
 )
 
 PROFILE = model_profile(MODEL)

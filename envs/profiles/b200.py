@@ -12,6 +12,8 @@ MODEL = GpuModel(
                   ref="estimates: about 53% of the 2250 TFLOP/s dense peak and 63% of the 8 TB/s HBM3e datasheet "
                       "figure; PCIe Gen5 x16 for H2D; all-reduce an estimate for NVLink 5 (1.8 TB/s per GPU); "
                       "not measured by Anvil"),
+    gpu_link="NVLink",
+    gpu_link_ref="NVIDIA HGX B200: 8 GPUs through NVSwitch (NVLink 5, 1.8 TB/s per GPU)",
 )
 
 PROFILE = model_profile(

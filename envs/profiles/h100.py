@@ -13,6 +13,10 @@ MODEL = GpuModel(
                   ref="about 60% of the 989 TFLOP/s dense peak and 72% of the 3.35 TB/s HBM3 datasheet figure; "
                       "PCIe Gen5 x16 (64 GB/s) for H2D; all-reduce 78% of Azure node health checks' H100 NCCL "
                       "threshold (460 GB/s, github.com/Azure/azurehpc-health-checks)"),
+    gpu_link="NVLink",
+    gpu_link_ref=("NVIDIA H100 datasheet: HGX H100 joins 8 SXM GPUs through NVSwitch (NVLink 4, 900 GB/s per "
+                  "GPU); H100 PCIe and NVL pair GPUs through bridges"),
+    link_exempt=("PCIe", "NVL"),
 )
 
 PROFILE = model_profile(MODEL)

@@ -13,6 +13,10 @@ MODEL = GpuModel(
                   ref="about 83% of Anvil's own H200 measurements (bf16 8192^3 769-798 TFLOP/s, device copy 4.3 TB/s; "
                       "BENCHMARKS.md); PCIe Gen5 x16 for H2D; all-reduce as H100 (same NVLink 4 fabric; Azure node "
                       "health checks' H100 NCCL threshold 460 GB/s)"),
+    gpu_link="NVLink",
+    gpu_link_ref=("NVIDIA H200 datasheet: HGX H200 joins 8 SXM GPUs through NVSwitch (NVLink 4, 900 GB/s per "
+                  "GPU); H200 NVL pairs or quads GPUs through bridges"),
+    link_exempt=("NVL",),
 )
 
 PROFILE = model_profile(MODEL)

@@ -17,6 +17,9 @@ MODEL = GpuModel(
                     ref="estimates per GCD: about 52% of the 191.5 TFLOP/s peak and 63% of the 1.6 TB/s HBM2e "
                         "figure; H2D over Infinity Fabric (36 GB/s per link on LUMI/Frontier nodes); no local "
                         "all-reduce floor"),
+    gpu_link="XGMI",
+    gpu_link_ref=("AMD MI200 system optimization guide (rocm.docs.amd.com): the GCDs of an MI250X node reach "
+                  "each other over Infinity Fabric (rocm-smi --showtopo: XGMI)"),
 )
 
 PROFILE = model_profile(MODEL)

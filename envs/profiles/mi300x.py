@@ -10,6 +10,9 @@ MODEL = GpuModel(
     floors=Floors(gemm_tflops=600, hbm_gbps=2000, h2d_gbps=44, allreduce_gbps=314, allreduce_gpus=8,
                     ref="GEMM and HBM: Primus node_smoke tier-2 minimums (github.com/AMD-AGI/Primus); H2D and "
                         "all-reduce: Azure node health checks' MI300X thresholds (D2H/H2D 44/48 GB/s, RCCL 314 GB/s)"),
+    gpu_link="XGMI",
+    gpu_link_ref=("AMD Instinct MI300X platform (OAM, UBB): 8 GPUs fully connected by Infinity Fabric links, "
+                  "128 GB/s each way per pair"),
 )
 
 PROFILE = model_profile(MODEL, *rocm.CDNA3_PLUS)

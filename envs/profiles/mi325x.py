@@ -10,6 +10,8 @@ MODEL = GpuModel(
     floors=Floors(gemm_tflops=600, hbm_gbps=2000, h2d_gbps=44, allreduce_gbps=314, allreduce_gpus=8,
                     ref="as MI300X (same compute dies and Infinity Fabric): Primus node_smoke tier-2 minimums, "
                         "Azure node health checks' MI300X thresholds"),
+    gpu_link="XGMI",
+    gpu_link_ref="AMD Instinct MI325X platform: the MI300X board (8 OAMs fully connected by Infinity Fabric)",
 )
 
 PROFILE = model_profile(MODEL, *rocm.CDNA3_PLUS)

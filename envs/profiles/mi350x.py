@@ -14,6 +14,8 @@ MODEL = GpuModel(
     floors=Floors(gemm_tflops=600, hbm_gbps=2000, h2d_gbps=44, allreduce_gbps=314, allreduce_gpus=8,
                     ref="Primus node_smoke tier-2 minimums for the MI3xx series; no MI350X-specific published "
                         "thresholds found, so these are MI300X-level and loose for this GPU"),
+    gpu_link="XGMI",
+    gpu_link_ref="AMD Instinct MI350 series platform: 8 GPUs fully connected by Infinity Fabric links",
 )
 
 PROFILE = model_profile(MODEL, *rocm.CDNA3_PLUS, *GFX950)

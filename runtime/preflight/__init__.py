@@ -5,11 +5,11 @@
 """
 from __future__ import annotations
 
-from runtime.preflight import affinity, gpu, host, network, perf, screen, software
+from runtime.preflight import affinity, gpu, host, network, perf, screen, software, topology
 from runtime.preflight.result import FAIL, PASS, WARN, CheckInputs, CheckResult, table, worst
 
 CHECKS = {"gpu": gpu.run, "host": host.run, "software": software.run, "network": network.run,
-          "affinity": affinity.run, "screen": screen.run, "perf": perf.run}
+          "affinity": affinity.run, "topology": topology.run, "screen": screen.run, "perf": perf.run}
 
 
 def run_checks(names, inputs: CheckInputs) -> list[CheckResult]:

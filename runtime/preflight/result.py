@@ -39,6 +39,7 @@ class CheckInputs:
     baseline: Optional[dict] = None  # a recorded baseline (--baseline FILE)
     tolerance: float = 0.05  # how far under the baseline still passes
     measured: Optional[dict] = None  # perf: what was measured (for --save-baseline)
+    topology: Optional[Any] = None  # topology: the node's map (envs.topology.Topology), kept as topology.json
 
     def var(self, name: str) -> Optional[str]:
         """The value a launched process sees: the resolved environment over the shell's."""

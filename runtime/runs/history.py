@@ -92,7 +92,7 @@ def load(path: str | Path, runs_dir: Path | None = None) -> Recorded:
     if not isinstance(variables, dict):
         raise rundir.RunDirError(f"{run_dir / 'env.json'}: 'vars' is not a JSON object; the run "
                                  f"directory is damaged")
-    summary, problem = _training_summary(run_dir)
+    summary, problem = training_summary(run_dir)
     return Recorded(run_dir, metadata, variables, _object(run_dir / "machine.json"),
                     _object(run_dir / "versions.json"), configs, _object(run_dir / "git.json"),
                     summary, problem)
@@ -107,7 +107,7 @@ RESULTS = (("status", "status"), ("steps", "steps"), ("final_loss", "final train
            ("wall_s", "wall time"), ("init_from", "started from"))
 
 
-def _training_summary(run_dir: Path) -> tuple[dict, str]:
+def training_summary(run_dir: Path) -> tuple[dict, str]:
     """(the trainer's summary, "") from summary.json, else from result.json's "summary" (what
     train.pretrain returned); ({}, "") for a run without one (bench, preflight, a training run
     that stopped before its summary); ({}, why) when the file is damaged. A damaged summary

@@ -1,0 +1,128 @@
+"""A training run's metrics over every segment it took.
+
+    curves = read(run_dir)     # Curves: train/val records by step, events, resume marks, notes
+
+`inv train.pretrain --resume RUN` (and `--resume auto`) makes a new run directory whose
+metrics.jsonl starts at the checkpoint's step; its metadata.json names what it resumed from
+("resume": a checkpoint, a run directory or its checkpoints folder). The curve of such a run is
+the earlier segments' records up to that checkpoint, then its own. A requeued Slurm job resumes
+into its own directory and its one metrics.jsonl already holds both (trainer.metrics_log keeps
+each step's last record). A segment that cannot be found or read is a note, never an error.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from runtime.runs import rundir
+from trainer import metrics_log
+
+MAX_SEGMENTS = 1000   # a resume chain that loops (hand-edited metadata) ends here
+
+
+@dataclass
+class Curves:
+    train: dict[int, dict] = field(default_factory=dict)
+    val: dict[int, dict] = field(default_factory=dict)
+    events: list[dict] = field(default_factory=list)      # straggler, rank_times, ... in step order
+    resumes: list[int] = field(default_factory=list)      # first step logged after each resume
+    segments: list[Path] = field(default_factory=list)    # run directories, oldest first
+    notes: list[str] = field(default_factory=list)        # what could not be read, in words
+
+
+def _checkpoint_step(value: str) -> int | None:
+    match = re.search(r"(?:^|/)step_(\d+)/?$", value)
+    return int(match.group(1)) if match else None
+
+
+def resumed_from(run_dir: Path) -> tuple[Path | None, int | None, str]:
+    """(the run directory this run resumed from, the checkpoint's step when named, a note when
+    it names one that is not there). (None, None, "") for a run that started fresh."""
+    try:
+        metadata = rundir.read_json(Path(run_dir) / rundir.METADATA, {}) or {}
+    except (rundir.RunDirError, OSError):
+        return None, None, ""
+    value = metadata.get("resume") if isinstance(metadata, dict) else None
+    if not isinstance(value, str) or value in ("", "auto", "none"):
+        return None, None, ""
+    step = _checkpoint_step(value)
+    path = Path(value)
+    # A run directory beside this one first (the runs folder may have moved since), then the path
+    # as recorded (absolute, or relative to where inv ran).
+    candidates = [Path(run_dir).parent / part for part in path.parts if part not in ("", "/", ".", "..")]
+    candidates += [path] + list(path.parents)
+    for candidate in candidates:
+        if (candidate / rundir.METADATA).is_file() and candidate.resolve() != Path(run_dir).resolve():
+            return candidate, step, ""
+    return None, None, f"resumed from {value}, which is not here: its steps are not drawn"
+
+
+def chain(run_dir: Path) -> tuple[list[tuple[Path, int | None]], list[str]]:
+    """[(run directory, the step its successor resumed from or None)], oldest first, and notes."""
+    found: list[tuple[Path, int | None]] = [(Path(run_dir), None)]
+    notes: list[str] = []
+    seen = {Path(run_dir).resolve()}
+    current = Path(run_dir)
+    while len(found) < MAX_SEGMENTS:
+        earlier, step, note = resumed_from(current)
+        if note:
+            notes.append(note)
+        if earlier is None or earlier.resolve() in seen:
+            break
+        seen.add(earlier.resolve())
+        found.append((earlier, step))
+        current = earlier
+    return list(reversed(found)), notes
+
+
+def read(run_dir: str | Path) -> Curves:
+    """Every segment's records, each step once (the latest segment's), with the resume marks."""
+    run_dir = Path(run_dir)
+    segments, notes = chain(run_dir)
+    logs = []
+    for path, _ in segments:
+        file = path / "metrics.jsonl"
+        if not file.is_file():
+            logs.append(metrics_log.MetricsLog())
+            if path == run_dir:
+                notes.append("no metrics.jsonl: the run logged no step" + (" of its own" if len(segments) > 1
+                                                                           else ""))
+            else:
+                notes.append(f"{path.name}: no metrics.jsonl")
+            continue
+        try:
+            log = metrics_log.read(file)
+        except OSError as exc:
+            notes.append(f"{file}: cannot read it ({exc.strerror or exc})")
+            log = metrics_log.MetricsLog()
+        prefix = "metrics.jsonl" if path == run_dir else f"{path.name}/metrics.jsonl"
+        notes += log.problems(prefix)
+        logs.append(log)
+    curves = Curves(segments=[path for path, _ in segments], notes=notes)
+    for index, ((path, upto), log) in enumerate(zip(segments, logs)):
+        later = next((lg for lg in logs[index + 1:] if lg.train), None)
+        if later is not None:
+            first_later = min(later.train)
+            limit = upto if upto is not None else first_later - 1
+        else:
+            limit = None
+        keep = (lambda step: step <= limit) if limit is not None else (lambda step: True)
+        curves.train.update({s: r for s, r in log.train.items() if keep(s)})
+        curves.val.update({s: r for s, r in log.val.items() if keep(s)})
+        curves.events += [e for e in log.events if keep(_step(e))]
+        curves.resumes += [s for s in log.restarts if keep(s)]
+        if index and log.train:
+            curves.resumes.append(min(log.train))
+    curves.train = dict(sorted(curves.train.items()))
+    curves.val = dict(sorted(curves.val.items()))
+    curves.events.sort(key=_step)
+    curves.resumes = sorted(set(curves.resumes))
+    return curves
+
+
+def _step(record: dict) -> int:
+    try:
+        return int(record.get("step", 0))
+    except (TypeError, ValueError):
+        return 0
