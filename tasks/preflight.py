@@ -146,7 +146,7 @@ def comm(c, hosts="", size="64M", iters=10, runtime="", timeout=0, nproc=0, slow
     """Cross-node communication: all-reduce over all nodes, then node pairs in rounds; names the slow node or link."""
     from runtime import settings as settings_mod
     from runtime.preflight.comm import run_comm_check
-    from runtime.program.ssh import cli_options
+    from runtime.cluster.ssh import cli_options
 
     slurm = (runtime or settings_mod.load(c).runtime).startswith("slurm")
     run_comm_check(c, hosts or None, slurm, size, iters, json=json, timeout=float(timeout), nproc=nproc,

@@ -14,9 +14,10 @@ import pytest
 from invoke import Collection, task
 from invoke.parser import Parser
 
-from runtime.program import fanout, results, ssh
-from runtime.program.results import HostResult
-from runtime.program.ssh import FanoutOptions
+from runtime.cluster import results, ssh
+from runtime.jobs import fanout
+from runtime.cluster.results import HostResult
+from runtime.cluster.ssh import FanoutOptions
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -127,10 +128,10 @@ def test_the_remote_inv_stops_as_at_a_ctrl_c_when_its_stdin_ends():
     import subprocess
     import sys
 
-    from runtime.program import remote_stop
+    from runtime.cluster import remote_stop
 
     assert remote_stop.watch_stdin({}) is False
-    code = ("import time\nfrom runtime.program import remote_stop\nassert remote_stop.watch_stdin()\n"
+    code = ("import time\nfrom runtime.cluster import remote_stop\nassert remote_stop.watch_stdin()\n"
             "import os\nassert 'ANVIL_STOP_AT_EOF' not in os.environ\nprint('ready', flush=True)\n"
             "try:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    print('stopped', flush=True)\n"
             "    raise SystemExit(130)\n")
@@ -158,7 +159,7 @@ def test_task_argv_rebuilds_given_options_only():
 
 
 def test_failed_host_detail_is_the_error_not_the_run_directory():
-    from runtime.program.fanout import error_line
+    from runtime.jobs.fanout import error_line
 
     stderr = ("WARNING: something harmless\n"
               "train.pretrain failed: the trainer exited with status 1\n"
@@ -171,7 +172,7 @@ def test_failed_host_detail_is_the_error_not_the_run_directory():
 def test_ssh_errors_read_as_what_the_user_fixes():
     import socket
 
-    from runtime.program.ssh import _describe
+    from runtime.cluster.ssh import _describe
 
     assert _describe(socket.gaierror(-2, "Name or service not known")) == \
         "unreachable: no such host name (Name or service not known)"

@@ -293,11 +293,11 @@ def test_an_unfollowed_batch_job_records_its_own_end(tmp_path):
 
 
 def test_a_job_that_ended_unrecorded_gets_slurms_verdict_and_nothing_is_guessed(tmp_path):
-    """runtime.runs.settle: what Slurm's record of a job says the run ended as; and where no
+    """runtime.jobs.settle: what Slurm's record of a job says the run ended as; and where no
     controller answers, every run keeps what it said (tests/test_slurm_train.py runs it live)."""
     import json as jsonlib
 
-    from runtime.runs import settle
+    from runtime.jobs import settle
 
     killed = {"JobState": "FAILED", "ExitCode": "0:9", "JobName": f"anvil-{tmp_path.name}"}
     status, code, why = settle.verdict("12", killed)
@@ -346,7 +346,7 @@ def test_a_job_that_ended_unrecorded_gets_slurms_verdict_and_nothing_is_guessed(
 def test_a_running_run_is_recorded_lost_only_when_its_inv_is_gone_from_this_host(tmp_path):
     import socket
 
-    from runtime.runs import settle
+    from runtime.jobs import settle
 
     def run(name: str, **metadata) -> Path:
         path = tmp_path / name

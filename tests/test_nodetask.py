@@ -1,4 +1,4 @@
-"""runtime.program.nodetask: one node's part of a fan-out always leaves its record and exits 0."""
+"""runtime.cluster.slurm.nodetask: one node's part of a fan-out always leaves its record and exits 0."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ from process_utils import signal_until_exit
 
 def _nodetask(tmp_path, *command):
     env = {**os.environ, "SLURMD_NODENAME": "n7"}
-    return subprocess.Popen([sys.executable, "-m", "runtime.program.nodetask", str(tmp_path), "--", *command],
+    return subprocess.Popen([sys.executable, "-m", "runtime.cluster.slurm.nodetask", str(tmp_path), "--", *command],
                             env=env, cwd=os.getcwd(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 

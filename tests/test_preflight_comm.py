@@ -405,7 +405,7 @@ def test_screen_over_ssh_names_the_slowed_host(comm_cluster, repo, tmp_path, cap
 @pytest.mark.netns
 def test_a_launch_past_its_timeout_is_ended_on_the_nodes(comm_cluster, repo, tmp_path):
     """A dead link must not hang the screen: the launch is killed on both hosts at its timeout."""
-    from runtime.program.ssh import FanoutOptions
+    from runtime.cluster.ssh import FanoutOptions
 
     a, b = (h.address for h in comm_cluster.hosts[:2])
     options = FanoutOptions(remote_path=str(repo), remote_inv=str(repo / ".venv" / "bin" / "inv"),

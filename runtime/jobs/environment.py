@@ -72,7 +72,7 @@ def resolve_on_hosts(c, hosts: str):
     """(name_a, name_b, env_a, env_b): each host resolves its own (`inv env.show --json` over SSH)."""
     from envs.resolve import ResolvedEnv
     from runtime import settings as settings_mod
-    from runtime.program import ssh
+    from runtime.cluster import ssh
 
     names = [h.strip() for h in hosts.split(",") if h.strip()]
     if len(names) != 2:

@@ -139,7 +139,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     from runtime.jobs import planning
     from runtime.jobs.environment import print_warnings
     from runtime.launch import build, launch
-    from runtime.launch.slurm import submitted_job_id
+    from runtime.cluster.slurm.control import submitted_job_id
     from runtime.runs import nodes as nodes_mod
     from runtime.runs import outcome
     from runtime.runs.run import execute
@@ -195,7 +195,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
         raise UserError(f"--ranks {','.join(map(str, sorted(job.ranks_used)))}: this job has {world} rank(s), "
                         f"0..{world - 1}")
     if probe.runtime.startswith("slurm") and not job.dry_run:
-        from runtime.launch.slurm import require, require_controller
+        from runtime.cluster.slurm.control import require, require_controller
         require(built.argv[0])            # srun or sbatch: Slurm is there, before a run directory is,
         require_controller(os.environ)    # and its controller answers
     if built.script is not None and not resume:

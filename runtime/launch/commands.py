@@ -67,7 +67,7 @@ def slurm_nodes(spec: LaunchSpec, env: Mapping[str, str], mode: str) -> int:
     allocated = allocated_nodes(env) if mode == "srun" else 0
     left_out: list[str] = []
     if allocated and spec.slurm.exclude:
-        from runtime.launch.slurm import hostnames
+        from runtime.cluster.slurm.control import hostnames
         members = hostnames(env.get("SLURM_JOB_NODELIST", ""), env)
         left_out = [n for n in members if n in set(spec.slurm.exclude)]
         strangers = [n for n in spec.slurm.exclude if n not in members]

@@ -6,7 +6,7 @@ its exit status. SIGTERM, SIGUSR1, SIGUSR2 and SIGINT reaching `inv` are passed
 to the child and `inv` keeps waiting, so the ranks can finish their step and
 checkpoint (exit 3, or 130 after Ctrl-C) instead of `inv` dying first.
 With sbatch (Slurm, outside an allocation) it writes RUN_DIR/slurm/job.sbatch
-and hands over to runtime.launch.slurm (submit, follow).
+and hands over to runtime.cluster.slurm.control (submit, follow).
 """
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def interrupt_recorded_step(run_dir: Path, env: Mapping[str, str]) -> Callable[[
     a Ctrl-C here. Passed on to srun, two SIGINTs within a second (the terminal's and ours), or one
     with no terminal on its stdin, ended the step instead, which lost the training."""
     def interrupt(proc: subprocess.Popen) -> None:
-        from runtime.launch.slurm import interrupt_step
+        from runtime.cluster.slurm.control import interrupt_step
         try:
             step = (Path(run_dir) / STEP_FILE).read_text().strip()
         except OSError:
@@ -150,7 +150,7 @@ def launch(spec: LaunchSpec, env: Mapping[str, str], run_dir: Path | None = None
         return 0
     if built.script is not None:
         write_atomic(built.argv[-1], built.script)
-        from runtime.launch import slurm
+        from runtime.cluster.slurm import control as slurm
         return slurm.submit_and_follow(built, child_env, run_dir, wait=spec.slurm.wait, stdout=out)
     log_path = None
     if run_dir is not None:

@@ -8,7 +8,7 @@ for a reason:
 
 - Fabric is imported only when -H is used: importing paramiko costs ~0.25 s,
   half of the 0.5 s budget for `inv --list`. The flags are Fab's own.
-- `-H a,b TASK` runs TASK on all hosts at once (runtime.program.fanout), the remote
+- `-H a,b TASK` runs TASK on all hosts at once (runtime.jobs.fanout), the remote
   side running the same `inv` with the task's pre/post tasks, instead of
   Fabric's serial, stop-at-first-failure loop with pre/post run locally once.
   `-H @` means the hosts in `anvil.hosts`.
@@ -94,7 +94,7 @@ class AnvilExecutor(Executor):
         self.config.load_collection(self.collection.configuration())
         self.config.load_shell_env()
         hosts = self.core[0].args.hosts.value if self.core is not None else None
-        from runtime.program import fanout
+        from runtime.jobs import fanout
         if hosts:
             results = {}
             for context in tasks:   # in order, stopping at the first that fails (like Invoke)
@@ -133,7 +133,7 @@ class AnvilExecutor(Executor):
         here, with -H's hosts as its --hosts and inv's SSH flags in the config (ssh.CLI_OPTIONS)."""
         if not self._made_with(context, "takes_hosts"):
             return False
-        from runtime.program import ssh
+        from runtime.cluster import ssh
         given = context.args["hosts"].value
         if given and given != hosts:
             raise Exit(f"{context.name}: -H {hosts} and --hosts {given}: name the hosts once", 2)
@@ -148,7 +148,7 @@ class AnvilExecutor(Executor):
         """A per-node task (run_task(per_node=True)) whose runtime is slurm: fan it out over srun."""
         if not self._made_with(context, "per_node"):
             return False
-        from runtime.program.fanout import per_node_options
+        from runtime.jobs.fanout import per_node_options
         from runtime.runs.options import per_node_runtime
         given, nodes = per_node_options(context)
         try:

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import sys
 
-from runtime.program import pipes, remote_stop, shim
+from runtime.cluster import remote_stop
+from runtime.program import pipes, shim
 from runtime.program.cli import program
 
 

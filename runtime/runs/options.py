@@ -116,7 +116,7 @@ def run_task(*args, per_node: bool = False, takes_hosts: bool = False, **task_kw
 
     per_node=True (preflight, single-node benchmarks) also adds --runtime and
     --nodes: under runtime slurm the inv program runs the task once on every
-    node of the allocation and merges the results (runtime.program.fanout);
+    node of the allocation and merges the results (runtime.jobs.fanout);
     the task itself always runs on one node.
 
     takes_hosts=True (preflight.comm): the task reaches the nodes itself through

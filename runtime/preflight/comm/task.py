@@ -17,8 +17,8 @@ from runtime.preflight.comm.transports import SlurmTransport, SshTransport
 
 def _slurm_hosts(hosts: Sequence[str], env: Mapping[str, str]) -> list[str]:
     from runtime.launch.commands import in_allocation
-    from runtime.launch.slurm import hostnames
-    from runtime.program.allocation import require_slurm
+    from runtime.cluster.slurm.control import hostnames
+    from runtime.cluster.slurm.allocation import require_slurm
 
     if not in_allocation(env):
         raise CommError("preflight.comm with runtime slurm runs inside an allocation: salloc -N<nodes> inv "
@@ -47,8 +47,8 @@ def run_comm_check(c, hosts: list[str] | str | None, slurm: bool, size: str = "6
 
     from benchmarks.collectives import parse_size
     from runtime import settings as settings_mod
-    from runtime.program import ssh
-    from runtime.program.results import slurm_name
+    from runtime.cluster import ssh
+    from runtime.cluster.results import slurm_name
     from runtime.runs import nodes as nodes_mod
     from runtime.runs.run import RunSpec, execute
 

@@ -114,7 +114,7 @@ class SshTransport(_Launcher):
 
     def __init__(self, options, work_dir: Path, nproc: int = 0, python: str = "", base_port: int = 0,
                  config=None):
-        from runtime.program import ssh
+        from runtime.cluster import ssh
 
         remote_inv = options.remote_inv or ssh.local_inv()
         super().__init__(work_dir, nproc, python or str(Path(remote_inv).with_name("python")), base_port)
@@ -124,14 +124,14 @@ class SshTransport(_Launcher):
     # -- plumbing
     def _config(self):
         if self.config is None:
-            from runtime.program import ssh
+            from runtime.cluster import ssh
             ssh._quiet_paramiko()
             self.config = ssh.fabric_config(self.options.ssh_config)
         return self.config
 
     def _run(self, host: str, command: str, timeout: float) -> tuple[int | None, str, str, str | None]:
         """(exit status, stdout, stderr, error) of one command on one host; never raises."""
-        from runtime.program import ssh
+        from runtime.cluster import ssh
 
         return ssh.run_command(host, command, self.options, self._config(), timeout=timeout)
 
@@ -141,7 +141,7 @@ class SshTransport(_Launcher):
     def command(self, host: str, nodes: Sequence[str], rank: int, port: int, size: str, iters: int,
                 out: Path, timeout: float, nproc: int) -> str:
         """The shell line one host runs for one launch (every piece quoted)."""
-        from runtime.program.results import slurm_name
+        from runtime.cluster.results import slurm_name
 
         agent = [self.python, "-m", "runtime.launch.agent", "--nproc", str(nproc), "--nnodes", str(len(nodes)),
                  "--node-rank", str(rank), "--master-addr", slurm_name(nodes[0]), "--master-port", str(port),

@@ -1,6 +1,6 @@
 """The far end of Ctrl-C under `inv -H`: an `inv` started by a fan-out stops when its stdin ends.
 
-runtime.program.ssh starts each host's task as ``ANVIL_STOP_AT_EOF=1 inv TASK``
+runtime.cluster.ssh starts each host's task as ``ANVIL_STOP_AT_EOF=1 inv TASK``
 with an SSH channel for stdin that carries nothing. On Ctrl-C it closes that
 stdin; a dropped connection closes it too. The remote `inv` then sends SIGINT
 to its own process group (sshd gives every session its own), which is what a

@@ -22,7 +22,7 @@ Nothing is written on a guess: where Slurm's client is missing or its controller
 answer (a laptop reading a copied runs folder), every run keeps what it said; so does a run
 whose files cannot be read or written. An ended job is
 read twice, a poll apart, because a job requeuing itself shows its last attempt's end for a
-moment before it is pending again (the same care runtime.launch.slurm.follow takes).
+moment before it is pending again (the same care runtime.cluster.slurm.control.follow takes).
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from runtime.launch import slurm
+from runtime.cluster.slurm import control as slurm
 from runtime.runs import jobend, rundir
 
 EXIT_UNKNOWN = 1   # a lost job's exit status: unknown, and not a success

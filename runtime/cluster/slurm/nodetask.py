@@ -1,6 +1,6 @@
 """One node's part of a task fanned out over a Slurm allocation; srun starts one per node.
 
-    python -m runtime.program.nodetask HOSTS_DIR [--timeout S] -- INV TASK ARGS
+    python -m runtime.cluster.slurm.nodetask HOSTS_DIR [--timeout S] -- INV TASK ARGS
 
 Runs ``INV TASK ARGS`` on this node as the node's own, local task: ANVIL_HOST
 is the Slurm node name, ANVIL_NODE_RUNTIME=direct (the node does its own

@@ -1,11 +1,11 @@
 """Fanned-out tasks: run one task on many nodes at once, merge the results into one report.
 
 Two ways to reach the nodes, one report:
-    inv -H a,b,c TASK ARGS                 over SSH (runtime.program.ssh), any task
+    inv -H a,b,c TASK ARGS                 over SSH (runtime.cluster.ssh), any task
     inv TASK ARGS --runtime slurm          over srun, one task per node of the allocation
-                                           (runtime.program.allocation), tasks marked per_node
+                                           (runtime.cluster.slurm.allocation), tasks marked per_node
 Each node runs the same `inv TASK` locally (with --json where the task has
-it). Output shaped as checks or measurements (runtime.program.results) is
+it). Output shaped as checks or measurements (runtime.cluster.results) is
 merged into one table, row by row and host by host: values that differ
 between hosts are marked, and each measurement is shown as a share of the
 hosts' median (under 90%: WARN, a straggler). Anything else is shown per
@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from tabulate import tabulate
 
-from runtime.program.results import (HostResult, Interrupted, checks_of, error_line, node_lists_footer,
+from runtime.cluster.results import (HostResult, Interrupted, checks_of, error_line, node_lists_footer,
                                      slurm_name)
 
 STATUSES = ("PASS", "WARN", "FAIL")
@@ -309,7 +309,7 @@ def _interrupted(run, task: str, results: list[HostResult]) -> int:
 def run_cli(collection, config, core, contexts) -> int:
     """`inv -H ...`: fan the requested tasks out over SSH; stop at the first that fails (like Invoke)."""
     from runtime import settings as settings_mod
-    from runtime.program import ssh
+    from runtime.cluster import ssh
 
     try:
         settings = settings_mod.load(_ConfigHolder(config))
@@ -340,7 +340,7 @@ def _no_slurm_options(context) -> None:
     runtime, nodes = per_node_options(context)
     if runtime.startswith("slurm") or nodes:
         flag, value = ("--runtime", runtime) if runtime.startswith("slurm") else ("--nodes", nodes)
-        from runtime.program.ssh import FanoutError
+        from runtime.cluster.ssh import FanoutError
         raise FanoutError(f"{context.name} {flag} {value}: -H already says where it runs (over SSH, on the hosts "
                           f"named); drop -H to run it on Slurm's nodes, or {flag} to run it on the hosts")
 
@@ -349,7 +349,7 @@ def run_on_slurm(config, context, config_file: str | None = None) -> int:
     """`inv TASK --runtime slurm` for a per-node task: one task per node of the allocation.
     config_file: inv's -f FILE, which each node's inv reads too."""
     from runtime import settings as settings_mod
-    from runtime.program import allocation
+    from runtime.cluster.slurm import allocation
 
     settings = settings_mod.load(_ConfigHolder(config))
     config_file = str(Path(config_file).resolve()) if config_file else None

@@ -6,9 +6,9 @@
 
 One srun step, one task per node (inside salloc/sbatch: the whole allocation
 unless --nodes says fewer; outside one: srun asks Slurm for --nodes nodes, 1
-by default). Each node runs runtime.program.nodetask, which runs the same
+by default). Each node runs runtime.cluster.slurm.nodetask, which runs the same
 `inv TASK` locally and writes RUN/hosts/<node>.json; those files become
-HostResults, merged and printed exactly like `inv -H` (runtime.program.fanout).
+HostResults, merged and printed exactly like `inv -H` (runtime.jobs.fanout).
 A node that was in the step but wrote no result (it died, srun was killed) is
 a failed host with srun's own last words. srun's options come from the
 settings as for training (slurm_partition, slurm_account, slurm_time,
@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Mapping
 
 from runtime.launch.commands import allocated_nodes, in_allocation
-from runtime.launch.slurm import hostnames, interrupt_step, require, require_controller
-from runtime.program.results import HostResult, Interrupted, error_line, parse_json_output
+from runtime.cluster.slurm.control import hostnames, interrupt_step, require, require_controller
+from runtime.cluster.results import HostResult, Interrupted, error_line, parse_json_output
 from trainer.errors import UserError
 
-NODE_TASK = "runtime.program.nodetask"
+NODE_TASK = "runtime.cluster.slurm.nodetask"
 
 
 class AllocationError(UserError):
@@ -90,7 +90,7 @@ def run_on_allocation(argv: list[str], run_dir: Path, settings, count: int, inv:
                       progress=None, config_file: str | None = None) -> list[HostResult]:
     """Run `inv ARGV` once on each of `count` nodes (node_count's answer, after require_slurm);
     results in the step's node order."""
-    from runtime.program.ssh import local_inv
+    from runtime.cluster.ssh import local_inv
 
     env = dict(os.environ if env is None else env)
     hosts_dir = Path(run_dir) / "hosts"

@@ -4,7 +4,7 @@ Each host runs ``cd <remote_path> && ANVIL_HOST=<host> <remote_inv> TASK ARGS``
 (Fabric Connections, one thread per host, so ten hosts take about as long as
 one). The remote `inv` runs the task with its own pre and post tasks and
 hooks, exactly as it would locally. Hosts that fail or cannot be reached are
-results with their error (runtime.program.fanout merges and prints them).
+results with their error (runtime.jobs.fanout merges and prints them).
 
 Settings (invoke.yaml `anvil:`; -i / -t / -S on the command line win):
 user, key_filename, remote_path (default: this checkout's path, i.e. a shared
@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Iterable
 
 from runtime import settings as settings_mod
-from runtime.program import remote_stop
-from runtime.program.results import HostResult, Interrupted, parse_json_output
+from runtime.cluster import remote_stop
+from runtime.cluster.results import HostResult, Interrupted, parse_json_output
 from trainer.errors import UserError
 
 
@@ -83,7 +83,7 @@ def remote_command(host: str, argv: list[str], options: FanoutOptions, runs_dir:
     runs_dir: where the host's own run directory goes (the fan-out's RUN/hosts/<host>; on a shared
     file system that is the same folder). runtime: the host's anvil.runtime when it must differ from
     the shared setting's (the node runs its part itself, not through Slurm). The remote inv stops as
-    at a Ctrl-C when its stdin ends (runtime.program.remote_stop): that is how Ctrl-C here reaches it."""
+    at a Ctrl-C when its stdin ends (runtime.cluster.remote_stop): that is how Ctrl-C here reaches it."""
     inv = [options.remote_inv or local_inv()]
     if options.runtime_config:
         inv += ["-f", options.runtime_config]

@@ -1,0 +1,1 @@
+"""Slurm: srun steps, sbatch jobs, scontrol."""
