@@ -69,18 +69,6 @@ def slurm_name(host: str) -> str:
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
-def node_lists_footer(passing: list[str], failing: list[str], run_dir=None) -> list[str]:
-    """The lines every multi-node report ends with: who passed, who failed, how to leave them out."""
-    out = [f"passing hosts: {','.join(passing) or '(none)'}", f"failing hosts: {','.join(failing) or '(none)'}"]
-    if failing:
-        out.append(f"exclude them:  srun --exclude={','.join(slurm_name(h) for h in failing)} ...")
-        if run_dir:
-            out.append(f"               inv train.pretrain --exclude-from {run_dir} ...")
-    if run_dir:
-        out.append(f"run directory: {run_dir}")
-    return out
-
-
 def parse_json_output(text: str) -> Any:
     """The JSON document a task printed (whole stdout, else from its last '{' line)."""
     text = text.strip()
