@@ -28,14 +28,11 @@ def main(argv=None) -> int:
     from trainer import ranklog
     from trainer import config, train
 
-    overrides = list(args.overrides)
-    if args.compile:
-        overrides.append("train.compile=true")
-    if args.kernels:
-        overrides.append("train.kernels=true")
+    overrides = [*args.overrides, *config.flag_overrides(compile=args.compile, kernels=args.kernels)]
     log = ranklog.setup(args.run_dir, name="anvil.trainer")
     try:
         cfg = config.load(args.config, overrides)
+        _keep_config(cfg, args.config, args.run_dir)
         return train.run(cfg, args.run_dir, resume=args.resume, log=log)
     except KeyboardInterrupt:   # before the loop's own handler is installed
         log.warning("interrupted (Ctrl-C) before training started; nothing to checkpoint")
@@ -52,6 +49,19 @@ def main(argv=None) -> int:
         else:
             log.exception(f"training failed: {exc}")
         return train.EXIT_FAILED
+
+
+def _keep_config(cfg, given: Path | None, run_dir: Path) -> None:
+    """Rank 0 keeps the config as used in RUN_DIR/config.yaml, unless it came from the run directory
+    itself (inv's runs hold theirs once, in configs/train.yaml, and start the ranks with it)."""
+    import os
+
+    from trainer import config
+    from trainer.files import write_atomic
+
+    inside = given is not None and Path(given).resolve().is_relative_to(Path(run_dir).resolve())
+    if not inside and os.environ.get("RANK", "0") == "0":
+        write_atomic(Path(run_dir) / "config.yaml", config.dump(cfg))
 
 
 if __name__ == "__main__":

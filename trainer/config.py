@@ -157,6 +157,12 @@ class TrainConfig:
 
 # --------------------------------------------------------------------------- loading
 
+def flag_overrides(compile: bool = False, kernels: bool = False) -> list[str]:
+    """What the command-line flags of `inv train.pretrain` and `python -m trainer` mean, as config
+    overrides: the one place where a flag becomes a key of the config (after the --set ones)."""
+    return ["train.compile=true"] * compile + ["train.kernels=true"] * kernels
+
+
 def load(path: str | Path | None = None, overrides: typing.Iterable[str] = ()) -> TrainConfig:
     """Read, override and validate a config. Raises ConfigError."""
     path = Path(path) if path is not None else DEFAULT_CONFIG

@@ -67,8 +67,10 @@ class TrainingJob:
     ranks_used: frozenset[int] = frozenset()   # global ranks the task needs (profile.train --ranks)
 
     def overrides(self) -> list[str]:
-        """The config overrides: the --set ones, then what the task's flags mean."""
-        return [*self.sets, *["train.compile=true"] * self.compile, *["train.kernels=true"] * self.kernels]
+        """The config overrides: the --set ones, then what the task's flags mean (trainer.config.flag_overrides)."""
+        from trainer.config import flag_overrides
+
+        return [*self.sets, *flag_overrides(compile=self.compile, kernels=self.kernels)]
 
 
 def previous_checkpoint(runs_dir: Path, name: str) -> str | None:
@@ -206,7 +208,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     environ = {**os.environ, **env.environ()}
     if transport.requeues(environ) and not resume:
         resume = "auto"   # a batch job that Slurm requeues resumes from its own run directory
-    spec = LaunchSpec(module="trainer", args=["--config", f"{RUN_DIR}/config.yaml", "--run-dir", RUN_DIR,
+    spec = LaunchSpec(module="trainer", args=["--config", f"{RUN_DIR}/configs/{CONFIG_FILE}", "--run-dir", RUN_DIR,
                                               *(["--resume", resume] if resume else [])],
                       nproc=job.nproc or None, gpus=env.machine.count, vendor=env.machine.vendor,
                       node_local=env.node_local())
@@ -227,7 +229,6 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
         return {"run_dir": None, "summary": None, "dry_run": True}
 
     def body(run):
-        run.write_text("config.yaml", dump(cfg))
         if excluded:
             run.update_metadata(excluded_nodes=excluded)
             print(f"excluding {len(excluded)} node(s) that failed preflight in {job.exclude_from}: "
