@@ -114,6 +114,26 @@ class Sessions:
             except Exception:  # noqa: BLE001 - closing is best effort; the host's result says the rest
                 pass
 
+    def reach(self, hosts: Sequence[str]) -> dict[str, str]:
+        """{host: why} for each host that cannot be logged in to (connect and authenticate, nothing run)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from fabric import Connection
+
+        def one(host: str) -> str | None:
+            try:
+                with Connection(host, user=self.options.user or None, config=self._fabric_config(),
+                                connect_timeout=self.options.connect_timeout,
+                                connect_kwargs=_connect_kwargs(self.options)) as connection:
+                    connection.open()
+            except Exception as exc:  # noqa: BLE001 - any SSH trouble is this host's answer
+                return describe(exc)
+            return None
+
+        with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
+            found = dict(zip(hosts, pool.map(one, hosts)))
+        return {host: why for host, why in found.items() if why}
+
     def run(self, host: str, command: Sequence[str], env: Mapping[str, str], *, timeout: float = 0.0,
             launcher: bool = False, out: IO | None = None, err: IO | None = None
             ) -> tuple[int | None, str, str, str | None]:

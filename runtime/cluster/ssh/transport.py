@@ -85,7 +85,15 @@ class Ssh(Transport):
         return self.hosts()
 
     def check(self, env: Mapping[str, str], *, each_node: bool = False) -> None:
-        self.hosts()
+        """The hosts are named, and before a launch every one answers (a host that does not is one line
+        naming it, exit 2); each_node reports such a host in its results instead."""
+        hosts = self.hosts()
+        if each_node:
+            return
+        unreachable = Sessions(self.options.ssh).reach(hosts)
+        if unreachable:
+            raise LaunchError("cannot reach " + "; ".join(f"{host} ({why})" for host, why in unreachable.items())
+                              + ": nothing was started (--exclude HOST leaves a host out)")
 
     def where(self, env: Mapping[str, str]) -> str:
         hosts = self.hosts()
@@ -227,12 +235,14 @@ class _Launch:
         self.launcher, self.out, self.err = launcher, out, err
         self.sessions = Sessions(options)
         self.ended: queue.Queue = queue.Queue()
+        self.lost: dict[str, str] = {}         # hosts whose agent ended without a status of its own
 
     def _run(self, rank: int, host: str) -> None:
         code, _out, _err, error = self.sessions.run(host, self.commands[host], self.env, timeout=self.timeout,
                                                     launcher=self.launcher, out=self.out, err=self.err)
         if error is not None or code is None or code < 0:
-            self.err.write(f"anvil: node {rank} ({host}): {error or 'the connection ended without a status'}\n")
+            self.lost[host] = f"anvil: node {rank} ({host}): {error or 'the connection ended without a status'}"
+            self.err.write(self.lost[host] + "\n")
             code = UNREACHABLE
         self.ended.put((rank, host, code))
 
@@ -269,6 +279,8 @@ class _Launch:
         for thread in threads:
             thread.join(timeout=5)
         self.out.close()
+        if failure is not None and failure[0] in self.lost:    # the last word: which node was lost (its agent
+            self.err.write(self.lost[failure[0]] + "\n")      # wrote no report to say it)
         self.err.close()
         if failure is not None:
             return failure[1]
