@@ -108,9 +108,12 @@ class Agent:
         names = [n for n in env.pop(NODE_LOCAL_VAR, "").split(",") if n]
         if names:
             from envs import compute_here   # only multi-node launches recompute
+            # launch_env left inv's own values of these out: one that is here was set by this node's
+            # launcher (a host's name as it was given), and the computation keeps it
+            computed = compute_here(names, environ=env)
             for name in names:
                 env.pop(name, None)
-            env.update(compute_here(names, environ=env))
+            env.update(computed)
         self.host = env.get("ANVIL_HOST") or self.host
         if self.nproc > 1 and "OMP_NUM_THREADS" not in env:
             env["OMP_NUM_THREADS"] = "1"   # as torchrun: N ranks must not each take every core
