@@ -74,7 +74,7 @@ class Settings:
     hooks_dir: Path = Path("hooks")
     connect_timeout: float = 10.0
     command_timeout: float = 0.0
-    ssh_flags: SshOptions | None = None   # inv's own -i, -S, -t, prompts (what -H hands a task), over the rest
+    ssh_flags: SshOptions | None = None   # inv's own -i, -S, -t and prompts, over the settings' (runtime.program.cli)
 
     def to_dict(self) -> dict:
         return {k: (str(v) if isinstance(v, (Path, Runtime)) else v) for k, v in self.__dict__.items()
@@ -183,7 +183,7 @@ def from_mapping(values: Mapping[str, Any] | None, root: Path) -> Settings:
 #: the fan-out forwards that file too.
 NODE_RUNTIME_VAR = "ANVIL_NODE_RUNTIME"
 NODE_OVERRIDES = {NODE_RUNS_DIR_VAR: "runs_dir", NODE_RUNTIME_VAR: "runtime"}
-#: Where inv leaves its own SSH flags (-i, -S, -t, prompts) for a task that reaches the hosts itself.
+#: Where inv leaves its own SSH flags (-i, -S, -t, prompts) for everything that reaches hosts over SSH.
 SSH_FLAGS = "anvil_cli_ssh_options"
 
 

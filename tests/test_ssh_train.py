@@ -151,8 +151,12 @@ def test_two_hosts_train_like_one_host_and_a_replay_trains_there_again(hosts, da
     assert _losses(again) == _losses(run)
 
 
-def test_the_master_named_takes_node_rank_0(hosts, dataset):
-    result = hosts.run(hosts.up, "train.pretrain", "--nproc", "1", "--master", hosts.up[1], *_args(dataset, steps=2))
+def test_runtime_ssh_trains_on_anvil_hosts_and_the_master_named_takes_node_rank_0(hosts, dataset):
+    """anvil.hosts with --runtime ssh says what -H says; --master names the host of node rank 0."""
+    result = subprocess.run([str(hosts.inv), "-f", str(hosts.settings), "-i", hosts.key, "train.pretrain",
+                             "--runtime", "ssh", "--nproc", "1", "--master", hosts.up[1], *_args(dataset, steps=2)],
+                            cwd=hosts.repo, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600,
+                            env={**_env(), "INVOKE_ANVIL_HOSTS": ",".join(hosts.up)})
     assert result.returncode == 0, explain(result)
     run = hosts.only_run()
     assert "[node2 r0/l0]" in (run / "logs" / "rank0.log").read_text()

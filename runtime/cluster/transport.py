@@ -20,7 +20,8 @@ A launch's contract, under every transport: one agent per node (runtime.launch.a
 rank and the master), each node's ranks in RUN_DIR/logs/; SIGINT, SIGTERM, SIGUSR1/2 and SIGHUP to
 `inv` reach every node's agent (the ranks checkpoint and stop); a node that fails ends the launch in
 bounded time; the status is the first failure's, else 130 (Ctrl-C) or 3 (requeue me) when every
-node stopped that way, else 0. each_node's: `command` runs in the checkout on every node with
+node stopped that way, else 0 (a Slurm step ends a clean stop with 0 and leaves its status to the
+agents' reports: runtime.runs.outcome.stop_status). each_node's: `command` runs in the checkout on every node with
 ANVIL_HOST, ANVIL_NODE_RANK and ANVIL_NODE_COUNT in its environment (and ANVIL_NODE_RUNS_DIR when
 given hosts_dir); a node that cannot run it is a HostResult with its error, never an exception;
 Ctrl-C stops it on every node and raises results.Interrupted with what each ended with.

@@ -33,7 +33,7 @@ from typing import Any
 from tabulate import tabulate
 
 from runtime import settings as settings_mod
-from runtime.cluster import Runtime, SshOptions, Transport
+from runtime.cluster import Runtime, Transport
 from runtime.cluster.results import HostResult, Interrupted, checks_of, error_line, slurm_name
 from runtime.runs.nodes import node_lists_footer
 from runtime.settings import NODE_RUNTIME_VAR
@@ -311,7 +311,7 @@ def _interrupted(run, task: str, results: list[HostResult]) -> int:
     return 130
 
 
-def over_hosts(config, context, hosts: str, ssh: SshOptions, config_file: str | None = None) -> int:
+def over_hosts(config, context, hosts: str, config_file: str | None = None) -> int:
     """`inv -H a,b TASK`: TASK on every host over SSH (a task that reaches the hosts itself takes -H as
     its input instead: runtime.program.cli). A shared anvil.runtime of slurm is for this machine: each
     host runs its part itself (slurm+container: in the container)."""
@@ -324,7 +324,7 @@ def over_hosts(config, context, hosts: str, ssh: SshOptions, config_file: str | 
     except (HostsError, UserError) as exc:
         print(f"-H: {exc}", file=sys.stderr)
         return 2
-    transport = Runtime("ssh").open(settings.cluster_options(hosts=hosts_list, ssh=ssh))
+    transport = Runtime("ssh").open(settings.cluster_options(hosts=hosts_list))
     return fan_out(config, context, transport, settings.runtime.on_node(), config_file)
 
 

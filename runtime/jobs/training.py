@@ -119,7 +119,6 @@ def _needs_a_gpu_here(cfg, machine) -> None:
 def where(job: TrainingJob, settings, mounts: list[str] = ()):
     """(runtime, transport) of this job: its runtime (ssh when hosts are named) opened with the task's
     options over the settings'; `mounts` (the dataset) go into a container beside container_mounts."""
-    from runtime.cluster import Runtime
     from runtime.cluster.ssh import parse_hosts
 
     runtime = job.runtime or settings.runtime

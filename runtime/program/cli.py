@@ -96,6 +96,8 @@ class AnvilExecutor(Executor):
         self.config.load_shell_env()
         hosts = self.core[0].args.hosts.value if self.core is not None else None
         config_file = self.core[0].args.config.value if self.core is not None else None
+        if self.core is not None:   # -i, -S, -t, the prompts: for whatever reaches hosts over SSH
+            self.config[settings_mod.SSH_FLAGS] = self._ssh_flags()
         fanned = [None if hosts else self._on_nodes(t) for t in tasks]
         if not hosts and not any(fanned):
             return super().execute(*tasks)
@@ -104,7 +106,7 @@ class AnvilExecutor(Executor):
         for context, runtime in zip(tasks, fanned):   # in order, stopping at the first that fails (like Invoke)
             self.current_task = context.name
             if hosts and not self._takes_hosts(context, hosts):
-                code = fanout.over_hosts(self.config, context, hosts, self._ssh_flags(), config_file)
+                code = fanout.over_hosts(self.config, context, hosts, config_file)
             elif runtime is not None:        # a per-node task under a runtime that spans nodes
                 code = fanout.on_nodes(self.config, context, runtime, config_file)
             else:
@@ -123,7 +125,8 @@ class AnvilExecutor(Executor):
         return bool(getattr(task, flag, False))
 
     def _ssh_flags(self):
-        """inv's SSH flags (-i, -S, -t, the prompts) over the settings' SSH options."""
+        """inv's SSH flags (-i, -S, -t, the prompts) over the settings' SSH options: what every SSH
+        session of this inv uses (settings.Settings.ssh_options)."""
         import os
 
         settings = settings_mod.load(self)
@@ -142,18 +145,13 @@ class AnvilExecutor(Executor):
 
     def _takes_hosts(self, context, hosts: str) -> bool:
         """A task that reaches the nodes itself (run_task(takes_hosts=True): preflight.comm,
-        train.pretrain): under -H it runs once, here, with -H's hosts as its --hosts and inv's SSH
-        flags in the config (settings.SSH_FLAGS)."""
+        train.pretrain): under -H it runs once, here, with -H's hosts as its --hosts."""
         if not self._made_with(context, "takes_hosts"):
             return False
         given = context.args["hosts"].value
         if given and given != hosts:
             raise Exit(f"{context.name}: -H {hosts} and --hosts {given}: name the hosts once", 2)
         context.args["hosts"].value = hosts
-        try:
-            self.config[settings_mod.SSH_FLAGS] = self._ssh_flags()
-        except UserError as exc:
-            raise Exit(f"-H: {exc}", 2) from None
         return True
 
     def _on_nodes(self, context):

@@ -135,8 +135,8 @@ class Slurm(Transport):
                                        "process(es)", wait=opts.wait, stdout=out)
 
     # ---- a command on every node
-    def _each_node_options(self, count: int) -> list[str]:
-        return srun_options(self.options.slurm, count, kill_on_bad_exit=False,
+    def _each_node_options(self, count: int, nodes: Sequence[str] = ()) -> list[str]:
+        return srun_options(self.options.slurm, count, nodelist=nodes, kill_on_bad_exit=False,
                             job_name=self.options.slurm.job_name or "anvil")
 
     def each_node(self, command: list[str], env: Mapping[str, str] | None = None, *,
@@ -148,11 +148,8 @@ class Slurm(Transport):
         folder = Path(tempfile.mkdtemp(prefix=".anvil-nodes-", dir=os.getcwd())) if own else Path(hosts_dir)
         folder.mkdir(parents=True, exist_ok=True)
         limit = timeout or self.options.command_timeout
-        srun = ["srun", *self._each_node_options(count)]
-        if nodes:
-            srun = ["srun", *srun_options(self.options.slurm, count, nodelist=nodes, kill_on_bad_exit=False)]
-        argv = [*srun, sys.executable, "-m", NODE_TASK, str(folder), *(["--timeout", str(limit)] if limit else []),
-                "--", *command]
+        argv = ["srun", *self._each_node_options(count, nodes or ()), sys.executable, "-m", NODE_TASK, str(folder),
+                *(["--timeout", str(limit)] if limit else []), "--", *command]
         # srun's own messages only; each node's output goes to its result file.
         proc = subprocess.Popen(argv, env=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 stdin=subprocess.DEVNULL)
