@@ -256,7 +256,8 @@ def test_run_comm_check_refuses_bad_input_before_any_run_directory(tmp_path):
                             (dict(hosts="a"), "at least 2 nodes"),
                             (dict(hosts=None), "no hosts given"),
                             (dict(hosts="a,b", ratio=1.5), "--slow-below must be between 0 and 100"),
-                            (dict(hosts="a,b", runtime=Runtime.parse("slurm")), "inside an allocation")]:
+                            (dict(hosts="a,b", runtime=Runtime.parse("slurm")), "inside an allocation"),
+                            (dict(hosts="a,b", runtime=Runtime.parse("container")), "not a container's")]:
         args = {"runtime": None, "size": "1M", "iters": 5, **kwargs}
         with pytest.raises(comm.CommError, match=message):
             comm.run_comm_check(c, args.pop("hosts"), args.pop("runtime"), env={}, **args)

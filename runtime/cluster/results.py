@@ -1,8 +1,9 @@
-"""One host's result of a fanned-out task, and the two payload shapes the merge understands.
+"""One node's result of a command run on every node (Transport.each_node), and the two payload shapes
+a fan-out's merge understands.
 
-Whatever carried the task there (SSH for `inv -H`, srun for a Slurm
-allocation), each host ends as a HostResult: exit status, output, the JSON
-document the task printed, or the error that kept it from running.
+Whatever carried the command there (SSH for `inv -H`, srun for a Slurm
+allocation), each node ends as a HostResult: exit status, output, the JSON
+document the command printed, or the error that kept it from running.
 
 Payload shapes (what a task prints with --json):
     {"checks": [{"name", "status": PASS|WARN|FAIL, "value", "reason", "fix"}, ...]}   preflight

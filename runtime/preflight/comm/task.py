@@ -51,7 +51,10 @@ def run_comm_check(c, hosts: list[str] | str | None, runtime=None, size: str = "
     if not 0 < ratio < 1:
         raise CommError(f"--slow-below must be between 0 and 100 (% of the median), got {100 * ratio:g}")
     settings = settings_mod.load(c)
-    runtime = (runtime or settings.runtime).bare()
+    if runtime is not None and runtime.container:
+        raise CommError(f"--runtime {runtime}: the comm check measures the nodes' own links, not a container's; "
+                        "use --runtime ssh (the hosts) or slurm (the nodes of this allocation)")
+    runtime = (runtime or settings.runtime).bare()    # the setting's container is for training
     given = parse_hosts(hosts) if hosts else []
     if runtime.scheduler:            # the nodes of this allocation, each pair an srun step in it
         cluster = runtime.open(settings.cluster_options())
