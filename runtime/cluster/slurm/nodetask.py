@@ -32,12 +32,13 @@ def node_name() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    split = argv.index("--") if "--" in argv else len(argv)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("hosts_dir")
     parser.add_argument("--timeout", type=float, default=0, help="seconds; 0 = none")
-    parser.add_argument("command", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    args = parser.parse_args(argv[:split])       # (a REMAINDER argument would swallow --timeout)
+    command = argv[split + 1:]
     host = node_name()
     hosts_dir = Path(args.hosts_dir)
     rank = int(os.environ.get("SLURM_NODEID", 0))
