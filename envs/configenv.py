@@ -25,8 +25,10 @@ def load_config_env(path) -> dict[str, str]:
 
 def _yaml_env(path: Path) -> dict[str, str]:
     import yaml
+
+    from trainer import safe_yaml
     try:
-        data = yaml.safe_load(path.read_text())
+        data = safe_yaml.load(path.read_text())
     except OSError as exc:
         raise EnvError(f"{path}: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:

@@ -20,12 +20,13 @@ def _paths(values) -> list[str] | None:
 
 
 @task(iterable=["input"], help={
-    "input": "text/JSONL file or directory (.gz too); repeat or comma-separate. Default: the Python stdlib",
+    "input": "text, JSONL (.gz/.zst), Parquet or Arrow file, a folder of them, or a datasets.save_to_disk "
+             "folder; repeat or comma-separate. Default: the Python stdlib",
     "out": f"dataset directory to write (default {DEFAULT_DATASET})",
-    "tokenizer": "byte (default), bpe (trained on the inputs), or a tokenizer.json path",
+    "tokenizer": "byte (default), bpe (trained on the inputs), or a tokenizer.json or a folder holding one",
     "vocab_size": "vocabulary size when --tokenizer bpe (default 8192; only with bpe)",
     "val_fraction": "share of documents held out for validation (default 0.01)",
-    "text_field": "JSONL field holding the text (default text)",
+    "text_field": "JSONL field or Parquet/Arrow column holding the text (default text)",
     "workers": "worker processes (default: all cores)",
     "shard_tokens": "tokens per shard file (default 134217728)",
     "max_docs": "stop after this many documents",
@@ -39,7 +40,7 @@ def _paths(values) -> list[str] | None:
 def prepare(c, input=None, out=DEFAULT_DATASET, tokenizer="byte", vocab_size=0, val_fraction="0.01",
             text_field="text", workers=0, shard_tokens=1 << 27, max_docs=0, max_tokens=0, pattern=None,
             seed=0, force=False, quiet=False, json_=False):
-    """Tokenize a corpus into train/val token shards with a manifest (atomic, parallel)."""
+    """Tokenize a corpus into train/val token shards with a manifest (streamed, parallel, resumable)."""
     from trainer.data import DataError, prepare as prepare_dataset
     from trainer.data.prepare import DEFAULT_BPE_VOCAB
 
@@ -74,8 +75,10 @@ def prepare(c, input=None, out=DEFAULT_DATASET, tokenizer="byte", vocab_size=0, 
         return
     rows = [[name, s["documents"], s["tokens"], len(s["shards"])] for name, s in m["splits"].items()]
     print(tabulate(rows, headers=["split", "documents", "tokens", "shards"], intfmt=","))
+    formats = ", ".join(f"{n:,} {name}" for name, n in (m["source"].get("formats") or {}).items())
     print(f"tokenizer {m['tokenizer']['kind']} (vocab {m['tokenizer']['vocab_size']:,}, {m['dtype']}); "
-          f"{m['source']['files_used']:,}/{m['source']['files']:,} files used; skipped: "
+          f"{m['source']['files_used']:,}/{m['source']['files']:,} files used"
+          + (f" ({formats})" if formats else "") + "; skipped: "
           + _skipped_text(m["source"]["skipped"])
           + (" (stopped at --max-docs/--max-tokens)" if m["source"]["truncated"] else ""))
     print(f"wrote {result['path']} in {result['seconds']:.1f}s")
@@ -120,19 +123,38 @@ def tokenizer(c, vocab_size=8192, input=None, out=None, text_field="text", max_d
     print(f"use it: inv data.prepare --tokenizer {out}")
 
 
-@task(name="inspect", help={
+@task(name="inspect", iterable=["set_"], help={
     "path": f"dataset directory (default {DEFAULT_DATASET})",
+    "config": "a training config instead of --path: its data.path, or its data.blend's shares over the run",
+    "set": "override KEY=VALUE of --config, as for train.pretrain (repeatable)",
+    "world": "data-parallel ranks of the run (GPUs x nodes) for a blend's report (default 1)",
     "samples": "decoded sample documents to show (default 3)",
     "chars": "characters per sample (default 400)",
     "split": "split to sample from (default train)",
     "verify": "recompute every shard's sha256 against the manifest",
     "json": "print the report as JSON",
 })
-def inspect_(c, path=DEFAULT_DATASET, samples=3, chars=400, split="train", verify=False, json_=False):
-    """Token counts, document length histogram, decoded samples and tokenizer of a dataset."""
+def inspect_(c, path=None, samples=3, chars=400, split="train", verify=False, json_=False, config=None, set_=None,
+             world=1):
+    """Token counts, document length histogram, decoded samples and tokenizer of a dataset;
+    with --config, of the config's dataset, or what each dataset of its blend gives over the run."""
     from trainer.data import DataError, inspect_dataset
     from trainer.data.inspect import text_bars
 
+    if config is not None or set_:
+        from trainer.config import SYNTHETIC, load
+
+        if path is not None:
+            raise DataError("--path and --config both name data; give one (--config reads data.path or "
+                            "data.blend from the training config)")
+        cfg = load(config or None, list(set_ or []))
+        if cfg.data.blend:
+            return _print_blend(cfg, world, json_)
+        if cfg.data.path == SYNTHETIC:
+            raise DataError(f"{config or 'the default config'}: data.path is synthetic (random tokens): "
+                            f"no dataset to inspect")
+        path = cfg.data.path
+    path = DEFAULT_DATASET if path is None else path
     report = inspect_dataset(path, samples=samples, sample_chars=chars, split=split, check=verify)
     if json_:
         print(json.dumps(report, indent=1))
@@ -161,6 +183,42 @@ def inspect_(c, path=DEFAULT_DATASET, samples=3, chars=400, split="train", verif
                         f"prepare it again with --force")
     if verify and not json_:
         print("\nchecksums: all shards match the manifest")
+
+
+def _print_blend(cfg, world: int, json_: bool) -> None:
+    """What each dataset of cfg's blend gives over train.steps steps on `world` ranks."""
+    from trainer.data import DataError, inspect_blend
+    from trainer.data.blend import tokenizer_text
+
+    if world < 1:
+        raise DataError(f"--world: expected a positive number of data-parallel ranks, got {world}")
+    d = cfg.data
+    per_step = d.batch_size * d.grad_accum * world
+    report = inspect_blend([(s.name, s.path, s.weight) for s in d.blend], d.seq_len, cfg.train.steps * per_step)
+    report |= {"steps": cfg.train.steps, "samples_per_step": per_step, "world": world}
+    if json_:
+        print(json.dumps(report, indent=1))
+        return
+    from tabulate import tabulate
+
+    print(f"blend of {len(report['sources'])} datasets ({tokenizer_text(report['tokenizer'])}) over "
+          f"train.steps={cfg.train.steps:,} x {per_step:,} samples (batch {d.batch_size} x accum {d.grad_accum} "
+          f"x world {world}): {report['samples']:,} samples of {d.seq_len}+1, {report['tokens']:,} tokens")
+    rows = [[s["name"], s["weight"], f"{s['share']:.1%}", s["split_tokens"], s["samples"],
+             "" if s["realised_share"] is None else f"{s['realised_share']:.2%}", s["tokens"], f"{s['epochs']:.2f}",
+             s["path"]] for s in report["sources"]]
+    print(tabulate(rows, headers=["source", "weight", "share", "train tokens", "samples", "realised",
+                                  "tokens", "epochs", "path"], intfmt=",", disable_numparse=[5, 7]))
+    if not report["exact"]:
+        print("(samples: each share of the run rounded to whole samples; the blend stays within about a "
+              "sample of these)")
+    data_tokens = sum(s["split_tokens"] for s in report["sources"])
+    for s in report["sources"]:
+        if s["epochs"] > 1:
+            why = (f": its share of the run ({s['share']:.1%}) is larger than its share of the data "
+                   f"({s['split_tokens'] / data_tokens:.1%})" if s["share"] > s["split_tokens"] / data_tokens else "")
+            print(f"note: {s['name']} repeats, {s['epochs']:.2f} epochs of its {s['windows']:,} windows{why}; "
+                  f"each epoch in a new order")
 
 
 ns = Collection("data")

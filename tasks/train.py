@@ -1,12 +1,12 @@
 """inv train.*: pretrain with Anvil's trainer, export a checkpoint to Hugging Face, plot a run.
 
     inv train.pretrain [--config configs/tiny.yaml] [--set optim.lr=3e-4]... [--nproc N]
-                       [--resume auto|PATH] [--compile] [--kernels] [--gpu X] [--site S]
+                       [--resume auto|PATH] [--init-from HF_DIR] [--compile] [--kernels] [--gpu X] [--site S]
                        [--runtime R] [-H a,b [--master a]] [--nodes N ...]
                        [--name X] [--env K=V]... [--no-hooks] [--patch FILE] [--json]
     inv train.export RUN [--format hf] [--out DIR] [--dtype bfloat16]
     inv train.plot RUN [--out DIR]
-    inv train.plan [--config X] [--gpus N] [--nodes M] [--gpu MODEL] [--set k=v]... [--json]
+    inv train.plan [--config X] [--init-from HF_DIR] [--gpus N] [--nodes M] [--gpu MODEL] [--set k=v]... [--json]
 
 pretrain: validate the config, resolve the environment (its env: block is a layer), make the
 run directory with its snapshot (runtime.runs.run.execute: the config as used, once), and launch
@@ -33,6 +33,8 @@ PRETRAIN_HELP = {
     "set": "Config override KEY=VALUE with a dotted key, e.g. optim.lr=3e-4 (repeatable)",
     "nproc": "Processes per node (default: one per visible GPU, one on CPU)",
     "resume": "auto (newest checkpoint among runs/*_train.pretrain_<name>) or a run/checkpoint path",
+    "init-from": "Start from a Hugging Face Llama directory (config.json + safetensors): its weights, "
+                 "its model shape; the optimizer and the step count start fresh",
     "compile": "torch.compile the decoder blocks and the loss",
     "kernels": "Use the fused Triton kernels (kernels.patch)",
     "gpu": "Resolve the environment for another GPU model (default: detect)",
@@ -55,17 +57,18 @@ PRETRAIN_HELP = {
 
 
 @run_task(help=PRETRAIN_HELP, iterable=["set_", "exclude"], takes_hosts=True)
-def pretrain(c, config=None, set_=None, nproc=0, resume=None, compile=False, kernels=False, gpu="",
-             site="", runtime="", hosts="", master="", nodes=0, partition="", account="", time="", wait=True,
-             exclude=None, exclude_from="", dry_run=False, json=False, run_options=None):
+def pretrain(c, config=None, set_=None, nproc=0, resume=None, init_from=None, compile=False, kernels=False,
+             gpu="", site="", runtime="", hosts="", master="", nodes=0, partition="", account="", time="",
+             wait=True, exclude=None, exclude_from="", dry_run=False, json=False, run_options=None):
     """Train a Llama model with Anvil's trainer (run dir, snapshot, hooks, one rank per GPU)."""
     from runtime.cluster import Runtime
     from runtime.jobs.training import TrainingJob, run_training
 
-    job = TrainingJob(config=config, sets=list(set_ or []), nproc=nproc, resume=resume, compile=compile,
-                      kernels=kernels, gpu=gpu, site=site, runtime=Runtime.parse(runtime) if runtime else None,
-                      hosts=hosts, master=master, nodes=nodes, partition=partition, account=account, time=time,
-                      wait=wait, exclude=list(exclude or []), exclude_from=exclude_from, dry_run=dry_run)
+    job = TrainingJob(config=config, sets=list(set_ or []), nproc=nproc, resume=resume, init_from=init_from,
+                      compile=compile, kernels=kernels, gpu=gpu, site=site,
+                      runtime=Runtime.parse(runtime) if runtime else None, hosts=hosts, master=master, nodes=nodes,
+                      partition=partition, account=account, time=time, wait=wait, exclude=list(exclude or []),
+                      exclude_from=exclude_from, dry_run=dry_run)
     result = run_training(c, "train.pretrain", job, run_options)
     if result.get("dry_run") or result.get("complete"):
         return
@@ -101,6 +104,7 @@ def plot(c, run, out=""):
 PLAN_HELP = {
     "config": "Training config YAML (default: configs/tiny.yaml)",
     "set": "Config override KEY=VALUE, e.g. data.batch_size=2 (repeatable)",
+    "init-from": "Plan the model of this Hugging Face Llama directory (its config.json)",
     "gpus": "GPUs per node (default: the detected or named machine's count, e.g. H100:4; 1 without a GPU)",
     "nodes": "Nodes (default 1); the data-parallel world is gpus x nodes",
     "gpu": "Plan for this GPU model: H100, H200, MI300X, MI250X, A100-40GB ... (default: detect)",
@@ -109,16 +113,17 @@ PLAN_HELP = {
 
 
 @task(auto_shortflags=False, iterable=["set_"], help=PLAN_HELP)
-def plan(c, config="", set_=None, gpus=None, nodes=1, gpu="", json=False):
+def plan(c, config="", set_=None, init_from=None, gpus=None, nodes=1, gpu="", json=False):
     """Plan before launch: parameters, FLOPs/token, per-GPU memory; does it fit, largest batch."""
     import envs
     from runtime.jobs import planning
     from trainer import config as trainer_config
+    from trainer import flags, hf
     from trainer.plan import PlanError, make_plan, render
 
     if gpus is not None and not re.fullmatch(r"\s*-?\d+\s*", str(gpus)):
         raise PlanError(f"--gpus {gpus!r}: expected a positive integer")
-    cfg = trainer_config.load(config or None, list(set_ or []))
+    cfg = hf.load_config(config or None, flags.overrides(set_ or [], init_from=init_from))
     model, memory_gib = planning.split_gpu_size(gpu)      # A100-40GB: the A100 profile with 40 GiB
     device, count = planning.plan_device(envs.resolve(gpu=model or None, config_env=cfg.env), memory_gib)
     result = make_plan(cfg, gpus=count if gpus is None else int(gpus), nodes=nodes, device=device,

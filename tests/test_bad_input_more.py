@@ -326,7 +326,7 @@ def test_list_shows_runs_with_unreadable_metadata(tmp_path):
 # ---------------------------------------------------------------- 7. Ctrl-C during data.prepare
 
 @pytest.mark.parametrize("existing", [True, False])
-def test_ctrl_c_during_prepare_keeps_the_old_dataset_and_leaves_no_temp(tmp_path, corpus, existing):
+def test_ctrl_c_during_prepare_keeps_the_old_dataset_and_the_finished_parts(tmp_path, corpus, existing):
     import signal
 
     from process_utils import start_as_from_a_terminal, wait_until
@@ -335,11 +335,11 @@ def test_ctrl_c_during_prepare_keeps_the_old_dataset_and_leaves_no_temp(tmp_path
     if existing:
         assert inv(tmp_path, "data.prepare", "--input", corpus, "--out", out, "-q").returncode == 0
     before = tree(out) if existing else {}
-    # the default corpus (the stdlib, ~12 M tokens) in 1000-token shards: seconds of work
-    proc = start_as_from_a_terminal([str(INV), "data.prepare", "--out", str(out), "--shard-tokens", "1000",
-                                     "--force", "--workers", "2"], cwd=tmp_path, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True,
-                                    env={**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs")})
+    # the default corpus (the stdlib, ~12 M tokens) in 1000-token shards: seconds of assembly
+    command = [str(INV), "data.prepare", "--out", str(out), "--shard-tokens", "1000", "--force", "--workers", "2"]
+    env = {**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs")}
+    proc = start_as_from_a_terminal(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, env=env)
 
     def sharding() -> bool:
         tmps = list(tmp_path.glob("ds.tmp-*"))
@@ -350,15 +350,20 @@ def test_ctrl_c_during_prepare_keeps_the_old_dataset_and_leaves_no_temp(tmp_path
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stdout + stderr and "KeyboardInterrupt" not in stderr, stderr
-    if existing:
-        assert (f"data.prepare: interrupted (Ctrl-C): stopped before the new dataset was complete; "
-                f"the dataset already at {out} is intact and the partial one was removed") in stderr
-        assert tree(out) == before
-    else:
-        assert (f"data.prepare: interrupted (Ctrl-C): stopped before the dataset was complete; "
-                f"the partial one was removed and nothing was put at {out}") in stderr
-        assert not out.exists()
+    parts = list(tmp_path.glob(".ds.parts-*"))
+    assert len(parts) == 1
+    finished = len(list(parts[0].glob("*.json"))) - 1   # plan.json is not a part
+    assert finished > 0
+    intact = f"the dataset already at {out} is intact" if existing else f"nothing was put at {out}"
+    assert (f"data.prepare: interrupted (Ctrl-C): {finished} of {finished} parts of the new dataset are finished "
+            f"and kept in {parts[0]}; {intact}; run the same command again to continue from there") in stderr
+    assert tree(out) == before if existing else not out.exists()
     assert not list(tmp_path.glob("ds.tmp-*")) and not list(tmp_path.glob("ds.old-*"))
+    # the same command again continues from the finished parts, and leaves nothing beside the dataset
+    again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert f"continued a stopped prepare: {finished} of {finished} parts were already finished" in again.stdout
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(("ds", ".ds"))) == ["ds"]
 
 
 # ---------------------------------------------------------------- 8. data.* options: exit 2, one line, no fallback
@@ -436,11 +441,11 @@ DATA_CASES = [
      "afile is not JSON (Expecting value: line 1 column 1 (char 0)); expected a Hugging Face tokenizer.json"),
     ("data.prepare --input {w}/corpus --out {w}/o --tokenizer ''", "--tokenizer is empty; expected byte, bpe"),
     ("data.prepare --input {w}/corpus --out {w}/o --pattern '*.nothing'",
-     "no input files found in {w}/corpus matching '*.nothing'; expected text or JSONL files"),
+     "no input files found in {w}/corpus matching '*.nothing'; expected text or JSONL files (.gz, .zst too), Parquet"),
     ("data.prepare --input {w}/corpus --out {w}/o --pattern ''", "--pattern is empty; expected a file-name glob"),
     ("data.prepare --input {w}/nosuch --out {w}/o", "input not found: {w}/nosuch; expected existing files"),
     ("data.prepare --input {w}/bin.dat --out {w}/o",
-     "no usable documents in {w}/bin.dat (1 file; skipped: 1 binary); expected UTF-8 text files"),
+     "no usable documents in {w}/bin.dat (1 file; skipped: 1 binary; first: {w}/bin.dat: binary (NUL byte at offset 0)); expected UTF-8 text files"),
     ("data.prepare --input '' --out {w}/o", "--input is empty; expected a file or directory"),
     ("data.prepare --input , --out {w}/o", "--input is empty; expected a file or directory"),
     ("data.prepare --input {w}/corpus --out {w}/afile", "--out {w}/afile is a file, not a directory"),
@@ -452,7 +457,7 @@ DATA_CASES = [
      "--workers: expected a positive number of processes (0 or left out: all cores), got -3"),
     ("data.prepare --input {w}/corpus --out {w}/o --text-field ''", "--text-field is empty; expected the JSONL field"),
     ("data.prepare --input {w}/one.jsonl --out {w}/o --text-field nope",
-     "(1 file; skipped: 1 missing_text_field); expected UTF-8 text files or JSONL lines with a string field 'nope'"),
+     "(1 file; skipped: 1 missing_text_field; first: {w}/one.jsonl:1: no string field 'nope'); expected UTF-8 text files, or JSONL lines / Parquet or Arrow rows with a text field 'nope'"),
     # data.tokenizer
     ("data.tokenizer --vocab-size 300 --input {w}/corpus --out ''", "--out is empty; expected a file path"),
     ("data.tokenizer --vocab-size 300 --input {w}/corpus --out {w}/emptydir", "emptydir is a directory; expected a file path"),
@@ -601,8 +606,8 @@ def test_plot_of_binary_metrics_and_export_of_a_damaged_checkpoint(tmp_path, fin
     for shard in (damaged / "checkpoints" / "step_2").glob("*.distcp"):
         shard.unlink()
     proc = inv(tmp_path, "train.export", "damaged", "--out", tmp_path / "hf", timeout=300)
-    one_line_error(proc, "train.export: damaged/checkpoints/step_2: cannot read its weights (No such file or "
-                         "directory: ", "the checkpoint is damaged; export another step_N")
+    one_line_error(proc, "train.export: the run damaged: no intact checkpoint in damaged "
+                         "(step_2: __0_0.distcp is missing)")   # seen from checksums.json, before reading
     assert not (tmp_path / "hf").exists() and not list(tmp_path.glob(".hf*"))
 
 

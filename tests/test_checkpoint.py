@@ -42,7 +42,7 @@ class Toy(torch.nn.Module):
 
 
 class CountingLoader:
-    """The loader protocol checkpoint.py relies on: state_dict()/load_state_dict()."""
+    """The loader protocol trainer.checkpoint relies on: state_dict()/load_state_dict()."""
 
     def __init__(self):
         self.cursor = 0
@@ -173,18 +173,18 @@ def test_resolve(tmp_path):
 
 _SLOW_SAVE = textwrap.dedent("""
     import sys, time, torch
+    from pathlib import Path
     import torch.distributed.checkpoint as dcp
     sys.path.insert(0, {tests!r})
     from test_checkpoint import save_toy
-    from trainer import checkpoint as ck
-    save_toy(ck.Path({root!r}), 1)
+    save_toy(Path({root!r}), 1)
     real_save = dcp.save
     def slow_save(*a, **kw):  # shards written, then stuck before the rename: killed here
         real_save(*a, **kw)
         print("SAVING", flush=True)
         time.sleep(60)
     dcp.save = slow_save
-    save_toy(ck.Path({root!r}), 2)
+    save_toy(Path({root!r}), 2)
 """)
 
 
@@ -204,12 +204,162 @@ def test_kill_during_save_keeps_previous(tmp_path):
     assert ck.load(ck.resolve("auto", root), model=model, optimizer=optimizer)["step"] == 1
 
 
+# ----------------------------------------------------------------------------- checksums
+
+def flip_byte(path: Path, at: float = 0.5) -> None:
+    data = bytearray(path.read_bytes())
+    data[int(len(data) * at)] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+def test_every_file_is_checksummed_before_complete(tmp_path):
+    path = save_toy(tmp_path, 1)
+    manifest = json.loads((path / ck.CHECKSUMS_FILE).read_text())
+    on_disk = sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file())
+    assert sorted(manifest["files"]) == sorted(set(on_disk) - {ck.CHECKSUMS_FILE, ck.COMPLETE_MARKER})
+    assert {".metadata", "__0_0.distcp", "ranks/rank0.pt", "trainer.pt", "meta.json"} <= set(manifest["files"])
+    from trainer.checkpoint import checksums
+    assert manifest["algorithm"] == checksums.ALGORITHM == "xxh3_64"   # xxhash is a dependency
+    for name, record in manifest["files"].items():   # what the writer hashed is what is on disk
+        assert checksums.hash_file(path / name) == (record["size"], record["digest"]), name
+    assert ck.verify(path) is True
+
+
+def test_flipped_byte_resume_auto_takes_the_one_before_and_names_it(tmp_path, caplog):
+    root = tmp_path / "checkpoints"
+    save_toy(root, 1)
+    newest = save_toy(root, 2)
+    flip_byte(newest / "__0_0.distcp")
+    assert ck.find_latest(root) == newest     # same size: only reading the bytes tells
+    model, optimizer, scheduler = build(seed=3)
+    with pytest.raises(ck.DamagedCheckpoint, match=r"step_2 is damaged: __0_0\.distcp: its bytes differ"):
+        ck.load(newest, model=model, optimizer=optimizer)
+
+    with caplog.at_level("WARNING", logger="anvil.trainer"):
+        state = ck.load_first_intact(ck.candidates("auto", root), model=model, optimizer=optimizer,
+                                     scheduler=scheduler, loader=CountingLoader())
+    assert state["step"] == 1 and state["path"] == root / "step_1"
+    assert "step_2 is damaged: __0_0.distcp" in caplog.text and "set aside as damaged_step_2" in caplog.text
+    assert sorted(p.name for p in root.iterdir()) == ["damaged_step_2", "step_1"]   # kept for a look
+    assert ck.find_latest(root) == root / "step_1"
+
+
+def test_explicit_resume_of_a_damaged_checkpoint_is_an_error_naming_the_file(tmp_path):
+    root = tmp_path / "checkpoints"
+    save_toy(root, 1)
+    newest = save_toy(root, 2)
+    flip_byte(newest / "ranks" / "rank0.pt")
+    model, optimizer, scheduler = build()
+    found = ck.candidates(str(newest), tmp_path / "fresh-run" / "checkpoints")
+    assert [(c.path, c.fallback) for c in found] == [(newest, False)]
+    with pytest.raises(ck.DamagedCheckpoint) as raised:
+        ck.load_first_intact(found, model=model, optimizer=optimizer)
+    assert str(raised.value).count("\n") == 0 and raised.value.exit_code == 2
+    assert f"checkpoint {newest} is damaged: ranks/rank0.pt: its bytes differ" in str(raised.value)
+    assert f"resume from an earlier checkpoint (--resume {root / 'step_1'})" in str(raised.value)
+    assert newest.exists()                     # not set aside: the user named it
+    # the folder (a run or its checkpoints) means its newest intact checkpoint
+    state = ck.load_first_intact(ck.candidates(str(root), tmp_path / "fresh-run" / "checkpoints"),
+                                 model=model, optimizer=optimizer)
+    assert state["step"] == 1
+
+
+def test_missing_metadata_or_a_short_file_is_seen_without_reading_the_data(tmp_path):
+    root = tmp_path / "checkpoints"
+    save_toy(root, 1)
+    two, three = save_toy(root, 2), save_toy(root, 3)
+    (three / ".metadata").unlink()
+    with open(two / "__0_0.distcp", "r+b") as handle:
+        handle.truncate(100)
+    assert ck.find_latest(root) == root / "step_1"
+    with pytest.raises(ck.DamagedCheckpoint, match=r"step_3 is damaged: \.metadata is missing; resume from an "
+                                                    r"earlier checkpoint \(--resume .*step_1\)"):
+        ck.resolve(str(three), root)
+    with pytest.raises(ck.DamagedCheckpoint, match=r"__0_0\.distcp has 100 bytes, [\d,]+ when it was saved"):
+        ck.resolve(str(two), root)
+
+
+def test_missing_metadata_of_an_old_checkpoint_is_one_line(tmp_path, caplog):
+    """A checkpoint saved before checksums loads unverified (said once); without its .metadata DCP
+    logged two tracebacks (through the root logger) before the error."""
+    root = tmp_path / "checkpoints"
+    old = save_toy(root, 1)
+    (old / ck.CHECKSUMS_FILE).unlink()
+    model, optimizer, _ = build(seed=4)
+    assert ck.load(old, model=model, optimizer=optimizer)["step"] == 1
+    (old / ".metadata").unlink()
+    with pytest.raises(ck.DamagedCheckpoint, match=r"\.metadata is missing"):
+        ck.load(old, model=model, optimizer=optimizer)
+    assert not [record for record in caplog.records if record.exc_info]
+
+
+def test_an_unchecksummed_checkpoint_is_said_once(tmp_path, caplog, monkeypatch):
+    from trainer.checkpoint import reader
+    monkeypatch.setattr(reader, "_said_unverified", False)
+    paths = [save_toy(tmp_path, step) for step in (1, 2)]
+    for path in paths:
+        (path / ck.CHECKSUMS_FILE).unlink()
+    with caplog.at_level("WARNING", logger="anvil.trainer"):
+        for path in paths:
+            assert ck.verify(path) is False
+    assert caplog.text.count("has no checksums") == 1
+
+
+def test_prune_keeps_the_checkpoint_just_saved(tmp_path):
+    """A run resumed from step_2 below a newer step_9 (say, one put back by hand): saving step_4
+    with keep_last=1 must not delete step_4 itself."""
+    save_toy(tmp_path, 9)
+    save_toy(tmp_path, 2)
+    four = save_toy(tmp_path, 4, keep_last=1)
+    assert four.exists() and ck.is_complete(four)
+
+
+# ----------------------------------------------------------------------------- asynchronous saves
+
+def test_async_save_writes_the_state_of_its_step_while_training_goes_on(tmp_path, monkeypatch):
+    from trainer.checkpoint.writer import TEST_DELAY_ENV
+    monkeypatch.setenv(TEST_DELAY_ENV, "1.0")
+    model, optimizer, scheduler = build()
+    loader = CountingLoader()
+    train_steps(model, optimizer, scheduler, loader, 2)
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    saver = ck.Checkpointer(tmp_path, async_save=True)
+    assert saver.save(2, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader) is None
+    train_steps(model, optimizer, scheduler, loader, 2)    # changes every weight while the write waits
+    assert (tmp_path / ".tmp_step_2").is_dir() and ck.find_latest(tmp_path) is None   # not yet
+    assert saver.wait() == tmp_path / "step_2" and saver.last_saved == tmp_path / "step_2"
+    saver.close()
+    fresh, fresh_opt, fresh_sched = build(seed=11)
+    fresh_loader = CountingLoader()
+    state = ck.load(tmp_path / "step_2", model=fresh, optimizer=fresh_opt, scheduler=fresh_sched, loader=fresh_loader)
+    assert state["step"] == 2 and fresh_loader.cursor == 8 and fresh_sched.last_epoch == 2
+    for name, tensor in fresh.state_dict().items():
+        assert torch.equal(tensor, expected[name]), name
+    meta = ck.read_meta(tmp_path / "step_2")
+    assert meta["async"] is True and 0 <= meta["stall_s"] < meta["save_s"]
+
+
+def test_the_next_save_waits_for_the_one_in_flight(tmp_path, monkeypatch):
+    from trainer.checkpoint.writer import TEST_DELAY_ENV
+    monkeypatch.setenv(TEST_DELAY_ENV, "0.5")
+    model, optimizer, scheduler = build()
+    saver = ck.Checkpointer(tmp_path, async_save=True, keep_last=5)
+    for step in (1, 2, 3):
+        saver.save(step, model=model, optimizer=optimizer)
+        # one in flight at a time: the previous one is complete once the next has started
+        assert [p.name for p in ck.list_checkpoints(tmp_path)] == [f"step_{s}" for s in range(1, step)]
+    assert saver.save(4, model=model, optimizer=optimizer, wait=True) == tmp_path / "step_4"
+    saver.close()
+    assert [p.name for p in ck.list_checkpoints(tmp_path)] == ["step_1", "step_2", "step_3", "step_4"]
+
+
 # ----------------------------------------------------------------------------- 2 ranks -> 1
 
 def _worker(out: Path) -> None:
     """torchrun --nproc-per-node 2 tests/test_checkpoint.py OUT: train the toy model 2 steps
-    under DDP and under FSDP2 (gloo, CPU), checkpoint each, and let rank 0 dump the full
-    model and optimizer state for the single-process side to compare against."""
+    under DDP and under FSDP2 (gloo, CPU), checkpoint each (FSDP2's asynchronously, training a
+    step more while it is written), and let rank 0 dump the full model and optimizer state for
+    the single-process side to compare against."""
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions
     from torch.distributed.fsdp import fully_shard
@@ -231,12 +381,20 @@ def _worker(out: Path) -> None:
         torch.manual_seed(rank)  # different data per rank
         loader = CountingLoader()
         train_steps(model, optimizer, scheduler, loader, 2, wrapped=wrapped)
-        ck.save(out / mode / "checkpoints", 2, model=model, optimizer=optimizer, scheduler=scheduler,
-                loader=loader)
         full_model, full_optim = get_state_dict(model, optimizer,
                                                 options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if rank == 0:
+            (out / mode).mkdir(parents=True)
             torch.save({"model": full_model, "optim": full_optim["state"]}, out / mode / "expected.pt")
+        if mode == "ddp":
+            ck.save(out / mode / "checkpoints", 2, model=model, optimizer=optimizer, scheduler=scheduler,
+                    loader=loader)
+        else:   # FSDP2 in the background: DTensor shards staged, the write on its own gloo group
+            saver = ck.Checkpointer(out / mode / "checkpoints", async_save=True)
+            saver.save(2, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader)
+            train_steps(model, optimizer, scheduler, CountingLoader(), 1, wrapped=wrapped)   # collectives meanwhile
+            saver.wait()
+            saver.close()
     # Tear down together: a rank that destroys its gloo group while the other still has work
     # in flight has aborted at exit ('terminate called without an active exception') under load.
     dist.barrier()

@@ -194,6 +194,10 @@ def test_full_tmpfs_is_clear_error(tmp_path):
         with pytest.raises(DataError, match="disk full.*No space left.*unchanged"):
             prepare(None, out, max_docs=60, workers=1, progress=False)
         assert tree_digest(out) == before
+        assert [p.name for p in disk.iterdir() if not p.name.startswith(".ds.parts-")] == ["ds"]
+        # with room again, the same command builds it (from the parts kept) and leaves nothing beside it
+        subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+        assert prepare(None, out, max_docs=60, workers=1, progress=False)["manifest"]["documents"] == 60
         assert sorted(p.name for p in disk.iterdir()) == ["ds"]
     finally:
         subprocess.run(["umount", str(disk)], check=True)
@@ -260,7 +264,7 @@ def test_large_vocab_tokenizer_json_gives_uint32(tmp_path):
 
 
 def test_concurrent_prepare_is_refused(tmp_path):
-    from trainer.data.prepare import _locked
+    from trainer.data.output import locked as _locked
 
     corpus, _ = make_corpus(tmp_path)
     out = tmp_path / "ds"
@@ -304,7 +308,7 @@ def test_lock_on_a_lock_file_removed_meanwhile_does_not_count(tmp_path, monkeypa
     import fcntl
     import importlib
 
-    prepare_mod = importlib.import_module("trainer.data.prepare")  # the module, not the function
+    output = importlib.import_module("trainer.data.output")
 
     out, lock_path = tmp_path / "ds", tmp_path / ".ds.lock"
     real_flock, others = fcntl.flock, []
@@ -316,11 +320,11 @@ def test_lock_on_a_lock_file_removed_meanwhile_does_not_count(tmp_path, monkeypa
             real_flock(others[0], fcntl.LOCK_EX)                      # C holds the new file
         return real_flock(fd, operation)
 
-    monkeypatch.setattr(prepare_mod.fcntl, "flock", flock_after_a_and_c)
+    monkeypatch.setattr(output.fcntl, "flock", flock_after_a_and_c)
     lock_path.write_bytes(b"")                                        # A's file, which B opens
     try:
         with pytest.raises(DataError, match="another data.prepare is writing"):
-            with prepare_mod._locked(out):
+            with output.locked(out):
                 pass
         assert lock_path.is_file()                                    # C's, untouched
     finally:

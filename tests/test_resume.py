@@ -1,7 +1,12 @@
 """The real trainer (`python -m trainer`, under torchrun with gloo) killed and resumed:
 
-- SIGKILL of the whole process tree mid-run, then `--resume auto`: the loss curve is
-  bit-identical to an uninterrupted run (2 ranks, DDP);
+- SIGKILL of the whole process tree while a checkpoint is written in the background, then
+  `--resume auto`: it resumes from the checkpoint before, and the loss curve is bit-identical
+  to an uninterrupted run (2 ranks, DDP and FSDP2; on one dataset and on a blend of two);
+- SIGTERM while a checkpoint is written in the background: the run still ends with a complete
+  checkpoint of the step it stopped at, exit 3, and a summary of that step;
+- a damaged checkpoint (flipped bytes, a missing .metadata): `--resume auto` takes the one
+  before and names it; `--resume` of it is one line and exit 2;
 - SIGTERM reaching ONE rank of an FSDP run: both ranks stop at the same step, checkpoint and
   exit 3; the 2-rank checkpoint then resumes on 1 process and finishes;
 - SIGUSR2 to a single process: checkpoint, summary "preempted", exit status 3.
@@ -46,8 +51,15 @@ def trainer_argv(run_dir: Path, dataset: Path, nproc: int | None, *sets: str, re
             *args]
 
 
-def env() -> dict:
-    return dict(os.environ, OMP_NUM_THREADS="1", ANVIL_LOG_RANK="all")
+def env(**extra: str) -> dict:
+    return dict(os.environ, OMP_NUM_THREADS="1", ANVIL_LOG_RANK="all", **extra)
+
+
+def writing_slowly(seconds: float) -> dict:
+    """The environment of a run whose background checkpoint writes wait `seconds` between writing
+    their files and committing them (a test-only hook of trainer.checkpoint.writer)."""
+    from trainer.checkpoint.writer import TEST_DELAY_ENV
+    return env(**{TEST_DELAY_ENV: str(seconds)})
 
 
 def run(argv, timeout=240) -> subprocess.CompletedProcess:
@@ -120,37 +132,133 @@ def kill_tree(pid: int) -> None:
     psutil.wait_procs(family, timeout=30)
 
 
-def test_sigkill_then_resume_auto_reproduces_the_loss_curve(tmp_path, dataset):
-    steps = ["train.steps=24", "checkpoint.interval=4", "checkpoint.keep_last=2"]
+@pytest.fixture(scope="module")
+def second_dataset(tmp_path_factory) -> Path:
+    """Ten other standard-library files, byte tokenizer: a blend's second source."""
+    import sysconfig
+
+    from trainer.data import prepare
+
+    out = tmp_path_factory.mktemp("data") / "stdlib10"
+    prepare(sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[30:40], out, progress=False)
+    return out
+
+
+@pytest.mark.parametrize("strategy, data", [("ddp", "one dataset"), ("fsdp", "one dataset"), ("ddp", "a blend")])
+def test_sigkill_during_a_background_write_then_resume_auto_reproduces_the_loss_curve(tmp_path, dataset, second_dataset,
+                                                                                       strategy, data):
+    steps = ["train.steps=24", "checkpoint.interval=4", "checkpoint.keep_last=2", f"parallel.strategy={strategy}"]
+    if data == "a blend":   # the position in each source resumes exactly too
+        steps += ["data.path=null", f"data.blend=[{{path: {dataset}, weight: 0.6}}, "
+                                    f"{{path: {second_dataset}, weight: 0.4, name: other}}]"]
     reference = run(trainer_argv(tmp_path / "reference", dataset, 2, *steps))
     assert reference.returncode == 0, reference.stderr[-3000:]
     expected = losses(tmp_path / "reference")
     assert sorted(expected) == list(range(1, 25))
 
     victim = tmp_path / "victim"
-    proc = subprocess.Popen(trainer_argv(victim, dataset, 2, *steps), cwd=REPO, env=env(),
+    checkpoints = victim / "checkpoints"
+    proc = subprocess.Popen(trainer_argv(victim, dataset, 2, *steps), cwd=REPO, env=writing_slowly(8),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: ck.find_latest(victim) is not None and last_step(victim) >= 9, proc,
-                 what="a checkpoint and step 9")
+        # step_4 committed, step_8's files written but not committed, and training two steps on
+        wait_for(lambda: ck.is_complete(checkpoints / "step_4") and (checkpoints / ".tmp_step_8" / ".metadata").exists()
+                 and last_step(victim) >= 10, proc, what="step 10 while step 8's checkpoint is written")
         kill_tree(proc.pid)  # agent and workers at once, like a lost node
     finally:
         kill_tree(proc.pid)
         proc.communicate()
-    killed_at = last_step(victim)
-    resume_from = ck.find_latest(victim)
-    assert killed_at < 24 and ck.read_meta(resume_from)["step"] < 24
+    assert ck.find_latest(victim) == checkpoints / "step_4" and (checkpoints / ".tmp_step_8").is_dir()
+    assert 10 <= last_step(victim) < 24
 
     resumed = run(trainer_argv(victim, dataset, 2, *steps, resume="auto"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resumed from {resume_from} at step {resume_from.name[5:]}" in (victim / "logs" / "rank0.log").read_text()
+    assert f"resumed from {checkpoints / 'step_4'} at step 4" in (victim / "logs" / "rank0.log").read_text()
     got = losses(victim)
     assert got == expected  # every step, bit for bit, including those replayed after the kill
-    assert [p.name for p in ck.list_checkpoints(victim / "checkpoints")] == ["step_20", "step_24"]
+    if data == "a blend":
+        def tokens(run_dir):
+            last = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
+            return last["tokens/stdlib30"], last["tokens/other"]
+        assert tokens(victim) == tokens(tmp_path / "reference") and 0 < tokens(victim)[1] < tokens(victim)[0]
+    assert [p.name for p in ck.list_checkpoints(checkpoints)] == ["step_20", "step_24"]
+    assert not list(checkpoints.glob(".tmp_step_*"))
 
-    from trainer.plot import read_metrics, plot_run  # the real killed-and-resumed log plots
-    assert read_metrics(victim)[2] == [int(resume_from.name[5:]) + 1]
-    assert plot_run(victim).stat().st_size > 30_000
+    if strategy == "ddp":
+        from trainer.plot import read_metrics, plot_run  # the real killed-and-resumed log plots
+        assert read_metrics(victim)[2] == [5]
+        assert plot_run(victim).stat().st_size > 30_000
+
+
+def test_sigterm_during_a_background_write_still_ends_with_a_complete_checkpoint(tmp_path, dataset):
+    """The stop waits for the write in flight, then writes the checkpoint of the step it stopped
+    at, before exit 3. The summary's steps are that step, not the last logged one (7 here)."""
+    run_dir = tmp_path / "run"
+    sets = ["train.steps=200", "checkpoint.interval=4", "train.log_interval=7", "parallel.strategy=fsdp"]
+    proc = subprocess.Popen(trainer_argv(run_dir, dataset, 2, *sets), cwd=REPO, env=writing_slowly(4),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (run_dir / "checkpoints" / ".tmp_step_4" / ".metadata").exists(), proc,
+                 what="step 4's checkpoint being written")
+        for pid in worker_pids(proc.pid).values():
+            os.kill(pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        kill_tree(proc.pid)
+        proc.communicate()
+    assert err.count(f"exitcode  : {EXIT_REQUEUE}") + out.count(f"exitcode  : {EXIT_REQUEUE}") >= 1, err[-3000:]
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    stopped = int(log.split("stopping after step ")[1].split(",")[0])
+    path = ck.find_latest(run_dir)
+    assert path == run_dir / "checkpoints" / f"step_{stopped}" and 4 < stopped < 200
+    assert ck.is_complete(run_dir / "checkpoints" / "step_4")     # the write in flight finished too
+    assert ck.verify(path) is True                                 # complete and checksummed
+    assert not list((run_dir / "checkpoints").glob(".tmp_step_*"))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "preempted" and summary["checkpoint"] == str(path)
+    assert summary["steps"] == stopped == ck.read_meta(path)["step"]
+
+
+def test_a_damaged_checkpoint_auto_resumes_from_the_one_before_and_resume_of_it_is_one_line(tmp_path, dataset):
+    inv = REPO / ".venv" / "bin" / "inv"
+    environ = {**env(), "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs")}
+    sets = [arg for item in [f"data.path={dataset}", *SHORT, "checkpoint.interval=4"] for arg in ("--set", item)]
+
+    def pretrain(*args):
+        return subprocess.run([str(inv), "train.pretrain", *sets, *args], cwd=tmp_path, env=environ,
+                              capture_output=True, text=True, timeout=300)
+
+    first = pretrain("--set", "train.steps=8")
+    assert first.returncode == 0, first.stderr[-3000:]
+    (run,) = (tmp_path / "runs").iterdir()
+    checkpoints = run / "checkpoints"
+    shard = checkpoints / "step_8" / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01                    # one bit, same size
+    shard.write_bytes(bytes(data))
+
+    named = pretrain("--set", "train.steps=12", "--resume", str(checkpoints / "step_8"))
+    assert named.returncode == 2 and "Traceback" not in named.stderr, named.stderr[-3000:]
+    (line,) = [line for line in named.stderr.splitlines() if line.startswith("train.pretrain failed")]
+    assert (f"checkpoint {checkpoints / 'step_8'} is damaged: __0_0.distcp: its bytes differ from those saved"
+            in line and f"--resume {checkpoints / 'step_4'}" in line), line
+
+    auto = pretrain("--set", "train.steps=12", "--resume", "auto")
+    assert auto.returncode == 0, auto.stderr[-3000:]
+    latest = sorted((tmp_path / "runs").iterdir())[-1]
+    log = (latest / "logs" / "rank0.log").read_text()
+    assert f"checkpoint {checkpoints / 'step_8'} is damaged: __0_0.distcp" in log and "set aside" in log
+    assert f"resumed from {checkpoints / 'step_4'} at step 4" in log
+    assert (checkpoints / "damaged_step_8").is_dir() and ck.find_latest(run) == checkpoints / "step_4"
+    assert json.loads((latest / "summary.json").read_text())["steps"] == 12
+
+    (checkpoints / "step_4" / ".metadata").unlink()    # seen before any run: one line, no run directory
+    runs_before = sorted((tmp_path / "runs").iterdir())
+    missing = pretrain("--set", "train.steps=12", "--resume", str(checkpoints / "step_4"))
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr, missing.stderr
+    assert f"checkpoint {checkpoints / 'step_4'} is damaged: .metadata is missing" in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1, missing.stderr
+    assert sorted((tmp_path / "runs").iterdir()) == runs_before
 
 
 def test_sigterm_on_one_fsdp_rank_stops_both_then_resumes_on_one_process(tmp_path, dataset):

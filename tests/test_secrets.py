@@ -43,9 +43,10 @@ def test_masker_covers_env_configs_argv_urls_and_literals():
     assert masker.text("pip: git+https://bob:hunter2@git.example.com/x.git") == \
         f"pip: git+https://bob:{MASK}@git.example.com/x.git"
     assert masker.text("echo hf_abcdefSECRET now") == f"echo {MASK} now"
-    # Short or boring values are not replaced as literals (would mangle every "1" in a file).
+    # Boring or one- and two-character values are never replaced (they would mangle every "1" in a
+    # file); a short secret of three to five characters is, where it stands as a word of its own.
     masker.add_values(["1", "true", "abc"])
-    assert masker.text("1 true abc") == "1 true abc"
+    assert masker.text("1 true abc abcd xabc") == f"1 true {MASK} abcd xabc"
 
 
 def test_hf_token_leaves_no_trace_under_runs(tmp_path):

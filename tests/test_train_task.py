@@ -111,6 +111,7 @@ def test_resume_auto_on_a_fanned_out_host_finds_its_own_earlier_runs(tmp_path):
     def checkpoint(fanout: str, host: str, run: str, step: int) -> Path:
         path = tmp_path / "runs" / fanout / "hosts" / host / run / "checkpoints" / f"step_{step}"
         path.mkdir(parents=True)
+        (path / ".metadata").write_bytes(b"")   # what find_latest looks for without checksums.json
         (path / COMPLETE_MARKER).write_text("")
         return path
 

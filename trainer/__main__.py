@@ -1,5 +1,5 @@
 """python -m trainer --config CONFIG.yaml --run-dir RUN_DIR [--set k=v ...] [--resume auto|PATH]
-                    [--compile] [--kernels]
+                    [--compile] [--kernels] [--init-from HF_DIR]
 
 What torchrun, srun or a container starts on every rank. Exit status: 0 ok,
 1 failure, 3 stopped on SIGTERM/SIGUSR2 after checkpointing (requeue).
@@ -20,18 +20,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--resume", default=None, help="auto (newest checkpoint in the run dir) or a path")
     p.add_argument("--compile", action="store_true", help="torch.compile the decoder blocks")
     p.add_argument("--kernels", action="store_true", help="patch in the fused Triton kernels")
+    p.add_argument("--init-from", default=None, metavar="HF_DIR",
+                   help="start from a Hugging Face Llama directory (checkpoint.init_from)")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     from trainer import ranklog
-    from trainer import config, train
+    from trainer import flags, hf, train
 
-    overrides = [*args.overrides, *config.flag_overrides(compile=args.compile, kernels=args.kernels)]
+    overrides = flags.overrides(args.overrides, compile=args.compile, kernels=args.kernels, init_from=args.init_from)
     log = ranklog.setup(args.run_dir, name="anvil.trainer")
     try:
-        cfg = config.load(args.config, overrides)
+        cfg = hf.load_config(args.config, overrides)   # the model shape from init_from's config.json
         _keep_config(cfg, args.config, args.run_dir)
         return train.run(cfg, args.run_dir, resume=args.resume, log=log)
     except KeyboardInterrupt:   # before the loop's own handler is installed

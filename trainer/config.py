@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import types
 import typing
@@ -17,11 +18,14 @@ from pathlib import Path
 from typing import Literal, Optional
 
 import yaml
+from trainer import safe_yaml
 from trainer.errors import UserError
 from trainer.files import text_of
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
 SYNTHETIC = "synthetic"  # data.path value: random tokens, for throughput measurements
+DEFAULT_DATA = "data/stdlib"   # data.path when a config names neither a path nor a blend
+BLEND_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")  # a blend source's name: a metric key part
 
 
 class ConfigError(UserError):
@@ -59,11 +63,35 @@ class ModelConfig:
 
 
 @dataclass
+class BlendSource:
+    """One dataset of a weighted blend (data.blend)."""
+    path: str = ""                 # prepared dataset dir (inv data.prepare)
+    weight: Optional[float] = None  # > 0; the blend's weights are normalised to shares
+    name: Optional[str] = None     # in metrics (val_loss/<name>, tokens/<name>); default: the folder's name
+
+    def __post_init__(self):
+        if self.name is None and isinstance(self.path, str) and self.path.strip():
+            self.name = Path(self.path).name
+
+
+@dataclass
 class DataConfig:
-    path: str = "data/stdlib"      # prepared dataset dir (inv data.prepare), or "synthetic"
+    path: Optional[str] = None     # prepared dataset dir (inv data.prepare), or "synthetic";
+    #                                null: data/stdlib, unless data.blend names the datasets
+    blend: list[BlendSource] = field(default_factory=list)  # weighted datasets instead of data.path
     seq_len: int = 256
     batch_size: int = 8            # micro batch per rank
     grad_accum: int = 1            # micro batches per optimizer step
+
+    def __post_init__(self):
+        if self.path is None and not self.blend:
+            self.path = DEFAULT_DATA
+
+    def datasets(self) -> list[str]:
+        """Every dataset directory the run reads: the blend's, or data.path's ([] for synthetic)."""
+        if self.blend:
+            return [source.path for source in self.blend]
+        return [] if self.path == SYNTHETIC else [self.path]
 
 
 @dataclass
@@ -118,6 +146,9 @@ class CheckpointConfig:
     keep_last: int = 3
     dir: str = "checkpoints"       # relative to the run dir
     save_final: bool = True
+    init_from: Optional[str] = None   # a Hugging Face Llama directory to start from (trainer/hf); --resume wins
+    async_save: Optional[bool] = None   # write in the background, training paused only to copy the state to
+    #                                 host memory; null: on where that copy fits in the host's memory
 
 
 @dataclass
@@ -157,19 +188,13 @@ class TrainConfig:
 
 # --------------------------------------------------------------------------- loading
 
-def flag_overrides(compile: bool = False, kernels: bool = False) -> list[str]:
-    """What the command-line flags of `inv train.pretrain` and `python -m trainer` mean, as config
-    overrides: the one place where a flag becomes a key of the config (after the --set ones)."""
-    return ["train.compile=true"] * compile + ["train.kernels=true"] * kernels
-
-
 def load(path: str | Path | None = None, overrides: typing.Iterable[str] = ()) -> TrainConfig:
     """Read, override and validate a config. Raises ConfigError."""
     path = Path(path) if path is not None else DEFAULT_CONFIG
     src = str(path)
     text = _read_text(path, src)
     try:
-        raw = yaml.safe_load(text)
+        raw = safe_yaml.load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
@@ -196,7 +221,7 @@ def _blame_override(exc: ConfigError, src: str, overrides: list[str]) -> ConfigE
     """A bad key or value that came from --set says so: "tiny.yaml with --set optim.lrr=3e-4:
     unknown key ..." rather than blaming the file for a typo on the command line."""
     text = str(exc)
-    said = re.match(rf"{re.escape(src)}: (?:unknown key '([^']+)'|([\w.]+)(?:\[\d+\])?: )", text)
+    said = re.match(rf"{re.escape(src)}: (?:unknown key '([^']+)'|([\w.]+)(?:\[\d+\][\w.]*)?: )", text)
     key = said and (said[1] or said[2])
     item = next((o for o in reversed(overrides) if key and o.partition("=")[0].strip() in
                  (key, *(key.rsplit(".", n)[0] for n in range(1, key.count(".") + 1)))), None)
@@ -244,7 +269,7 @@ def _apply_override(raw: dict, item: str, src: str) -> None:
             raise ConfigError(f"{src}: override {key}: {part!r} is not a section")
         node = child
     try:
-        node[parts[-1]] = yaml.safe_load(value) if value.strip() else ""
+        node[parts[-1]] = safe_yaml.load(value) if value.strip() else ""
     except yaml.YAMLError:
         node[parts[-1]] = value
 
@@ -371,7 +396,10 @@ def _check_values(cfg: TrainConfig, src: str) -> None:
         need(rs.original_max_position_embeddings > 0,
              "model.rope_scaling.original_max_position_embeddings", "a positive integer")
     d = cfg.data
-    need(bool(d.path.strip()), "data.path", "a prepared dataset directory or 'synthetic'")
+    if d.blend:
+        _check_blend(d, src)
+    else:
+        need(bool(d.path.strip()), "data.path", "a prepared dataset directory or 'synthetic'")
     need(d.seq_len > 0, "data.seq_len", "a positive integer")
     need(d.seq_len <= m.max_seq_len, "data.seq_len", f"at most model.max_seq_len ({m.max_seq_len})")
     need(d.batch_size > 0, "data.batch_size", "a positive integer")
@@ -408,6 +436,36 @@ def _check_values(cfg: TrainConfig, src: str) -> None:
                 ch.isalnum() or ch == "_" for ch in name):
             raise ConfigError(f"{src}: env.{name}: expected an environment variable name "
                               "(letters, digits, _)")
+
+
+def _check_blend(d: DataConfig, src: str) -> None:
+    """data.blend: no data.path beside it; each source a dataset directory with a positive weight and a
+    name unlike the others' (names key the per-source metrics); no dataset twice."""
+    if d.path is not None:
+        raise ConfigError(f"{src}: data.blend: expected data.path or data.blend, not both (data.path is "
+                          f"{d.path!r}; --set data.path=null drops it)")
+    names, paths = {}, {}
+    for i, source in enumerate(d.blend):
+        key = f"data.blend[{i}]"
+        if not source.path.strip():
+            raise ConfigError(f"{src}: {key}.path: expected a prepared dataset directory, got {source.path!r}")
+        if source.path == SYNTHETIC:
+            raise ConfigError(f"{src}: {key}.path: expected a prepared dataset directory; synthetic tokens "
+                              f"cannot be blended (data.path=synthetic alone measures throughput)")
+        if source.weight is None or source.weight <= 0:
+            raise ConfigError(f"{src}: {key}.weight: expected a positive number (the weights are normalised "
+                              f"to shares), got {source.weight!r}")
+        if not BLEND_NAME.match(source.name or ""):
+            raise ConfigError(f"{src}: {key}.name: expected a name of letters, digits, '_', '.' and '-' "
+                              f"(default: the folder's name), got {source.name!r}; set {key}.name")
+        if source.name in names:
+            raise ConfigError(f"{src}: {key}.name: expected a name unlike {names[source.name]}'s, got "
+                              f"{source.name!r}; set {key}.name")
+        same = os.path.normpath(source.path)
+        if same in paths:
+            raise ConfigError(f"{src}: {key}.path: {source.path!r} is already {paths[same]}; a dataset "
+                              f"appears once in a blend (raise its weight instead)")
+        names[source.name], paths[same] = key, key
 
 
 def dump(cfg: TrainConfig) -> str:

@@ -2,7 +2,7 @@
 
     export_hf(run_or_checkpoint, out_dir=None, dtype="bfloat16") -> Path
 
-writes config.json (from trainer.model.hf_config), model.safetensors (tied lm_head kept once,
+writes config.json (trainer.hf.config.to_hf, the mapping --init-from reads back), model.safetensors (tied lm_head kept once,
 as transformers expects), generation_config.json, anvil_export.json (which checkpoint, which
 training config, whether the tokenizer was written), and the dataset's tokenizer as
 transformers' AutoTokenizer loads it (tokenizer.json, tokenizer_config.json,
@@ -57,9 +57,10 @@ def _training_config(checkpoint: Path):
 
 
 def _dataset_dir(cfg, checkpoint: Path) -> Path | None:
-    path = Path(cfg.data.path)
-    if str(cfg.data.path) == "synthetic":
+    datasets = cfg.data.datasets()   # a blend's share one tokenizer (trainer.train.check_data)
+    if not datasets:
         return None
+    path = Path(datasets[0])
     if not path.is_absolute():  # relative to the directory training ran in
         path = Path(ck.read_meta(checkpoint).get("cwd") or os.getcwd()) / path
     return path if (path / "manifest.json").is_file() else None
@@ -145,7 +146,7 @@ def export_hf(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike |
     (default RUN_DIR/export/hf-step_N). Returns out_dir."""
     from safetensors.torch import save_file
 
-    from trainer.model import hf_config
+    from trainer.hf.config import to_hf
 
     if not str(run_or_checkpoint).strip():
         raise ExportError("the run is empty; expected a run directory or a checkpoint (step_N)")
@@ -178,7 +179,7 @@ def export_hf(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike |
         tensors = {name: t.to(DTYPES[dtype]).contiguous() for name, t in sorted(weights.items())}
         save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
         share(staging / "model.safetensors")  # safetensors writes 0600; the team loads exports too
-        config = hf_config(cfg.model, torch_dtype=dtype)
+        config = to_hf(cfg.model, torch_dtype=dtype)
         token_ids, tokenizer = _tokenizer_files(_dataset_dir(cfg, checkpoint), staging,
                                                 cfg.model.max_seq_len)
         config.update(token_ids)

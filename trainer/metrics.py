@@ -154,8 +154,10 @@ class Metrics:
         return out
 
     def train_step(self, step: int, *, loss: float, lr: float, grad_norm: float, tokens: int,
-                   interval_tokens: int, interval_steps: int, interval_s: float) -> dict:
-        """Record one log interval (interval_tokens over all ranks, interval_s wall seconds)."""
+                   interval_tokens: int, interval_steps: int, interval_s: float,
+                   by_source: dict[str, int] | None = None) -> dict:
+        """Record one log interval (interval_tokens over all ranks, interval_s wall seconds); a blend's
+        tokens so far from each source (by_source) as tokens/<name>."""
         tps = interval_tokens / interval_s if interval_s > 0 else 0.0
         tps_device = tps / self.world_size
         tflops = self.flops_per_token * tps_device / 1e12
@@ -166,6 +168,7 @@ class Metrics:
                   "tflops": tflops if self.device.type == "cuda" else None,
                   "mfu": tflops / self.peak_tflops if self.peak_tflops and self.device.type == "cuda"
                   else None}
+        record.update({f"tokens/{name}": n for name, n in (by_source or {}).items()})
         record.update(self._memory())
         self.history.append(record)
         if self.is_main:
@@ -174,13 +177,18 @@ class Metrics:
             self.log.info(self._console_line(record))
         return record
 
-    def val_step(self, step: int, val_loss: float) -> dict:
+    def val_step(self, step: int, val_loss: float, by_source: dict[str, float] | None = None) -> dict:
+        """Record a validation: val_loss, and for a blend each source's as val_loss/<name> (val_loss is
+        then their mix by the blend's weights)."""
         record = {"kind": "val", "step": step, "time": time.time(), "val_loss": val_loss}
+        record.update({f"val_loss/{name}": loss for name, loss in (by_source or {}).items()})
         self.val_history.append(record)
         if self.is_main:
             self._write(record)
             self.bar.clear()
-            self.log.info(f"step {step}/{self.total_steps} | val_loss {val_loss:.4f}")
+            each = ", ".join(f"{name} {loss:.4f}" for name, loss in (by_source or {}).items())
+            self.log.info(f"step {step}/{self.total_steps} | val_loss {val_loss:.4f}"
+                          + (f" (mixed; {each})" if each else ""))
         return record
 
     def progress(self, step: int) -> None:
@@ -232,6 +240,11 @@ class Metrics:
                "peak_mem_gib": max(peaks) if peaks else None,
                "peak_rss_gib": max((r["rss_gib"] for r in self.history if r.get("rss_gib")),
                                    default=None)}
+        sources = extra.pop("sources", None)
+        if sources:   # a blend: each source's last val loss beside its shares
+            last_val = self.val_history[-1] if self.val_history else {}
+            out["sources"] = {name: {**figures, "val_loss": last_val.get(f"val_loss/{name}")}
+                              for name, figures in sources.items()}
         out.update(extra)
         return out
 
@@ -294,4 +307,13 @@ def summary_table(summary: dict) -> str:
             rows.append([label, wall_time_text(summary)])
             continue
         rows.append([label, "n/a" if value is None else fmt.format(value)])
+        if key == "data":
+            rows += [[f"  {name}", source_text(figures)] for name, figures in (summary.get("sources") or {}).items()]
     return tabulate(rows, tablefmt="simple_outline")
+
+
+def source_text(figures: dict) -> str:
+    """One source of a blend in the summary: "70.1% of the tokens (weight 70.0%), 0.42 epochs, val loss 2.1234"."""
+    text = (f"{figures['token_share']:.1%} of the tokens (weight {figures['weight']:.1%}), "
+            f"{figures['epochs']:.2f} epochs")
+    return text + (f", val loss {figures['val_loss']:.4f}" if figures.get("val_loss") is not None else "")

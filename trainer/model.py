@@ -297,34 +297,7 @@ def flops_per_token(cfg: ModelConfig, n_params: int, seq_len: int) -> int:
 
 
 def hf_config(cfg: ModelConfig, torch_dtype: str = "bfloat16") -> dict:
-    """config.json for transformers' LlamaForCausalLM with this shape."""
-    rs = cfg.rope_scaling
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": cfg.dim,
-        "intermediate_size": cfg.ffn_dim,
-        "num_attention_heads": cfg.n_heads,
-        "num_key_value_heads": cfg.n_kv_heads,
-        "num_hidden_layers": cfg.n_layers,
-        "head_dim": cfg.head_dim,
-        "vocab_size": cfg.vocab_size,
-        "rms_norm_eps": cfg.norm_eps,
-        "rope_theta": cfg.rope_theta,
-        "rope_scaling": None if rs is None else {
-            "rope_type": "llama3",
-            "factor": rs.factor,
-            "low_freq_factor": rs.low_freq_factor,
-            "high_freq_factor": rs.high_freq_factor,
-            "original_max_position_embeddings": rs.original_max_position_embeddings,
-        },
-        "max_position_embeddings": cfg.max_seq_len,
-        "tie_word_embeddings": cfg.tie_embeddings,
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
-        "initializer_range": cfg.init_std,
-        "bos_token_id": None,
-        "eos_token_id": None,
-        "torch_dtype": torch_dtype,
-    }
+    """config.json for transformers' LlamaForCausalLM with this shape (trainer.hf.config.to_hf,
+    the one mapping; --init-from reads it back with from_hf)."""
+    from trainer.hf.config import to_hf
+    return to_hf(cfg, torch_dtype)

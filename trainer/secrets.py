@@ -36,12 +36,16 @@ SECRET_WORDS = {"token", "apikey", "key", "secret", "secrets", "password", "pass
                 "passphrase", "auth", "authorization", "credential", "credentials", "cookie",
                 "cookies", "signature", "private", "dsn"}
 
-URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/\s:@]+):(?P<pw>[^/\s@]+)@")
+# user:password@ right after a "://": matched only where a "://" is (see _mask_urls), so that a
+# long word without one costs nothing and a long one costs one pass, never a pass per start
+URL_USERINFO = re.compile(r"[^/\s:@]+:([^/\s@]+)@")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# Values too short or too common to be replaced as literals without mangling
-# unrelated text ("1", "true", "/tmp").
+# Secret values of MIN_LITERAL characters or more are replaced wherever they appear; shorter
+# ones (down to MIN_WORD) only as a whole word, so a short password is hidden without every
+# "1" or "abc" inside unrelated text being mangled. Common words are never secrets.
 MIN_LITERAL = 6
-_BORING = {"true", "false", "none", "null", "enabled", "disabled"}
+MIN_WORD = 3
+_BORING = {"true", "false", "none", "null", "enabled", "disabled", "yes", "off"}
 
 
 def is_secret_env_name(name: str) -> bool:
@@ -72,11 +76,42 @@ def is_maskable_literal(value: str) -> bool:
             and not re.fullmatch(r"[0-9.:,/ -]+", value))
 
 
+def is_maskable_word(value: str) -> bool:
+    """A short secret value masked where it stands as a word of its own."""
+    value = value.strip()
+    return MIN_WORD <= len(value) < MIN_LITERAL and value.lower() not in _BORING
+
+
+def _mask_urls(text: str) -> str:
+    """scheme://user:PASSWORD@host -> scheme://user:<masked>@host, in one pass over the text."""
+    if "://" not in text:
+        return text
+    out, start = [], 0
+    for at in _occurrences(text, "://"):
+        found = URL_USERINFO.match(text, at + 3)
+        if found:
+            out.append(text[start:found.start(1)])
+            out.append(MASK)
+            start = found.end(1)
+    out.append(text[start:])
+    return "".join(out)
+
+
+def _occurrences(text: str, needle: str):
+    at = text.find(needle)
+    while at >= 0:
+        yield at
+        at = text.find(needle, at + len(needle))
+
+
 class Masker:
     """Masks text, mappings and argv; knows the literal secret values to hide."""
 
     def __init__(self, secret_values: Iterable[str] = ()):
         self._values: set[str] = set()
+        self._words: set[str] = set()
+        self._ordered: list[str] = []
+        self._word_pattern = None
         self.add_values(secret_values)
 
     @classmethod
@@ -96,19 +131,27 @@ class Masker:
             if is_maskable_literal(value):
                 self._values.add(value)
                 self._values.add(value.strip())
+            elif is_maskable_word(value):
+                self._words.add(value.strip())
         self._ordered = sorted(self._values, key=len, reverse=True)
+        if self._words:   # (?<![\w]) ... (?![\w]): the value as a word, not inside another one
+            self._word_pattern = re.compile(r"(?<!\w)(?:" + "|".join(
+                re.escape(w) for w in sorted(self._words, key=len, reverse=True)) + r")(?!\w)")
 
     @property
     def values(self) -> frozenset[str]:
-        return frozenset(self._values)
+        return frozenset(self._values | self._words)
 
     def text(self, text: str) -> str:
+        """`text` with every known secret value and URL password masked; linear in its length."""
         if not text:
             return text
-        for value in getattr(self, "_ordered", ()):
+        for value in self._ordered:
             if value in text:
                 text = text.replace(value, MASK)
-        return URL_CREDENTIALS.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}@", text)
+        if self._word_pattern is not None:
+            text = self._word_pattern.sub(MASK, text)
+        return _mask_urls(text)
 
     def env(self, env: Mapping[str, Any]) -> dict[str, Any]:
         return {k: (MASK if is_secret_env_name(str(k)) and v not in (None, "") else self.value(v))

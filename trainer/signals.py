@@ -40,6 +40,10 @@ class Stopper:
         self._group = None
         self._group_ready = False
         self.interrupted = False   # agreed: some rank got SIGINT/SIGHUP (the user) rather than a preemption
+        # Also stop (agreed, in the same all-reduce) when this returns True on some rank: the
+        # trainer sets it to its checkpointer's failed(), a background write that failed.
+        self.failing = None
+        self.failed = False        # agreed: some rank's `failing` said so
 
     # -- handler
     def _handle(self, signum, frame) -> None:
@@ -107,17 +111,19 @@ class Stopper:
         import torch.distributed as dist
 
         local = 2 if self.signum in _USER_STOPS else 1 if self.requested else 0
+        failing = int(bool(self.failing is not None and self.failing()))
         if not (dist.is_available() and dist.is_initialized()):
-            self.interrupted = local == 2
-            return self.requested
+            self.interrupted, self.failed = local == 2, bool(failing)
+            return self.requested or self.failed
         if step % self.check_every:
             return False
-        flag = torch.tensor([local], dtype=torch.int32)
+        flag = torch.tensor([local, failing], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._cpu_group())
-        if flag.item() and self.signum is None:
+        signalled, self.failed = int(flag[0]), bool(flag[1])
+        if signalled and self.signum is None:
             self.signum = -1  # a peer was signalled; stop with it
-        self.interrupted = flag.item() == 2
-        return bool(flag.item())
+        self.interrupted = signalled == 2
+        return bool(signalled) or self.failed
 
     @property
     def status(self) -> str:

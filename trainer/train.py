@@ -5,12 +5,14 @@
 Order of model construction (torchtitan's): build (on the meta device for very
 large FSDP models) -> kernels.patch -> FP8 linear layers (precision.fp8) ->
 activation checkpointing -> torch.compile of the blocks -> DDP / FSDP2 ->
-materialise and init. The loop makes no host sync per step except at the log
+materialise and init -> the weights of a --resume checkpoint, or else of
+checkpoint.init_from's Hugging Face directory (trainer/hf). The loop makes no host sync per step except at the log
 interval (loss and grad norm fetched there).
 """
 from __future__ import annotations
 
 import contextlib
+import datetime
 import time
 from pathlib import Path
 
@@ -35,35 +37,64 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from trainer.checkpoint import CheckpointError
     from trainer.config import ConfigError
     from trainer.data import DataError
+    from trainer.hf import InitError
     from trainer.profiling import ProfileSettingsError
     return (ConfigError, DataError, CheckpointError, distributed.DistributedError, TrainError,
-            ProfileSettingsError, fp8.Fp8Error)
+            ProfileSettingsError, fp8.Fp8Error, InitError)
 
 
 # --------------------------------------------------------------------------- data
 
 def check_data(cfg: TrainConfig) -> str:
-    """Fail early (before any process starts) when data.path is not usable; returns a label."""
+    """Fail early (before any process starts) when data.path or a dataset of data.blend is not
+    usable (a blend's must also share one tokenizer); returns a label."""
     if cfg.data.path == SYNTHETIC:
         return f"SYNTHETIC random tokens (vocab {cfg.model.vocab_size})"
+    if not cfg.data.blend:
+        tok = _check_dataset(cfg, "data.path", Path(cfg.data.path))
+        return f"{Path(cfg.data.path)} ({_tokenizer_label(tok)})"
+    from trainer.data import read_manifest
+    from trainer.data.blend import check_same_tokenizer, shares
+    sources = [(f"data.blend[{i}].path", Path(source.path)) for i, source in enumerate(cfg.data.blend)]
+    for key, path in sources:   # every one there before their tokenizers are compared
+        _require_dataset(cfg, key, path)
+    check_same_tokenizer([(f"{key} {str(path)!r}", read_manifest(path)) for key, path in sources])
+    tok = [_check_dataset(cfg, key, path) for key, path in sources][0]
+    parts = [f"{source.name} {share:.1%} ({source.path})"
+             for source, share in zip(cfg.data.blend, shares([s.weight for s in cfg.data.blend]))]
+    return f"blend of {', '.join(parts)} ({_tokenizer_label(tok)})"
+
+
+def _tokenizer_label(tok) -> str:
+    return f"{getattr(tok, 'kind', type(tok).__name__)} tokenizer, vocab {tok.vocab_size}"
+
+
+def _require_dataset(cfg: TrainConfig, key: str, path: Path) -> None:
+    """DataError saying how to make it when `path` (from config key `key`) holds no prepared dataset."""
+    from trainer.data import DataError
+    if (path / "manifest.json").is_file():
+        return
+    if cfg.model.vocab_size > 65536:
+        hint = (f"prepare it with Llama 3's tokenizer (vocab {cfg.model.vocab_size}): "
+                f"`inv data.prepare --input TEXT_FILES --tokenizer PATH/TO/tokenizer.json --out {path}`"
+                + ("; for throughput runs use --set data.path=synthetic" if key == "data.path" else ""))
+    else:
+        hint = f"prepare it with `inv data.prepare --out {path}`"
+    raise DataError(f"{key} {str(path)!r}: no prepared dataset there (manifest.json missing); {hint}")
+
+
+def _check_dataset(cfg: TrainConfig, key: str, path: Path):
+    """The dataset at `path` (config key `key`) exists, its tokenizer fits the model and its splits
+    hold a sequence; returns its tokenizer."""
     from trainer.data import DataError, load_tokenizer
-    path = Path(cfg.data.path)
-    if not (path / "manifest.json").is_file():
-        if cfg.model.vocab_size > 65536:
-            hint = (f"prepare it with Llama 3's tokenizer (vocab {cfg.model.vocab_size}): "
-                    f"`inv data.prepare --input TEXT_FILES --tokenizer PATH/TO/tokenizer.json --out {path}`; "
-                    "for throughput runs use --set data.path=synthetic")
-        else:
-            hint = f"prepare it with `inv data.prepare --out {path}`"
-        raise DataError(f"data.path {str(path)!r}: no prepared dataset there (manifest.json "
-                        f"missing); {hint}")
+    _require_dataset(cfg, key, path)
     tok = load_tokenizer(path)
     if tok.vocab_size > cfg.model.vocab_size:
-        raise DataError(f"data.path {str(path)!r}: its tokenizer has {tok.vocab_size} tokens but "
+        raise DataError(f"{key} {str(path)!r}: its tokenizer has {tok.vocab_size} tokens but "
                         f"model.vocab_size is {cfg.model.vocab_size}; set model.vocab_size >= "
                         f"{tok.vocab_size}")
-    _check_split_sizes(cfg, path)
-    return f"{path} ({getattr(tok, 'kind', type(tok).__name__)} tokenizer, vocab {tok.vocab_size})"
+    _check_split_sizes(cfg, key, path)
+    return tok
 
 
 def _split_tokens(manifest: dict, name: str) -> int | None:
@@ -72,7 +103,7 @@ def _split_tokens(manifest: dict, name: str) -> int | None:
     return None if split is None else sum(int(shard["tokens"]) for shard in split["shards"])
 
 
-def _check_split_sizes(cfg: TrainConfig, path: Path) -> None:
+def _check_split_sizes(cfg: TrainConfig, key: str, path: Path) -> None:
     """Each split the run reads must hold one sequence of seq_len+1 tokens, as TokenLoader needs:
     found here, before launch, not by the rank (the val split: at the end, after the training)."""
     from trainer.data import DataError, read_manifest
@@ -85,15 +116,25 @@ def _check_split_sizes(cfg: TrainConfig, path: Path) -> None:
     for name in ("train", "val") if cfg.train.val_batches else ("train",):
         tokens = _split_tokens(manifest, name)
         if tokens is None:
-            raise DataError(f"data.path {str(path)!r}: the dataset has no {name!r} split; {fixes[name]}")
+            raise DataError(f"{key} {str(path)!r}: the dataset has no {name!r} split; {fixes[name]}")
         if tokens < need:
-            raise DataError(f"data.path {str(path)!r}: its {name!r} split has {tokens:,} tokens, too few "
+            raise DataError(f"{key} {str(path)!r}: its {name!r} split has {tokens:,} tokens, too few "
                             f"for one sequence of data.seq_len={cfg.data.seq_len} + 1; {fixes[name]}")
 
 
 def make_loader(cfg: TrainConfig, split: str, info: distributed.DistInfo, shuffle: bool = True):
+    """The loader of `split`: data.path's, or one stream of data.blend's datasets (always shuffled)."""
+    if not cfg.data.blend:
+        return _dataset_loader(cfg, cfg.data.path, split, info, shuffle)
+    from trainer.data import BlendLoader
+    return BlendLoader([(s.name, s.path, s.weight) for s in cfg.data.blend], split, cfg.data.seq_len,
+                       cfg.data.batch_size, info.rank, info.world_size, cfg.train.seed,
+                       vocab_size=cfg.model.vocab_size)
+
+
+def _dataset_loader(cfg: TrainConfig, path: str, split: str, info: distributed.DistInfo, shuffle: bool = True):
     from trainer.data import TokenLoader
-    return TokenLoader(cfg.data.path, split, cfg.data.seq_len, cfg.data.batch_size,
+    return TokenLoader(path, split, cfg.data.seq_len, cfg.data.batch_size,
                        info.rank, info.world_size, cfg.train.seed, shuffle=shuffle,
                        vocab_size=cfg.model.vocab_size)
 
@@ -159,9 +200,21 @@ def autocast_context(cfg: TrainConfig, info: distributed.DistInfo):
 # --------------------------------------------------------------------------- eval
 
 @torch.no_grad()
-def evaluate(model, cfg: TrainConfig, info, autocast) -> float:
-    """Mean token loss over the first val_batches batches of the val split (all ranks)."""
-    loader = make_loader(cfg, "val", info, shuffle=False)
+def evaluate(model, cfg: TrainConfig, info, autocast) -> tuple[float, dict[str, float]]:
+    """Mean token loss over the first val_batches batches of the val split (all ranks), and {}.
+    For a blend, that of each source's val split ({name: loss}) and the mixed loss: the sources'
+    losses weighted by the blend's shares, the expected loss of a sample drawn as training draws them."""
+    if not cfg.data.blend:
+        return _val_loss(model, _dataset_loader(cfg, cfg.data.path, "val", info, shuffle=False), cfg, info,
+                         autocast), {}
+    from trainer.data.blend import shares
+    by_source = {s.name: _val_loss(model, _dataset_loader(cfg, s.path, "val", info, shuffle=False), cfg, info,
+                                   autocast) for s in cfg.data.blend}
+    weights = shares([s.weight for s in cfg.data.blend])
+    return sum(w * by_source[s.name] for w, s in zip(weights, cfg.data.blend)), by_source
+
+
+def _val_loss(model, loader, cfg: TrainConfig, info, autocast) -> float:
     n_batches = min(cfg.train.val_batches, max(1, len(loader)))
     total = torch.zeros(2, dtype=torch.float64, device=info.device)
     model.eval()
@@ -230,30 +283,35 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
     # prior_wall / prior_segments: the wall time and the number of earlier segments (runs that
     # this one resumes, up to their checkpoint); the summary's wall_s is this segment's alone
     step, tokens_seen, prior_wall, prior_segments = 0, 0, 0.0, 0
-    # A requeued job restarts with the same --resume: its own newer checkpoints come first.
-    own = checkpoint.find_latest(ckpt_dir) if resume else None
-    resume_from = own or checkpoint.resolve(resume, ckpt_dir)
-    if resume_from is not None:
-        state = checkpoint.load(resume_from, model=model, optimizer=optimizer, scheduler=scheduler,
-                                loader=loader, config=config_dict)
+    init_from = None   # the Hugging Face directory the run's weights started from (checkpoint.init_from)
+    checkpointer = checkpoint.Checkpointer(ckpt_dir, keep_last=cfg.checkpoint.keep_last, config=config_dict,
+                                           async_save=cfg.checkpoint.async_save, log=log,
+                                           timeout=datetime.timedelta(minutes=cfg.parallel.timeout_minutes))
+    # A requeued job restarts with the same --resume: its own newer checkpoints come first, and
+    # a damaged one gives way to the one before it (an explicit step_N does not: exit 2).
+    state = checkpoint.load_first_intact(checkpoint.candidates(resume, ckpt_dir), model=model, optimizer=optimizer,
+                                         scheduler=scheduler, loader=loader, config=config_dict)
+    if state is not None:
         step = state["step"]
         tokens_seen = int(state["extra"].get("tokens_seen", 0))
         prior_wall = float(state["extra"].get("wall_s", 0.0))
         prior_segments = int(state["extra"].get("segments", 1))  # older checkpoints: one segment
-        log.info(f"resumed from {resume_from} at step {step}")
+        init_from = state["extra"].get("init_from")
+        log.info(f"resumed from {state['path']} at step {step}"
+                 + (" (its weights, not checkpoint.init_from's)" if cfg.checkpoint.init_from else ""))
+    elif cfg.checkpoint.init_from:   # after materialising, before training; optimizer and step start fresh
+        from trainer.hf import load_weights
+        init_from = load_weights(model, cfg.checkpoint.init_from, log)
     elif resume == "auto":
         log.info("resume auto: no checkpoint yet, starting fresh")
 
-    def save(at_step: int) -> Path:
+    def save(at_step: int, wait: bool = False) -> None:
+        """Synchronous, or staged and written in the background (wait: the write too)."""
         with watchdog.busy("checkpoint"):
-            path = checkpoint.save(ckpt_dir, at_step, model=model, optimizer=optimizer,
-                                   scheduler=scheduler, loader=loader, keep_last=cfg.checkpoint.keep_last,
-                                   config=config_dict,
-                                   extra={"tokens_seen": tokens_seen,
-                                          "wall_s": prior_wall + time.time() - started,
-                                          "segments": prior_segments + 1})
-        log.info(f"checkpoint saved: {path}")
-        return path
+            checkpointer.save(at_step, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader,
+                              wait=wait, extra={"tokens_seen": tokens_seen,
+                                                "wall_s": prior_wall + time.time() - started,
+                                                "segments": prior_segments + 1, "init_from": init_from})
 
     met = metrics.Metrics(run_dir, is_main=info.is_main, log=log, device=info.device,
                           world_size=info.world_size, total_steps=cfg.train.steps,
@@ -264,11 +322,12 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
     from trainer.profiling import StepProfiler
     profiler = StepProfiler.from_env(run_dir, info.rank)  # ANVIL_PROFILE_STEPS (inv profile.train)
     stopper = signals.install()
+    stopper.failing = checkpointer.failed   # a background write that failed stops every rank, together
     autocast = autocast_context(cfg, info)
     fsdp = cfg.parallel.strategy == "fsdp" and info.distributed
     ddp = info.distributed and not fsdp
     accum = cfg.data.grad_accum
-    status, last_ckpt = "ok", None
+    status = "ok"
     train_model.train()
     if info.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(info.device)
@@ -276,6 +335,7 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
     straggler = health.StragglerDetector.from_config(cfg, run_dir, info, log).watch(model)
     watchdog = health.HangWatchdog.from_config(cfg, run_dir, info, log).start(step)
     interval_start, interval_tokens, interval_steps = time.perf_counter(), 0, 0
+    first_step = step
     if profiler is not None:
         profiler.step_done(step)    # a window from step 1 (or one a resumed run starts inside) starts here
     try:
@@ -311,6 +371,8 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
             met.progress(step)
             if profiler is not None:
                 profiler.step_done(step)
+            if step == first_step + 1 and cfg.checkpoint.interval:
+                checkpointer.prepare(model, optimizer)   # staging memory faulted in on a thread, ahead of the first save
 
             if step % cfg.train.log_interval == 0 or step == cfg.train.steps:
                 mean_loss = distributed.all_reduce_mean(loss_sum / step_tokens, info).item()
@@ -318,7 +380,7 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
                 now = time.perf_counter()
                 met.train_step(step, loss=mean_loss, lr=lr, grad_norm=gnorm, tokens=tokens_seen,
                                interval_tokens=interval_tokens, interval_steps=interval_steps,
-                               interval_s=now - interval_start)
+                               interval_s=now - interval_start, by_source=loader.tokens_by_source())
                 if mean_loss != mean_loss:  # NaN: stop rather than burn GPU hours
                     raise TrainError(f"loss is NaN at step {step}; lower optim.lr or check the data")
                 interval_start, interval_tokens, interval_steps = time.perf_counter(), 0, 0
@@ -326,25 +388,31 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
             if (cfg.train.val_interval and cfg.train.val_batches and step < cfg.train.steps
                     and step % cfg.train.val_interval == 0):
                 with watchdog.busy("validation"):
-                    met.val_step(step, evaluate(model, cfg, info, autocast))
+                    met.val_step(step, *evaluate(model, cfg, info, autocast))
                 interval_start = time.perf_counter()  # eval time is not training time
             if stopper.should_stop(step):
+                if stopper.failed:
+                    with watchdog.busy("checkpoint"):
+                        checkpointer.wait()   # raises the background write's error (CheckpointWriteError)
                 log.warning(f"{stopper.reason}: stopping after step {step}, checkpointing")
-                last_ckpt = save(step)
+                save(step, wait=True)
                 status = stopper.status
                 break
             if cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0 and step < cfg.train.steps:
-                last_ckpt = save(step)
+                save(step)
                 interval_start = time.perf_counter()
             straggler.step(step)  # every health.straggler_interval steps: compare ranks (collective)
 
         if status == "ok":
             if cfg.train.val_batches:
                 with watchdog.busy("validation"):
-                    met.val_step(step, evaluate(model, cfg, info, autocast))
+                    met.val_step(step, *evaluate(model, cfg, info, autocast))
             if cfg.checkpoint.save_final:
-                last_ckpt = save(step)
+                save(step, wait=True)
+        with watchdog.busy("checkpoint"):
+            checkpointer.wait()   # an interval save still writing (save_final off)
     finally:
+        checkpointer.close()      # after an error: lets a write in flight finish
         watchdog.stop()
         straggler.close()
         stopper.restore()   # (stop signals ignored to the end after a stop was asked for: see Stopper.restore)
@@ -357,8 +425,12 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
                           else torch.cuda.get_device_name(info.device),
                           data=data_label, **metrics.wall_times(time.time() - started, prior_wall,
                                                                 prior_segments),
-                          checkpoint=str(last_ckpt) if last_ckpt else None,
-                          flops_per_token=fpt, config=cfg.name)
+                          sources=loader.source_summary(),
+                          # the step and tokens reached, not those of the last log line (a stop between them)
+                          steps=step, tokens=tokens_seen,
+                          checkpoint=str(checkpointer.last_saved) if checkpointer.last_saved else None,
+                          flops_per_token=fpt, config=cfg.name,
+                          **({"init_from": init_from} if init_from else {}))   # where the weights started
     if info.is_main:
         write_json_atomic(run_dir / "summary.json", summary)
         log.info("summary\n" + metrics.summary_table(summary))

@@ -51,6 +51,7 @@ class TrainingJob:
     resume: str | None = None           # None (not given), "auto", or a run / checkpoint path
     compile: bool = False
     kernels: bool = False
+    init_from: str | None = None        # a Hugging Face Llama directory to start from (checkpoint.init_from)
     gpu: str = ""
     site: str = ""
     runtime: Runtime | None = None      # None = the anvil.runtime setting
@@ -67,10 +68,10 @@ class TrainingJob:
     ranks_used: frozenset[int] = frozenset()   # global ranks the task needs (profile.train --ranks)
 
     def overrides(self) -> list[str]:
-        """The config overrides: the --set ones, then what the task's flags mean (trainer.config.flag_overrides)."""
-        from trainer.config import flag_overrides
+        """The config overrides: the --set ones, then what the task's flags mean (trainer.flags)."""
+        from trainer import flags
 
-        return [*self.sets, *flag_overrides(compile=self.compile, kernels=self.kernels)]
+        return flags.overrides(self.sets, compile=self.compile, kernels=self.kernels, init_from=self.init_from)
 
 
 def previous_checkpoint(runs_dir: Path, name: str) -> str | None:
@@ -159,19 +160,21 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     from runtime.runs import nodes as nodes_mod
     from runtime.runs import outcome
     from runtime.runs.run import execute
-    from trainer.config import DEFAULT_CONFIG, SYNTHETIC, dump, load
+    from trainer import hf
+    from trainer.config import DEFAULT_CONFIG, dump
     from trainer.train import check_data
 
     if job.config is not None and not str(job.config).strip():
         raise UserError("--config is empty; expected a YAML config such as configs/tiny.yaml")
     if job.resume is not None and not job.resume.strip():
         raise UserError("--resume is empty; expected auto or a run directory or checkpoint path")
-    cfg = load(job.config or None, job.overrides())
+    cfg = hf.load_config(job.config or None, job.overrides())   # with init_from, the model shape is its config.json's
     check_data(cfg)
+    started_from = hf.check_before_launch(cfg)       # its tensors' names and shapes, from the headers
     config_path = job.config or str(DEFAULT_CONFIG)
     env = envs.resolve(gpu=job.gpu or None, site=job.site or None, config_env=cfg.env,
                        overrides=list(run_options.env) + list(extra_env), config_ref=f"{config_path} (env:)")
-    warnings = list(env.warnings)
+    warnings = list(env.warnings) + [w for w in [hf.tokenizer_warning(cfg)] if w]
     if cfg.schedule.warmup_steps >= cfg.train.steps and task_name == "train.pretrain":   # (a profile is short)
         warnings.append(f"schedule.warmup_steps={cfg.schedule.warmup_steps} >= train.steps={cfg.train.steps}: "
                         "the learning rate never leaves warmup")
@@ -200,15 +203,19 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
             return {"run_dir": None, "summary": None, "complete": resume}
 
     # Where it runs, and the launch, checked before a run directory exists (a bad runtime, --nproc,
-    # --nodes, host or image). A container sees the checkout and the run directory; the dataset may
-    # live elsewhere.
-    data_mounts = [] if cfg.data.path == SYNTHETIC else [str(Path(cfg.data.path).resolve())]
+    # --nodes, host or image). A container sees the checkout and the run directory; the datasets and
+    # an init_from directory may live elsewhere.
+    data_mounts = [str(Path(path).resolve()) for path in cfg.data.datasets()]
+    data_mounts += [cfg.checkpoint.init_from] if cfg.checkpoint.init_from else []
     runtime, transport = where(job, settings, data_mounts)
     environ = {**os.environ, **env.environ()}
     if transport.requeues(environ) and not resume:
         resume = "auto"   # a batch job that Slurm requeues resumes from its own run directory
+    # The trainer gets the folder of what auto found: its newest intact checkpoint, so that a damaged one
+    # (seen only once the ranks read its bytes) gives way to the one before it; a named step_N does not.
+    trainer_resume = str(Path(resume).parent) if job.resume == "auto" and resume != "auto" else resume
     spec = LaunchSpec(module="trainer", args=["--config", f"{RUN_DIR}/configs/{CONFIG_FILE}", "--run-dir", RUN_DIR,
-                                              *(["--resume", resume] if resume else [])],
+                                              *(["--resume", trainer_resume] if resume else [])],
                       nproc=job.nproc or None, gpus=env.machine.count, vendor=env.machine.vendor,
                       node_local=env.node_local())
     if not runtime.spans_nodes:   # (a login node has no GPU; its nodes do)
@@ -228,6 +235,8 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
         return {"run_dir": None, "summary": None, "dry_run": True}
 
     def body(run):
+        if started_from:
+            run.update_metadata(init_from=started_from)
         if excluded:
             run.update_metadata(excluded_nodes=excluded)
             print(f"excluding {len(excluded)} node(s) that failed preflight in {job.exclude_from}: "

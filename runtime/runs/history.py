@@ -104,7 +104,7 @@ def load(path: str | Path, runs_dir: Path | None = None) -> Recorded:
 # trainer writes (trainer.metrics.Metrics.summary, summary_table formats it the same way)
 RESULTS = (("status", "status"), ("steps", "steps"), ("final_loss", "final train loss"),
            ("val_loss", "final val loss"), ("tokens_per_s", "tokens/s"), ("mfu", "MFU"),
-           ("wall_s", "wall time"))
+           ("wall_s", "wall time"), ("init_from", "started from"))
 
 
 def _training_summary(run_dir: Path) -> tuple[dict, str]:
@@ -157,6 +157,8 @@ def wall_time_text(summary: dict) -> str:
 def _result_text(key: str, value: Any, summary: dict) -> str:
     if key == "wall_s":
         return wall_time_text(summary)
+    if key == "init_from" and isinstance(value, dict):   # train.pretrain --init-from: the directory
+        return str(value.get("path"))
     number = _number(value)
     if value is None:
         return "n/a"

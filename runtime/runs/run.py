@@ -100,11 +100,20 @@ class Run:
         return next(iter(self.spec.configs.values()), None) if self.spec.configs else None
 
     def write_text(self, rel: str | Path, text: str) -> Path:
-        target = self._inside(rel)
-        return rundir.write_text(target, self.masker.text(text))
+        return self._write(self._inside(rel), self.masker.text(text))
 
     def write_json(self, rel: str | Path, obj: Any) -> Path:
-        return rundir.write_text(self._inside(rel), rundir.to_json(self.masker.mapping(obj)))
+        return self._write(self._inside(rel), rundir.to_json(self.masker.mapping(obj)))
+
+    def _write(self, target: Path, text: str) -> Path:
+        """rundir.write_text; on a full disk, once more with the run's reserve given back, so
+        that the run's end is recorded whatever filled the disk."""
+        try:
+            return rundir.write_text(target, text)
+        except OSError as exc:
+            if not (rundir.disk_full(exc) and rundir.release_space(self.path)):
+                raise
+        return rundir.write_text(target, text)
 
     def update_metadata(self, **entries) -> None:
         self.metadata.update(entries)
@@ -312,6 +321,7 @@ def create(ctx, spec: RunSpec) -> Run:
     }
     run = Run(path, spec, settings, {**os.environ, **values}, sources, masker, metadata)
     run.update_metadata()
+    rundir.reserve_space(path)
     try:
         if original is not None:
             try:
@@ -346,6 +356,7 @@ def finish(run: Run, status: str, error: str | None = None, exit_code: int = 0, 
     if result is not None:
         run.write_json("result.json", result)
     run.update_metadata(**end_entries(run.metadata, status, error, exit_code, run.masker, diagnosis))
+    rundir.release_space(run.path)
 
 
 def execute(ctx, spec: RunSpec, body: Callable[[Run], Any]) -> Any:

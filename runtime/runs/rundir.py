@@ -12,13 +12,17 @@
         hooks/          hook outputs
         logs/           runner.log, rank{R}.log
         result.json     what the task returned
+        .space-reserve  1 MiB held while the run is open: a full disk cannot stop its end
+                        from being recorded (Run.write_text gives it back and retries)
 
 Everything goes through `write_text` (temp file + os.replace), so a reader
 never sees half a file.
 """
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 from datetime import datetime
 from pathlib import Path
@@ -31,11 +35,37 @@ from trainer.files import to_json, write_atomic as write_text  # noqa: F401 (re-
 
 TIME_FORMAT = "%Y-%m-%dT%H-%M-%S"
 METADATA = "metadata.json"
+SPACE_RESERVE = ".space-reserve"
+RESERVE_BYTES = 1 << 20
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 class RunDirError(UserError):
     """A path that is not a usable run directory."""
+
+
+def reserve_space(run_dir: Path) -> None:
+    """Hold RESERVE_BYTES of real blocks in the run directory (best effort)."""
+    try:
+        with open(Path(run_dir) / SPACE_RESERVE, "wb") as handle:
+            handle.write(bytes(RESERVE_BYTES))
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError:
+        release_space(run_dir)
+
+
+def release_space(run_dir: Path) -> bool:
+    """Give the reserve back; True when there was one."""
+    try:
+        os.unlink(Path(run_dir) / SPACE_RESERVE)
+    except OSError:
+        return False
+    return True
+
+
+def disk_full(exc: OSError) -> bool:
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def slug(text: str) -> str:

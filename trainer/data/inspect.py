@@ -88,3 +88,30 @@ def inspect_dataset(path, samples: int = 3, sample_chars: int = 400, split: str 
     if check:
         report["checksums_bad"] = verify(ds)
     return report
+
+
+def inspect_blend(sources, seq_len: int, samples: int, split: str = "train") -> dict:
+    """What a blend (Source tuples: name, path, weight) gives over a run of `samples` global samples
+    of seq_len+1 tokens: each source's share of the samples, its tokens, and how many passes over its
+    windows that is (more than one: it repeats). Plain data; the task prints it."""
+    from .blend import Source, blend_counts, check_same_tokenizer, shares
+
+    if seq_len < 1 or samples < 0:
+        raise DataError(f"a blend's report needs seq_len >= 1 and samples >= 0 (got {seq_len}, {samples})")
+    sources = [Source(*s) for s in sources]
+    datasets = [Dataset(s.path) for s in sources]
+    check_same_tokenizer([(str(s.path), ds.manifest) for s, ds in zip(sources, datasets)])
+    counts, exact = blend_counts([s.weight for s in sources], samples)
+    rows = []
+    for source, ds, share, count in zip(sources, datasets, shares([s.weight for s in sources]), counts):
+        stream = ds.split(split)
+        windows = (stream.tokens - 1) // seq_len
+        if windows < 1:
+            raise DataError(f"split {split!r} of {ds.path} has {stream.tokens:,} tokens, too few for one "
+                            f"sequence of {seq_len}+1")
+        rows.append({"name": source.name, "path": str(ds.path), "weight": source.weight, "share": share,
+                     "split_tokens": stream.tokens, "windows": windows, "samples": count,
+                     "realised_share": count / samples if samples else None, "tokens": count * seq_len,
+                     "epochs": count / windows})
+    return {"split": split, "seq_len": seq_len, "samples": samples, "tokens": samples * seq_len,
+            "exact": exact, "tokenizer": datasets[0].manifest["tokenizer"], "sources": rows}

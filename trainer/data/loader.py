@@ -13,6 +13,7 @@ deterministic and together cover every window once per epoch.
 The state is that one global cursor (samples consumed by all ranks). Resuming with
 the same global batch replays the identical sequence; resuming on a different world
 size continues from the same sample with no sample repeated or skipped.
+(blend.py reads several datasets as one such stream, by weight.)
 """
 from __future__ import annotations
 
@@ -69,8 +70,16 @@ class Permutation:
         return x.astype(np.int64)
 
 
-class _Loader:
-    """What both loaders share: the global cursor, rank slicing, iteration, state."""
+def inputs_and_labels(rows: np.ndarray):
+    """(input_ids, labels) LongTensors [batch, seq_len] of windows of seq_len+1 tokens."""
+    import torch
+
+    rows = torch.from_numpy(rows)
+    return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+
+class Loader:
+    """What every loader shares: the global cursor, rank slicing, iteration, state."""
 
     kind = ""
 
@@ -106,15 +115,22 @@ class _Loader:
             raise StopIteration
         first = self.cursor + self.rank * self.batch_size
         samples = np.arange(first, first + self.batch_size, dtype=np.int64)
-        rows = self._rows(samples)  # [batch, seq_len+1] int64
+        rows = self.rows(samples)
         self.cursor += self.global_batch
-        import torch
+        return inputs_and_labels(rows)
 
-        rows = torch.from_numpy(rows)
-        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
-
-    def _rows(self, samples: np.ndarray) -> np.ndarray:
+    def rows(self, samples: np.ndarray) -> np.ndarray:
+        """The windows of global samples `samples`: [len(samples), seq_len+1] int64."""
         raise NotImplementedError
+
+    def tokens_by_source(self) -> dict[str, int]:
+        """Tokens each source of a blend gave, all ranks together ({}: one source)."""
+        return {}
+
+    def source_summary(self) -> dict[str, dict]:
+        """Each source of a blend: its share by weight, its tokens and share of them, its epochs ({}: one
+        source)."""
+        return {}
 
     def _identity(self) -> dict:
         return {}
@@ -135,7 +151,7 @@ class _Loader:
         self.cursor = int(state["cursor"])
 
 
-class TokenLoader(_Loader):
+class TokenLoader(Loader):
     """(input_ids, labels) LongTensors [batch_size, seq_len] from a prepared dataset.
 
     path "synthetic" (with vocab_size=) gives a SyntheticLoader instead.
@@ -194,7 +210,7 @@ class TokenLoader(_Loader):
             out[sel] = self._permutation(int(e))(positions[sel])
         return out
 
-    def _rows(self, samples: np.ndarray) -> np.ndarray:
+    def rows(self, samples: np.ndarray) -> np.ndarray:
         rows = np.empty((len(samples), self.seq_len + 1), dtype=np.int64)
         windows = self.window_ids(samples)
         for i, w in enumerate(windows):
@@ -213,7 +229,7 @@ class TokenLoader(_Loader):
                 f"{self.windows:,} windows of {self.seq_len}+1, rank {self.rank}/{self.world_size}")
 
 
-class SyntheticLoader(_Loader):
+class SyntheticLoader(Loader):
     """SYNTHETIC uniform random tokens, for throughput runs without a dataset.
 
     Deterministic per (seed, global sample), so it resumes and splits over ranks
@@ -234,7 +250,7 @@ class SyntheticLoader(_Loader):
         self.windows = windows
         self._key = _seed_words("synthetic", seed, split)[0]
 
-    def _rows(self, samples: np.ndarray) -> np.ndarray:
+    def rows(self, samples: np.ndarray) -> np.ndarray:
         rows = np.empty((len(samples), self.seq_len + 1), dtype=np.int64)
         for i, g in enumerate(samples):
             rng = np.random.default_rng([self._key, int(g)])

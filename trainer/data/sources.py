@@ -1,55 +1,28 @@
-"""Reading a corpus: which files, and the documents in each, with counted reasons for skips.
+"""Which files a corpus is: the inputs named, folders walked in a fixed order, and the default.
 
-A plain text file is one document. A JSONL file (.jsonl / .ndjson) holds one document
-per line in a text field. Either may be gzip-compressed (recognised by its magic bytes).
-Files that cannot be used are skipped and counted by reason, never fatal: empty,
-invalid UTF-8, binary (NUL bytes), corrupt gzip, unreadable; in JSONL also malformed
-lines and lines without the text field (with line numbers in the notes).
+Inputs are files or folders, in the order given; a folder is walked in sorted order, hidden
+entries left out. A folder written by Hugging Face `datasets.save_to_disk` (its state.json
+names the data files) contributes those Arrow files in its own order; a DatasetDict folder
+(dataset_dict.json) its `train` split, or every split when it has none. What each file holds
+is the formats' business (formats/): here a file is a path, a stable key and its size.
 """
 from __future__ import annotations
 
 import fnmatch
-import gzip
 import json
 import os
 import sysconfig
-import zlib
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import DataError
-
-JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz")
-GZIP_MAGIC = b"\x1f\x8b"
-MAX_NOTES_PER_FILE = 5
+from .formats import Reading, SourceFile, read, spans
 
 # The default corpus: the standard library's own modules. Test suites are left out:
 # they hold deliberately broken sources and large data tables, not library code.
 STDLIB_EXCLUDE_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "tests",
                        "idle_test", "lib2to3_tests"}
 
-
-@dataclass(frozen=True)
-class SourceFile:
-    path: Path
-    key: str  # stable name for split assignment: relative to the input it came from
-    size: int
-    mtime_ns: int
-
-
-@dataclass
-class FileDocuments:
-    """What reading one file gave: its documents (keys and texts) and what was skipped."""
-
-    documents: list[tuple[str, str]] = field(default_factory=list)
-    skipped: dict[str, int] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    bytes_read: int = 0
-
-    def skip(self, reason: str, note: str | None = None) -> None:
-        self.skipped[reason] = self.skipped.get(reason, 0) + 1
-        if note and len(self.notes) < MAX_NOTES_PER_FILE:
-            self.notes.append(note)
+__all__ = ["SourceFile", "default_inputs", "documents", "expand_inputs", "resolve_inputs", "stdlib_dir"]
 
 
 def stdlib_dir() -> Path:
@@ -74,9 +47,40 @@ def resolve_inputs(inputs: list[Path] | None, pattern: str | None = None
     if not files:
         raise DataError(f"no input files found in {', '.join(names)}"
                         + (f" matching {pattern!r}" if pattern else "")
-                        + "; expected text or JSONL files (.gz too)"
-                        + (" or another --pattern" if pattern else ""))
+                        + "; expected text or JSONL files (.gz, .zst too), Parquet or Arrow "
+                          "files, or a save_to_disk folder" + (" or another --pattern" if pattern else ""))
     return files, names, not inputs
+
+
+def nothing_usable(names: list[str], files: list[SourceFile], skipped: dict, text_field: str,
+                   first_note: str | None = None) -> DataError:
+    """The one error for a corpus none of whose documents can be used, with what was skipped
+    (and the first skip's note: it often names the columns the files do have)."""
+    detail = ", ".join(f"{n} {r}" for r, n in sorted(skipped.items())) or "nothing readable"
+    return DataError(f"no usable documents in {', '.join(names)} ({len(files)} "
+                     f"file{'' if len(files) == 1 else 's'}; skipped: {detail}"
+                     + (f"; first: {first_note}" if first_note else "")
+                     + f"); expected UTF-8 text files, or JSONL lines / Parquet or Arrow rows with a "
+                       f"text field {text_field!r} (--text-field)")
+
+
+def hf_data_files(folder: Path) -> list[Path] | None:
+    """The Arrow files of a `save_to_disk` folder in their order (a DatasetDict: its train
+    split, else every split), or None when `folder` is not one."""
+    try:
+        if (folder / "dataset_dict.json").is_file():
+            splits = json.loads((folder / "dataset_dict.json").read_text()).get("splits") or []
+            chosen = ["train"] if "train" in splits else list(splits)
+            files = [f for split in chosen for f in (hf_data_files(folder / split) or [])]
+            return files
+        if (folder / "state.json").is_file():
+            entries = json.loads((folder / "state.json").read_text()).get("_data_files")
+            if isinstance(entries, list):
+                return [folder / str(e["filename"]) for e in entries if isinstance(e, dict) and "filename" in e]
+    except (OSError, ValueError, AttributeError) as exc:
+        raise DataError(f"{folder}: looks like a Hugging Face save_to_disk folder but its "
+                        f"state.json or dataset_dict.json cannot be read ({exc})") from None
+    return None
 
 
 def expand_inputs(inputs: list[Path], pattern: str = "*", exclude_dirs: set[str] = frozenset()
@@ -92,14 +96,20 @@ def expand_inputs(inputs: list[Path], pattern: str = "*", exclude_dirs: set[str]
             files.append(_source(given, given.name))
             continue
         for root, dirs, names in os.walk(given):
+            root = Path(root)
+            arrow_files = hf_data_files(root)
+            if arrow_files is not None:   # a save_to_disk folder: its own files, in its order
+                dirs[:] = []
+                files.extend(_source(p, f"{given.name}/{p.relative_to(given).as_posix()}")
+                             for p in arrow_files if p.is_file())
+                continue
             dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in exclude_dirs)
             for name in sorted(names):
                 if name.startswith(".") or not fnmatch.fnmatch(name, pattern):
                     continue
-                path = Path(root) / name
+                path = root / name
                 if path.is_file():
-                    rel = path.relative_to(given)
-                    files.append(_source(path, f"{given.name}/{rel.as_posix()}"))
+                    files.append(_source(path, f"{given.name}/{path.relative_to(given).as_posix()}"))
     # A file named twice (--input a --input a, or a folder and a file in it) is read once: its first place.
     seen: set[Path] = set()
     unique = [f for f in files if not (f.path.resolve() in seen or seen.add(f.path.resolve()))]
@@ -111,78 +121,26 @@ def _source(path: Path, key: str) -> SourceFile:
     return SourceFile(path=path, key=key, size=st.st_size, mtime_ns=st.st_mtime_ns)
 
 
-def is_jsonl(path: Path) -> bool:
-    return path.name.lower().endswith(JSONL_SUFFIXES)
-
-
-def read_documents(source: SourceFile, text_field: str = "text") -> FileDocuments:
-    """The documents in one file; problems become counted skips, never exceptions."""
-    result = FileDocuments()
-    name = str(source.path)
-    try:
-        with open(source.path, "rb") as f:
-            raw = f.read()
-    except OSError as exc:
-        result.skip("unreadable", f"{name}: {exc.strerror or exc}")
-        return result
-    result.bytes_read = len(raw)
-    if raw[:2] == GZIP_MAGIC:
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as exc:
-            result.skip("bad_gzip", f"{name}: corrupt gzip ({exc})")
-            return result
-    if is_jsonl(source.path):
-        _read_jsonl(raw, source, text_field, result)
-        return result
-    if not raw.strip():
-        result.skip("empty", f"{name}: empty")
-        return result
-    nul = raw.find(b"\x00")
-    if nul >= 0:
-        result.skip("binary", f"{name}: binary (NUL byte at offset {nul})")
-        return result
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        result.skip("invalid_utf8", f"{name}: invalid UTF-8 at byte {exc.start}")
-        return result
-    result.documents.append((source.key, text))
-    return result
-
-
-def _read_jsonl(raw: bytes, source: SourceFile, text_field: str, result: FileDocuments) -> None:
-    name = str(source.path)
-    if not raw.strip():
-        result.skip("empty", f"{name}: empty")
-        return
-    for number, line in enumerate(raw.split(b"\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except UnicodeDecodeError:
-            result.skip("invalid_utf8", f"{name}:{number}: invalid UTF-8")
-            continue
-        except ValueError as exc:
-            result.skip("bad_json_line", f"{name}:{number}: invalid JSON ({exc.msg})")
-            continue
-        text = record.get(text_field) if isinstance(record, dict) else None
-        if not isinstance(text, str):
-            result.skip("missing_text_field", f"{name}:{number}: no string field {text_field!r}")
-            continue
-        if not text.strip():
-            result.skip("empty", f"{name}:{number}: empty text")
-            continue
-        result.documents.append((f"{source.key}#{number}", text))
-
-
-def iter_texts(files: list[SourceFile], text_field: str = "text", max_docs: int | None = None):
-    """Just the texts, in order (for tokenizer training)."""
+def documents(files: list[SourceFile], text_field: str = "text", skipped: dict | None = None,
+              max_docs: int | None = None):
+    """The corpus's document texts in order, streamed (for training a tokenizer); skips are
+    added up by reason into `skipped`. A document split into pieces comes back whole."""
     count = 0
     for source in files:
-        for _key, text in read_documents(source, text_field).documents:
-            if max_docs is not None and count >= max_docs:
-                return
-            count += 1
-            yield text
+        for span in spans(source, text_field, target=1 << 62):
+            reading = Reading()
+            pending: list[str] = []
+            for piece in read(span, text_field, reading):
+                if piece.text is None:
+                    pending = []
+                    continue
+                pending.append(piece.text)
+                if piece.last:
+                    if max_docs is not None and count >= max_docs:
+                        return
+                    count += 1
+                    yield "".join(pending)
+                    pending = []
+            if skipped is not None:
+                for reason, n in reading.skipped.items():
+                    skipped[reason] = skipped.get(reason, 0) + n

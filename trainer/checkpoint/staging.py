@@ -1,0 +1,140 @@
+"""Copy a state dict into host memory that the background write can read while training goes
+on: the only part of an asynchronous save that the training loop waits for.
+
+The buffers are made once and reused by every later save (at most one save is in flight, so
+the previous write is done with them). On a GPU they are page-locked, so the device-to-host
+copies run at the link's speed (51-54 GB/s measured on an H100) and asynchronously: they are
+queued on the training stream, ahead of the next optimizer step that would change the
+weights, and the writer thread waits for a CUDA event before it reads them.
+
+Page-locked memory comes from anonymous mmaps registered with cudaHostRegister, one per
+tensor, exactly its size: torch's pinned allocator rounds every block up to a power of two,
+which for a state made of large tensors costs up to twice the memory. Page-locking fresh
+memory costs 0.5 s per GB, nearly all of it page faults; memory already faulted in registers
+at 0.06 s per GB (H100 host). So `reserve` faults the buffers in on a thread, with
+MAP_POPULATE (no CUDA call, which would hold up the training thread's: registering on a
+thread stalled a training loop for the whole registration), ahead of the first save; that
+save then only registers them. Where registering fails, the buffers stay pageable and the
+copies wait (about 1 GB/s).
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import mmap
+import threading
+from typing import Any
+
+import torch
+
+from trainer.checkpoint.state import dtensor_type, tensors_of
+
+log = logging.getLogger("anvil.trainer")
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)   # Linux
+
+
+class Stager:
+    def __init__(self):
+        self._staged: dict[tuple, Any] = {}     # path in the state dict -> staged tensor / DTensor
+        self._registered: list[int] = []        # data pointers given to cudaHostRegister
+        self._regions: dict[tuple, mmap.mmap] = {}   # faulted in ahead of the first save
+        self._reserving: threading.Thread | None = None
+        self._can_pin = True
+        self._on_device = False
+
+    def reserve(self, state: Any, wait: bool = False) -> None:
+        """Fault in, on a thread, the host memory that staging `state` will take (GPU tensors);
+        wait: until it is done."""
+        sizes = {key: _nbytes(t) for key, t in tensors_of(state) if t.device.type == "cuda" and _nbytes(t)}
+        if not sizes or self._reserving is not None:
+            return
+
+        def populate() -> None:
+            for key, nbytes in sizes.items():
+                try:
+                    self._regions[key] = mmap.mmap(-1, nbytes, flags=mmap.MAP_SHARED | _POPULATE)
+                except OSError:
+                    return   # no room: stage() allocates what is missing
+        self._reserving = threading.Thread(target=populate, name="checkpoint-reserve", daemon=True)
+        self._reserving.start()
+        if wait:
+            self._reserving.join()
+
+    def stage(self, state: Any) -> tuple[Any, "torch.cuda.Event | None"]:
+        """(a copy of `state` in host buffers, an event the copies complete at or None)."""
+        if self._reserving is not None:
+            self._reserving.join()
+        self._on_device = False
+        staged = self._stage(state, ())
+        self._regions.clear()      # what was reserved and not used (the state changed)
+        if not self._on_device:
+            return staged, None
+        event = torch.cuda.Event()
+        event.record()
+        return staged, event
+
+    def _stage(self, obj: Any, key: tuple) -> Any:
+        DTensor = dtensor_type()
+        if isinstance(obj, DTensor):
+            local = obj._local_tensor
+            shell = self._staged.get(key)
+            if shell is None or not _fits(shell._local_tensor, local):
+                # DTensor's own metadata (mesh, placements, global shape) around a host buffer,
+                # as torch.distributed.checkpoint's own staging builds it
+                shell = obj.to("cpu") if obj.device.type != "cpu" else copy.deepcopy(obj)
+                shell._local_tensor = self._empty(local, key)
+                self._staged[key] = shell
+            self._copy(shell._local_tensor, local)
+            return shell
+        if isinstance(obj, torch.Tensor):
+            buffer = self._staged.get(key)
+            if buffer is None or not _fits(buffer, obj):
+                buffer = self._staged[key] = self._empty(obj, key)
+            self._copy(buffer, obj)
+            return buffer
+        if isinstance(obj, dict):
+            return {k: self._stage(v, key + (k,)) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(self._stage(v, key + (i,)) for i, v in enumerate(obj))
+        return obj   # numbers, strings, None: immutable
+
+    def _copy(self, buffer: torch.Tensor, source: torch.Tensor) -> None:
+        on_device = source.device.type == "cuda"
+        self._on_device |= on_device
+        with torch.no_grad():
+            buffer.copy_(source.detach(), non_blocking=on_device)
+
+    def _empty(self, like: torch.Tensor, key: tuple) -> torch.Tensor:
+        nbytes = _nbytes(like)
+        if like.device.type != "cuda" or nbytes == 0 or not self._can_pin:
+            return torch.empty(like.shape, dtype=like.dtype)
+        region = self._regions.pop(key, None)
+        if region is None or len(region) != nbytes:
+            region = mmap.mmap(-1, nbytes)
+        tensor = torch.frombuffer(region, dtype=like.dtype, count=like.numel()).view(like.shape)
+        code = int(torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), nbytes, 0))
+        if code != 0:
+            self._can_pin = False
+            log.warning(f"checkpoint staging: cannot page-lock host memory (cudaHostRegister error "
+                        f"{code}); staging into pageable memory, which makes each save's pause longer")
+            return tensor
+        self._registered.append(tensor.data_ptr())
+        return tensor
+
+    def close(self) -> None:
+        """Unregister the page-locked buffers and let them go."""
+        if self._reserving is not None:
+            self._reserving.join()
+        for pointer in self._registered:
+            torch.cuda.cudart().cudaHostUnregister(pointer)
+        self._registered.clear()
+        self._staged.clear()
+        self._regions.clear()
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _fits(buffer: torch.Tensor, source: torch.Tensor) -> bool:
+    return buffer.shape == source.shape and buffer.dtype == source.dtype

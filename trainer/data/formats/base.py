@@ -1,0 +1,115 @@
+"""What every corpus format shares: the span of a file a worker reads, and what reading it gave.
+
+A format module (text, jsonl, parquet, arrow) has three functions:
+
+    sniff(probe) -> bool                  is this file mine? (by content, the suffix only breaks ties)
+    spans(source, probe, target) -> list  how to cut the file into pieces of about `target` bytes
+    read(span, text_field, reading)       yield Piece(record, text, last) for the span's documents
+
+Records are what a format counts in a file (lines of JSONL, rows of Parquet and Arrow; a text
+file is one record). `read` numbers them from 1 inside its span and counts them in
+`reading.records`; the pieces of one file are contiguous, so the document's number in the
+whole file is the records of the spans before it plus its own (parts.py adds them up). That
+number names the document (`path#record`) for the validation split, so the split does not
+depend on how a file was cut, or by how many workers it was read.
+
+Problems with a file are counted skips (`reading.skip`), never exceptions: one bad file
+in a corpus of thousands must not stop the others.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+MAX_NOTES = 5           # notes kept per span: enough to find the problem, bounded for a broken file
+PROBE_BYTES = 1 << 16   # what sniffing reads of a file (and of its decompressed start)
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One input file: where it is, and the stable name its documents are keyed by."""
+
+    path: Path
+    key: str        # relative to the input it came from: the split does not depend on where it lies
+    size: int
+    mtime_ns: int
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The start of a file, as sniffing sees it: raw bytes, and decompressed when compressed."""
+
+    source: SourceFile
+    head: bytes                     # the first PROBE_BYTES of the file
+    compression: str | None         # "gzip" | "zstd" | None
+    text_head: bytes                # the first PROBE_BYTES after decompression (== head if none)
+    error: str | None = None        # why the file could not be probed (reason: message)
+
+    @property
+    def stem_suffixes(self) -> list[str]:
+        """The file's suffixes with a compression suffix dropped: corpus.jsonl.zst -> ['.jsonl']."""
+        suffixes = [s.lower() for s in self.source.path.suffixes]
+        if suffixes and suffixes[-1] in (".gz", ".gzip", ".zst", ".zstd"):
+            suffixes = suffixes[:-1]
+        return suffixes[-1:]
+
+
+@dataclass(frozen=True)
+class Span:
+    """A piece of one file for one worker. start/end are in the format's own unit (bytes of
+    JSONL, row groups of Parquet, record batches of Arrow); `size` is its share of the file's
+    bytes, for balancing work and showing progress. `broken` carries (reason, message) when
+    planning already found the file unusable: reading it only records that skip."""
+
+    source: SourceFile
+    format: str
+    start: int = 0
+    end: int = 0
+    size: int = 0
+    compression: str | None = None
+    broken: tuple[str, str] | None = None
+
+
+class Piece(NamedTuple):
+    """A document, or a piece of a long one: `last` ends it. `text` None drops the document
+    begun so far (a problem found after its first pieces were given out)."""
+
+    record: int
+    text: str | None
+    last: bool = True
+
+
+@dataclass
+class Reading:
+    """What reading one span gave besides its documents."""
+
+    records: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    notes: list[tuple[int | None, str]] = field(default_factory=list)   # (record in span, message)
+
+    def skip(self, reason: str, message: str, record: int | None = None) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        if len(self.notes) < MAX_NOTES:
+            self.notes.append((record, message))
+
+    def to_dict(self) -> dict:
+        return {"records": self.records, "skipped": self.skipped, "notes": [list(n) for n in self.notes]}
+
+
+def group_spans(source: SourceFile, format: str, sizes: list[int], target: int) -> list[Span]:
+    """Spans over runs of a file's pieces (row groups, record batches) of about `target` bytes
+    each; `sizes` are the pieces' own sizes, scaled so that the spans add up to the file's."""
+    scale = source.size / max(1, sum(sizes))
+    out, first, size = [], 0, 0
+    for i, s in enumerate(sizes):
+        size += s
+        if size >= target or i == len(sizes) - 1:
+            out.append(Span(source, format, first, i + 1, round(size * scale)))
+            first, size = i + 1, 0
+    return out
+
+
+def note_text(path: Path, record: int | None, message: str) -> str:
+    """A skip note as users read it: `path:LINE: message`, or `path: message` for a whole file."""
+    return f"{path}:{record}: {message}" if record is not None else f"{path}: {message}"

@@ -1,0 +1,55 @@
+"""The options of data.prepare and data.tokenizer, checked before anything is read or written:
+a DataError names the option, the value and what it expects."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import DataError
+from .tokenizers import SPECIAL_TOKENS
+
+EXPECTED_TOKENIZER = "expected byte, bpe or the path of a Hugging Face tokenizer.json"
+
+
+def check_options(*, val_fraction: float = 0.01, shard_tokens: int = 1, max_docs: int | None = None,
+                  max_tokens: int | None = None, workers: int | None = None, text_field: str = "text",
+                  pattern: str | None = None) -> None:
+    """DataError naming the first option whose value cannot work, and what it expects."""
+    if not (isinstance(val_fraction, (int, float)) and 0 <= val_fraction < 1):  # nan fails too
+        raise DataError(f"--val-fraction: expected a number in [0, 1), got {val_fraction!r}")
+    if shard_tokens < 1:
+        raise DataError(f"--shard-tokens: expected a positive number of tokens per shard, got {shard_tokens}")
+    for name, value in (("--max-docs", max_docs), ("--max-tokens", max_tokens)):
+        if value is not None and value < 1:
+            raise DataError(f"{name}: expected a positive number (0 or left out: no limit), got {value}")
+    if workers is not None and workers < 1:
+        raise DataError(f"--workers: expected a positive number of processes (0 or left out: "
+                        f"all cores), got {workers}")
+    if not text_field.strip():
+        raise DataError("--text-field is empty; expected the JSONL field or Parquet/Arrow column holding the text, e.g. text")
+    if pattern is not None and not pattern.strip():
+        raise DataError("--pattern is empty; expected a file-name glob such as '*.txt' "
+                        "(left out: every file)")
+
+
+def check_bpe_vocab(vocab_size: int) -> None:
+    minimum = 256 + len(SPECIAL_TOKENS)
+    if vocab_size < minimum:
+        raise DataError(f"--vocab-size {vocab_size} is too small: a byte-level BPE needs at least "
+                        f"{minimum} (256 bytes + {len(SPECIAL_TOKENS)} specials)")
+
+
+def tokenizer_path(tokenizer: str) -> Path:
+    """The tokenizer.json that --tokenizer names (a file, or a directory holding one)."""
+    if not str(tokenizer).strip():
+        raise DataError(f"--tokenizer is empty; {EXPECTED_TOKENIZER}")
+    path = Path(tokenizer).expanduser()
+    if path.is_dir():
+        if not (path / "tokenizer.json").is_file():
+            raise DataError(f"--tokenizer {tokenizer}: a directory without a tokenizer.json; "
+                            f"{EXPECTED_TOKENIZER}")
+        return path / "tokenizer.json"
+    if not path.exists():
+        raise DataError(f"--tokenizer {tokenizer}: no such file; {EXPECTED_TOKENIZER}")
+    return path
+
+

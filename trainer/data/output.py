@@ -1,0 +1,209 @@
+"""The dataset folder a prepare writes: checked before anything is touched, locked while it is
+built, put in place in one step, and repaired after a kill.
+
+The promise: an existing dataset is never damaged. The new one is assembled in OUT.tmp-XXXX
+beside OUT and swapped in by two renames (OUT -> OUT.old-X, tmp -> OUT), which a lock
+(flock on .OUT.lock, removed before it is released) keeps to one run at a time; whatever a
+killed run left (a tmp, an old, a swap cut between its renames) is finished or undone by
+the next run while it holds the lock (`recover`). `check_out` refuses, before anything is
+written, an --out that the swap would damage: the filesystem root, the working directory or
+one above it, a folder holding other things, a place inside or around an input.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import signal
+import tempfile
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+from .dataset import FORMAT, MANIFEST
+from .errors import DataError
+from .parts import stale_folders
+
+EXPECTED_OUT = "expected a new or empty directory, or an existing Anvil dataset to rebuild"
+
+
+def is_dataset_dir(path: Path) -> bool:
+    """Whether `path` holds an Anvil dataset: its manifest.json carries the format marker
+    (a manifest too damaged to parse still counts when the marker is in its text)."""
+    manifest = Path(path) / MANIFEST
+    try:
+        with open(manifest, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError:
+        return False
+    try:
+        data = json.loads(head)
+    except ValueError:
+        return f'"{FORMAT}"'.encode() in head
+    return isinstance(data, dict) and data.get("format") == FORMAT
+
+
+def check_out(out, inputs: list[str]) -> Path:
+    """The absolute --out, or DataError before anything is touched: --out must be missing,
+    an empty directory or an Anvil dataset, and neither the filesystem root, the current
+    directory or one of its parents, nor inside an input or holding one (the swap that
+    puts a new dataset in place removes what was at --out)."""
+    given = str(out)
+    if not given.strip():
+        raise DataError("--out is empty; expected a dataset directory such as data/mine")
+    out = Path(given).expanduser().absolute()
+    real = out.resolve()
+    if real == Path(real.anchor):
+        raise DataError(f"--out {given} is the filesystem root; expected a dataset directory "
+                        f"such as data/mine")
+    cwd = Path.cwd().resolve()
+    if real == cwd or real in cwd.parents:
+        where = "the current directory" if real == cwd else "a parent of the current directory"
+        raise DataError(f"--out {given} is {where} ({real}); expected a dataset directory of its "
+                        f"own such as data/mine")
+    for name in inputs:
+        source = Path(name).resolve()
+        if real == source or source in real.parents:
+            raise DataError(f"--out {given} is {'' if real == source else 'inside '}the input "
+                            f"{source}; expected a directory outside the corpus")
+        if real in source.parents:
+            raise DataError(f"--out {given} holds the input {source}; expected a directory "
+                            f"outside the corpus")
+    for parent in out.parents:  # the nearest thing that exists above --out must be a directory
+        if parent.exists():
+            if not parent.is_dir():
+                raise DataError(f"--out {given}: a file is in the way where a directory is needed "
+                                f"({parent})")
+            break
+    if out.is_symlink() and not out.exists():
+        raise DataError(f"--out {given} is a broken symbolic link; {EXPECTED_OUT}")
+    if out.exists():
+        if not out.is_dir():
+            raise DataError(f"--out {given} is a file, not a directory; {EXPECTED_OUT}")
+        try:
+            entries = sorted(os.listdir(out))
+        except OSError as exc:
+            raise DataError(f"--out {given}: cannot read it ({exc.strerror or exc}); "
+                            f"{EXPECTED_OUT}") from None
+        if entries and not is_dataset_dir(out):
+            shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+            raise DataError(f"--out {given} is a directory holding other things ({len(entries)} "
+                            f"{'entry' if len(entries) == 1 else 'entries'}: {shown}) and not an Anvil dataset (no {MANIFEST} with "
+                            f"format {FORMAT!r}); {EXPECTED_OUT}")
+    return out
+
+
+@contextmanager
+def locked(out: Path):
+    """Hold the lock of `out` (flock on .OUT.lock beside it) while building it.
+
+    The lock file is removed while still locked, so none is left beside the dataset (one
+    killed with SIGKILL stays, empty, and the next run takes it over and removes it). That is
+    race-free because the lock counts only on the file that is at the path: a run that
+    opened the file just before its holder removed it gets a lock on a file nobody sees any
+    more, notices (its inode is not the path's), and opens the path again."""
+    lock_path = out.parent / f".{out.name}.lock"
+    for _ in range(100):  # each retry needs another run to have finished meanwhile
+        try:
+            fd = os.open(lock_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except OSError as exc:
+            raise DataError(f"cannot write in {out.parent}: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = os.path.samestat(os.fstat(fd), os.stat(lock_path))
+        except BlockingIOError:  # held: another run is writing `out`
+            os.close(fd)
+            held = False
+            break
+        except FileNotFoundError:  # removed by the run that held it: take the path's new file
+            held = False
+        except BaseException:
+            os.close(fd)
+            raise
+        if held:
+            break
+        os.close(fd)
+    else:
+        held = False
+    if not held:
+        raise DataError(f"another data.prepare is writing {out} right now "
+                        f"(lock {lock_path}); wait for it to finish")
+    try:
+        yield
+    finally:
+        try:
+            os.unlink(lock_path)  # before the lock goes: see above
+        except OSError:
+            pass
+        os.close(fd)
+
+
+def recover(out: Path, fingerprint: str | None = None) -> list[str]:
+    """Under the lock: finish or undo what a killed run left next to `out`; work folders of
+    other inputs or settings go too (this build's own is kept: it holds finished parts)."""
+    actions = []
+    olds = sorted(out.parent.glob(f"{out.name}.old-*"))
+    if not out.exists():
+        for old in olds:
+            if (old / MANIFEST).is_file():  # killed between the two renames of a swap
+                old.rename(out)
+                actions.append(f"restored {out} from {old.name}")
+                break
+    for leftover in [*out.parent.glob(f"{out.name}.tmp-*"), *out.parent.glob(f"{out.name}.old-*")]:
+        shutil.rmtree(leftover, ignore_errors=True)
+        actions.append(f"removed stale {leftover.name}")
+    for folder in stale_folders(out, fingerprint):
+        shutil.rmtree(folder, ignore_errors=True)
+        actions.append(f"removed the finished parts of an earlier prepare with other inputs or settings "
+                       f"({folder.name})")
+    return actions
+
+
+@contextmanager
+def ctrl_c_deferred():
+    """Hold a Ctrl-C (SIGINT) back until the block is over, then raise KeyboardInterrupt.
+    Only the main thread can set handlers; elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
+
+
+def remove(path: Path) -> None:
+    """rmtree that a second Ctrl-C cannot cut short (it is raised once the folder is gone)."""
+    with ctrl_c_deferred():
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def write_json(path: Path, obj) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def swap_into_place(tmp: Path, out: Path) -> None:
+    """tmp -> out. With an existing out: out -> out.old-X, tmp -> out, drop old; a kill
+    between the renames is repaired by _recover on the next run."""
+    if not out.exists():
+        tmp.rename(out)
+        return
+    if os.listdir(out) and not is_dataset_dir(out):  # filled since check_out looked: keep it
+        raise DataError(f"--out {out} was filled with other things while the dataset was being "
+                        f"built; it was left as it is; {EXPECTED_OUT}")
+    old = Path(tempfile.mkdtemp(prefix=f"{out.name}.old-", dir=out.parent))
+    old.rmdir()
+    out.rename(old)
+    tmp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
