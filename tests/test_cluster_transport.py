@@ -59,7 +59,7 @@ def test_one_registration_makes_a_runtime(site):
         from runtime.cluster import Options
         results = Runtime.parse("localnodes").open(Options(nodes=3)).each_node(
             [sys.executable, "-c", "import os; print(os.environ['ANVIL_HOST'], os.environ['ANVIL_NODE_RANK'], "
-             "os.environ['ANVIL_NODE_COUNT'])"])
+             "os.environ['ANVIL_NNODES'])"])
         assert [(r.host, r.exit_code, r.stdout) for r in results] == [
             (f"lnode{n}", 0, f"lnode{n} {n} 3\n") for n in range(3)]
     finally:

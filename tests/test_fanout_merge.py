@@ -127,7 +127,7 @@ def test_remote_line_quotes_everything_and_carries_no_values():
     control = Control(env)
     sent = json.loads(control.read())
     assert sent == {"ANVIL_NODE_RUNTIME": "direct", "HF_TOKEN": "hf-secret", "ANVIL_HOST": "root@n1:22",
-                    "ANVIL_NODE_RANK": "1", "ANVIL_NODE_COUNT": "2", "ANVIL_NODE_RUNS_DIR": "/r/run 1/hosts/root@n1:22"}
+                    "ANVIL_NODE_RANK": "1", "ANVIL_NNODES": "2", "ANVIL_NODE_RUNS_DIR": "/r/run 1/hosts/root@n1:22"}
     assert control.read() is None                      # nothing more yet: the session waits
     import signal
     control.send(signal.SIGUSR2)

@@ -27,7 +27,7 @@ def test_the_task_result_is_recorded_under_the_node_name(tmp_path):
 
 def test_the_command_gets_its_node_and_a_timeout_ends_it(tmp_path):
     proc = _nodetask(tmp_path, sys.executable, "-c", "import os, time; print(*(os.environ[n] for n in ('ANVIL_HOST', "
-                     "'ANVIL_NODE_RANK', 'ANVIL_NODE_COUNT', 'ANVIL_NODE_RUNS_DIR')), flush=True); time.sleep(60)",
+                     "'ANVIL_NODE_RANK', 'ANVIL_NNODES', 'ANVIL_NODE_RUNS_DIR')), flush=True); time.sleep(60)",
                      options=("--timeout", "2"))
     started = time.monotonic()
     assert proc.wait(timeout=60) == 0 and time.monotonic() - started < 30

@@ -22,7 +22,7 @@ rank and the master), each node's ranks in RUN_DIR/logs/; SIGINT, SIGTERM, SIGUS
 bounded time; the status is the first failure's, else 130 (Ctrl-C) or 3 (requeue me) when every
 node stopped that way, else 0 (a Slurm step ends a clean stop with 0 and leaves its status to the
 agents' reports: runtime.runs.outcome.stop_status). each_node's: `command` runs in the checkout on every node with
-ANVIL_HOST, ANVIL_NODE_RANK and ANVIL_NODE_COUNT in its environment (and ANVIL_NODE_RUNS_DIR when
+ANVIL_HOST, ANVIL_NODE_RANK and ANVIL_NNODES in its environment (and ANVIL_NODE_RUNS_DIR when
 given hosts_dir); a node that cannot run it is a HostResult with its error, never an exception;
 Ctrl-C stops it on every node and raises results.Interrupted with what each ended with.
 """
@@ -43,7 +43,7 @@ Wrap = Callable[[Sequence[str]], list[str]]
 #: Told each node's result as it comes in.
 Progress = Callable[[HostResult], None]
 
-HOST_VAR, NODE_RANK_VAR, NODE_COUNT_VAR, NODE_RUNS_DIR_VAR = ("ANVIL_HOST", "ANVIL_NODE_RANK", "ANVIL_NODE_COUNT",
+HOST_VAR, NODE_RANK_VAR, NODE_COUNT_VAR, NODE_RUNS_DIR_VAR = ("ANVIL_HOST", "ANVIL_NODE_RANK", "ANVIL_NNODES",
                                                               "ANVIL_NODE_RUNS_DIR")
 
 

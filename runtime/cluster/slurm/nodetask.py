@@ -3,7 +3,7 @@
     python -m runtime.cluster.slurm.nodetask HOSTS_DIR [--timeout S] -- COMMAND...
 
 Runs COMMAND on this node with ANVIL_HOST (the Slurm node name),
-ANVIL_NODE_RANK, ANVIL_NODE_COUNT and ANVIL_NODE_RUNS_DIR=HOSTS_DIR/<node> (an
+ANVIL_NODE_RANK, ANVIL_NNODES and ANVIL_NODE_RUNS_DIR=HOSTS_DIR/<node> (an
 inv command's run directory goes there; runtime.settings.NODE_OVERRIDES) in
 its environment. On starting it writes HOSTS_DIR/.<node>.step (JOB.STEP,
 which a Ctrl-C of the inv that ran srun signals), then HOSTS_DIR/<node>.json:
