@@ -15,10 +15,13 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
-from trainer.errors import UserError
 
-#: Checkout root: the folder holding tasks.py, found from this package's location.
-CHECKOUT = Path(__file__).resolve().parent.parent
+from runtime.cluster.options import SLURM_MODES, ContainerOptions, Options, SlurmOptions, SshOptions
+from runtime.cluster.runtime import Runtime
+from runtime.cluster.transport import NODE_RUNS_DIR_VAR
+# Checkout root: the folder holding tasks.py (re-exported: where the program finds its tasks).
+from runtime.launch.spec import CHECKOUT  # noqa: F401
+from trainer.errors import UserError
 
 DEFAULTS: dict[str, Any] = {
     "runs_dir": "runs",          # run directories go here (relative: to the project root)
@@ -27,7 +30,7 @@ DEFAULTS: dict[str, Any] = {
     "key_filename": "",          # SSH private key(s), comma-separated; -i adds to these
     "remote_path": "",           # checkout path on the remote hosts ("" = same as here)
     "remote_inv": "",            # the inv to run there ("" = the same path as this one; relative: to remote_path)
-    "runtime": "direct",         # default launcher: direct | slurm | container | slurm+container
+    "runtime": "direct",         # where work runs: direct | ssh | slurm, or either +container (runtime.cluster)
     "slurm_mode": "auto",        # auto (srun inside an allocation, sbatch outside) | srun | sbatch
     "slurm_partition": "",       # sbatch/srun --partition ("" = the cluster's default)
     "slurm_account": "",         # --account
@@ -57,7 +60,7 @@ class Settings:
     key_filename: list[str] = field(default_factory=list)
     remote_path: str = ""
     remote_inv: str = ""
-    runtime: str = "direct"
+    runtime: Runtime = field(default_factory=Runtime)
     slurm_mode: str = "auto"
     slurm_partition: str = ""
     slurm_account: str = ""
@@ -71,9 +74,34 @@ class Settings:
     hooks_dir: Path = Path("hooks")
     connect_timeout: float = 10.0
     command_timeout: float = 0.0
+    ssh_flags: SshOptions | None = None   # inv's own -i, -S, -t and prompts, over the settings' (runtime.program.cli)
 
     def to_dict(self) -> dict:
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
+        return {k: (str(v) if isinstance(v, (Path, Runtime)) else v) for k, v in self.__dict__.items()
+                if k != "ssh_flags"}
+
+    # ---- what the transports take (runtime.cluster.options)
+    def slurm_options(self) -> SlurmOptions:
+        return SlurmOptions(mode=self.slurm_mode, partition=self.slurm_partition, account=self.slurm_account,
+                            time=self.slurm_time, extra=list(self.slurm_extra))
+
+    def container_options(self) -> ContainerOptions:
+        return ContainerOptions(engine=self.container_engine or "docker", image=self.container_image,
+                                mounts=list(self.container_mounts), python=self.container_python,
+                                extra=list(self.container_extra))
+
+    def ssh_options(self) -> SshOptions:
+        if self.ssh_flags is not None:
+            return self.ssh_flags
+        return SshOptions(remote_path=self.remote_path or str(self.root), remote_inv=self.remote_inv,
+                          user=self.user or None, key_filename=list(self.key_filename),
+                          connect_timeout=float(self.connect_timeout))
+
+    def cluster_options(self, **fields) -> Options:
+        """Options for runtime.open(): these settings, then the task's `fields` (nodes=2, exclude=[...])."""
+        defaults = dict(hosts=list(self.hosts), command_timeout=self.command_timeout, slurm=self.slurm_options(),
+                        ssh=self.ssh_options(), container=self.container_options())
+        return Options(**{**defaults, **fields})
 
 
 def split_list(value: Any) -> list[str]:
@@ -106,9 +134,6 @@ def _number(name: str, value: Any) -> float:
     return number
 
 
-RUNTIMES = ("direct", "slurm", "container", "slurm+container")
-
-
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:
     value = str(value).strip()
     if value not in allowed:
@@ -136,8 +161,8 @@ def from_mapping(values: Mapping[str, Any] | None, root: Path) -> Settings:
         key_filename=[os.path.expanduser(k) for k in split_list(raw["key_filename"])],
         remote_path=str(raw["remote_path"] or ""),
         remote_inv=str(raw["remote_inv"] or ""),
-        runtime=_choice("runtime", raw["runtime"] or "direct", RUNTIMES),
-        slurm_mode=_choice("slurm_mode", raw["slurm_mode"] or "auto", ("auto", "srun", "sbatch")),
+        runtime=Runtime.parse(raw["runtime"] or "direct", "anvil.runtime"),
+        slurm_mode=_choice("slurm_mode", raw["slurm_mode"] or "auto", SLURM_MODES),
         slurm_partition=str(raw["slurm_partition"] or ""),
         slurm_account=str(raw["slurm_account"] or ""),
         slurm_time=str(raw["slurm_time"] or ""),
@@ -156,7 +181,10 @@ def from_mapping(values: Mapping[str, Any] | None, root: Path) -> Settings:
 #: Set by a fan-out (ssh, srun) for the task it starts on a node: where that node's run directory
 #: goes and how it runs its part. They win over every configuration level, -f FILE included, since
 #: the fan-out forwards that file too.
-NODE_OVERRIDES = {"ANVIL_NODE_RUNS_DIR": "runs_dir", "ANVIL_NODE_RUNTIME": "runtime"}
+NODE_RUNTIME_VAR = "ANVIL_NODE_RUNTIME"
+NODE_OVERRIDES = {NODE_RUNS_DIR_VAR: "runs_dir", NODE_RUNTIME_VAR: "runtime"}
+#: Where inv leaves its own SSH flags (-i, -S, -t, prompts) for everything that reaches hosts over SSH.
+SSH_FLAGS = "anvil_cli_ssh_options"
 
 
 def load(ctx=None) -> Settings:
@@ -170,4 +198,7 @@ def load(ctx=None) -> Settings:
     for variable, key in NODE_OVERRIDES.items():
         if os.environ.get(variable):
             values[key] = os.environ[variable]
-    return from_mapping(values, project_root(ctx))
+    settings = from_mapping(values, project_root(ctx))
+    if config is not None and hasattr(config, "get"):
+        settings.ssh_flags = config.get(SSH_FLAGS, None)
+    return settings

@@ -89,9 +89,8 @@ def allreduce(c, op="all_reduce", sizes="1M,16M,64M", iters=20, nproc=0, gpu="",
             print(jsonlib.dumps(report, indent=2))
         return report
     def dry(env):
-        spec = benchmarks.collective_spec(settings, env, op, sizes, iters, nproc, "RUN_DIR/collectives.json",
-                                          runtime)
-        benchmarks.dry_run(env, spec=spec)
+        spec = benchmarks.collective_spec(env, op, sizes, iters, nproc, "RUN_DIR/collectives.json")
+        benchmarks.dry_run(env, spec=spec, transport=runtime.open(settings.cluster_options()))
     _execute(c, "bench.allreduce", run_options, _resolve(gpu, run_options), body, extra={"op": op, "sizes": sizes},
              dry=dry if dry_run else None)
 

@@ -139,7 +139,7 @@ def perf(c, gpu="", site="", json=False, require_gpu=False, allow_unknown_gpu=Fa
 @run_task(help={"hosts": "Nodes to screen, comma-separated (default: anvil.hosts; under Slurm: the allocation's)",
                 "size": "All-reduce message size of each measurement, e.g. 64M",
                 "iters": "Timed all-reduces per measurement",
-                "runtime": "direct (SSH to --hosts) | slurm: srun steps inside this allocation "
+                "runtime": "ssh (or direct): SSH to --hosts | slurm: srun steps inside this allocation "
                            "(default: the anvil.runtime setting)",
                 "timeout": "Seconds per launch before it counts as failed (default 120)",
                 "nproc": "Ranks per node (default: one per GPU, one on a CPU node)",
@@ -148,13 +148,11 @@ def perf(c, gpu="", site="", json=False, require_gpu=False, allow_unknown_gpu=Fa
 def comm(c, hosts="", size="64M", iters=10, runtime="", timeout=0, nproc=0, slow_below=70, json=False,
          run_options=None):
     """Cross-node communication: all-reduce over all nodes, then node pairs in rounds; names the slow node or link."""
-    from runtime import settings as settings_mod
+    from runtime.cluster import Runtime
     from runtime.preflight.comm import run_comm_check
-    from runtime.program.ssh import cli_options
 
-    slurm = (runtime or settings_mod.load(c).runtime).startswith("slurm")
-    run_comm_check(c, hosts or None, slurm, size, iters, json=json, timeout=float(timeout), nproc=nproc,
-                   ratio=slow_below / 100, run_options=run_options, options=cli_options(c))   # inv -H's flags
+    run_comm_check(c, hosts or None, Runtime.parse(runtime) if runtime else None, size, iters, json=json,
+                   timeout=float(timeout), nproc=nproc, ratio=slow_below / 100, run_options=run_options)
 
 
 ns = Collection("preflight")

@@ -24,7 +24,7 @@ def _load(c, path):
 
 
 def _say_settled(settled) -> None:
-    """Runs whose Slurm job, or whose inv, ended without recording it, recorded now (runtime.runs.settle)."""
+    """Runs whose Slurm job, or whose inv, ended without recording it, recorded now (runtime.jobs.settle)."""
     for item in settled:
         print(f"{item.run_dir.name}: {item.why}; recorded as {item.status}", file=sys.stderr)
 
@@ -37,7 +37,8 @@ def _cell(value) -> str:
 def list_(c, limit=0, json=False):
     """Table of recorded runs: time, task, name, status, hosts."""
     from tabulate import tabulate
-    from runtime.runs import history, settle
+    from runtime.jobs import settle
+    from runtime.runs import history
     runs_dir = _settings(c).runs_dir
     history.check_limit(limit or None)
     _say_settled(settle.settle_runs(runs_dir))
@@ -61,7 +62,8 @@ def list_(c, limit=0, json=False):
 def show(c, run, json=False):
     """What a run recorded: outcome, results, machine, versions, environment with sources, configs."""
     from tabulate import tabulate
-    from runtime.runs import history, settle
+    from runtime.jobs import settle
+    from runtime.runs import history
     rec = _load(c, run)
     settled = settle.settle_run(rec.path)
     if settled:

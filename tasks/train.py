@@ -2,15 +2,17 @@
 
     inv train.pretrain [--config configs/tiny.yaml] [--set optim.lr=3e-4]... [--nproc N]
                        [--resume auto|PATH] [--init-from HF_DIR] [--compile] [--kernels] [--gpu X] [--site S]
+                       [--runtime R] [-H a,b [--master a]] [--nodes N ...]
                        [--name X] [--env K=V]... [--no-hooks] [--patch FILE] [--json]
     inv train.export RUN [--format hf] [--out DIR] [--dtype bfloat16]
     inv train.plot RUN [--out DIR]
     inv train.plan [--config X] [--init-from HF_DIR] [--gpus N] [--nodes M] [--gpu MODEL] [--set k=v]... [--json]
 
 pretrain: validate the config, resolve the environment (its env: block is a layer), make the
-run directory with its snapshot (runtime.runs.run.execute), write the config as used, and launch
-`python -m trainer` through Anvil's per-node agent (runtime.launch.agent: one process per visible GPU,
-one on CPU; one agent per node under Slurm).
+run directory with its snapshot (runtime.runs.run.execute: the config as used, once), and launch
+`python -m trainer` through the runtime (runtime.cluster) and Anvil's per-node agent
+(runtime.launch.agent: one process per visible GPU, one on CPU; one agent per node, or per host
+of -H).
 
 plan: parameters, FLOPs per token and the per-GPU memory of the run (trainer.plan), against the
 memory of the detected GPU or of the named one (envs' profiles); nothing is started.
@@ -37,28 +39,34 @@ PRETRAIN_HELP = {
     "kernels": "Use the fused Triton kernels (kernels.patch)",
     "gpu": "Resolve the environment for another GPU model (default: detect)",
     "site": "Site overlay: lumi, or none (default: auto-detect)",
-    "runtime": "direct | slurm | container | slurm+container (default: the anvil.runtime setting)",
+    "runtime": "direct | ssh | slurm | container | ssh+container | slurm+container (default: the anvil.runtime "
+               "setting; ssh with -H)",
+    "hosts": "SSH: train across these hosts, one agent each, node ranks in this order (comma-separated; '@' = "
+             "anvil.hosts); `inv -H a,b train.pretrain` says the same",
+    "master": "SSH: the host of node rank 0, where the ranks meet (default: the first host)",
     "nodes": "Slurm: nodes to run on (default: the whole allocation; 1 when submitting)",
     "partition": "Slurm: --partition (default: anvil.slurm_partition)",
     "account": "Slurm: --account (default: anvil.slurm_account)",
     "time": "Slurm: --time limit, e.g. 02:00:00 (default: anvil.slurm_time)",
     "wait": "Slurm, outside an allocation: follow the submitted job (--no-wait: submit and return)",
-    "exclude": "Slurm: a node to leave out (repeatable)",
-    "exclude-from": "Slurm: leave out the nodes that failed in this preflight run directory",
+    "exclude": "Slurm, SSH: a node to leave out (repeatable)",
+    "exclude-from": "Slurm, SSH: leave out the nodes that failed in this preflight run directory",
     "dry-run": "Print the resolved config and the launch command; start nothing",
     "json": "Print the run summary as JSON on stdout",
 }
 
 
-@run_task(help=PRETRAIN_HELP, iterable=["set_", "exclude"])
+@run_task(help=PRETRAIN_HELP, iterable=["set_", "exclude"], takes_hosts=True)
 def pretrain(c, config=None, set_=None, nproc=0, resume=None, init_from=None, compile=False, kernels=False,
-             gpu="", site="", runtime="", nodes=0, partition="", account="", time="", wait=True, exclude=None,
-             exclude_from="", dry_run=False, json=False, run_options=None):
+             gpu="", site="", runtime="", hosts="", master="", nodes=0, partition="", account="", time="",
+             wait=True, exclude=None, exclude_from="", dry_run=False, json=False, run_options=None):
     """Train a Llama model with Anvil's trainer (run dir, snapshot, hooks, one rank per GPU)."""
+    from runtime.cluster import Runtime
     from runtime.jobs.training import TrainingJob, run_training
 
     job = TrainingJob(config=config, sets=list(set_ or []), nproc=nproc, resume=resume, init_from=init_from,
-                      compile=compile, kernels=kernels, gpu=gpu, site=site, runtime=runtime, nodes=nodes,
+                      compile=compile, kernels=kernels, gpu=gpu, site=site,
+                      runtime=Runtime.parse(runtime) if runtime else None, hosts=hosts, master=master, nodes=nodes,
                       partition=partition, account=account, time=time, wait=wait, exclude=list(exclude or []),
                       exclude_from=exclude_from, dry_run=dry_run)
     result = run_training(c, "train.pretrain", job, run_options)
@@ -114,13 +122,12 @@ def plan(c, config="", set_=None, init_from=None, gpus=None, nodes=1, gpu="", js
     import envs
     from runtime.jobs import planning
     from trainer import config as trainer_config
-    from trainer import hf
+    from trainer import flags, hf
     from trainer.plan import PlanError, make_plan, render
 
     if gpus is not None and not re.fullmatch(r"\s*-?\d+\s*", str(gpus)):
         raise PlanError(f"--gpus {gpus!r}: expected a positive integer")
-    sets = list(set_ or []) + ([hf.init_from_override(init_from)] if init_from is not None else [])
-    cfg = hf.load_config(config or None, sets)
+    cfg = hf.load_config(config or None, flags.overrides(set_ or [], init_from=init_from))
     model, memory_gib = planning.split_gpu_size(gpu)      # A100-40GB: the A100 profile with 40 GiB
     device, count = planning.plan_device(envs.resolve(gpu=model or None, config_env=cfg.env), memory_gib)
     result = make_plan(cfg, gpus=count if gpus is None else int(gpus), nodes=nodes, device=device,

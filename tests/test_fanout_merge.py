@@ -1,4 +1,5 @@
-"""Fan-out merging and command building on synthetic per-host results (runtime/program/fanout.py).
+"""Fan-out merging on synthetic per-host results (runtime/jobs/fanout.py), and the SSH pieces of the
+transports (runtime/cluster/ssh/): host lists, the remote line, the far end of a session.
 
 Real SSH fan-out is tested in test_fanout_netns.py (namespace hosts) and
 test_cli.py (unreachable host through the installed inv).
@@ -14,9 +15,9 @@ import pytest
 from invoke import Collection, task
 from invoke.parser import Parser
 
-from runtime.program import fanout, results, ssh
-from runtime.program.results import HostResult
-from runtime.program.ssh import FanoutOptions
+from runtime.cluster import SshOptions, results, ssh
+from runtime.cluster.results import HostResult
+from runtime.jobs import fanout
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -85,61 +86,121 @@ def test_json_is_found_after_log_lines():
 def test_hosts_parsing():
     assert ssh.parse_hosts("n1, n2,n1") == ["n1", "n2"]
     assert ssh.parse_hosts("@", ["a", "b"]) == ["a", "b"]
-    with pytest.raises(ssh.FanoutError):
+    with pytest.raises(ssh.HostsError):
         ssh.parse_hosts("@", [])
-    with pytest.raises(ssh.FanoutError):
+    with pytest.raises(ssh.HostsError):
         ssh.parse_hosts("n1,-oProxyCommand=x")
     assert fanout.slurm_name("root@node3:2222") == "node3" and fanout.slurm_name("[fe80::1]:22") == "fe80::1"
 
 
-def test_remote_command_quotes_everything():
-    options = FanoutOptions(remote_path="/shared/my repo", remote_inv=".venv/bin/inv", runtime_config="/x/a b.yaml")
-    line = ssh.remote_command("n1", ["demo.hello", "--say", "$(rm -rf ~); echo", "--json"], options)
-    assert line.startswith("cd '/shared/my repo' && ANVIL_HOST=n1 ")
+def test_the_ssh_transport_orders_hosts_from_the_master_and_leaves_the_excluded_out():
+    from runtime.cluster import Options, Runtime
+
+    def hosts(**options):
+        return Runtime("ssh").open(Options(**options)).hosts()
+
+    assert hosts(hosts=["a", "b", "c"]) == ["a", "b", "c"]
+    assert hosts(hosts=["a", "b", "c"], master="c") == ["c", "a", "b"]
+    assert hosts(hosts=["root@a:22", "b"], exclude=["a"]) == ["b"]       # fail.json names hosts in Slurm form
+    with pytest.raises(ssh.HostsError, match="runtime ssh needs hosts"):
+        hosts()
+    from runtime.launch import LaunchError
+    with pytest.raises(LaunchError, match="--master d: not one of the hosts"):
+        hosts(hosts=["a", "b"], master="d")
+    with pytest.raises(LaunchError, match="every host is excluded"):
+        hosts(hosts=["a"], exclude=["a"])
+
+
+def test_remote_line_quotes_everything_and_carries_no_values():
+    """Each host runs the far end of the session on the command; its environment goes over stdin."""
+    from runtime.cluster.ssh.session import Control, remote_line
+    from runtime.cluster.transport import node_env
+
+    options = SshOptions(remote_path="/shared/my repo", remote_inv=".venv/bin/inv")
+    command = [".venv/bin/inv", "-f", "/x/a b.yaml", "demo.hello", "--say", "$(rm -rf ~); echo", "--json"]
+    line = remote_line(options, command, timeout=5)
+    assert line.startswith("cd '/shared/my repo' && exec ")
     assert shlex.split(line.split("&& ", 1)[1]) == [
-        "ANVIL_HOST=n1", "ANVIL_STOP_AT_EOF=1", ".venv/bin/inv", "-f", "/x/a b.yaml", "demo.hello", "--say",
-        "$(rm -rf ~); echo", "--json"]
-    # the host's own runs go under the fan-out's run; a shared `runtime: slurm` is for this machine
-    line = ssh.remote_command("root@n1:22", ["x"], options, runs_dir="/r/run 1/hosts", runtime="direct")
-    assert " ANVIL_NODE_RUNS_DIR='/r/run 1/hosts/root@n1:22' " in line     # an assignment, not a command name
-    assert shlex.split(line.split("&& ", 1)[1])[:4] == [
-        "ANVIL_HOST=root@n1:22", "ANVIL_STOP_AT_EOF=1", "ANVIL_NODE_RUNS_DIR=/r/run 1/hosts/root@n1:22",
-        "ANVIL_NODE_RUNTIME=direct"]
+        "exec", ".venv/bin/python", "-m", "runtime.cluster.ssh.remote", "--timeout", "5", "--", *command]
+    env = node_env({"ANVIL_NODE_RUNTIME": "direct", "HF_TOKEN": "hf-secret"}, "root@n1:22", 1, 2, "/r/run 1/hosts")
+    assert "hf-secret" not in line
+    control = Control(env)
+    sent = json.loads(control.read())
+    assert sent == {"ANVIL_NODE_RUNTIME": "direct", "HF_TOKEN": "hf-secret", "ANVIL_HOST": "root@n1:22",
+                    "ANVIL_NODE_RANK": "1", "ANVIL_NNODES": "2", "ANVIL_NODE_RUNS_DIR": "/r/run 1/hosts/root@n1:22"}
+    assert control.read() is None                      # nothing more yet: the session waits
+    import signal
+    control.send(signal.SIGUSR2)
+    assert control.read() == "SIGUSR2\n"
+    control.close()
+    assert control.read() == ""                        # its end: the remote command stops as at a Ctrl-C
 
 
 def test_node_overrides_win_over_every_configuration_level(monkeypatch, tmp_path):
     from runtime import settings as settings_mod
+    from runtime.cluster import BadRuntime, Runtime
 
     class Holder:
         config = {"anvil": {"runs_dir": "/from/-f", "runtime": "slurm"}}
     monkeypatch.setenv("ANVIL_NODE_RUNS_DIR", str(tmp_path / "node"))
     monkeypatch.setenv("ANVIL_NODE_RUNTIME", "direct")
     loaded = settings_mod.load(Holder())
-    assert (loaded.runs_dir, loaded.runtime) == (tmp_path / "node", "direct")
+    assert (loaded.runs_dir, loaded.runtime) == (tmp_path / "node", Runtime("direct"))
     monkeypatch.setenv("ANVIL_NODE_RUNTIME", "nonsense")
-    with pytest.raises(settings_mod.SettingsError):
+    with pytest.raises(BadRuntime):
         settings_mod.load(Holder())
 
 
-def test_the_remote_inv_stops_as_at_a_ctrl_c_when_its_stdin_ends():
-    """The far end of Ctrl-C under -H: stdin closed (by the fan-out, or a dropped connection) is SIGINT
-    to the task's process group."""
+REMOTE_CHILD = """
+import os, signal, sys, time
+got = []
+signal.signal(signal.SIGUSR2, lambda *a: got.append("USR2"))
+print("ready", os.environ["ANVIL_X"], os.environ.get("ANVIL_LAUNCHER_PID") == str(os.getppid()), flush=True)
+try:
+    while True:
+        time.sleep(0.05)
+        if got:
+            print("got", got.pop(), flush=True)
+except KeyboardInterrupt:
+    print("stopped", flush=True)
+    raise SystemExit(130)
+"""
+
+
+def _remote(*options):
     import subprocess
     import sys
 
-    from runtime.program import remote_stop
+    return subprocess.Popen([sys.executable, "-m", "runtime.cluster.ssh.remote", *options, "--", sys.executable,
+                             "-c", REMOTE_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True,     # its own group, as sshd gives a session
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
 
-    assert remote_stop.watch_stdin({}) is False
-    code = ("import time\nfrom runtime.program import remote_stop\nassert remote_stop.watch_stdin()\n"
-            "import os\nassert 'ANVIL_STOP_AT_EOF' not in os.environ\nprint('ready', flush=True)\n"
-            "try:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    print('stopped', flush=True)\n"
-            "    raise SystemExit(130)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, start_new_session=True,     # its own group, as sshd gives a session
-                            env={**os.environ, "ANVIL_STOP_AT_EOF": "1", "PYTHONPATH": str(REPO)})
-    assert proc.stdout.readline() == "ready\n"
+
+def test_the_far_end_of_a_session_takes_its_environment_and_signals_over_stdin():
+    """What inv writes to a session's stdin: the environment, then signals to pass on; its end (Ctrl-C
+    in inv, inv gone, the connection dropped) is SIGINT, as a terminal's Ctrl-C."""
+    proc = _remote("--launcher")
+    proc.stdin.write(json.dumps({"ANVIL_X": "from-inv"}) + "\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline() == "ready from-inv True\n"     # the agent would end with this process
+    proc.stdin.write("SIGUSR2\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline() == "got USR2\n"
     proc.stdin.close()
     assert proc.wait(timeout=30) == 130 and proc.stdout.read() == "stopped\n"
+
+
+def test_the_far_end_ends_a_command_past_its_timeout():
+    import time
+
+    proc = _remote("--timeout", "1")
+    proc.stdin.write(json.dumps({"ANVIL_X": "x"}) + "\n")
+    proc.stdin.flush()
+    started = time.monotonic()
+    assert proc.stdout.readline() == "ready x False\n"
+    assert proc.wait(timeout=30) == 124 and time.monotonic() - started < 15
+    proc.stdin.close()
 
 
 def test_task_argv_rebuilds_given_options_only():
@@ -158,7 +219,7 @@ def test_task_argv_rebuilds_given_options_only():
 
 
 def test_failed_host_detail_is_the_error_not_the_run_directory():
-    from runtime.program.fanout import error_line
+    from runtime.jobs.fanout import error_line
 
     stderr = ("WARNING: something harmless\n"
               "train.pretrain failed: the trainer exited with status 1\n"
@@ -171,9 +232,9 @@ def test_failed_host_detail_is_the_error_not_the_run_directory():
 def test_ssh_errors_read_as_what_the_user_fixes():
     import socket
 
-    from runtime.program.ssh import _describe
+    from runtime.cluster.ssh.session import describe
 
-    assert _describe(socket.gaierror(-2, "Name or service not known")) == \
+    assert describe(socket.gaierror(-2, "Name or service not known")) == \
         "unreachable: no such host name (Name or service not known)"
-    assert _describe(TimeoutError("timed out")).startswith("unreachable: ")
-    assert _describe(ValueError("odd")) == "ValueError: odd"
+    assert describe(TimeoutError("timed out")).startswith("unreachable: ")
+    assert describe(ValueError("odd")) == "ValueError: odd"

@@ -72,7 +72,8 @@ def first_batch(run_dir: Path, rank: int = 0, world: int = 1):
     from trainer.distributed import DistInfo
     from trainer.train import make_loader
 
-    cfg = config_mod.load(run_dir / "config.yaml")
+    used = run_dir / "configs" / "train.yaml"     # an inv run's config as used; `python -m trainer` keeps config.yaml
+    cfg = config_mod.load(used if used.is_file() else run_dir / "config.yaml")
     return next(make_loader(cfg, "train", DistInfo(rank, rank, world, torch.device("cpu"), None)))
 
 
@@ -343,7 +344,7 @@ def test_inv_pretrain_from_a_directory_with_its_tokenizer(tmp_path):
     assert started["config_sha256"] == hashlib.sha256((hf / "config.json").read_bytes()).hexdigest()
     assert started["index_sha256"] == hashlib.sha256((hf / INDEX).read_bytes()).hexdigest()
     assert json.loads((run / "metadata.json").read_text())["init_from"] == started
-    assert config_mod.load(run / "config.yaml").checkpoint.init_from == str(hf)   # replays and ranks see it
+    assert config_mod.load(run / "configs" / "train.yaml").checkpoint.init_from == str(hf)   # replays and ranks see it
     assert "initialised from" in (run / "logs" / "rank0.log").read_text()
     first = next(json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
                  if json.loads(line)["kind"] == "train")

@@ -1,25 +1,41 @@
-"""Launchers (runtime/launch/): the per-node agent for real here; Slurm and container command lines checked.
+"""Launching (runtime/launch/, runtime/cluster/): the per-node agent for real here; the Slurm and
+container command lines as a dry run prints them.
 
-The Slurm lines run for real against a live cluster in test_slurm_*.py.
+The Slurm lines run for real against a live cluster in test_slurm_*.py, the SSH ones on namespace
+hosts in test_ssh_train.py and test_fanout_netns.py, a container in test_container_podman.py.
 """
 from __future__ import annotations
 
 import io
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from process_utils import signal_until_exit
-from runtime.launch import ContainerOptions, LaunchError, LaunchSpec, SlurmOptions, build, launch, visible_gpus
-from runtime.launch.agent import expand_hostlist, slurm_layout
-from runtime.launch.commands import launch_env
+from runtime.cluster import BadRuntime, ContainerOptions, Options, Runtime, SlurmOptions
+from runtime.cluster.slurm.srun import expand_hostlist
+from runtime.cluster.slurm.step import layout as slurm_layout
+from runtime.launch import LaunchError, LaunchSpec, launch, launch_env, visible_gpus
 from trainer.secrets import Masker
+
+
+def dry_run(runtime: str, spec: LaunchSpec, env: dict, run_dir=None, **options) -> str:
+    """What `--dry-run` prints for spec under `runtime` (a Runtime opened with Options(**options))."""
+    out = io.StringIO()
+    assert Runtime.parse(runtime).open(Options(**options)).launch(spec, env, run_dir, dry_run=True, stdout=out) == 0
+    return out.getvalue()
+
+
+def argv_of(runtime: str, spec: LaunchSpec, env: dict, **options) -> list[str]:
+    return shlex.split(dry_run(runtime, spec, env, **options).strip().splitlines()[-1])
 
 WORKER = """
 import os, signal, sys, time
@@ -126,13 +142,36 @@ def test_one_process_per_visible_gpu():
     assert visible_gpus({}, 8) == 8
     assert visible_gpus({"HIP_VISIBLE_DEVICES": "0,1,2"}, 8) == 3
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}, 8) == 0
-    assert build(LaunchSpec(module="m", gpus=0), {}).nproc == 1            # CPU: one process
-    assert build(LaunchSpec(module="m", gpus=8), {}).nproc == 8
-    assert build(LaunchSpec(module="m", gpus=8, nproc=2), {}).nproc == 2
+    here = Runtime.parse("direct").open()
+    assert here.layout(LaunchSpec(module="m", gpus=0), {}).nproc == 1            # CPU: one process
+    assert here.layout(LaunchSpec(module="m", gpus=8), {}).nproc == 8
+    assert here.layout(LaunchSpec(module="m", gpus=8, nproc=2), {}).nproc == 2
     with pytest.raises(LaunchError):
-        build(LaunchSpec(module="m", nproc=0), {})
-    with pytest.raises(LaunchError):
-        build(LaunchSpec(module="m", runtime="k8s"), {})
+        here.layout(LaunchSpec(module="m", nproc=0), {})
+    with pytest.raises(BadRuntime, match=re.escape("--runtime 'k8s': expected direct | ssh | slurm | container")):
+        Runtime.parse("k8s")
+
+
+def test_the_runtime_is_one_value_parsed_once():
+    """Every runtime the user can name parses to a value that answers what callers ask; str() gives it
+    back as written; the setting, an option and the environment all go through Runtime.parse."""
+    cases = {"direct": (False, False, False), "container": (False, False, True), "ssh": (False, True, False),
+             "ssh+container": (False, True, True), "slurm": (True, True, False), "slurm+container": (True, True, True)}
+    for text, (scheduler, spans, container) in cases.items():
+        runtime = Runtime.parse(text)
+        assert (runtime.scheduler, runtime.spans_nodes, runtime.container, str(runtime)) == \
+            (scheduler, spans, container, text), text
+    assert Runtime.parse("slurm+container").on_node() == Runtime.parse("container")
+    assert Runtime.parse("slurm+container").bare() == Runtime.parse("slurm")
+    assert Runtime.parse("container").over("ssh") == Runtime.parse("ssh+container")
+    for bad in ("bogus", "slurm+docker", "container+slurm", "", "slurm+"):
+        with pytest.raises(BadRuntime) as refused:
+            Runtime.parse(bad, "anvil.runtime")
+        assert refused.value.exit_code == 2 and str(refused.value).startswith(f"anvil.runtime {bad!r}: expected")
+    from runtime import settings
+    assert settings.from_mapping({"runtime": "slurm+container"}, Path(".")).runtime == Runtime("slurm", True)
+    with pytest.raises(BadRuntime):
+        settings.from_mapping({"runtime": "bogus"}, Path("."))
 
 
 def test_hostlist_and_slurm_layout():
@@ -146,22 +185,37 @@ def test_hostlist_and_slurm_layout():
 def test_srun_line_inside_an_allocation_reads_slurm_in_python():
     args = ["--config", "my cfg.yaml", "--set", "x=$(whoami)"]
     alloc = {"SLURM_JOB_ID": "9", "SLURM_NNODES": "4", "SLURM_JOB_NUM_NODES": "4"}
-    built = build(LaunchSpec(module="trainer", args=args, runtime="slurm", gpus=8, vendor="rocm",
-                             slurm=SlurmOptions(partition="gpu", time="01:00:00")), alloc)
-    argv = built.argv
+    argv = argv_of("slurm", LaunchSpec(module="trainer", args=args, gpus=8, vendor="rocm"), alloc,
+                   slurm=SlurmOptions(partition="gpu", time="01:00:00"))
     assert argv[:4] == ["srun", "--nodes=4", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
     assert "--signal=USR2@120" in argv and "--gpus-per-node=8" in argv and "--partition=gpu" in argv
     assert "bash" not in argv                              # no shell text at all
-    agent = argv.index("runtime.launch.agent")
-    assert argv[agent + 1:agent + 4] == ["--nproc", "8", "--slurm"]
+    step = argv.index("runtime.cluster.slurm.step")        # each node reads its place from SLURM_*
+    assert argv[step + 1:step + 3] == ["--nproc", "8"] and "runtime.launch.agent" not in argv
     assert argv[-len(args):] == args                       # user arguments untouched
     with pytest.raises(LaunchError, match="only 4 node"):
-        build(LaunchSpec(module="trainer", runtime="slurm", slurm=SlurmOptions(nodes=6)), alloc)
+        Runtime.parse("slurm").open(Options(nodes=6)).layout(LaunchSpec(module="trainer"), alloc)
+
+
+def test_one_srun_builder_for_every_step():
+    """Training steps, batch jobs, commands on every node and steps on chosen nodes share one builder."""
+    from runtime.cluster.slurm.srun import srun_options
+
+    options = SlurmOptions(partition="p", extra=["--qos=high"])
+    assert srun_options(options, 2, warn=True) == ["--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+                                                   "--signal=USR2@120", "--partition=p", "--qos=high"]
+    assert srun_options(options, 2, warn=True, batch=True, job_name="anvil-x") == [
+        "--nodes=2", "--ntasks-per-node=1", "--signal=B:USR2@120", "--partition=p", "--job-name=anvil-x",
+        "--requeue", "--open-mode=append", "--qos=high"]
+    assert srun_options(options, 3, kill_on_bad_exit=False, job_name="anvil-preflight.all")[:3] == [
+        "--nodes=3", "--ntasks-per-node=1", "--kill-on-bad-exit=0"]
+    assert srun_options(options, 2, nodelist=["n1", "n3"], gpus=4)[:5] == [
+        "--nodes=2", "--ntasks-per-node=1", "--nodelist=n1,n3", "--kill-on-bad-exit=1", "--gpus-per-node=4"]
 
 
 def test_node_local_values_are_left_to_each_node():
-    spec = LaunchSpec(module="trainer", runtime="slurm", node_local=["GLOO_SOCKET_IFNAME", "ANVIL_HOST"])
-    env = launch_env(spec, {"GLOO_SOCKET_IFNAME": "eth0", "ANVIL_HOST": "login1", "X": "1"}, None)
+    spec = LaunchSpec(module="trainer", node_local=["GLOO_SOCKET_IFNAME", "ANVIL_HOST"])
+    env = launch_env(spec, {"GLOO_SOCKET_IFNAME": "eth0", "ANVIL_HOST": "login1", "X": "1"}, None, spans_nodes=True)
     assert "GLOO_SOCKET_IFNAME" not in env and "ANVIL_HOST" not in env and env["X"] == "1"
     assert env["ANVIL_NODE_LOCAL"] == "GLOO_SOCKET_IFNAME,ANVIL_HOST"
     direct = launch_env(LaunchSpec(module="trainer", node_local=["ANVIL_HOST"]), {"ANVIL_HOST": "a"}, None)
@@ -169,14 +223,16 @@ def test_node_local_values_are_left_to_each_node():
 
 
 def test_sbatch_script_outside_an_allocation(tmp_path):
-    spec = LaunchSpec(module="trainer", args=["--run-dir", str(tmp_path)], runtime="slurm", gpus=4, vendor="cuda",
-                      slurm=SlurmOptions(nodes=2, exclude=["n7"], partition="big"))
-    built = build(spec, {}, run_dir=tmp_path)
-    assert built.argv == ["sbatch", "--parsable", str(tmp_path / "slurm" / "job.sbatch")]
-    script = built.script
+    spec = LaunchSpec(module="trainer", args=["--run-dir", str(tmp_path)], gpus=4, vendor="cuda")
+    printed = dry_run("slurm", spec, {}, tmp_path, nodes=2, exclude=["n7"], slurm=SlurmOptions(partition="big"))
+    assert shlex.split(printed.strip().splitlines()[-1]) == ["sbatch", "--parsable",
+                                                             str(tmp_path / "slurm" / "job.sbatch")]
+    assert printed.startswith(f"# {tmp_path / 'slurm' / 'job.sbatch'}\n")
+    script = printed.split("\n", 1)[1].rsplit("\nsbatch ", 1)[0]
     assert "#SBATCH --signal=B:USR2@120" in script and "#SBATCH --requeue" in script
     assert "#SBATCH --ntasks-per-node=1" in script and "#SBATCH --nodes=2" in script
     assert "#SBATCH --exclude=n7" in script and "#SBATCH --partition=big" in script
+    assert f"#SBATCH --job-name=anvil-{tmp_path.name}" in script     # the run's own job (runtime.jobs.settle)
     srun = next(l for l in script.splitlines() if l.startswith("srun "))
     assert "$SLURM" not in srun                            # nothing for the batch shell to expand
     assert shlex.split(srun.rstrip(" &"))[-2:] == ["--run-dir", str(tmp_path)]
@@ -190,26 +246,26 @@ def test_sbatch_script_outside_an_allocation(tmp_path):
 
 def test_container_lines_pass_env_by_name():
     env = {"HF_TOKEN": "hf-secret-1", "NCCL_DEBUG": "INFO", "PATH": "/usr/bin"}
-    docker = build(LaunchSpec(module="trainer", runtime="container", gpus=8, vendor="rocm",
-                              container=ContainerOptions(engine="podman", image="rocm/pytorch:6.3")), env).argv
+    docker = argv_of("container", LaunchSpec(module="trainer", gpus=8, vendor="rocm"), env,
+                     container=ContainerOptions(engine="podman", image="rocm/pytorch:6.3"))
     assert docker[:3] == ["podman", "run", "--rm"] and "--device=/dev/kfd" in docker and "--device=/dev/dri" in docker
     assert "-e" in docker and "HF_TOKEN" in docker and "hf-secret-1" not in " ".join(docker)
     assert "PATH" not in docker
     assert docker[docker.index("rocm/pytorch:6.3") + 1:][:3] == ["python3", "-m", "runtime.launch.agent"]
-    apptainer = build(LaunchSpec(module="trainer", runtime="container", gpus=4, vendor="cuda",
-                                 container=ContainerOptions(engine="apptainer", image="img.sif")), env).argv
+    apptainer = argv_of("container", LaunchSpec(module="trainer", gpus=4, vendor="cuda"), env,
+                        container=ContainerOptions(engine="apptainer", image="img.sif"))
     assert apptainer[:2] == ["apptainer", "exec"] and "--nv" in apptainer and "img.sif" in apptainer
     assert "--bind" in apptainer
-    rocm = build(LaunchSpec(module="trainer", runtime="container", gpus=8, vendor="rocm",
-                            container=ContainerOptions(engine="apptainer", image="img.sif")), env).argv
+    rocm = argv_of("container", LaunchSpec(module="trainer", gpus=8, vendor="rocm"), env,
+                   container=ContainerOptions(engine="apptainer", image="img.sif"))
     assert "--rocm" in rocm
-    composed = build(LaunchSpec(module="trainer", runtime="slurm+container", gpus=8, vendor="cuda",
-                                container=ContainerOptions(engine="docker", image="nvcr.io/pytorch")),
-                     {**env, "SLURM_JOB_ID": "5", "SLURM_NNODES": "2"}).argv
-    assert composed[0] == "srun" and composed.index("docker") < composed.index("runtime.launch.agent")
-    assert "SLURM_NODEID" in composed                        # handed into the container by name
+    composed = argv_of("slurm+container", LaunchSpec(module="trainer", gpus=8, vendor="cuda"),
+                       {**env, "SLURM_JOB_ID": "5", "SLURM_NNODES": "2"},
+                       container=ContainerOptions(engine="docker", image="nvcr.io/pytorch"))
+    assert composed[0] == "srun" and composed.index("docker") < composed.index("runtime.cluster.slurm.step")
+    assert "SLURM_NODEID" in composed and "SLURM_STEP_ID" in composed   # handed into the container by name
     with pytest.raises(LaunchError, match="image"):
-        build(LaunchSpec(module="m", runtime="container"), env)
+        Runtime.parse("container").open().layout(LaunchSpec(module="m"), env)
 
 
 def test_stop_status_comes_from_the_agents_reports(tmp_path):
@@ -293,11 +349,11 @@ def test_an_unfollowed_batch_job_records_its_own_end(tmp_path):
 
 
 def test_a_job_that_ended_unrecorded_gets_slurms_verdict_and_nothing_is_guessed(tmp_path):
-    """runtime.runs.settle: what Slurm's record of a job says the run ended as; and where no
+    """runtime.jobs.settle: what Slurm's record of a job says the run ended as; and where no
     controller answers, every run keeps what it said (tests/test_slurm_train.py runs it live)."""
     import json as jsonlib
 
-    from runtime.runs import settle
+    from runtime.jobs import settle
 
     killed = {"JobState": "FAILED", "ExitCode": "0:9", "JobName": f"anvil-{tmp_path.name}"}
     status, code, why = settle.verdict("12", killed)
@@ -346,7 +402,7 @@ def test_a_job_that_ended_unrecorded_gets_slurms_verdict_and_nothing_is_guessed(
 def test_a_running_run_is_recorded_lost_only_when_its_inv_is_gone_from_this_host(tmp_path):
     import socket
 
-    from runtime.runs import settle
+    from runtime.jobs import settle
 
     def run(name: str, **metadata) -> Path:
         path = tmp_path / name

@@ -1,6 +1,6 @@
 """The house rules, checked: imports point one way (tasks -> runtime -> envs/benchmarks -> trainer
--> kernels), no two modules import each other (directly or around a loop), tasks.py finds
-collections by itself."""
+-> kernels, and inside runtime: program -> jobs/preflight -> runs -> settings -> cluster -> launch),
+no two modules import each other (directly or around a loop), tasks.py finds collections by itself."""
 from __future__ import annotations
 
 import ast
@@ -8,6 +8,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {"tasks": 5, "runtime": 4, "envs": 3, "benchmarks": 3, "trainer": 2, "kernels": 1}
+# Inside runtime/: the inv program on top; what tasks call; the run record; the settings; where work
+# runs (every transport); what is the same under every transport.
+RUNTIME_FLOORS = {"program": 6, "jobs": 5, "preflight": 5, "runs": 4, "settings": 3, "cluster": 2, "launch": 1}
 
 
 def _module_name(path: Path) -> str:
@@ -57,6 +60,44 @@ def test_imports_point_down_only():
     assert not wrong, "imports against the layer order:\n" + "\n".join(sorted(wrong))
 
 
+def _room(module: str) -> str | None:
+    """runtime.cluster.ssh.session -> cluster; runtime.settings -> settings; None outside runtime/."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "runtime" and len(parts) > 1 and parts[1] in RUNTIME_FLOORS else None
+
+
+def test_inside_runtime_imports_point_down_only():
+    """The program on top, the transports in runtime/cluster/ under the run record and the settings,
+    launch/ at the bottom: a room imports only rooms on lower floors (jobs and preflight, side by
+    side, not each other). Every runtime module is in a room."""
+    wrong = []
+    for path in sorted((ROOT / "runtime").rglob("*.py")):
+        own = _room(_module_name(path))
+        if own is None:
+            assert path == ROOT / "runtime" / "__init__.py", f"{path.relative_to(ROOT)} is in no room of runtime/"
+            continue
+        for name in _imports(path):
+            other = _room(name)
+            if other is not None and other != own and RUNTIME_FLOORS[other] >= RUNTIME_FLOORS[own]:
+                wrong.append(f"{path.relative_to(ROOT)} imports {name} ({own} -> {other})")
+    assert not wrong, "imports against runtime's floors:\n" + "\n".join(sorted(wrong))
+
+
+def test_the_transports_are_in_one_room():
+    """Fabric, srun, sbatch and scontrol are runtime/cluster/'s alone: no other room reaches a scheduler
+    or SSH itself; they ask the Runtime value and its transport."""
+    wrong = []
+    for path in sorted((ROOT / "runtime").rglob("*.py")):
+        if _room(_module_name(path)) == "cluster":
+            continue
+        text = path.read_text()
+        for word in ("import fabric", "from fabric", '"srun"', '"sbatch"', '"scontrol"', '"scancel"', "import paramiko",
+                     'startswith("slurm', '"container" in'):
+            if word in text:
+                wrong.append(f"{path.relative_to(ROOT)}: {word}")
+    assert not wrong, "transport matters outside runtime/cluster/:\n" + "\n".join(wrong)
+
+
 def test_task_modules_are_thin_and_stand_alone():
     """A task module imports no other task module (shared logic lives in runtime/) and raises no
     invoke Exit (errors are AnvilErrors; runtime.program.cli is the one place that makes exit codes)."""
@@ -98,18 +139,24 @@ def test_no_import_cycles():
 
 
 def test_the_test_catches_an_upward_import(tmp_path, monkeypatch):
-    """The rule above can fail: a trainer module importing the runtime is reported."""
-    bad = ROOT / "trainer" / "_layer_probe_tmp.py"
-    bad.write_text("from runtime.runs import rundir\n")
-    try:
+    """The rules above can fail: a trainer module importing the runtime is reported, and so is a
+    transport importing the run record."""
+    for bad, text, rule, said in (
+            (ROOT / "trainer" / "_layer_probe_tmp.py", "from runtime.runs import rundir\n",
+             test_imports_point_down_only, "trainer/_layer_probe_tmp.py imports runtime.runs"),
+            (ROOT / "runtime" / "cluster" / "_layer_probe_tmp.py", "from runtime.runs import rundir\n",
+             test_inside_runtime_imports_point_down_only,
+             "runtime/cluster/_layer_probe_tmp.py imports runtime.runs (cluster -> runs)")):
+        bad.write_text(text)
         try:
-            test_imports_point_down_only()
-        except AssertionError as exc:
-            assert "trainer/_layer_probe_tmp.py imports runtime.runs" in str(exc)
-        else:
-            raise AssertionError("an upward import went unnoticed")
-    finally:
-        bad.unlink()
+            try:
+                rule()
+            except AssertionError as exc:
+                assert said in str(exc)
+            else:
+                raise AssertionError("an upward import went unnoticed")
+        finally:
+            bad.unlink()
 
 
 def test_collections_are_found_and_a_broken_one_is_named(tmp_path, capsys):

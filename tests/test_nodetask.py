@@ -1,4 +1,5 @@
-"""runtime.program.nodetask: one node's part of a fan-out always leaves its record and exits 0."""
+"""runtime.cluster.slurm.nodetask: one node's part of each_node under Slurm always leaves its record and
+exits 0."""
 from __future__ import annotations
 
 import json
@@ -11,10 +12,10 @@ import time
 from process_utils import signal_until_exit
 
 
-def _nodetask(tmp_path, *command):
-    env = {**os.environ, "SLURMD_NODENAME": "n7"}
-    return subprocess.Popen([sys.executable, "-m", "runtime.program.nodetask", str(tmp_path), "--", *command],
-                            env=env, cwd=os.getcwd(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def _nodetask(tmp_path, *command, options=()):
+    env = {**os.environ, "SLURMD_NODENAME": "n7", "SLURM_NODEID": "1", "SLURM_STEP_NUM_NODES": "2"}
+    return subprocess.Popen([sys.executable, "-m", "runtime.cluster.slurm.nodetask", str(tmp_path), *options, "--",
+                             *command], env=env, cwd=os.getcwd(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 def test_the_task_result_is_recorded_under_the_node_name(tmp_path):
@@ -22,6 +23,16 @@ def test_the_task_result_is_recorded_under_the_node_name(tmp_path):
     assert proc.wait(timeout=60) == 0                        # a failed task is a result, not a failed step
     record = json.loads((tmp_path / "n7.json").read_text())
     assert record["host"] == "n7" and record["exit_code"] == 5 and record["stdout"] == "hi\n"
+
+
+def test_the_command_gets_its_node_and_a_timeout_ends_it(tmp_path):
+    proc = _nodetask(tmp_path, sys.executable, "-c", "import os, time; print(*(os.environ[n] for n in ('ANVIL_HOST', "
+                     "'ANVIL_NODE_RANK', 'ANVIL_NNODES', 'ANVIL_NODE_RUNS_DIR')), flush=True); time.sleep(60)",
+                     options=("--timeout", "2"))
+    started = time.monotonic()
+    assert proc.wait(timeout=60) == 0 and time.monotonic() - started < 30
+    record = json.loads((tmp_path / "n7.json").read_text())
+    assert record["stdout"] == f"n7 1 2 {tmp_path / 'n7'}\n" and record["error"] == "command timed out after 2 s"
 
 
 def test_signals_go_on_to_the_task_and_late_ones_do_not_lose_the_record(tmp_path):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from runtime.cluster import Runtime
 from runtime.preflight import comm
 from runtime.preflight.comm import Measurement, Probe
 
@@ -255,10 +256,11 @@ def test_run_comm_check_refuses_bad_input_before_any_run_directory(tmp_path):
                             (dict(hosts="a"), "at least 2 nodes"),
                             (dict(hosts=None), "no hosts given"),
                             (dict(hosts="a,b", ratio=1.5), "--slow-below must be between 0 and 100"),
-                            (dict(hosts="a,b", slurm=True), "inside an allocation")]:
-        args = {"slurm": False, "size": "1M", "iters": 5, **kwargs}
+                            (dict(hosts="a,b", runtime=Runtime.parse("slurm")), "inside an allocation"),
+                            (dict(hosts="a,b", runtime=Runtime.parse("container")), "not a container's")]:
+        args = {"runtime": None, "size": "1M", "iters": 5, **kwargs}
         with pytest.raises(comm.CommError, match=message):
-            comm.run_comm_check(c, args.pop("hosts"), args.pop("slurm"), env={}, **args)
+            comm.run_comm_check(c, args.pop("hosts"), args.pop("runtime"), env={}, **args)
     assert not (tmp_path / "runs").exists()
 
 
@@ -270,7 +272,7 @@ def test_run_comm_check_writes_the_run_directory(tmp_path, capsys):
 
     c = Context(config=Config(overrides={"anvil": {"runs_dir": str(tmp_path / "runs"), "hosts": "n1,n2,n3,n4"}}))
     with pytest.raises(RunFailed) as failed:
-        comm.run_comm_check(c, None, False, "1M", 5, transport=FakeTransport(slow={"n3"}), json=True)
+        comm.run_comm_check(c, None, None, "1M", 5, transport=FakeTransport(slow={"n3"}), json=True)
     assert failed.value.exit_code == 1 and "1 of 4 node(s) failing: n3" in str(failed.value)
     out = capsys.readouterr()
     printed = json.loads(out.out)
@@ -284,7 +286,7 @@ def test_run_comm_check_writes_the_run_directory(tmp_path, capsys):
     metadata = json.loads((run / "metadata.json").read_text())
     assert metadata["status"] == "failed" and metadata["failing"] == ["n3"] and metadata["exit_code"] == 1
     # all fast: the document comes back, the run is ok
-    document = comm.run_comm_check(c, "n1,n2,n3,n4", False, "1M", 5, transport=FakeTransport())
+    document = comm.run_comm_check(c, "n1,n2,n3,n4", None, "1M", 5, transport=FakeTransport())
     assert document["status"] == "PASS" and document["passing"] == nodes(4)
     assert "failing hosts: (none)" in capsys.readouterr().out
 
@@ -347,7 +349,7 @@ def _run_dir(runs: Path) -> Path:
 def test_screen_over_ssh_all_fast(comm_cluster, repo, tmp_path, capsys):
     hosts = [h.address for h in comm_cluster.hosts]
     t0 = time.monotonic()
-    document = comm.run_comm_check(_context(comm_cluster, repo, tmp_path / "runs"), hosts, False, "1M", 10,
+    document = comm.run_comm_check(_context(comm_cluster, repo, tmp_path / "runs"), hosts, None, "1M", 10,
                                    timeout=60, ratio=ALL_FAST_RATIO)
     seconds = time.monotonic() - t0
     out = capsys.readouterr()
@@ -373,7 +375,7 @@ def test_screen_over_ssh_names_the_slowed_host(comm_cluster, repo, tmp_path, cap
     try:
         t0 = time.monotonic()
         with pytest.raises(RunFailed) as failed:
-            comm.run_comm_check(_context(comm_cluster, repo, tmp_path / "runs"), hosts, False, "1M", 10, timeout=60,
+            comm.run_comm_check(_context(comm_cluster, repo, tmp_path / "runs"), hosts, None, "1M", 10, timeout=60,
                                 ratio=NOISY_RATIO)
         seconds = time.monotonic() - t0
     finally:
@@ -405,12 +407,12 @@ def test_screen_over_ssh_names_the_slowed_host(comm_cluster, repo, tmp_path, cap
 @pytest.mark.netns
 def test_a_launch_past_its_timeout_is_ended_on_the_nodes(comm_cluster, repo, tmp_path):
     """A dead link must not hang the screen: the launch is killed on both hosts at its timeout."""
-    from runtime.program.ssh import FanoutOptions
+    from runtime.cluster import Options, Runtime, SshOptions
 
     a, b = (h.address for h in comm_cluster.hosts[:2])
-    options = FanoutOptions(remote_path=str(repo), remote_inv=str(repo / ".venv" / "bin" / "inv"),
-                            key_filename=[comm_cluster.key_file], connect_timeout=5)
-    transport = comm.SshTransport(options, tmp_path / "pairs", nproc=1)
+    options = SshOptions(remote_path=str(repo), remote_inv=str(repo / ".venv" / "bin" / "inv"),
+                         key_filename=[comm_cluster.key_file], connect_timeout=5)
+    transport = comm.OverCluster(Runtime("ssh").open(Options(hosts=[a, b], ssh=options)), tmp_path / "pairs", nproc=1)
     t0 = time.monotonic()
     m = transport.launch([a, b], "timeout", "1M", 5, timeout=1)     # python + torch take longer than 1 s
     assert time.monotonic() - t0 < 20
@@ -430,10 +432,11 @@ def test_screen_in_a_slurm_allocation_names_the_slowed_node(slurm_prerequisites,
     script.write_text(
         "import json, sys\n"
         "from invoke import Config, Context\n"
+        "from runtime.cluster import Runtime\n"
         "from runtime.preflight.comm import run_comm_check\n"
         f"c = Context(config=Config(overrides={{'anvil': {{'runs_dir': {str(tmp_path / 'runs')!r}}}}}))\n"
         "try:\n"
-        f"    run_comm_check(c, None, True, '1M', 10, timeout=60, ratio={NOISY_RATIO})\n"
+        f"    run_comm_check(c, None, Runtime.parse('slurm'), '1M', 10, timeout=60, ratio={NOISY_RATIO})\n"
         "except Exception as exc:\n"
         "    print('raised', type(exc).__name__, getattr(exc, 'exit_code', None))\n")
     with Cluster.start(tmp_path / "cluster", n_hosts=3, n_down=0, slurm=True) as cluster:

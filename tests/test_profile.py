@@ -117,6 +117,6 @@ def test_inv_profile_train_dry_run_prints_config_and_command_and_starts_nothing(
     assert config["data"]["path"] == str(dataset) and config["model"]["n_layers"] == 1
     assert config["train"]["steps"] == 3 and config["checkpoint"]["save_final"] is False  # cut after the window
     (command,) = [line for line in rest.splitlines() if "-m runtime.launch.agent" in line]
-    assert "--nproc 2" in command and command.endswith("-m trainer --config RUN_DIR/config.yaml --run-dir RUN_DIR")
+    assert "--nproc 2" in command and command.endswith("-m trainer --config RUN_DIR/configs/train.yaml --run-dir RUN_DIR")
     assert "ANVIL_PROFILE_STEPS=2:4 ANVIL_PROFILE_RANKS=1" in rest
     assert not (tmp_path / "runs").exists()   # no run directory, nothing started

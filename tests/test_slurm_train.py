@@ -310,7 +310,7 @@ def test_sigterm_to_the_follower_detaches_and_the_job_records_its_end(slurm_clus
 
 def test_a_job_killed_outright_is_recorded_when_runs_are_listed(slurm_cluster, dataset, tmp_path):
     """A batch shell killed with SIGKILL cannot run runtime.runs.jobend: the run said "submitted"
-    for ever. Listing or showing runs asks Slurm (runtime.runs.settle) and records the end."""
+    for ever. Listing or showing runs asks Slurm (runtime.jobs.settle) and records the end."""
     env = _env(slurm_cluster, tmp_path)
     proc = subprocess.run([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "1", "--name", "killed",
                            "--no-wait", *_args(dataset, steps=400)],

@@ -52,7 +52,6 @@ def test_tiny_config_learns(tmp_path, dataset):
     assert summary["status"] == "ok" and summary["steps"] == 80
     assert summary["final_loss"] == last and summary["tokens"] == 80 * 8 * 64
     assert (run_dir / "logs" / "rank0.log").read_text().count("| loss ") == 80
-    assert load(run_dir / "config.yaml").data.path == str(dataset)
     assert (run_dir / "checkpoints" / "step_80" / "COMPLETE").is_file()
     lrs = [r["lr"] for r in train_records]
     assert lrs[4] == pytest.approx(3e-3) and lrs[-1] < lrs[10]   # warmup, then cosine decay
@@ -124,6 +123,25 @@ def test_cli_bad_config_exits_2_with_one_message(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{bad}: optim.lr: expected a number" in err and "Traceback" not in err
     assert not (tmp_path / "r" / "metrics.jsonl").exists()
+
+
+def test_the_cli_keeps_a_copy_of_a_config_from_elsewhere_once(tmp_path, monkeypatch):
+    """`python -m trainer --config X`: rank 0 keeps X as used in RUN_DIR/config.yaml; a config already in
+    the run directory (inv's configs/train.yaml) is not written a second time."""
+    from trainer.__main__ import _keep_config
+
+    cfg = load(DEFAULT_CONFIG, ["train.steps=7"])
+    monkeypatch.delenv("RANK", raising=False)
+    _keep_config(cfg, DEFAULT_CONFIG, tmp_path / "r")
+    assert load(tmp_path / "r" / "config.yaml").train.steps == 7
+    inside = tmp_path / "s" / "configs" / "train.yaml"
+    inside.parent.mkdir(parents=True)
+    inside.write_text("train:\n  steps: 7\n")
+    _keep_config(cfg, inside, tmp_path / "s")
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["configs"]
+    monkeypatch.setenv("RANK", "1")
+    _keep_config(cfg, DEFAULT_CONFIG, tmp_path / "t")
+    assert not (tmp_path / "t" / "config.yaml").exists()
 
 
 @pytest.mark.parametrize("setting", [None, True, False])

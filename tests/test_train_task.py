@@ -48,8 +48,10 @@ def test_pretrain_end_to_end(tmp_path, dataset):
     assert (run / "tensorboard").is_dir() == (importlib.util.find_spec("tensorboard") is not None)
     assert "TensorBoard cannot be used here" not in proc.stderr
     from trainer.config import load
-    used = load(run / "config.yaml")  # the config as used, overrides applied
+    used = load(run / "configs" / "train.yaml")  # the config as used, overrides applied: the ranks read it
     assert used.train.steps == 12 and used.data.path == str(dataset)
+    assert not (run / "config.yaml").exists()   # once in a run directory (a replay reads the same file)
+    assert "--config " + str(run / "configs" / "train.yaml") in (run / "logs" / "launcher.log").read_text()
     assert json.loads((run / "metadata.json").read_text())["status"] == "ok"
     assert (run / "env.json").is_file() and (run / "checkpoints" / "step_12" / "COMPLETE").is_file()
 

@@ -28,18 +28,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     from trainer import ranklog
-    from trainer import hf, train
+    from trainer import flags, hf, train
 
-    overrides = list(args.overrides)
-    if args.compile:
-        overrides.append("train.compile=true")
-    if args.kernels:
-        overrides.append("train.kernels=true")
+    overrides = flags.overrides(args.overrides, compile=args.compile, kernels=args.kernels, init_from=args.init_from)
     log = ranklog.setup(args.run_dir, name="anvil.trainer")
     try:
-        if args.init_from is not None:
-            overrides.append(hf.init_from_override(args.init_from))
         cfg = hf.load_config(args.config, overrides)   # the model shape from init_from's config.json
+        _keep_config(cfg, args.config, args.run_dir)
         return train.run(cfg, args.run_dir, resume=args.resume, log=log)
     except KeyboardInterrupt:   # before the loop's own handler is installed
         log.warning("interrupted (Ctrl-C) before training started; nothing to checkpoint")
@@ -56,6 +51,19 @@ def main(argv=None) -> int:
         else:
             log.exception(f"training failed: {exc}")
         return train.EXIT_FAILED
+
+
+def _keep_config(cfg, given: Path | None, run_dir: Path) -> None:
+    """Rank 0 keeps the config as used in RUN_DIR/config.yaml, unless it came from the run directory
+    itself (inv's runs hold theirs once, in configs/train.yaml, and start the ranks with it)."""
+    import os
+
+    from trainer import config
+    from trainer.files import write_atomic
+
+    inside = given is not None and Path(given).resolve().is_relative_to(Path(run_dir).resolve())
+    if not inside and os.environ.get("RANK", "0") == "0":
+        write_atomic(Path(run_dir) / "config.yaml", config.dump(cfg))
 
 
 if __name__ == "__main__":

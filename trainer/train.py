@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from trainer import distributed, fp8, health, metrics, optim
-from trainer.config import SYNTHETIC, TrainConfig, dump
+from trainer.config import SYNTHETIC, TrainConfig
 from trainer.errors import UserError
 from trainer.files import write_json_atomic
 from trainer.model import IGNORE_INDEX, Transformer, flops_per_token, linear_cross_entropy
@@ -256,9 +256,6 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
     data_label = check_data(cfg)
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        config_path = run_dir / "config.yaml"
-        if not config_path.exists():
-            config_path.write_text(dump(cfg))
     log.info(f"rank {info.rank}/{info.world_size} on {info.device}"
              + (f" ({torch.cuda.get_device_name(info.device)})" if info.device.type == "cuda" else "")
              + f", backend {info.backend or 'none'}, torch {torch.__version__}")

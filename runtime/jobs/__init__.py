@@ -1,1 +1,2 @@
-"""What tasks call: one function per job (training, benchmarks, preflight, environment)."""
+"""What tasks call: one function per job (training, benchmarks, the environment, planning, a task on every
+node, the end of runs nobody recorded)."""

@@ -1,6 +1,6 @@
 """Benchmarks as runs: the GEMM in a child process with the run's environment, collectives through a launch.
 
-    runtime = check_runtime(given, settings)      # both tasks, before the run: direct | slurm
+    runtime = check_runtime(given, settings)      # both tasks, before the run (a node runs direct)
     m, n, k = parse_dims(M, N, K); check_gemm(m, n, k, dtype, iters); m, note = gemm_rows(m, env)
     result = gemm(run, m, n, k, dtype, iters)      # peak_cell(result): the table's "of peak"
     check_collective(op, sizes, iters, nproc)
@@ -22,10 +22,10 @@ from trainer.errors import AnvilError, UserError
 DTYPES = ("bf16", "fp16", "fp32")
 
 
-def check_runtime(given: str, settings) -> str:
-    """The runtime the task runs under: direct | slurm (runtime.runs.options.per_node_runtime); UserError else.
-
-    The program fans slurm out before the task runs (and prints the notice), so on a node this is direct."""
+def check_runtime(given: str, settings):
+    """The Runtime the task runs under (runtime.runs.options.per_node_runtime); UserError for one with a
+    container. The program fans a runtime that spans nodes out before the task runs (and prints the
+    notice), so on a node this is direct."""
     from runtime.runs.options import per_node_runtime
     return per_node_runtime(given, settings.runtime)[0]
 
@@ -112,37 +112,33 @@ def check_collective(op: str, sizes: str, iters: int, nproc: int) -> None:
         raise UserError(f"--nproc {nproc}: expected 1 or more (0: the default)")
 
 
-def collective_spec(settings, env, op: str, sizes: str, iters: int, nproc: int, out, runtime: str = ""):
+def collective_spec(env, op: str, sizes: str, iters: int, nproc: int, out):
     from runtime.launch import LaunchSpec
 
     procs = nproc or (None if env.machine.count else 2)  # a collective needs two ranks
-    return LaunchSpec(module="benchmarks.collectives", runtime=runtime or settings.runtime, nproc=procs,
-                      gpus=env.machine.count, vendor=env.machine.vendor,
+    return LaunchSpec(module="benchmarks.collectives", nproc=procs, gpus=env.machine.count, vendor=env.machine.vendor,
                       args=["--op", op, "--sizes", sizes, "--iters", str(iters), "--out", str(out)])
 
 
-def dry_run(env, argv: list[str] | None = None, spec=None) -> None:
+def dry_run(env, argv: list[str] | None = None, spec=None, transport=None) -> None:
     """--dry-run: the resolved environment and the exact command; nothing starts, no run directory."""
-    from runtime.launch import launch
-
     for name, value in sorted(env.environ().items()):
         print(f"export {name}={shlex.quote(value)}")
     if spec is not None:
-        launch(spec, {**os.environ, **env.environ()}, run_dir=None, dry_run=True)
+        transport.launch(spec, {**os.environ, **env.environ()}, run_dir=None, dry_run=True)
     else:
         print(shlex.join(argv or []))
 
 
-def collective(settings, run, env, op: str, sizes: str, iters: int, nproc: int, runtime: str = "",
+def collective(settings, run, env, op: str, sizes: str, iters: int, nproc: int, runtime,
                quiet: bool = False) -> dict:
     """benchmarks.collectives through the runtime on this node; its report with measurements.
 
     quiet: the ranks' output (rank 0's table) goes to stderr, leaving stdout to the caller's JSON."""
-    from runtime.launch import launch
-
     out = run.path / "collectives.json"
-    spec = collective_spec(settings, env, op, sizes, iters, nproc, out, runtime)
-    code = launch(spec, env=run.env, run_dir=run.path, masker=run.masker, stdout=sys.stderr if quiet else None)
+    spec = collective_spec(env, op, sizes, iters, nproc, out)
+    transport = runtime.open(settings.cluster_options())
+    code = transport.launch(spec, run.env, run.path, masker=run.masker, stdout=sys.stderr if quiet else None)
     if code != 0 or not out.is_file():
         raise AnvilError(f"the benchmark exited with status {code}; see {run.path}/logs", code or 1)
     report = json.loads(out.read_text())

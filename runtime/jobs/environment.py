@@ -72,17 +72,14 @@ def resolve_on_hosts(c, hosts: str):
     """(name_a, name_b, env_a, env_b): each host resolves its own (`inv env.show --json` over SSH)."""
     from envs.resolve import ResolvedEnv
     from runtime import settings as settings_mod
-    from runtime.program import ssh
+    from runtime.cluster import Runtime
 
     names = [h.strip() for h in hosts.split(",") if h.strip()]
     if len(names) != 2:
         raise UserError("--hosts takes exactly two hosts: --hosts a,b")
     settings = settings_mod.load(c)
-    options = ssh.FanoutOptions(
-        remote_path=settings.remote_path or str(settings.root), remote_inv=settings.remote_inv,
-        user=settings.user or None, key_filename=list(settings.key_filename),
-        connect_timeout=float(settings.connect_timeout), command_timeout=settings.command_timeout or None)
-    results = dict(zip(names, ssh.run_on_hosts(names, ["env.show", "--json"], options)))
+    transport = Runtime("ssh").open(settings.cluster_options(hosts=names))
+    results = dict(zip(names, transport.each_node([transport.inv(), "env.show", "--json"])))
     resolved = []
     for name in names:
         outcome = results[name]

@@ -6,13 +6,16 @@ only adds the variables that open trainer.profiling's window.
     result = run_training(c, "train.pretrain", TrainingJob(config="configs/tiny.yaml"), run_options)
     result["run_dir"], result["summary"]
 
-1. Load and validate the config (dotted --set overrides); check its data and
-   the launch options - all before a run directory exists.
+1. Load and validate the config (--set overrides, then the task's flags:
+   TrainingJob.overrides); check its data, the runtime and the launch - all
+   before a run directory exists.
 2. Resolve the environment: profiles, the config's env: block, --env.
-3. runtime.runs.run.execute: run directory, snapshot, hooks; the body writes
-   the config as used and launches `python -m trainer` through the runtime
-   (direct: the agent with one rank per visible GPU, one on CPU; slurm: one
-   agent per node of the allocation, or an sbatch job that is followed).
+3. runtime.runs.run.execute: run directory, snapshot (the config as used, once:
+   RUN/configs/train.yaml, which the ranks read and a replay reads back), hooks;
+   the body launches `python -m trainer` through the runtime's transport
+   (runtime.cluster: direct, one agent here; ssh, one per host; slurm, one per
+   node of the allocation, or an sbatch job that is followed; any of them in a
+   container).
 4. The agents' reports give the hosts, the world size, and on failure the
    first failing rank with its own error line.
 """
@@ -21,11 +24,15 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from runtime.launch.spec import EXIT_INTERRUPTED, EXIT_REQUEUE
+from runtime.cluster.runtime import Runtime
+from runtime.launch.spec import EXIT_INTERRUPTED, EXIT_REQUEUE, RUN_DIR
 from trainer.errors import AnvilError, UserError
+
+#: Where a run keeps the config as used (written once by its snapshot; the ranks and a replay read it).
+CONFIG_FILE = "train.yaml"
 
 
 class JobStopped(AnvilError):
@@ -47,7 +54,9 @@ class TrainingJob:
     init_from: str | None = None        # a Hugging Face Llama directory to start from (checkpoint.init_from)
     gpu: str = ""
     site: str = ""
-    runtime: str = ""                   # "" = the anvil.runtime setting
+    runtime: Runtime | None = None      # None = the anvil.runtime setting
+    hosts: str = ""                     # ssh: the hosts to train across (-H, --hosts; "@" = anvil.hosts)
+    master: str = ""                    # ssh: the host of node rank 0 ("" = the first)
     nodes: int = 0                      # slurm: 0 = the allocation's, or 1
     partition: str = ""
     account: str = ""
@@ -57,6 +66,12 @@ class TrainingJob:
     exclude_from: str = ""              # a preflight run whose failing nodes are left out
     dry_run: bool = False
     ranks_used: frozenset[int] = frozenset()   # global ranks the task needs (profile.train --ranks)
+
+    def overrides(self) -> list[str]:
+        """The config overrides: the --set ones, then what the task's flags mean (trainer.flags)."""
+        from trainer import flags
+
+        return flags.overrides(self.sets, compile=self.compile, kernels=self.kernels, init_from=self.init_from)
 
 
 def previous_checkpoint(runs_dir: Path, name: str) -> str | None:
@@ -102,45 +117,46 @@ def _needs_a_gpu_here(cfg, machine) -> None:
         raise UserError(f"{NEEDS_GPU}; this machine has none. Set precision.fp8=off")
 
 
-def launch_spec(job: TrainingJob, settings, env, args: list[str], job_name: str = "anvil",
-                mounts: list[str] = ()):
-    """The LaunchSpec of this job, its Slurm options from the task's options over the settings;
-    `mounts` (the dataset) go into a container beside the settings' container_mounts."""
-    from runtime.launch import ContainerOptions, LaunchSpec, SlurmOptions
-    from runtime.settings import RUNTIMES
+def where(job: TrainingJob, settings, mounts: list[str] = ()):
+    """(runtime, transport) of this job: its runtime (ssh when hosts are named) opened with the task's
+    options over the settings'; `mounts` (the dataset) go into a container beside container_mounts."""
+    from runtime.cluster.ssh import parse_hosts
 
     runtime = job.runtime or settings.runtime
-    if runtime not in RUNTIMES:
-        raise UserError(f"--runtime {runtime!r}: expected {' | '.join(RUNTIMES)}")
+    hosts: list[str] = []
+    if job.hosts:
+        if job.runtime is not None and job.runtime.transport != "ssh":
+            raise UserError(f"--runtime {job.runtime} with -H {job.hosts}: -H names the hosts to train on over SSH; "
+                            "give one or the other")
+        hosts = parse_hosts(job.hosts, settings.hosts)
+        runtime = runtime.over("ssh")     # a shared anvil.runtime's container is kept
     if job.nproc < 0:
         raise UserError(f"--nproc {job.nproc}: expected 1 or more (0 = one per visible GPU)")
     if job.nodes < 0:
         raise UserError(f"--nodes {job.nodes}: expected 1 or more")
-    if (job.nodes or job.partition or job.account or job.time or not job.wait) and not runtime.startswith("slurm"):
+    if (job.nodes or job.partition or job.account or job.time or not job.wait) and not runtime.scheduler:
         raise UserError("--nodes, --partition, --account, --time and --no-wait need --runtime slurm "
                         f"(runtime is {runtime})")
-    slurm = SlurmOptions(mode=settings.slurm_mode, nodes=job.nodes or None,
-                         partition=job.partition or settings.slurm_partition,
-                         account=job.account or settings.slurm_account, time=job.time or settings.slurm_time,
-                         job_name=job_name[:60],
-                         exclude=list(job.exclude), extra=list(settings.slurm_extra), wait=job.wait)
-    container = ContainerOptions(engine=settings.container_engine or "docker", image=settings.container_image,
-                                 mounts=list(settings.container_mounts) + list(mounts),
-                                 extra=list(settings.container_extra))
-    return LaunchSpec(module="trainer", args=args, runtime=runtime, nproc=job.nproc or None,
-                      gpus=env.machine.count, vendor=env.machine.vendor, node_local=env.node_local(),
-                      python=settings.container_python if "container" in runtime else "",
-                      slurm=slurm, container=container)
+    if job.master and runtime.transport != "ssh":
+        raise UserError(f"--master names the SSH host of node rank 0: it needs -H (runtime is {runtime})")
+    slurm = replace(settings.slurm_options(), partition=job.partition or settings.slurm_partition,
+                    account=job.account or settings.slurm_account, time=job.time or settings.slurm_time,
+                    wait=job.wait)
+    container = settings.container_options()
+    container.mounts += list(mounts)
+    options = settings.cluster_options(nodes=job.nodes, master=job.master, exclude=list(job.exclude), slurm=slurm,
+                                       container=container, **({"hosts": hosts} if hosts else {}))
+    return runtime, runtime.open(options)
 
 
 def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: list[str] = ()) -> dict:
     """Train as `job` says; returns {"run_dir": Path, "summary": dict | None}."""
     import envs
     from runtime import settings as settings_mod
+    from runtime.cluster.slurm.batch import submitted_job_id
     from runtime.jobs import planning
     from runtime.jobs.environment import print_warnings
-    from runtime.launch import build, launch
-    from runtime.launch.slurm import submitted_job_id
+    from runtime.launch import LaunchSpec
     from runtime.runs import nodes as nodes_mod
     from runtime.runs import outcome
     from runtime.runs.run import execute
@@ -152,10 +168,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
         raise UserError("--config is empty; expected a YAML config such as configs/tiny.yaml")
     if job.resume is not None and not job.resume.strip():
         raise UserError("--resume is empty; expected auto or a run directory or checkpoint path")
-    sets = list(job.sets) + ["train.compile=true"] * job.compile + ["train.kernels=true"] * job.kernels
-    if job.init_from is not None:
-        sets.append(hf.init_from_override(job.init_from))
-    cfg = hf.load_config(job.config or None, sets)   # with init_from, the model shape is its config.json's
+    cfg = hf.load_config(job.config or None, job.overrides())   # with init_from, the model shape is its config.json's
     check_data(cfg)
     started_from = hf.check_before_launch(cfg)       # its tensors' names and shapes, from the headers
     config_path = job.config or str(DEFAULT_CONFIG)
@@ -188,52 +201,47 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
             print(f"{name}: already complete at step {done} of train.steps={cfg.train.steps} ({resume}); "
                   f"nothing to do (--set train.steps=N with a larger N trains on from there)", file=sys.stderr)
             return {"run_dir": None, "summary": None, "complete": resume}
-    # Check the launch before a run directory exists (bad --nproc, --nodes, runtime, image).
-    # a container sees the checkout and the run directory; the dataset may live elsewhere
+
+    # Where it runs, and the launch, checked before a run directory exists (a bad runtime, --nproc,
+    # --nodes, host or image). A container sees the checkout and the run directory; the datasets and
+    # an init_from directory may live elsewhere.
     data_mounts = [str(Path(path).resolve()) for path in cfg.data.datasets()]
     data_mounts += [cfg.checkpoint.init_from] if cfg.checkpoint.init_from else []
-    probe = launch_spec(job, settings, env, ["--config", "CONFIG", "--run-dir", "RUN"], mounts=data_mounts)
-    if not probe.runtime.startswith("slurm"):   # (a Slurm login node has no GPU; its nodes do)
-        _needs_a_gpu_here(cfg, env.machine)
-    built = build(probe, {**os.environ, **env.environ()}, Path("RUN"))
-    world = built.nproc * built.nodes
-    if job.ranks_used and max(job.ranks_used) >= world:
-        raise UserError(f"--ranks {','.join(map(str, sorted(job.ranks_used)))}: this job has {world} rank(s), "
-                        f"0..{world - 1}")
-    if probe.runtime.startswith("slurm") and not job.dry_run:
-        from runtime.launch.slurm import require, require_controller
-        require(built.argv[0])            # srun or sbatch: Slurm is there, before a run directory is,
-        require_controller(os.environ)    # and its controller answers
-    if built.script is not None and not resume:
+    runtime, transport = where(job, settings, data_mounts)
+    environ = {**os.environ, **env.environ()}
+    if transport.requeues(environ) and not resume:
         resume = "auto"   # a batch job that Slurm requeues resumes from its own run directory
     # The trainer gets the folder of what auto found: its newest intact checkpoint, so that a damaged one
     # (seen only once the ranks read its bytes) gives way to the one before it; a named step_N does not.
     trainer_resume = str(Path(resume).parent) if job.resume == "auto" and resume != "auto" else resume
-    too_big = planning.fit_warning(cfg, env, built.nproc, built.nodes,
-                                   on_this_machine=not probe.runtime.startswith("slurm"))
+    spec = LaunchSpec(module="trainer", args=["--config", f"{RUN_DIR}/configs/{CONFIG_FILE}", "--run-dir", RUN_DIR,
+                                              *(["--resume", trainer_resume] if resume else [])],
+                      nproc=job.nproc or None, gpus=env.machine.count, vendor=env.machine.vendor,
+                      node_local=env.node_local())
+    if not runtime.spans_nodes:   # (a login node has no GPU; its nodes do)
+        _needs_a_gpu_here(cfg, env.machine)
+    layout = transport.layout(spec, environ)
+    if job.ranks_used and max(job.ranks_used) >= layout.world_size:
+        raise UserError(f"--ranks {','.join(map(str, sorted(job.ranks_used)))}: this job has {layout.world_size} "
+                        f"rank(s), 0..{layout.world_size - 1}")
+    if not job.dry_run:
+        transport.check(os.environ)   # Slurm's commands are there and its controller answers; hosts answer
+    too_big = planning.fit_warning(cfg, env, layout.nproc, layout.nodes, on_this_machine=not runtime.spans_nodes)
     if too_big:
         print_warnings([too_big])
     if job.dry_run:
         print(dump(cfg))
-        args = ["--config", "RUN_DIR/config.yaml", "--run-dir", "RUN_DIR"] + (["--resume", trainer_resume]
-                                                                              if resume else [])
-        spec = launch_spec(job, settings, env, args, mounts=data_mounts)
-        launch(spec, {**os.environ, **env.environ()}, run_dir=Path("RUN_DIR"), dry_run=True)
+        transport.launch(spec, environ, run_dir=Path("RUN_DIR"), dry_run=True)
         return {"run_dir": None, "summary": None, "dry_run": True}
 
     def body(run):
-        run.write_text("config.yaml", dump(cfg))
-        args = ["--config", str(run.path / "config.yaml"), "--run-dir", str(run.path)]
-        if resume:
-            args += ["--resume", trainer_resume]
-        spec = launch_spec(job, settings, env, args, job_name=f"anvil-{run.path.name}", mounts=data_mounts)
         if started_from:
             run.update_metadata(init_from=started_from)
         if excluded:
             run.update_metadata(excluded_nodes=excluded)
             print(f"excluding {len(excluded)} node(s) that failed preflight in {job.exclude_from}: "
                   + ", ".join(f"{h} ({'; '.join(r)[:80]})" for h, r in sorted(excluded.items())), file=sys.stderr)
-        code = launch(spec, env=run.env, run_dir=run.path, masker=run.masker, stdout=sys.stderr)   # stdout: the result
+        code = transport.launch(spec, run.env, run.path, masker=run.masker, stdout=sys.stderr)   # stdout: the result
         job_id = submitted_job_id(run.path)
         if job_id:
             run.update_metadata(slurm_job_id=job_id)
@@ -245,7 +253,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
             return {"run_dir": run.path, "summary": None, "slurm_job_id": job_id}
         report = outcome.read(run.path)
         if code == 0:
-            code = report.stop_status()   # under srun a clean stop exits 0 (agent.main)
+            code = report.stop_status()   # a clean stop under srun exits 0 (runtime.cluster.slurm.step)
         if report.nodes:
             run.update_metadata(hosts=report.hosts, world_size=report.world_size, nodes=len(report.nodes))
         if code == EXIT_REQUEUE:
@@ -256,16 +264,16 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
                              f"`inv train.pretrain --resume {run.path}` (same config)", EXIT_INTERRUPTED,
                              "interrupted")
         if code != 0:
-            cause = outcome.failure_summary(run.path, expected_nodes=built.nodes)
+            cause = outcome.failure_summary(run.path, expected_nodes=layout.nodes)
             raise AnvilError(cause or f"the trainer exited with status {code}; see {run.path}/logs/", code)
         summary_path = run.path / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
         return {"run_dir": run.path, "summary": summary}
 
-    spec = run_options.spec(task_name, name=name, configs={"train.yaml": cfg.to_dict()},
-                            config_sources={"train.yaml": config_path},
-                            # a replay passes the recorded copy, even when the run used the default
-                            config_options={"train.yaml": "--config"},
-                            env=env, world_size=built.nproc * built.nodes,
-                            extra={"resume": resume or None, "runtime": probe.runtime})
-    return execute(c, spec, body)
+    spec_of_run = run_options.spec(task_name, name=name, configs={CONFIG_FILE: cfg.to_dict()},
+                                   config_sources={CONFIG_FILE: config_path},
+                                   # a replay passes the recorded copy, even when the run used the default
+                                   config_options={CONFIG_FILE: "--config"},
+                                   env=env, world_size=layout.world_size,
+                                   extra={"resume": resume or None, "runtime": str(runtime)})
+    return execute(c, spec_of_run, body)

@@ -1,6 +1,6 @@
 """The per-node launcher: start this node's ranks, pass signals on, end them together.
 
-    python -m runtime.launch.agent --nproc N [--slurm | --nnodes M --node-rank R --master-addr A]
+    python -m runtime.launch.agent --nproc N [--nnodes M --node-rank R --master-addr A]
                                    [--master-port P] -- PYTHON -m trainer ARGS...
 
 It does what torchrun does for a static job (RANK, LOCAL_RANK, WORLD_SIZE,
@@ -20,18 +20,20 @@ environment; env:// rendezvous), and what torchrun does not:
   ANVIL_AGENT_GRACE seconds, default 10) and the failure is one line naming
   the rank and host. A rank the hang watchdog ended (EXIT_HUNG, 4) is such a
   failure; a hung peer ignores the SIGTERM and is killed after the grace.
-- Under Slurm (--slurm) the node rank, node count and master (the first host
-  of the allocation) come from SLURM_*; values computed from the machine
-  (ANVIL_NODE_LOCAL names them: socket interface, host name, ...) are
-  recomputed on this node, not inherited from the host where `inv` ran.
+- The node's place (node rank, node count, master) is given by the transport
+  that started it (runtime.cluster: over SSH on the command line; under Slurm
+  runtime.cluster.slurm.step reads it from SLURM_* and runs this agent); values
+  computed from the machine (ANVIL_NODE_LOCAL names them: socket interface,
+  host name, ...) are recomputed on this node, not inherited from the host
+  where `inv` ran.
 - With ANVIL_RUN_DIR set it writes RUN_DIR/logs/agent-<node rank>.json
-  (host, ranks, exit statuses, first failure) for the runner's summary.
+  (host, ranks, exit statuses, first failure, and what its starter adds: a
+  Slurm job id and restart count) for the runner's summary.
 """
 from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -40,11 +42,9 @@ import time
 from pathlib import Path
 
 from runtime.launch.spec import (EXIT_INTERRUPTED, EXIT_REQUEUE, LAUNCHER_PID_VAR, NODE_LOCAL_VAR, PASSED_SIGNALS,
-                                 RUN_DIR_VAR, STEP_FILE)
-from trainer.files import write_atomic, write_json_atomic
+                                 RUN_DIR_VAR)
+from trainer.files import write_json_atomic
 from trainer.signals import EXIT_HUNG
-
-
 
 
 def container_engine(environ) -> str | None:
@@ -56,39 +56,10 @@ def container_engine(environ) -> str | None:
         return "apptainer"
     return "docker" if os.path.exists("/.dockerenv") else None
 
-def expand_hostlist(text: str) -> list[str]:
-    """Slurm's compressed host list: "n[1-3,5],gpu07,x[01-02]" -> ["n1", "n2", ...] (no scontrol needed)."""
-    hosts: list[str] = []
-    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", text or ""):
-        match = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", item)
-        if not match:
-            hosts.append(item)
-            continue
-        prefix, ranges, suffix = match.groups()
-        for part in ranges.split(","):
-            lo, _, hi = part.partition("-")
-            if not hi:
-                hosts.extend(expand_hostlist(prefix + lo + suffix))
-                continue
-            for n in range(int(lo), int(hi) + 1):
-                hosts.extend(expand_hostlist(f"{prefix}{str(n).zfill(len(lo))}{suffix}"))
-    return hosts
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def slurm_layout(environ) -> tuple[int, int, str, int]:
-    """(nnodes, node_rank, master_addr, master_port) of this Slurm job step."""
-    nodes = expand_hostlist(environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST", ""))
-    nnodes = int(environ.get("SLURM_STEP_NUM_NODES") or environ.get("SLURM_NNODES") or len(nodes) or 1)
-    node_rank = int(environ.get("SLURM_NODEID", 0))
-    master = nodes[0] if nodes else "127.0.0.1"
-    port = 20000 + int(environ.get("SLURM_JOB_ID", "0") or 0) % 20000
-    return nnodes, node_rank, master, port
 
 
 def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
@@ -98,7 +69,6 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     split = argv.index("--")
     p = argparse.ArgumentParser(prog="python -m runtime.launch.agent")
     p.add_argument("--nproc", type=int, default=1)
-    p.add_argument("--slurm", action="store_true", help="layout from SLURM_* (one agent per node)")
     p.add_argument("--nnodes", type=int, default=1)
     p.add_argument("--node-rank", type=int, default=0)
     p.add_argument("--master-addr", default="127.0.0.1")
@@ -114,7 +84,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
 
 class Agent:
     def __init__(self, nproc: int, nnodes: int, node_rank: int, master_addr: str, master_port: int,
-                 command: list[str], environ=None, grace: float | None = None):
+                 command: list[str], environ=None, grace: float | None = None, report: dict | None = None):
         self.nproc, self.nnodes, self.node_rank = nproc, nnodes, node_rank
         self.master_addr, self.master_port = master_addr, master_port or free_port()
         self.command = command
@@ -126,6 +96,7 @@ class Agent:
         self.stop_signal: int | None = None
         self.first_failure: dict | None = None
         self.started = time.time()
+        self.report = {"restart_count": 0, **(report or {})}   # what the starter adds (a scheduler's job id)
 
     # ---- environment
     def base_env(self) -> dict[str, str]:
@@ -137,9 +108,12 @@ class Agent:
         names = [n for n in env.pop(NODE_LOCAL_VAR, "").split(",") if n]
         if names:
             from envs import compute_here   # only multi-node launches recompute
+            # launch_env left inv's own values of these out: one that is here was set by this node's
+            # launcher (a host's name as it was given), and the computation keeps it
+            computed = compute_here(names, environ=env)
             for name in names:
                 env.pop(name, None)
-            env.update(compute_here(names, environ=env))
+            env.update(computed)
         self.host = env.get("ANVIL_HOST") or self.host
         if self.nproc > 1 and "OMP_NUM_THREADS" not in env:
             env["OMP_NUM_THREADS"] = "1"   # as torchrun: N ranks must not each take every core
@@ -233,9 +207,8 @@ class Agent:
                   "ranks": {str(self.node_rank * self.nproc + lr): c for lr, c in sorted(self.codes.items())},
                   "exit_code": code, "first_failure": self.first_failure,
                   "signal": signal.Signals(self.stop_signal).name if self.stop_signal else None,
-                  "start": self.started, "end": time.time(), "slurm_job_id": self.environ.get("SLURM_JOB_ID"),
-                  "restart_count": int(self.environ.get("SLURM_RESTART_COUNT", 0) or 0),
-                  "container": container_engine(self.environ)}
+                  "start": self.started, "end": time.time(), "container": container_engine(self.environ),
+                  **self.report}
         path = Path(run_dir) / "logs" / f"agent-{self.node_rank}.json"
         try:
             write_json_atomic(path, record)
@@ -262,25 +235,7 @@ def _end_with_launcher() -> bool:
 
 def main(argv=None) -> int:
     args, command = parse_args(argv)
-    if args.slurm:
-        nnodes, node_rank, master, port = slurm_layout(os.environ)
-        port = args.master_port or port
-        job, step, run_dir = (os.environ.get(n) for n in ("SLURM_JOB_ID", "SLURM_STEP_ID", RUN_DIR_VAR))
-        if job and step and run_dir and step.isdigit():   # the step itself (a batch script's is not one)
-            try:        # what a Ctrl-C of the inv that ran srun signals (runtime.launch.process)
-                write_atomic(Path(run_dir) / STEP_FILE, f"{job}.{step}\n")
-            except OSError:
-                pass
-    else:
-        nnodes, node_rank, master, port = args.nnodes, args.node_rank, args.master_addr, args.master_port
-    code = Agent(args.nproc, nnodes, node_rank, master, port, command).run()
-    if args.slurm and code in (EXIT_REQUEUE, EXIT_INTERRUPTED) and os.environ.get(RUN_DIR_VAR):
-        # A clean stop (checkpointed) ends this srun task with 0: srun's --kill-on-bad-exit takes
-        # any other status as a failure and would kill the nodes still shutting down after their
-        # checkpoint. The status itself is in logs/agent-<node>.json, where inv and the batch
-        # script read it (runtime.runs.outcome.stop_status).
-        return 0
-    return code
+    return Agent(args.nproc, args.nnodes, args.node_rank, args.master_addr, args.master_port, command).run()
 
 
 if __name__ == "__main__":

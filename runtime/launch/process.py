@@ -1,27 +1,32 @@
-"""Run a built launch here: stream its output to the console and a log, pass signals on.
+"""Run a launch's command here: stream its output to the console and a log, pass signals on.
 
-`launch(spec, env, run_dir)` builds the command (runtime.launch.commands), runs
-it, tees stdout/stderr to the console and RUN_DIR/logs/<log_name>, and returns
-its exit status. SIGTERM, SIGUSR1, SIGUSR2 and SIGINT reaching `inv` are passed
-to the child and `inv` keeps waiting, so the ranks can finish their step and
-checkpoint (exit 3, or 130 after Ctrl-C) instead of `inv` dying first.
-With sbatch (Slurm, outside an allocation) it writes RUN_DIR/slurm/job.sbatch
-and hands over to runtime.launch.slurm (submit, follow).
+    code = launch(spec, env, run_dir)        # this machine's agent for spec (what runtime direct runs)
+    code = run_logged(argv, env, run_dir)    # any launch command: `$ argv`, then its output, in the log
+
+Output is teed to the console and RUN_DIR/logs/<log_name> (masked). SIGTERM,
+SIGUSR1, SIGUSR2, SIGINT and SIGHUP reaching `inv` are passed to the child and
+`inv` keeps waiting, so the ranks can finish their step and checkpoint (exit 3,
+or 130 after Ctrl-C) instead of `inv` dying first. A negative return code (a
+signal) becomes 128+N; a command still running at its `timeout` is ended
+(SIGTERM, SIGKILL 15 s later) and returns 124.
 """
 from __future__ import annotations
 
+import os
 import shlex
 import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import IO, Callable, Mapping
+from typing import IO, Callable, Mapping, Sequence
 
-from runtime.launch.commands import build, launch_env
-from runtime.launch.spec import PASSED_SIGNALS, STEP_FILE, LaunchError, LaunchSpec
+from runtime.launch.commands import agent_command, launch_env
+from runtime.launch.spec import LAUNCHER_PID_VAR, PASSED_SIGNALS, LaunchError, LaunchSpec, processes_per_node
 from trainer.ranklog import PROGRESS_TTY_VAR
-from trainer.files import write_atomic
+
+TIMED_OUT = 124          # a command ended at its timeout (coreutils timeout's status)
+KILL_AFTER_S = 15        # after a timeout's SIGTERM, SIGKILL
 
 
 def _pump(source: IO[bytes], sinks: list[IO], lock: threading.Lock) -> None:
@@ -37,12 +42,14 @@ def _pump(source: IO[bytes], sinks: list[IO], lock: threading.Lock) -> None:
     source.close()
 
 
-class _MaskedFile:
+class MaskedFile:
+    """A log file that masks what is written to it (trainer.secrets.Masker)."""
+
     def __init__(self, handle, masker):
         self.handle, self.masker = handle, masker
 
     def write(self, text: str) -> None:
-        self.handle.write(self.masker.text(text))
+        self.handle.write(self.masker.text(text) if self.masker is not None else text)
 
     def flush(self) -> None:
         self.handle.flush()
@@ -52,19 +59,16 @@ class _MaskedFile:
 
 
 class passing_signals:
-    """While active (main thread only), signals to this process go to `proc` instead; SIGINT goes to
-    `interrupt(proc)` when one is given (srun: see interrupt_recorded_step)."""
+    """While active (main thread only), the signals `inv` would pass on go to send(signum) instead of
+    ending this process."""
 
-    def __init__(self, proc: subprocess.Popen, interrupt: Callable[[subprocess.Popen], None] | None = None):
-        self.proc, self.previous, self.received, self.interrupt = proc, {}, [], interrupt
+    def __init__(self, send: Callable[[int], None]):
+        self.send, self.previous, self.received = send, {}, []
 
     def _forward(self, signum, _frame) -> None:
         self.received.append(signum)
         try:
-            if signum == signal.SIGINT and self.interrupt is not None:
-                self.interrupt(self.proc)
-            else:
-                self.proc.send_signal(signum)
+            self.send(signum)
         except ProcessLookupError:
             pass
 
@@ -79,30 +83,26 @@ class passing_signals:
             signal.signal(signum, handler)
 
 
-def interrupt_recorded_step(run_dir: Path, env: Mapping[str, str]) -> Callable[[subprocess.Popen], None]:
-    """Ctrl-C of an `inv` running srun for a training run: SIGINT to the tasks of the step the agents
-    recorded in RUN/logs/slurm-step (slurm.interrupt_step), so the ranks checkpoint and stop as after
-    a Ctrl-C here. Passed on to srun, two SIGINTs within a second (the terminal's and ours), or one
-    with no terminal on its stdin, ended the step instead, which lost the training."""
-    def interrupt(proc: subprocess.Popen) -> None:
-        from runtime.launch.slurm import interrupt_step
-        try:
-            step = (Path(run_dir) / STEP_FILE).read_text().strip()
-        except OSError:
-            step = ""
-        if step:
-            print(f"interrupted: the ranks of Slurm step {step} checkpoint and stop", file=sys.stderr, flush=True)
-        interrupt_step(step, proc, env)
-    return interrupt
+def open_log(run_dir: Path | None, log_name: str, argv: Sequence[str] | None = None, masker=None) -> Path | None:
+    """RUN_DIR/logs/<log_name>, with a `$ argv` line (masked) when given; None without a run directory."""
+    if run_dir is None:
+        return None
+    path = Path(run_dir) / "logs" / log_name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if argv is not None:
+        shown = masker.argv(list(argv)) if masker is not None else list(argv)
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(f"$ {shlex.join(shown)}\n")
+    return path
 
 
 def run_streaming(argv: list[str], env: Mapping[str, str], log_path: Path | None = None,
                   cwd: str | None = None, stdout: IO | None = None, stderr: IO | None = None,
-                  masker=None, interrupt: Callable[[subprocess.Popen], None] | None = None) -> int:
-    """Run argv, tee output to console + log_path, pass signals on; the exit status."""
-    log = open(log_path, "a", encoding="utf-8") if log_path else None
-    if log and masker is not None:
-        log = _MaskedFile(log, masker)
+                  masker=None, interrupt: Callable[[subprocess.Popen], None] | None = None,
+                  timeout: float | None = None) -> int:
+    """Run argv, tee output to console + log_path, pass signals on; the exit status. `interrupt(proc)`
+    takes a Ctrl-C instead of the child (srun: runtime.cluster.slurm.control.interrupt_step)."""
+    log = MaskedFile(open(log_path, "a", encoding="utf-8"), masker) if log_path else None
     try:
         # With `interrupt` (srun) the child gets a session of its own: a terminal's Ctrl-C reaches the whole
         # foreground group, and srun, its stdin not a terminal, aborts the step on it. Every signal it should
@@ -120,45 +120,65 @@ def run_streaming(argv: list[str], env: Mapping[str, str], log_path: Path | None
                               args=(proc.stderr, [stderr or sys.stderr] + ([log] if log else []), lock))]
     for pump in pumps:
         pump.start()
+
+    def send(signum: int) -> None:
+        if signum == signal.SIGINT and interrupt is not None:
+            interrupt(proc)
+        else:
+            proc.send_signal(signum)
+
+    timed_out = False
     try:
-        with passing_signals(proc, interrupt):
-            code = proc.wait()
+        with passing_signals(send):
+            timed_out = not _wait(proc, timeout)
     finally:
         for pump in pumps:
             pump.join(timeout=5)
         if log:
             log.close()
-    return 128 - code if code < 0 else code
+    code = proc.returncode
+    return TIMED_OUT if timed_out else 128 - code if code < 0 else code
 
 
-def launch(spec: LaunchSpec, env: Mapping[str, str], run_dir: Path | None = None,
-           log_name: str = "launcher.log", dry_run: bool = False, masker=None,
-           stdout: IO | None = None, stderr: IO | None = None) -> int:
-    """Build and run spec with env; output to console and RUN_DIR/logs/<log_name>.
+def _wait(proc: subprocess.Popen, timeout: float | None) -> bool:
+    """Wait for proc; at the timeout end it (SIGTERM, then SIGKILL). False when it had to be ended."""
+    if timeout is None:
+        proc.wait()
+        return True
+    try:
+        proc.wait(timeout=timeout)
+        return True
+    except subprocess.TimeoutExpired:
+        proc.terminate()                 # srun passes it on and ends the step; the agent stops its ranks
+    try:
+        proc.wait(timeout=KILL_AFTER_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    return False
 
-    dry_run prints the command (and the sbatch script) and returns 0.
-    """
-    built = build(spec, env, run_dir)
-    child_env = launch_env(spec, env, run_dir)
-    if spec.runtime == "direct" and sys.stderr.isatty() and not env.get("CI"):
-        child_env[PROGRESS_TTY_VAR] = "1"   # rank 0's progress bar goes to this terminal, not to the logs
-    out = stdout or sys.stdout
+
+def run_logged(argv: list[str], env: Mapping[str, str], run_dir: Path | None = None, *,
+               log_name: str = "launcher.log", masker=None, **streaming) -> int:
+    """run_streaming with RUN_DIR/logs/<log_name> as the log, which starts with `$ argv`."""
+    log_path = open_log(run_dir, log_name, argv, masker)
+    return run_streaming(argv, env, log_path, masker=masker, **streaming)
+
+
+def launch(spec: LaunchSpec, env: Mapping[str, str], run_dir: Path | None = None, *, wrap: Sequence[str] = (),
+           log_name: str = "launcher.log", dry_run: bool = False, masker=None, stdout: IO | None = None,
+           stderr: IO | None = None, timeout: float | None = None) -> int:
+    """This machine's agent for spec, output to console and RUN_DIR/logs/<log_name>; its exit status.
+
+    wrap: what runs the agent (a container's command line). dry_run prints the command and returns 0."""
+    argv = [*wrap, *agent_command(spec, processes_per_node(spec, env), run_dir=run_dir)]
     if dry_run:
-        if built.script is not None:
-            print(f"# {built.argv[-1]}\n{built.script}", file=out)
-        print(shlex.join(built.argv), file=out)
+        print(shlex.join(argv), file=stdout or sys.stdout)
         return 0
-    if built.script is not None:
-        write_atomic(built.argv[-1], built.script)
-        from runtime.launch import slurm
-        return slurm.submit_and_follow(built, child_env, run_dir, wait=spec.slurm.wait, stdout=out)
-    log_path = None
-    if run_dir is not None:
-        (Path(run_dir) / "logs").mkdir(parents=True, exist_ok=True)
-        log_path = Path(run_dir) / "logs" / log_name
-        with open(log_path, "a", encoding="utf-8") as handle:
-            shown = masker.argv(built.argv) if masker is not None else built.argv
-            handle.write(f"$ {shlex.join(shown)}\n")
-    interrupt = interrupt_recorded_step(run_dir, child_env) if spec.runtime.startswith("slurm") and run_dir else None
-    return run_streaming(built.argv, child_env, log_path, cwd=spec.workdir or None, stdout=stdout,
-                         stderr=stderr, masker=masker, interrupt=interrupt)
+    child_env = launch_env(spec, env, run_dir)
+    if not wrap:
+        child_env[LAUNCHER_PID_VAR] = str(os.getpid())   # the agent is our child: it ends with us
+        if sys.stderr.isatty() and not env.get("CI"):
+            child_env[PROGRESS_TTY_VAR] = "1"   # rank 0's progress bar goes to this terminal, not to the logs
+    return run_logged(argv, child_env, run_dir, log_name=log_name, masker=masker, cwd=spec.workdir or None,
+                      stdout=stdout, stderr=stderr, timeout=timeout)

@@ -66,7 +66,7 @@ def measure(inp) -> dict:
 
 def local_allreduce(inp) -> tuple[Optional[float], int, Optional[str]]:
     """busbw (GB/s) of one all-reduce over this node's GPUs (2 gloo ranks on a CPU)."""
-    from runtime.launch import LaunchSpec, build
+    from runtime.launch import LaunchSpec, agent_command, processes_per_node
 
     gpu = inp.machine.has_gpu
     ranks = inp.machine.count if gpu else 2
@@ -75,14 +75,13 @@ def local_allreduce(inp) -> tuple[Optional[float], int, Optional[str]]:
     size = "1G" if gpu else "4M"
     with tempfile.TemporaryDirectory(prefix="anvil-perf-") as tmp:
         out = Path(tmp) / "collectives.json"
-        spec = LaunchSpec(module="benchmarks.collectives", runtime="direct", nproc=ranks, gpus=inp.machine.count,
+        spec = LaunchSpec(module="benchmarks.collectives", nproc=ranks, gpus=inp.machine.count,
                           vendor=inp.machine.vendor, args=["--sizes", size, "--iters", "10", "--out", str(out)])
         env = dict(inp.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
-        built = build(spec, env)
         try:
-            proc = subprocess.run(built.argv, env=env, capture_output=True, text=True,
-                                  timeout=inp.timeout or PERF_TIMEOUT_S, stdin=subprocess.DEVNULL)
+            proc = subprocess.run(agent_command(spec, processes_per_node(spec, env)), env=env, capture_output=True,
+                                  text=True, timeout=inp.timeout or PERF_TIMEOUT_S, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             return None, ranks, f"the all-reduce did not finish within {inp.timeout or PERF_TIMEOUT_S:g} s"
         if proc.returncode != 0 or not out.is_file():

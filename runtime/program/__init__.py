@@ -1,1 +1,1 @@
-"""The `inv` program: Invoke with Fabric's -H fan-out, its settings file, the .pth shim."""
+"""The `inv` program: Invoke with Fabric's host flags, task discovery, the .pth shim."""

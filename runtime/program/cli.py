@@ -8,7 +8,7 @@ for a reason:
 
 - Fabric is imported only when -H is used: importing paramiko costs ~0.25 s,
   half of the 0.5 s budget for `inv --list`. The flags are Fab's own.
-- `-H a,b TASK` runs TASK on all hosts at once (runtime.program.fanout), the remote
+- `-H a,b TASK` runs TASK on all hosts at once (runtime.jobs.fanout), the remote
   side running the same `inv` with the task's pre/post tasks, instead of
   Fabric's serial, stop-at-first-failure loop with pre/post run locally once.
   `-H @` means the hosts in `anvil.hosts`.
@@ -26,6 +26,7 @@ rewrites bin/inv): see runtime/program/shim.py; `main()` keeps that shim in plac
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -94,28 +95,23 @@ class AnvilExecutor(Executor):
         self.config.load_collection(self.collection.configuration())
         self.config.load_shell_env()
         hosts = self.core[0].args.hosts.value if self.core is not None else None
-        from runtime.program import fanout
-        if hosts:
-            results = {}
-            for context in tasks:   # in order, stopping at the first that fails (like Invoke)
-                if self._takes_hosts(context, hosts):
-                    results.update(super().execute(context))
-                    continue
-                code = fanout.run_cli(self.collection, self.config, self.core, [context])
-                if code:
-                    raise Exit(code=code)
-            return results
-        on_slurm = [self._on_slurm(t) for t in tasks]
-        if not any(on_slurm):
+        config_file = self.core[0].args.config.value if self.core is not None else None
+        if self.core is not None:   # -i, -S, -t, the prompts: for whatever reaches hosts over SSH
+            self.config[settings_mod.SSH_FLAGS] = self._ssh_flags()
+        fanned = [None if hosts else self._on_nodes(t) for t in tasks]
+        if not hosts and not any(fanned):
             return super().execute(*tasks)
+        from runtime.jobs import fanout
         results = {}
-        for context, fanned in zip(tasks, on_slurm):  # in order; a per-node task under Slurm runs on every node
-            if not fanned:
+        for context, runtime in zip(tasks, fanned):   # in order, stopping at the first that fails (like Invoke)
+            self.current_task = context.name
+            if hosts and not self._takes_hosts(context, hosts):
+                code = fanout.over_hosts(self.config, context, hosts, config_file)
+            elif runtime is not None:        # a per-node task under a runtime that spans nodes
+                code = fanout.on_nodes(self.config, context, runtime, config_file)
+            else:
                 results.update(super().execute(context))
                 continue
-            self.current_task = context.name
-            config_file = self.core[0].args.config.value if self.core is not None else None
-            code = fanout.run_on_slurm(self.config, context, config_file)
             if code:
                 raise Exit(code=code)
         return results
@@ -128,27 +124,42 @@ class AnvilExecutor(Executor):
             return False
         return bool(getattr(task, flag, False))
 
+    def _ssh_flags(self):
+        """inv's SSH flags (-i, -S, -t, the prompts) over the settings' SSH options: what every SSH
+        session of this inv uses (settings.Settings.ssh_options)."""
+        import os
+
+        settings = settings_mod.load(self)
+        args = self.core[0].args
+        keys = list(settings.key_filename) + [os.path.expanduser(k) for k in (args.identity.value or [])]
+        password = passphrase = None
+        if args["prompt-for-login-password"].value:
+            import getpass
+            password = getpass.getpass("Enter login password for use with SSH auth: ")
+        if args["prompt-for-passphrase"].value:
+            import getpass
+            passphrase = getpass.getpass("Enter passphrase for use unlocking SSH keys: ")
+        return dataclasses.replace(settings.ssh_options(), key_filename=keys, ssh_config=args["ssh-config"].value,
+                                   connect_timeout=float(args["connect-timeout"].value or settings.connect_timeout),
+                                   password=password, passphrase=passphrase)
+
     def _takes_hosts(self, context, hosts: str) -> bool:
-        """A task that reaches the nodes itself (run_task(takes_hosts=True)): under -H it runs once,
-        here, with -H's hosts as its --hosts and inv's SSH flags in the config (ssh.CLI_OPTIONS)."""
+        """A task that reaches the nodes itself (run_task(takes_hosts=True): preflight.comm,
+        train.pretrain): under -H it runs once, here, with -H's hosts as its --hosts."""
         if not self._made_with(context, "takes_hosts"):
             return False
-        from runtime.program import ssh
         given = context.args["hosts"].value
         if given and given != hosts:
             raise Exit(f"{context.name}: -H {hosts} and --hosts {given}: name the hosts once", 2)
         context.args["hosts"].value = hosts
-        try:
-            self.config[ssh.CLI_OPTIONS] = ssh.options_from(self.config, self.core)
-        except settings_mod.SettingsError as exc:
-            raise Exit(f"-H: {exc}", 2) from None
         return True
 
-    def _on_slurm(self, context) -> bool:
-        """A per-node task (run_task(per_node=True)) whose runtime is slurm: fan it out over srun."""
+    def _on_nodes(self, context):
+        """The runtime a per-node task (run_task(per_node=True)) fans out over, when it spans nodes
+        (slurm: the allocation's; ssh: anvil.hosts); None to run it here."""
         if not self._made_with(context, "per_node"):
-            return False
-        from runtime.program.fanout import per_node_options
+            return None
+        from runtime.jobs.fanout import per_node_options
         from runtime.runs.options import per_node_runtime
         given, nodes = per_node_options(context)
         try:
@@ -157,9 +168,9 @@ class AnvilExecutor(Executor):
             raise Exit(f"{context.name}: {exc}", exc.exit_code) from None
         if note:
             print(f"{context.name}: {note}", file=sys.stderr, flush=True)
-        if nodes and runtime != "slurm":
+        if nodes and not runtime.scheduler:
             raise Exit(f"{context.name}: --nodes needs --runtime slurm (runtime is {runtime})", 2)
-        return runtime == "slurm"
+        return runtime if runtime.spans_nodes else None
 
 
 class AnvilProgram(Program):
@@ -284,7 +295,7 @@ def _config_errors(settings_from: str = "invoke.yaml"):
         raise Exit(f"invalid YAML in a configuration file: {exc}", 2) from None
     except json.JSONDecodeError as exc:
         raise Exit(f"invalid JSON in a configuration file: {exc}", 2) from None
-    except settings_mod.SettingsError as exc:
+    except UserError as exc:            # SettingsError, or the runtime (runtime.cluster.BadRuntime)
         raise Exit(f"{settings_from}: {exc}", 2) from None
     except OSError as exc:
         raise Exit(f"cannot read a configuration file: {exc}", 2) from None

@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import sys
 
-from runtime.program import pipes, remote_stop, shim
+from runtime.program import pipes, shim
 from runtime.program.cli import program
 
 
 def main(argv=None):
     shim.ensure_installed()
-    remote_stop.watch_stdin()
     pipes.guard_stdout()
     try:
         program.run(argv)

@@ -39,7 +39,7 @@ def record(run_dir: Path, code: int, requeued: bool = False, environ: dict[str, 
            status: str | None = None, why: str | None = None, ended: float | None = None,
            on_term: bool = False, settled_by: str = "slurm", waiting: tuple[str, ...] = UNFOLLOWED) -> bool:
     """Write the attempt's end into RUN_DIR/metadata.json when no inv follows the job; whether it did.
-    `status` and `why` come from runtime.runs.settle, which records a job that ended without
+    `status` and `why` come from runtime.jobs.settle, which records a job that ended without
     getting here: its status when exit codes do not say it (cancelled, lost), what Slurm said,
     and when the job ended. settle also records a run whose inv died ("running" in `waiting`,
     settled_by "pid"). Only a run whose status is in `waiting` is written."""

@@ -4,9 +4,11 @@
     nodes/fail.txt     one host per line
     nodes/fail.json    {host: [reason, ...]}
 
-`inv preflight.all` (over -H or a Slurm allocation) writes them; `inv
-train.pretrain --exclude-from RUN` reads fail.json and leaves those nodes out
-of the srun/sbatch line, recording which and why in its own metadata.json.
+`inv preflight.all` (over -H or a Slurm allocation) and preflight.comm write
+them, and end their report with node_lists_footer; `inv train.pretrain
+--exclude-from RUN` reads fail.json and leaves those nodes out of the hosts or
+the srun/sbatch line, recording which and why in its own metadata.json. Hosts
+are in Slurm form (results.slurm_name: `user@node1:22` is `node1`).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Mapping
 
+from runtime.cluster.results import slurm_name
 from runtime.runs import rundir
 from trainer.errors import UserError
 
@@ -43,3 +46,15 @@ def failing(run: str | Path) -> dict[str, list[str]]:
         return {str(h): [str(r) for r in (v if isinstance(v, list) else [v])] for h, v in data.items()}
     raise UserError(f"--exclude-from {run}: no node lists there (expected {FOLDER}/fail.json from a "
                     "`inv preflight.all` run over several nodes)")
+
+
+def node_lists_footer(passing: list[str], failing: list[str], run_dir=None) -> list[str]:
+    """The lines every multi-node report ends with: who passed, who failed, how to leave them out."""
+    out = [f"passing hosts: {','.join(passing) or '(none)'}", f"failing hosts: {','.join(failing) or '(none)'}"]
+    if failing:
+        out.append(f"exclude them:  srun --exclude={','.join(slurm_name(h) for h in failing)} ...")
+        if run_dir:
+            out.append(f"               inv train.pretrain --exclude-from {run_dir} ...")
+    if run_dir:
+        out.append(f"run directory: {run_dir}")
+    return out

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from invoke import task as invoke_task
 
+from runtime.cluster.runtime import Runtime
 from trainer.errors import UserError
 
 
@@ -82,27 +83,29 @@ RUN_OPTION_HELP = {
 }
 _RUN_OPTION_NAMES = ("name", "env", "no_hooks", "patch")
 PER_NODE_HELP = {
-    "runtime": "direct (this node) | slurm: run on every node of the Slurm allocation, one task per node, "
-               "and merge the results (default: the anvil.runtime setting, without its container)",
+    "runtime": "direct (this node) | slurm: every node of the Slurm allocation, one task per node | ssh: every "
+               "host of anvil.hosts; the results merged (default: the anvil.runtime setting, without its container)",
     "nodes": "Slurm: how many nodes (default: the whole allocation; 1 outside one)",
 }
-PER_NODE_RUNTIMES = ("direct", "slurm")
 
 
-def per_node_runtime(given: str, setting: str) -> tuple[str, str]:
-    """The runtime a per-node task runs under (direct | slurm), and a notice when the setting's container is dropped.
+def per_node_runtime(given: str, setting: Runtime) -> tuple[Runtime, str]:
+    """The runtime a per-node task runs under, and a notice when the setting's container is dropped.
 
     A per-node task checks or measures the node itself (its GPUs, driver, network), so it takes no
     container: --runtime container or slurm+container is a UserError. The same runtime from the
-    anvil.runtime setting (which is there for training) keeps its launcher, drops the container and says so."""
+    anvil.runtime setting (which is there for training) keeps its transport, drops the container and
+    says so."""
     if given:
-        if given not in PER_NODE_RUNTIMES:
+        runtime = Runtime.parse(given)
+        if runtime.container:
             raise UserError(f"--runtime {given} is not supported here: a per-node task runs on the node itself; "
-                            "use --runtime direct (this node) or slurm (every node of the allocation)")
-        return given, ""
-    runtime = "slurm" if setting.startswith("slurm") else "direct"
-    if setting == runtime:
+                            "use --runtime direct (this node), slurm (every node of the allocation) or ssh "
+                            "(every host of anvil.hosts)")
         return runtime, ""
+    if not setting.container:
+        return setting, ""
+    runtime = setting.bare()
     return runtime, (f"runs on the node itself, not in a container (anvil.runtime is {setting}); "
                      f"--runtime {runtime} says so and hides this note")
 
@@ -115,13 +118,13 @@ def run_task(*args, per_node: bool = False, takes_hosts: bool = False, **task_kw
     -h from --help (Invoke gives a task's first option letter as a short flag by default).
 
     per_node=True (preflight, single-node benchmarks) also adds --runtime and
-    --nodes: under runtime slurm the inv program runs the task once on every
-    node of the allocation and merges the results (runtime.program.fanout);
+    --nodes: under a runtime that spans nodes (slurm, ssh) the inv program runs
+    the task once on every node and merges the results (runtime.jobs.fanout);
     the task itself always runs on one node.
 
-    takes_hosts=True (preflight.comm): the task reaches the nodes itself through
-    its --hosts option, so `inv -H a,b TASK` runs it once, here, with those
-    hosts (and the SSH flags given to inv) rather than once on every host.
+    takes_hosts=True (preflight.comm, train.pretrain): the task reaches the nodes
+    itself through its --hosts option, so `inv -H a,b TASK` runs it once, here,
+    with those hosts (and the SSH flags given to inv) rather than once on every host.
     """
     def decorate(func: Callable) -> Any:
         signature = inspect.signature(func)

@@ -6,7 +6,7 @@
 
 The recorded command line is replayed without its fan-out flags (-H, -i, ...;
 kept where -H was the input of a task that reaches the hosts itself), with
-a Slurm training run's launcher and node count pinned (--runtime, --nodes),
+a scheduled training run's runtime and node count pinned (--runtime, --nodes),
 `--resume auto` pinned to the checkpoint it found then (or dropped, if none),
 with every config path that the run recorded (config_sources) swapped for the
 copy inside the run directory (a copy gone is a damaged run: refused). The child gets the recorded environment over
@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from runtime.cluster.runtime import BadRuntime, Runtime
 from runtime.runs import history, rundir, snapshot
 from runtime.runs.run import MACHINE_IDENTITY, REPLAY_ENV
 from trainer.secrets import MASK
@@ -151,10 +152,19 @@ def _replay_argv(metadata: dict, run_dir: Path) -> tuple[list[str], list[str]]:
 _TOPOLOGY_TASKS = ("train.pretrain",)
 
 
+def recorded_runtime(metadata: dict) -> Runtime | None:
+    """The runtime the run recorded (None: none, or one this checkout does not know)."""
+    try:
+        return Runtime.parse(str(metadata.get("runtime") or ""), "the recorded runtime")
+    except BadRuntime:
+        return None
+
+
 def recorded_nodes(metadata: dict) -> int:
-    """The node count of a Slurm training run (0: not one)."""
+    """The node count of a training run that a scheduler placed (0: not one)."""
     nodes = metadata.get("nodes")
-    if metadata.get("task") not in _TOPOLOGY_TASKS or not str(metadata.get("runtime") or "").startswith("slurm"):
+    runtime = recorded_runtime(metadata)
+    if metadata.get("task") not in _TOPOLOGY_TASKS or runtime is None or not runtime.scheduler:
         return 0
     return nodes if isinstance(nodes, int) and nodes > 0 else 0
 
@@ -199,14 +209,13 @@ def _pinned_resume(metadata: dict, argv: list[str], notes: list[str]) -> list[st
 
 
 def check_topology(recorded: history.Recorded, env: Mapping[str, str] | None = None) -> list[Difference]:
-    """Inside a Slurm allocation: fewer nodes than the recorded run had is a blocking difference."""
-    from runtime.launch.commands import allocated_nodes, in_allocation
-
+    """Inside an allocation (a Slurm job): fewer nodes than the recorded run had is a blocking difference."""
     env = os.environ if env is None else env
     nodes = recorded_nodes(recorded.metadata)
-    if not nodes or not in_allocation(env) or allocated_nodes(env) >= nodes:
+    here = recorded_runtime(recorded.metadata).kind.allocation(env) if nodes else None
+    if here is None or here[0] >= nodes:
         return []
-    return [Difference("nodes", str(nodes), f"{allocated_nodes(env)} (Slurm job {env.get('SLURM_JOB_ID')})", True)]
+    return [Difference("nodes", str(nodes), f"{here[0]} ({here[1]})", True)]
 
 
 def plan(path: str | Path, runs_dir: Path | None = None) -> ReplayPlan:

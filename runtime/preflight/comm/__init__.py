@@ -1,7 +1,7 @@
 """preflight.comm: find the one slow link or node among N nodes.
 
-    report = screen_links(hosts, SshTransport(options, work_dir), size="64M", iters=10, progress=print)
-    run_comm_check(c, hosts=None, slurm=False, size="64M", iters=10)     # the task's body: a run directory
+    report = screen_links(hosts, OverCluster(transport, work_dir), size="64M", iters=10, progress=print)
+    run_comm_check(c, hosts=None, runtime=None, size="64M", iters=10)   # the task's body: a run directory
 
 1. Reach every node (and count its GPUs): a node that cannot be reached FAILs
    at once and is left out of the rest.
@@ -27,14 +27,13 @@
    4% of median"), the all-reduce row, the failing nodes with their reasons
    (runtime.runs.nodes.write), the pairs measured.
 
-Transports run the same measurement, `python -m runtime.launch.agent ... --
-python -m benchmarks.collectives --sizes S --iters K --out FILE`, on the
-nodes: SshTransport over Fabric (the agent started on both hosts at once,
-master = the first host, rank 0 writes FILE on the shared file system), and
-SlurmTransport with one `srun --nodes=2 --nodelist=a,b --ntasks-per-node=1
-... agent --slurm` step per pair inside an allocation. Every launch has a
-timeout (a dead link costs its timeout, never a hang): `timeout -k 5 T` on
-the node for SSH, the srun step killed for Slurm.
+Each measurement is one launch of `python -m benchmarks.collectives --sizes S
+--iters K --out FILE` through a cluster transport (runtime.cluster): one agent
+per node, rank 0 writing FILE into the run directory (a shared file system).
+Over SSH the hosts are named (--hosts, -H, anvil.hosts); inside a Slurm
+allocation each launch is an srun step on its nodes (--nodelist). Every launch
+has a timeout (a dead link costs its timeout, never a hang): the remote end of
+the SSH session, or srun, ends it.
 
 The package, one job a module (each imports only modules above it in this list):
 
@@ -43,7 +42,7 @@ The package, one job a module (each imports only modules above it in this list):
     rounds.py        the round logic, pure: first_round, next_round, mark_slow, node_states, rounds_left,
                      retest_plan, keep_best
     report.py        the verdict (verdict, describe) and the report: NodeRow, CommReport, render
-    transports.py    SshTransport (Fabric), SlurmTransport (srun) and what they share (_Launcher)
+    measure.py       OverCluster: probe, all-reduce and pairs as launches through a cluster transport
     check.py         screen_links: the steps above over one transport
     task.py          run_comm_check: the body of `inv preflight.comm` (hosts, transport, run directory)
 
@@ -58,10 +57,10 @@ from runtime.preflight.comm.report import CommReport, NodeRow, describe, render,
 from runtime.preflight.comm.rounds import (RATIO, NodeState, established, first_round, keep_best, mark_slow,
                                            next_round, node_states, reference, retest_plan, rounds_left)
 from runtime.preflight.comm.task import run_comm_check
-from runtime.preflight.comm.transports import NODE_LOCAL, WARMUP, SlurmTransport, SshTransport
+from runtime.preflight.comm.measure import NODE_LOCAL, WARMUP, OverCluster
 
 __all__ = ["CommError", "CommFailed", "CommReport", "MAX_ROUNDS", "Measurement", "NODE_LOCAL", "NodeRow", "NodeState",
-           "PROBE_TIMEOUT_S", "Pair", "Probe", "Progress", "RATIO", "SlurmTransport", "SshTransport", "TIMEOUT_S",
+           "OverCluster", "PROBE_TIMEOUT_S", "Pair", "Probe", "Progress", "RATIO", "TIMEOUT_S",
            "Transport", "WARMUP", "describe", "established", "first_round", "keep_best", "mark_slow", "next_round",
            "node_states", "read_result", "reference", "render", "retest_plan", "rounds_left", "run_comm_check",
            "screen_links", "verdict"]

@@ -174,7 +174,7 @@ def verdict(nodes: Sequence[str], measurements: Sequence[Measurement], ref: floa
 def render(report: CommReport, run_dir: Path | str | None = None) -> str:
     from tabulate import tabulate
 
-    from runtime.program.results import node_lists_footer
+    from runtime.runs.nodes import node_lists_footer
 
     out = []
     ar = report.allreduce_row

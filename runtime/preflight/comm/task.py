@@ -5,50 +5,35 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Mapping, Sequence
+from typing import Mapping
 
 from runtime.preflight.comm.check import MAX_ROUNDS, TIMEOUT_S, screen_links
 from runtime.preflight.comm.errors import CommError, CommFailed
+from runtime.preflight.comm.measure import OverCluster
 from runtime.preflight.comm.measurement import Transport
 from runtime.preflight.comm.report import render
 from runtime.preflight.comm.rounds import RATIO
-from runtime.preflight.comm.transports import SlurmTransport, SshTransport
 
 
-def _slurm_hosts(hosts: Sequence[str], env: Mapping[str, str]) -> list[str]:
-    from runtime.launch.commands import in_allocation
-    from runtime.launch.slurm import hostnames
-    from runtime.program.allocation import require_slurm
-
-    if not in_allocation(env):
-        raise CommError("preflight.comm with runtime slurm runs inside an allocation: salloc -N<nodes> inv "
-                        "preflight.comm --runtime slurm (the pairs are srun steps of that allocation)")
-    require_slurm(env)
-    members = hostnames(env.get("SLURM_JOB_NODELIST", ""), env)
-    if hosts:
-        missing = [h for h in hosts if h not in members]
-        if missing:
-            raise CommError(f"--hosts {','.join(missing)}: not in this allocation ({','.join(members)})")
-        return list(hosts)
-    return members
-
-
-def run_comm_check(c, hosts: list[str] | str | None, slurm: bool, size: str = "64M", iters: int = 10, *,
+def run_comm_check(c, hosts: list[str] | str | None, runtime=None, size: str = "64M", iters: int = 10, *,
                    json: bool = False, timeout: float = 0.0, nproc: int = 0, ratio: float = RATIO,
                    max_rounds: int = MAX_ROUNDS, run_options=None, env: Mapping[str, str] | None = None,
-                   options=None, transport: Transport | None = None) -> dict:
+                   transport: Transport | None = None) -> dict:
     """`inv preflight.comm`: the screen as a run (runs/<time>_preflight.comm/) with report.json,
     report.txt, pairs/ (every launch's JSON and output) and nodes/{pass,fail}.txt, fail.json; prints
-    the table and the exclude line (or the JSON with json=True). Returns the report's dict when every
-    node passes; on a failing node (or a failed all-reduce) the run ends failed and RunFailed carries
-    exit status 1. Bad input: CommError (exit 2), before any run directory. options: FanoutOptions
-    for SSH (default: from the anvil settings); transport: measure through this one instead."""
+    the table and the exclude line (or the JSON with json=True). runtime: a Runtime (default: the
+    anvil.runtime setting); one whose scheduler places the nodes screens the allocation's members,
+    any other screens the hosts over SSH. Returns the report's dict when every node passes; on a
+    failing node (or a failed all-reduce) the run ends failed and RunFailed carries exit status 1.
+    Bad input: CommError (exit 2), before any run directory. transport: measure through this one
+    instead."""
     import json as jsonlib
 
     from benchmarks.collectives import parse_size
     from runtime import settings as settings_mod
-    from runtime.program import ssh
-    from runtime.program.results import slurm_name
+    from runtime.cluster import Runtime
+    from runtime.cluster.results import slurm_name
+    from runtime.cluster.ssh import HostsError, parse_hosts
     from runtime.runs import nodes as nodes_mod
     from runtime.runs.run import RunSpec, execute
 
@@ -66,31 +51,34 @@ def run_comm_check(c, hosts: list[str] | str | None, slurm: bool, size: str = "6
     if not 0 < ratio < 1:
         raise CommError(f"--slow-below must be between 0 and 100 (% of the median), got {100 * ratio:g}")
     settings = settings_mod.load(c)
-    default = settings.hosts
-    given = settings_mod.split_list(hosts) if hosts else []
-    if slurm:
-        host_list = _slurm_hosts(given, env)
-    else:
+    if runtime is not None and runtime.container:
+        raise CommError(f"--runtime {runtime}: the comm check measures the nodes' own links, not a container's; "
+                        "use --runtime ssh (the hosts) or slurm (the nodes of this allocation)")
+    runtime = (runtime or settings.runtime).bare()    # the setting's container is for training
+    given = parse_hosts(hosts) if hosts else []
+    if runtime.scheduler:            # the nodes of this allocation, each pair an srun step in it
+        cluster = runtime.open(settings.cluster_options())
+        if cluster.allocation(env) is None:
+            raise CommError(f"preflight.comm with runtime {runtime} runs inside an allocation: salloc -N<nodes> inv "
+                            f"preflight.comm --runtime {runtime} (the pairs are srun steps of that allocation)")
+        cluster.check(env)
+        members = cluster.nodes(env)
+        missing = [h for h in given if h not in members]
+        if missing:
+            raise CommError(f"--hosts {','.join(missing)}: not in this allocation ({','.join(members)})")
+        host_list = given or members
+    else:                            # the hosts, over SSH
         try:
-            host_list = ssh.parse_hosts(given or default, default)
-        except ssh.FanoutError as exc:
+            host_list = parse_hosts(given or settings.hosts or "", settings.hosts)
+        except HostsError as exc:
             raise CommError(f"--hosts: {exc} (or set anvil.hosts in invoke.yaml)") from None
+        cluster = Runtime("ssh").open(settings.cluster_options(hosts=host_list))
     if len(host_list) < 2:
         raise CommError(f"the comm check needs at least 2 nodes, got {len(host_list)}: {','.join(host_list)}")
     limit = timeout or TIMEOUT_S
 
     def body(run):
-        work = run.path / "pairs"
-        if transport is not None:
-            via = transport
-        elif slurm:
-            via = SlurmTransport(work, settings, env, nproc=nproc)
-        else:
-            fanout = options or ssh.FanoutOptions(
-                remote_path=settings.remote_path or str(settings.root), remote_inv=settings.remote_inv,
-                user=settings.user or None, key_filename=list(settings.key_filename),
-                connect_timeout=float(settings.connect_timeout))
-            via = SshTransport(fanout, work, nproc=nproc)
+        via = transport or OverCluster(cluster, run.path / "pairs", nproc=nproc, env=env, record=run.write_json)
 
         def progress(line):
             print(f"preflight.comm: {line}", file=sys.stderr, flush=True)
@@ -113,7 +101,8 @@ def run_comm_check(c, hosts: list[str] | str | None, slurm: bool, size: str = "6
             raise CommFailed(what)
         return document
 
-    extra = {"hosts_checked": host_list, "size": size, "iters": int(iters), "transport": "srun" if slurm else "ssh"}
+    extra = {"hosts_checked": host_list, "size": size, "iters": int(iters),
+             "transport": transport.name if transport is not None else cluster.via}
     spec = (run_options.spec("preflight.comm", extra=extra) if run_options is not None
             else RunSpec(task="preflight.comm", extra=extra))
     return execute(c, spec, body)

@@ -1,11 +1,11 @@
 """Fanned-out tasks: run one task on many nodes at once, merge the results into one report.
 
-Two ways to reach the nodes, one report:
-    inv -H a,b,c TASK ARGS                 over SSH (runtime.program.ssh), any task
-    inv TASK ARGS --runtime slurm          over srun, one task per node of the allocation
-                                           (runtime.program.allocation), tasks marked per_node
+Two ways to name the nodes, one report:
+    inv -H a,b,c TASK ARGS                 the hosts, over SSH; any task
+    inv TASK ARGS --runtime slurm          every node of a runtime that spans nodes (slurm: the
+                                           allocation's; ssh: anvil.hosts); tasks marked per_node
 Each node runs the same `inv TASK` locally (with --json where the task has
-it). Output shaped as checks or measurements (runtime.program.results) is
+it), through the runtime's transport (runtime.cluster: Transport.each_node). Output shaped as checks or measurements (runtime.cluster.results) is
 merged into one table, row by row and host by host: values that differ
 between hosts are marked, and each measurement is shown as a share of the
 hosts' median (under 90%: WARN, a straggler). Anything else is shown per
@@ -16,7 +16,7 @@ failed.
 Each fan-out is a run of its own on this machine (runs/<time>_<task>/):
     report.json, report.txt     the merged report as JSON and as printed
     hosts/<host>.json           each host's exit status, output and error
-    hosts/<host>/<run>/         (Slurm) each node's own run directory
+    hosts/<host>/<run>/         each node's own run directory (on a shared file system)
     nodes/pass.txt, fail.txt, fail.json    the node lists (runtime.runs.nodes),
                                 what `inv train.pretrain --exclude-from RUN` reads
 """
@@ -28,12 +28,16 @@ import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tabulate import tabulate
 
-from runtime.program.results import (HostResult, Interrupted, checks_of, error_line, node_lists_footer,
-                                     slurm_name)
+from runtime import settings as settings_mod
+from runtime.cluster import Runtime, Transport
+from runtime.cluster.results import HostResult, Interrupted, checks_of, error_line, slurm_name
+from runtime.runs.nodes import node_lists_footer
+from runtime.settings import NODE_RUNTIME_VAR
+from trainer.errors import UserError
 
 STATUSES = ("PASS", "WARN", "FAIL")
 DIFFERS = "≠"
@@ -223,9 +227,6 @@ def per_node_options(context) -> tuple[str, int]:
 
 # -- the CLI side (called by runtime.program.cli.AnvilExecutor) ------------------------
 
-Transport = Callable[[list[str], Path, Callable[[HostResult], None]], list[HostResult]]
-
-
 def refused_input(results: list[HostResult]) -> str | None:
     """The error line when every host ran the task and exited 2 (a user error: the input, not the host)."""
     if not results or any(not r.reachable or r.exit_code != 2 for r in results):
@@ -233,10 +234,11 @@ def refused_input(results: list[HostResult]) -> str | None:
     return error_line(results[0].stderr) or "the task refused its input (exit 2)"
 
 
-def fan_out(config, context, label: str, hosts_hint: str, transport: Transport,
+def fan_out(config, context, transport: Transport, node_runtime: Runtime, config_file: str | None = None,
             skip: tuple[str, ...] = ()) -> int:
-    """Run one task through `transport`, record it as a run, print the merged report; exit status.
-    skip: the task's options the transport itself took (not passed on to the hosts)."""
+    """Run one task on every node of `transport`, record it as a run, print the merged report; exit
+    status. node_runtime: how each node runs its part; config_file: inv's -f FILE, which each node's
+    inv reads too (a shared file system); skip: the task's options the transport itself took."""
     from runtime.runs import nodes as nodes_mod
     from runtime.runs import run as run_mod
 
@@ -244,15 +246,18 @@ def fan_out(config, context, label: str, hosts_hint: str, transport: Transport,
     wants_json = context.args["json"].value if "json" in context.args else False
     if "json" in context.args and not wants_json:
         argv.append("--json")
+    command = [transport.inv(), *(["-f", str(Path(config_file).resolve())] if config_file else []), *argv]
     run = run_mod.create(_ConfigHolder(config), run_mod.RunSpec(task=context.name, hooks=False,
-                                                                extra={"fanout": label}))
-    print(f"{context.name} on {hosts_hint} (over {label})", file=sys.stderr, flush=True)   # after "run directory"
+                                                                extra={"fanout": transport.via}))
+    where = transport.where(os.environ)
+    print(f"{context.name} on {where} (over {transport.via})", file=sys.stderr, flush=True)   # after "run directory"
 
     def progress(r: HostResult) -> None:
         print(f"  {r.host}: {host_status(r)} ({r.seconds:.1f} s)", file=sys.stderr, flush=True)
 
     try:
-        results = transport(argv, run.path, progress)
+        results = transport.each_node(command, {NODE_RUNTIME_VAR: str(node_runtime)}, hosts_dir=run.path / "hosts",
+                                      progress=progress)
     except Interrupted as stop:
         return _interrupted(run, context.name, stop.results)
     except BaseException as exc:
@@ -306,63 +311,44 @@ def _interrupted(run, task: str, results: list[HostResult]) -> int:
     return 130
 
 
-def run_cli(collection, config, core, contexts) -> int:
-    """`inv -H ...`: fan the requested tasks out over SSH; stop at the first that fails (like Invoke)."""
-    from runtime import settings as settings_mod
-    from runtime.program import ssh
+def over_hosts(config, context, hosts: str, config_file: str | None = None) -> int:
+    """`inv -H a,b TASK`: TASK on every host over SSH (a task that reaches the hosts itself takes -H as
+    its input instead: runtime.program.cli). A shared anvil.runtime of slurm is for this machine: each
+    host runs its part itself (slurm+container: in the container)."""
+    from runtime.cluster.ssh import HostsError, parse_hosts
 
     try:
         settings = settings_mod.load(_ConfigHolder(config))
-        hosts = ssh.parse_hosts(core[0].args.hosts.value, settings.hosts)
-        options = ssh.options_from(config, core)
-        for context in contexts:
-            _no_slurm_options(context)
-    except (ssh.FanoutError, settings_mod.SettingsError) as exc:
+        hosts_list = parse_hosts(hosts, settings.hosts)
+        _no_scheduler_options(context)
+    except (HostsError, UserError) as exc:
         print(f"-H: {exc}", file=sys.stderr)
         return 2
-    fab_config = ssh.fabric_config(options.ssh_config)
-    # A shared anvil.runtime of slurm is for this machine: each host runs its part itself.
-    remote_runtime = {"slurm": "direct", "slurm+container": "container"}.get(settings.runtime, "")
-
-    def over_ssh(argv, run_dir, progress):
-        return ssh.run_on_hosts(hosts, argv, options, fab_config, progress=progress,
-                                runs_dir=Path(run_dir) / "hosts", runtime=remote_runtime)
-
-    for context in contexts:
-        code = fan_out(config, context, "ssh", f"{len(hosts)} host(s): {', '.join(hosts)}", over_ssh)
-        if code:
-            return code
-    return 0
+    transport = Runtime("ssh").open(settings.cluster_options(hosts=hosts_list))
+    return fan_out(config, context, transport, settings.runtime.on_node(), config_file)
 
 
-def _no_slurm_options(context) -> None:
+def _no_scheduler_options(context) -> None:
     """-H names the hosts; --runtime slurm and --nodes would have Slurm choose them: one or the other."""
     runtime, nodes = per_node_options(context)
-    if runtime.startswith("slurm") or nodes:
-        flag, value = ("--runtime", runtime) if runtime.startswith("slurm") else ("--nodes", nodes)
-        from runtime.program.ssh import FanoutError
-        raise FanoutError(f"{context.name} {flag} {value}: -H already says where it runs (over SSH, on the hosts "
-                          f"named); drop -H to run it on Slurm's nodes, or {flag} to run it on the hosts")
+    scheduled = bool(runtime) and Runtime.parse(runtime).scheduler
+    if scheduled or nodes:
+        flag, value = ("--runtime", runtime) if scheduled else ("--nodes", nodes)
+        raise UserError(f"{context.name} {flag} {value}: -H already says where it runs (over SSH, on the hosts "
+                        f"named); drop -H to run it on Slurm's nodes, or {flag} to run it on the hosts")
 
 
-def run_on_slurm(config, context, config_file: str | None = None) -> int:
-    """`inv TASK --runtime slurm` for a per-node task: one task per node of the allocation.
-    config_file: inv's -f FILE, which each node's inv reads too."""
-    from runtime import settings as settings_mod
-    from runtime.program import allocation
+def on_nodes(config, context, runtime: Runtime, config_file: str | None = None) -> int:
+    """`inv TASK --runtime slurm` for a per-node task: TASK once on every node of the runtime (the
+    allocation's, or --nodes of them; ssh: anvil.hosts). Each node runs its part directly."""
+    import dataclasses
 
     settings = settings_mod.load(_ConfigHolder(config))
-    config_file = str(Path(config_file).resolve()) if config_file else None
-    _runtime, nodes = per_node_options(context)
-    count = allocation.node_count(nodes, os.environ)
-    allocation.require_slurm(os.environ)        # before a run directory is made
-    allocation.check_request(settings, count, os.environ, job_name=f"anvil-{context.name}")
-
-    def over_srun(argv, run_dir, progress):
-        return allocation.run_on_allocation(argv, run_dir, settings, count, progress=progress,
-                                            job_name=f"anvil-{context.name}", config_file=config_file)
-
-    return fan_out(config, context, "srun", f"{count} Slurm node(s)", over_srun, skip=("runtime", "nodes"))
+    _given, nodes = per_node_options(context)
+    slurm = dataclasses.replace(settings.slurm_options(), job_name=f"anvil-{context.name}")
+    transport = runtime.open(settings.cluster_options(nodes=nodes, slurm=slurm))
+    transport.check(os.environ, each_node=True)        # before a run directory is made
+    return fan_out(config, context, transport, Runtime("direct"), config_file, skip=("runtime", "nodes"))
 
 
 class _ConfigHolder:

@@ -1,17 +1,16 @@
-"""One node's part of a task fanned out over a Slurm allocation; srun starts one per node.
+"""One node's part of each_node under Slurm (a command on every node); srun starts one per node.
 
-    python -m runtime.program.nodetask HOSTS_DIR [--timeout S] -- INV TASK ARGS
+    python -m runtime.cluster.slurm.nodetask HOSTS_DIR [--timeout S] -- COMMAND...
 
-Runs ``INV TASK ARGS`` on this node as the node's own, local task: ANVIL_HOST
-is the Slurm node name, ANVIL_NODE_RUNTIME=direct (the node does its own
-part; no second fan-out), and its run directory goes under HOSTS_DIR/<node>/
-(ANVIL_NODE_RUNS_DIR; runtime.settings.NODE_OVERRIDES).
-On starting it writes HOSTS_DIR/.<node>.step (JOB.STEP, which a Ctrl-C of
-the fanning inv signals), then HOSTS_DIR/<node>.json: {host, exit_code,
-stdout, stderr, seconds, step_nodes, error}. It exits 0 once that file is written, so a node
-whose task fails is a result in the merged report, not the end of the srun
-step for the other nodes. SIGTERM/SIGINT/SIGUSR2 (scancel, Ctrl-C on srun) go
-on to the task, whose result is still recorded.
+Runs COMMAND on this node with ANVIL_HOST (the Slurm node name),
+ANVIL_NODE_RANK, ANVIL_NNODES and ANVIL_NODE_RUNS_DIR=HOSTS_DIR/<node> (an
+inv command's run directory goes there; runtime.settings.NODE_OVERRIDES) in
+its environment. On starting it writes HOSTS_DIR/.<node>.step (JOB.STEP,
+which a Ctrl-C of the inv that ran srun signals), then HOSTS_DIR/<node>.json:
+{host, exit_code, stdout, stderr, seconds, step_nodes, error}. It exits 0 once
+that file is written, so a node whose command fails is a result, not the end
+of the srun step for the other nodes. SIGTERM/SIGINT/SIGUSR2 (scancel, Ctrl-C
+on srun) go on to the command, whose result is still recorded.
 """
 from __future__ import annotations
 
@@ -24,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from runtime.cluster.transport import node_env
 from trainer.files import write_atomic, write_json_atomic
 
 
@@ -32,16 +32,18 @@ def node_name() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    split = argv.index("--") if "--" in argv else len(argv)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("hosts_dir")
     parser.add_argument("--timeout", type=float, default=0, help="seconds; 0 = none")
-    parser.add_argument("command", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    args = parser.parse_args(argv[:split])       # (a REMAINDER argument would swallow --timeout)
+    command = argv[split + 1:]
     host = node_name()
     hosts_dir = Path(args.hosts_dir)
-    env = {**os.environ, "ANVIL_HOST": host, "ANVIL_NODE_RUNTIME": "direct",
-           "ANVIL_NODE_RUNS_DIR": str(hosts_dir / host)}
+    rank = int(os.environ.get("SLURM_NODEID", 0))
+    count = int(os.environ.get("SLURM_STEP_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1)
+    env = node_env(os.environ, host, rank, count, hosts_dir)
     record = {"host": host, "exit_code": None, "stdout": "", "stderr": "", "error": None,
               "step_nodes": os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST", "")}
     started = time.monotonic()

@@ -1,74 +1,71 @@
-"""Slurm from outside an allocation: submit the sbatch script, follow the job to its end.
+"""Slurm from outside an allocation: the batch script, submitting it, following the job to its end.
 
-    code = submit_and_follow(built, env, run_dir, wait=True)
+    script = sbatch_script(step, header, run_dir, workdir)   # RUN_DIR/slurm/job.sbatch
+    code = submit_and_follow(script_path, env, run_dir, what="2 node(s) x 4 process(es)", wait=True)
 
-sbatch --parsable prints the job id; the id goes to RUN_DIR/slurm/job_id. While
-following, job state changes are printed as one line each and the job's
-output file (RUN_DIR/logs/slurm-<id>.out) is shown as it grows; a requeued job
-(preemption, `scontrol requeue`) is followed through its restarts. The job's
-exit status becomes ours. Ctrl-C while following asks before cancelling the
-job (on a terminal; elsewhere the job is left running and the scancel line is
-printed). Job state comes from `scontrol show job` (no accounting daemon needed).
+The script runs the step with srun, passes the preemption warning (B:USR2) on to
+it, requeues the job when every rank stopped to be requeued (exit 3), and
+records each attempt's end in the run's metadata.json when no inv follows the
+job (runtime.runs.jobend). sbatch --parsable prints the job id; the id goes to
+RUN_DIR/slurm/job_id. While following, job state changes are printed as one
+line each and the job's output file (RUN_DIR/logs/slurm-<id>.out) is shown as
+it grows; a requeued job (preemption, `scontrol requeue`) is followed through
+its restarts. The job's exit status becomes ours. Ctrl-C while following asks
+before cancelling the job (on a terminal; elsewhere the job is left running and
+the scancel line is printed).
 """
 from __future__ import annotations
 
-import shutil
+import shlex
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO, Mapping
+from typing import IO, Mapping, Sequence
 
-from runtime.launch.spec import EXIT_INTERRUPTED, Built, LaunchError
+from runtime.cluster.slurm.control import (POLL_S, TERMINAL_STATES, _run, cancel, exit_status,
+                                           job_info)
+from runtime.launch.spec import EXIT_INTERRUPTED, LaunchError
 from trainer.errors import AnvilError
 from trainer.files import write_atomic
 
-TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-                   "BOOT_FAIL", "DEADLINE", "PREEMPTED", "SPECIAL_EXIT"}
-POLL_S = 1.0
 
-
-def require(tool: str) -> str:
-    path = shutil.which(tool)
-    if path is None:
-        raise LaunchError(f"runtime slurm: `{tool}` not found on PATH - Slurm's client commands are not "
-                          "installed here (run on a login node, or use --runtime direct)")
-    return path
-
-
-def _run(argv: list[str], env: Mapping[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
-    require(argv[0])
-    try:
-        return subprocess.run(argv, env=dict(env), capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        raise LaunchError(f"`{' '.join(argv[:2])}` did not answer in {timeout:.0f} s: is slurmctld up "
-                          "(`scontrol ping`)?") from None
-
-
-def interrupt_step(step: str, srun: subprocess.Popen, env: Mapping[str, str]) -> None:
-    """A Ctrl-C for the tasks of a running srun: SIGINT to each (`scancel --signal=INT JOB.STEP`), as a
-    terminal's Ctrl-C on their node would give it. srun alone passes SIGINT on only at a second one
-    within a second, and without a terminal on its stdin ends the step instead. With no step yet
-    (step ''), srun gets the SIGINT and gives up its request."""
-    if step:
-        try:
-            subprocess.run(["scancel", "--signal=INT", step], env=dict(env), capture_output=True, timeout=30,
-                           stdin=subprocess.DEVNULL)
-            return
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-    srun.send_signal(signal.SIGINT)
-
-
-def require_controller(env: Mapping[str, str]) -> None:
-    """LaunchError unless slurmctld answers (`scontrol ping`: instant either way)."""
-    proc = _run(["scontrol", "ping"], env)
-    if proc.returncode != 0:
-        said = (proc.stdout.strip() or proc.stderr.strip()).splitlines()
-        raise LaunchError(f"Slurm's controller does not answer ({said[0] if said else f'exit {proc.returncode}'}): "
-                          "slurmctld is down or unreachable from here; nothing was submitted")
+def sbatch_script(step: Sequence[str], header: Sequence[str], run_dir: Path | None, workdir: str) -> str:
+    """The batch script running `step` (the srun line) with the #SBATCH `header` options."""
+    logs = (Path(run_dir) if run_dir else Path.cwd()) / "logs"
+    stop_status = [sys.executable, "-m", "runtime.runs.outcome", str(run_dir or ".")]
+    record = [sys.executable, "-m", "runtime.runs.jobend", str(run_dir)] if run_dir else []
+    lines = ["#!/bin/bash"]
+    lines += [f"#SBATCH {opt}" for opt in header]
+    lines += [f"#SBATCH --output={logs}/slurm-%j.out", ""]
+    lines += ["# Written by anvil (runtime/cluster/slurm/batch.py). Each node's step reads SLURM_* itself",
+              "# (runtime.cluster.slurm.step), so nothing below is expanded by this shell.",
+              "# The batch shell gets the preemption signal (B:USR2) and passes it to the step; ranks",
+              "# checkpoint and exit 3, and the job is requeued; a requeued job resumes from the run",
+              "# directory's checkpoint.",
+              f"cd {shlex.quote(workdir)}",
+              'echo "anvil: job $SLURM_JOB_ID start ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST"',
+              "# the run's metadata.json gets each attempt's end when no inv follows the job (--no-wait)",
+              f"record() {{ {shlex.join(record)} \"$@\"; }}" if record else "record() { :; }",
+              '[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && record --resumed "$SLURM_RESTART_COUNT"',
+              shlex.join(step) + " &",
+              "step=$! got=",
+              "trap 'got=USR2; kill -USR2 $step 2>/dev/null' USR2",
+              "trap 'got=TERM; kill -TERM $step 2>/dev/null' TERM",
+              "wait $step; code=$?",
+              "while kill -0 $step 2>/dev/null; do wait $step; code=$?; done",
+              "# a clean stop ends every srun task with 0; its status (3: requeue me) is in the agents' reports",
+              f"if [ $code -eq 0 ]; then {shlex.join(stop_status)} --restart \"${{SLURM_RESTART_COUNT:-0}}\"; "
+              "code=$?; fi",
+              'echo "anvil: step exited with status $code"',
+              "# Only the preemption warning (USR2) requeues: scancel and the time limit send TERM, and the",
+              "# ranks checkpoint for those too, but the job is to end (it trained on after scancel before)",
+              "if [ $code -eq 3 ] && [ \"$got\" = TERM ]; then record 3 --on-term; exit $code; fi",
+              "# (recorded first: Slurm ends this script as it requeues the job)",
+              "if [ $code -eq 3 ]; then record 3 --requeued; scontrol requeue \"$SLURM_JOB_ID\" && exit 0; fi",
+              'record "$code"',
+              "exit $code", ""]
+    return "\n".join(lines)
 
 
 def submit(script: Path, env: Mapping[str, str]) -> str:
@@ -78,67 +75,6 @@ def submit(script: Path, env: Mapping[str, str]) -> str:
         reason = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
         raise LaunchError(f"sbatch rejected the job: {reason[-1] if reason else f'exit {proc.returncode}'}")
     return proc.stdout.strip().split(";")[0]
-
-
-def hostnames(nodelist: str, env: Mapping[str, str]) -> list[str]:
-    """node[1-3],gpu7 -> [node1, node2, node3, gpu7] (scontrol show hostnames)."""
-    if not nodelist:
-        return []
-    proc = _run(["scontrol", "show", "hostnames", nodelist], env)
-    if proc.returncode != 0:
-        raise LaunchError(f"scontrol show hostnames {nodelist}: {(proc.stderr or proc.stdout).strip()}")
-    return proc.stdout.split()
-
-
-def _job_fields(line: str) -> dict[str, str]:
-    """One job of `scontrol show job -o` (KEY=VALUE tokens) as a dict; the first of a repeated key."""
-    info: dict[str, str] = {}
-    for token in line.split():
-        key, sep, value = token.partition("=")
-        if sep and key not in info:
-            info[key] = value
-    return info
-
-
-def job_info(job_id: str, env: Mapping[str, str]) -> dict[str, str] | None:
-    """scontrol show job -o as a dict; None once slurmctld has forgotten the job."""
-    proc = _run(["scontrol", "show", "job", "-o", job_id], env)
-    if proc.returncode != 0:
-        return None
-    return _job_fields(proc.stdout)
-
-
-def known_jobs(env: Mapping[str, str]) -> dict[str, dict[str, str]] | None:
-    """Every job slurmctld still knows (running, pending, and ended ones for MinJobAge, 300 s by
-    default), by job id; None when Slurm's client is not installed or its controller does not answer."""
-    if shutil.which("scontrol") is None:
-        return None
-    try:
-        proc = _run(["scontrol", "--all", "show", "job", "-o"], env, timeout=20)   # hidden partitions too
-    except LaunchError:
-        return None
-    if proc.returncode != 0:
-        return None
-    jobs = (_job_fields(line) for line in proc.stdout.splitlines())
-    return {info["JobId"]: info for info in jobs if "JobId" in info}
-
-
-def exit_status(info: Mapping[str, str]) -> int:
-    """ExitCode=X:Y -> X, or 128+Y when the batch shell died of signal Y."""
-    code, _, sig = (info.get("ExitCode") or "0:0").partition(":")
-    try:
-        code_i, sig_i = int(code), int(sig or 0)
-    except ValueError:
-        return 1
-    if sig_i:
-        return 128 + sig_i
-    if code_i == 0 and info.get("JobState") not in ("COMPLETED",):
-        return 1   # cancelled / node failure / time limit with no status of its own
-    return code_i
-
-
-def cancel(job_id: str, env: Mapping[str, str]) -> None:
-    _run(["scancel", job_id], env)
 
 
 class _Tail:
@@ -262,15 +198,15 @@ def submitted_job_id(run_dir: Path | str) -> str | None:
     return path.read_text().strip() or None
 
 
-def submit_and_follow(built: Built, env: Mapping[str, str], run_dir: Path | None, wait: bool = True,
+def submit_and_follow(script: Path, env: Mapping[str, str], run_dir: Path | None, what: str, wait: bool = True,
                       stdout: IO | None = None) -> int:
+    """sbatch the script and follow the job to its end (wait=False: return once it is submitted).
+    what: the job's size, for the line saying it was submitted."""
     out = stdout or sys.stdout
-    script = Path(built.argv[-1])
     job_id = submit(script, env)
     if run_dir is not None:
         write_atomic(job_id_file(run_dir), job_id + "\n")
-    print(f"slurm: submitted job {job_id} ({built.nodes} node(s) x {built.nproc} process(es)); "
-          f"script {script}", file=out, flush=True)
+    print(f"slurm: submitted job {job_id} ({what}); script {script}", file=out, flush=True)
     if not wait:
         return 0
     log = Path(run_dir) / "logs" / f"slurm-{job_id}.out" if run_dir is not None else None

@@ -1,8 +1,9 @@
-"""One host's result of a fanned-out task, and the two payload shapes the merge understands.
+"""One node's result of a command run on every node (Transport.each_node), and the two payload shapes
+a fan-out's merge understands.
 
-Whatever carried the task there (SSH for `inv -H`, srun for a Slurm
-allocation), each host ends as a HostResult: exit status, output, the JSON
-document the task printed, or the error that kept it from running.
+Whatever carried the command there (SSH for `inv -H`, srun for a Slurm
+allocation), each node ends as a HostResult: exit status, output, the JSON
+document the command printed, or the error that kept it from running.
 
 Payload shapes (what a task prints with --json):
     {"checks": [{"name", "status": PASS|WARN|FAIL, "value", "reason", "fix"}, ...]}   preflight
@@ -67,18 +68,6 @@ def slurm_name(host: str) -> str:
     if host.startswith("["):
         return host[1:].split("]", 1)[0]
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-
-
-def node_lists_footer(passing: list[str], failing: list[str], run_dir=None) -> list[str]:
-    """The lines every multi-node report ends with: who passed, who failed, how to leave them out."""
-    out = [f"passing hosts: {','.join(passing) or '(none)'}", f"failing hosts: {','.join(failing) or '(none)'}"]
-    if failing:
-        out.append(f"exclude them:  srun --exclude={','.join(slurm_name(h) for h in failing)} ...")
-        if run_dir:
-            out.append(f"               inv train.pretrain --exclude-from {run_dir} ...")
-    if run_dir:
-        out.append(f"run directory: {run_dir}")
-    return out
 
 
 def parse_json_output(text: str) -> Any:

@@ -22,7 +22,7 @@ Nothing is written on a guess: where Slurm's client is missing or its controller
 answer (a laptop reading a copied runs folder), every run keeps what it said; so does a run
 whose files cannot be read or written. An ended job is
 read twice, a poll apart, because a job requeuing itself shows its last attempt's end for a
-moment before it is pending again (the same care runtime.launch.slurm.follow takes).
+moment before it is pending again (the same care runtime.cluster.slurm.batch.follow takes).
 """
 from __future__ import annotations
 
@@ -33,7 +33,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from runtime.launch import slurm
+from runtime.cluster.slurm import batch
+from runtime.cluster.slurm import control as slurm
+from runtime.launch.spec import LaunchError
 from runtime.runs import jobend, rundir
 
 EXIT_UNKNOWN = 1   # a lost job's exit status: unknown, and not a success
@@ -48,7 +50,7 @@ class Settled:
 
 
 def _job_id(run_dir: Path, metadata: dict) -> str | None:
-    return str(metadata.get("slurm_job_id") or "") or slurm.submitted_job_id(run_dir)
+    return str(metadata.get("slurm_job_id") or "") or batch.submitted_job_id(run_dir)
 
 
 def unfollowed(runs: Iterable[tuple[Path, dict]]) -> list[tuple[Path, str]]:
@@ -115,7 +117,7 @@ def _forgotten(job_id: str, env: Mapping[str, str]) -> bool:
     """Missing from the listing, and Slurm says so when asked for this id alone."""
     try:
         return slurm.job_info(job_id, env) is None
-    except slurm.LaunchError:
+    except LaunchError:
         return False
 
 
