@@ -36,12 +36,17 @@ def _paths(values) -> list[str] | None:
     "force": "rebuild even if the dataset is up to date",
     "quiet": "no progress display",
     "json": "print the result as JSON",
+    "runtime": "direct (this machine), slurm (every node of the allocation, or --nodes N) or ssh (--hosts): "
+               "the nodes share the work (default: the anvil.runtime setting)",
+    "nodes": "Slurm: nodes to share the work (default: the allocation's)",
+    "hosts": "SSH hosts to share the work, comma-separated (inv -H a,b data.prepare gives them too)",
 })
 def prepare(c, input=None, out=DEFAULT_DATASET, tokenizer="byte", vocab_size=0, val_fraction="0.01",
             text_field="text", workers=0, shard_tokens=1 << 27, max_docs=0, max_tokens=0, pattern=None,
-            seed=0, force=False, quiet=False, json_=False):
-    """Tokenize a corpus into train/val token shards with a manifest (streamed, parallel, resumable)."""
-    from trainer.data import DataError, prepare as prepare_dataset
+            seed=0, force=False, quiet=False, json_=False, runtime="", nodes=0, hosts=""):
+    """Tokenize a corpus into train/val token shards with a manifest (streamed, parallel, resumable, multi-node)."""
+    from runtime.jobs.data import prepare as prepare_dataset
+    from trainer.data import DataError
     from trainer.data.prepare import DEFAULT_BPE_VOCAB
 
     try:
@@ -53,8 +58,8 @@ def prepare(c, input=None, out=DEFAULT_DATASET, tokenizer="byte", vocab_size=0, 
                         f"vocabulary is the tokenizer's own); expected --tokenizer bpe or no --vocab-size")
     vocab_size = vocab_size or DEFAULT_BPE_VOCAB
     # a DataError (a UserError) reaches the program's executor: one line, exit 2
-    result = prepare_dataset(_paths(input), out, tokenizer, val_fraction=val_fraction,
-                             text_field=text_field, workers=workers or None,
+    result = prepare_dataset(c, _paths(input), out, tokenizer, runtime=runtime, nodes=nodes, hosts=hosts,
+                             val_fraction=val_fraction, text_field=text_field, workers=workers or None,
                              shard_tokens=shard_tokens, max_docs=max_docs or None,
                              max_tokens=max_tokens or None, vocab_size=vocab_size, seed=seed,
                              pattern=pattern, force=force, progress=not quiet)
@@ -222,6 +227,8 @@ def _print_blend(cfg, world: int, json_: bool) -> None:
             print(f"note: {s['name']} repeats, {s['epochs']:.2f} epochs of its {s['windows']:,} windows{why}; "
                   f"each epoch in a new order")
 
+
+prepare.takes_hosts = True   # inv -H a,b data.prepare: once, here, with the hosts sharing the work
 
 ns = Collection("data")
 ns.add_task(prepare)
