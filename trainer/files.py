@@ -113,6 +113,15 @@ def text_of(data: bytes) -> tuple[str | None, str]:
     return text, ""
 
 
+def sha256_file(path: str | Path, block: int = 1 << 22) -> str:
+    """The sha256 of a file's bytes, read a block at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(block), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 SEAL = "record_sha256"   # the key of a record's own checksum (see seal)
 
 

@@ -5,9 +5,11 @@ import hashlib
 
 import numpy as np
 
+from trainer.files import sha256_file
+
 from .dataset import Dataset
 from .errors import DataError
-from .tokenizers import load_tokenizer, sha256_file
+from .tokenizers import load_tokenizer
 
 
 def length_histogram(lengths: np.ndarray) -> list[dict]:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.files import make_temp_dir, write_atomic, write_json_atomic
+from trainer.files import make_temp_dir, sha256_file, write_atomic, write_json_atomic
 
 PLAN = "plan.json"
 LAYOUT = 1   # bump when a part's files change meaning: older work folders are then not reused
@@ -80,7 +80,7 @@ class WorkFolder:
             for name in ("tokens", "docs"):
                 if files[name].stat().st_size != info["bytes"][name]:
                     return None
-                if check and _sha256(files[name]) != info["sha256"][name]:
+                if check and sha256_file(files[name]) != info["sha256"][name]:
                     return None
         except (OSError, ValueError, KeyError, TypeError):
             return None
@@ -96,14 +96,6 @@ class WorkFolder:
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class PartWriter:

@@ -14,7 +14,7 @@ from typing import Iterable
 
 import numpy as np
 
-from trainer.files import text_of
+from trainer.files import sha256_file, text_of
 
 from .errors import DataError
 
@@ -27,14 +27,6 @@ SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN)
 _BOS_NAMES = (BOS_TOKEN, "<s>", "<bos>", "<|startoftext|>", "<|endoftext|>")
 _EOS_NAMES = (EOS_TOKEN, "</s>", "<eos>", "<|endoftext|>", "<|eot_id|>")
 _PAD_NAMES = (PAD_TOKEN, "<pad>", "<|finetune_right_pad_id|>", "[PAD]")
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class ByteTokenizer:

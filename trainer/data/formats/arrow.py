@@ -9,8 +9,8 @@ a null or blank text.
 """
 from __future__ import annotations
 
-from .base import Piece, Probe, Reading, SourceFile, Span, group_spans
-from .parquet import text_column_problem
+from .base import Piece, Probe, Reading, SourceFile, Span
+from .parquet import table_spans, text_column_problem
 
 NAME = "arrow"
 STREAM_MAGIC = b"\xff\xff\xff\xff"
@@ -42,15 +42,10 @@ def _batches(path):
 def spans(source: SourceFile, probe: Probe, target: int, text_field: str = "text") -> list[Span]:
     try:
         schema, batches = _batches(source.path)
-        problem = text_column_problem(schema, text_field)
-        if problem:
-            return [Span(source, NAME, 0, 0, source.size, broken=("missing_text_field", problem))]
-        sizes = [batch.nbytes for batch in batches]
+        sizes = [batch.nbytes for batch in batches] if text_column_problem(schema, text_field) is None else []
     except _errors() as exc:
         return [Span(source, NAME, 0, 0, source.size, broken=("bad_arrow", f"not a readable Arrow file ({exc})"))]
-    if not sizes:
-        return [Span(source, NAME, 0, 0, source.size, broken=("empty", "empty (no record batches)"))]
-    return group_spans(source, NAME, sizes, target)
+    return table_spans(source, NAME, schema, text_field, sizes, target, "record batches")
 
 
 def read(span: Span, text_field: str, reading: Reading):

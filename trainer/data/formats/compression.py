@@ -93,6 +93,21 @@ class _ZstdReader(io.RawIOBase):
         super().close()
 
 
+def open_span(span, reading):
+    """The content of a span's file as a stream, or None when it cannot be opened (counted)."""
+    try:
+        return open_stream(span.source.path, span.compression)
+    except OSError as exc:
+        reading.skip("unreadable", f"{exc.strerror or exc}")
+        return None
+
+
+def skip_damaged(span, reading, exc: BaseException, where: str) -> None:
+    """Count a stream that broke off `where` (corrupt gzip/zstd, or a read error)."""
+    what = f"corrupt {span.compression}" if span.compression else "unreadable"
+    reading.skip(REASONS.get(span.compression, "unreadable"), f"{what} {where} ({exc})")
+
+
 def peek(path, compression: str | None, size: int) -> bytes:
     """Up to `size` bytes of the content's start (decompressed); what it can read of a damaged one."""
     out = bytearray()

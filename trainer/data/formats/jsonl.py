@@ -66,10 +66,8 @@ def _lines(span: Span, stream):
 
 
 def read(span: Span, text_field: str, reading: Reading):
-    try:
-        stream = compression.open_stream(span.source.path, span.compression)
-    except OSError as exc:
-        reading.skip("unreadable", f"{exc.strerror or exc}")
+    stream = compression.open_span(span, reading)
+    if stream is None:
         return
     with stream:
         number = 0
@@ -79,9 +77,7 @@ def read(span: Span, text_field: str, reading: Reading):
             try:
                 line = next(lines, None)
             except compression.READ_ERRORS as exc:
-                reason = compression.REASONS.get(span.compression, "unreadable")
-                what = f"corrupt {span.compression}" if span.compression else "unreadable"
-                reading.skip(reason, f"{what} after line {number} ({exc}); the lines before were read")
+                compression.skip_damaged(span, reading, exc, f"after line {number}; the lines before were read")
                 break
             if line is None:
                 break

@@ -47,14 +47,21 @@ def spans(source: SourceFile, probe: Probe, target: int, text_field: str = "text
         meta = _open(source.path).metadata
     except _errors() as exc:
         return [Span(source, NAME, 0, 0, source.size, broken=("bad_parquet", f"not a readable Parquet file ({exc})"))]
-    problem = text_column_problem(meta.schema.to_arrow_schema(), text_field)
-    if problem:
-        return [Span(source, NAME, 0, 0, source.size, broken=("missing_text_field", problem))]
     sizes = [sum(meta.row_group(i).column(c).total_compressed_size for c in range(meta.num_columns))
              for i in range(meta.num_row_groups)]
+    return table_spans(source, NAME, meta.schema.to_arrow_schema(), text_field, sizes, target, "row groups")
+
+
+def table_spans(source: SourceFile, name: str, schema, text_field: str, sizes: list[int], target: int,
+                pieces: str) -> list[Span]:
+    """Spans over a table file's pieces (row groups, record batches), or the one broken span that
+    says why there are none: no usable text column, or no pieces at all."""
+    problem = text_column_problem(schema, text_field)
+    if problem:
+        return [Span(source, name, 0, 0, source.size, broken=("missing_text_field", problem))]
     if not sizes:
-        return [Span(source, NAME, 0, 0, source.size, broken=("empty", "empty (no row groups)"))]
-    return group_spans(source, NAME, sizes, target)
+        return [Span(source, name, 0, 0, source.size, broken=("empty", f"empty (no {pieces})"))]
+    return group_spans(source, name, sizes, target)
 
 
 def read(span: Span, text_field: str, reading: Reading):

@@ -47,19 +47,15 @@ def read(span: Span, text_field: str, reading: Reading):
     given = offset = 0      # pieces given out; bytes of the content consumed
     blank = True
     carry = b""
-    try:
-        stream = compression.open_stream(span.source.path, span.compression)
-    except OSError as exc:
-        reading.skip("unreadable", f"{exc.strerror or exc}")
+    stream = compression.open_span(span, reading)
+    if stream is None:
         return
     with stream:
         while True:
             try:
                 block = stream.read(PIECE_BYTES)
             except compression.READ_ERRORS as exc:
-                reason = compression.REASONS.get(span.compression, "unreadable")
-                what = f"corrupt {span.compression}" if span.compression else "unreadable"
-                reading.skip(reason, f"{what} at byte {offset + len(carry)} of its content ({exc})")
+                compression.skip_damaged(span, reading, exc, f"at byte {offset + len(carry)} of its content")
                 if given:
                     yield Piece(1, None)
                 return
