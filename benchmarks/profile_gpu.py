@@ -120,9 +120,9 @@ def profile(parts: Parts, part: str, config: str, flags: list[str], limit: float
     if summary.is_file():
         rank0 = json.loads(summary.read_text())["ranks"].get("0", {})
         bd = rank0.get("breakdown", {})
-        out.update(step_ms=bd.get("step_ms"), rows={r["key"]: [r["ms"], r["share"]] for r in bd.get("rows", [])},
+        out.update(step_ms=bd.get("step_ms"), rows={r["category"]: [r["ms"], r["share"]] for r in bd.get("rows", [])},
                    communication_total_ms=bd.get("communication_total_ms"), overlap_ms=bd.get("overlap_ms"),
-                   candidates=[[c["key"], c["ms"], c["action"]] for c in rank0.get("candidates", [])],
+                   candidates=[[c["category"], c["ms"], c["action"]] for c in rank0.get("candidates", [])],
                    top_kernels=bd.get("top_kernels"), idle_gaps=bd.get("idle_gaps"))
     try:
         out["excerpt"] = excerpt(run, parts.out / "traces" / f"llama3_1b_h200_{part.removeprefix('profile_')}")
@@ -150,7 +150,10 @@ def excerpt(run: Path, stem: Path) -> dict:
 
 
 def tunableop(parts: Parts, config: str, limit: float) -> dict:
-    cache = Path("/tmp/anvil-tunableop-cache")
+    import shutil
+    cache, gemm_cache = Path("/tmp/anvil-tunableop-cache"), Path("/tmp/anvil-tunableop-cache-gemm")
+    for path in (cache, gemm_cache):     # cold means cold, also on a machine an earlier call warmed
+        shutil.rmtree(path, ignore_errors=True)
     out: dict = {"cache": str(cache)}
     train_sets = sets(*SETS, "train.steps=6", *NO_CHECKPOINTS)
     for name, flags in (("tune_none", []), ("tune_cold", ["--tune-gemm"]), ("tune_warm", ["--tune-gemm"])):
@@ -168,7 +171,6 @@ def tunableop(parts: Parts, config: str, limit: float) -> dict:
         out["tuning_time_s"] = round(cold["first_step_s"] - warm["first_step_s"], 2)
     if none["median_steps_4_6_s"] and warm["median_steps_4_6_s"]:
         out["step_speedup_tuned_vs_default"] = round(none["median_steps_4_6_s"] / warm["median_steps_4_6_s"], 4)
-    gemm_cache = Path("/tmp/anvil-tunableop-cache-gemm")
     for name, flags in (("gemm_none", []), ("gemm_cold", ["--tune-gemm"]), ("gemm_warm", ["--tune-gemm"])):
         t0 = time.time()
         code, text = parts.run("tunableop", inv("bench.gemm", "-M", "8192", "--json", *flags), limit / 6,

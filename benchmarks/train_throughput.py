@@ -483,7 +483,7 @@ def trace_breakdown(trace: str | Path | dict, steps: int, step_time_s: float | N
     if "error" in bd:
         return bd
     out = legacy_split(bd, step_time_s)
-    out.update(categories={row["key"]: row["ms"] for row in bd["rows"]}, profile_step_ms=bd["step_ms"],
+    out.update(categories={row["category"]: row["ms"] for row in bd["rows"]}, profile_step_ms=bd["step_ms"],
                top_kernels=bd["top_kernels"], top_by_category=bd["top_by_category"], idle_gaps=bd["idle_gaps"])
     return out
 

@@ -183,8 +183,8 @@ def compare(c, run_a, run_b, rank="", json=False):
 
     chosen, ((name_a, a), (name_b, b)) = profiling.compare(run_a, run_b, str(rank), settings_mod.load(c).runs_dir)
     if json:
-        diff = {row["key"]: round(row_b["ms"] - row["ms"], 3) for row in a["rows"] for row_b in b["rows"]
-                if row_b["key"] == row["key"]}
+        diff = {row["category"]: round(row_b["ms"] - row["ms"], 3) for row in a["rows"] for row_b in b["rows"]
+                if row_b["category"] == row["category"]}
         print(jsonlib.dumps({"rank": chosen, "a": {"run": name_a, **a}, "b": {"run": name_b, **b},
                              "diff_ms": diff, "step_diff_ms": round(b["step_ms"] - a["step_ms"], 3)}, indent=2))
         return

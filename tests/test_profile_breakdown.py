@@ -116,7 +116,7 @@ def test_a_recorded_cuda_step_is_split_by_category():
     assert row_of(bd, "norm")["ms"] > 0 and row_of(bd, "optimizer")["ms"] > 0 and row_of(bd, "memory")["ms"] > 0
     # exposed communication is part of all of it; the rows, communication by its exposed part, make the step
     assert 0 < bd["communication_exposed_ms"] < bd["communication_total_ms"]
-    busy = sum(r["ms"] for r in bd["rows"] if r["key"] not in ("idle", "communication")) + bd["communication_exposed_ms"]
+    busy = sum(r["ms"] for r in bd["rows"] if r["category"] not in ("idle", "communication")) + bd["communication_exposed_ms"]
     assert bd["overlap_ms"] > 0                        # pinned host-to-device copies beside compute
     assert busy + bd["idle_ms"] - bd["overlap_ms"] == pytest.approx(bd["step_ms"], abs=0.01)
     assert bd["step_source"] == "trace" and bd["step_ms"] == pytest.approx(step_us / 1e3, rel=0.02)
@@ -135,7 +135,7 @@ def test_a_recorded_rocm_step_is_split_by_category():
     assert row_of(bd, "loss")["ms"] > 0               # mse_loss and its backward
     assert row_of(bd, "memory")["ms"] > 0             # hipMemcpy and fills
     assert bd["idle_ms"] > 0.9 * bd["step_ms"]         # a toy model: the GPU waits on the host
-    assert [c["key"] for c in advice.candidates(bd, advice.RunSettings())] == ["idle"]
+    assert [c["category"] for c in advice.candidates(bd, advice.RunSettings())] == ["idle"]
 
 
 def test_the_host_ops_of_a_recorded_anvil_step_are_found():
@@ -201,7 +201,7 @@ def test_a_broken_trace_is_one_clear_error(tmp_path):
 
 def _bd(**ms):
     """A breakdown of a 100 ms step with the given ms per category."""
-    rows = [{"key": k, "label": k, "ms": ms.get(k, 0.0), "share": ms.get(k, 0.0) / 100,
+    rows = [{"category": k, "label": k, "ms": ms.get(k, 0.0), "share": ms.get(k, 0.0) / 100,
              **({"total_ms": ms.get("comm_total", 0.0)} if k == "communication" else {})}
             for k in (*KEYS, "idle")]
     return {"steps": 1, "step_ms": 100.0, "rows": rows, "top_by_category": {"attention": [["cudnn_sdpa", "", 20]]},
@@ -211,8 +211,8 @@ def _bd(**ms):
 def test_candidates_are_the_non_gemm_categories_over_two_percent_with_an_action():
     bd = _bd(gemm=60, attention=20, norm=5, loss=1.5, idle=8, gaps=[["ProfilerStep#4", "cudaLaunchKernel", 8, 300]])
     found = advice.candidates(bd, advice.RunSettings())
-    assert [c["key"] for c in found] == ["attention", "idle", "norm"]      # largest first; no GEMM, loss under 2%
-    actions = {c["key"]: c["action"] for c in found}
+    assert [c["category"] for c in found] == ["attention", "idle", "norm"]      # largest first; no GEMM, loss under 2%
+    actions = {c["category"]: c["action"] for c in found}
     assert actions["norm"].startswith("--kernels")
     assert "--compile" in actions["idle"] and "launch-bound" in actions["idle"]
 

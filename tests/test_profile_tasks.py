@@ -56,7 +56,7 @@ def test_compare_puts_two_profiles_side_by_side_with_the_difference(tmp_path, a1
     lines = {line.split("  ")[0]: line for line in proc.stdout.splitlines()}
     assert f"A = {a.name}, B = {b.name}" in proc.stdout
     bd_a, bd_b = breakdown(a100, 1), breakdown(later, 1)
-    gemm_a, gemm_b = (next(r["ms"] for r in bd["rows"] if r["key"] == "gemm") for bd in (bd_a, bd_b))
+    gemm_a, gemm_b = (next(r["ms"] for r in bd["rows"] if r["category"] == "gemm") for bd in (bd_a, bd_b))
     assert f"{gemm_a:.2f}" in lines["GEMM"] and f"{gemm_b - gemm_a:+.2f}" in lines["GEMM"]
     assert "communication total" in proc.stdout and lines["step"].split()[-2].startswith("-")   # B's step is shorter
     as_json = json.loads(inv(tmp_path, "profile.compare", str(a), str(b), "--json").stdout)
@@ -85,8 +85,33 @@ def test_the_summary_holds_each_rank_with_its_advice(tmp_path, a100):
     summary = profiling.build(run)
     assert set(summary["ranks"]) == {"0", "8"} and summary["settings"]["kernels"] is True
     found = summary["ranks"]["0"]["candidates"]
-    assert found and all(c["key"] not in ("gemm", "gemm_fp8") and c["share"] > 0.02 for c in found)
-    assert "reshard_after_forward" in next(c["action"] for c in found if c["key"] == "communication")
+    assert found and all(c["category"] not in ("gemm", "gemm_fp8") and c["share"] > 0.02 for c in found)
+    assert "reshard_after_forward" in next(c["action"] for c in found if c["category"] == "communication")
+
+
+def test_the_summary_a_run_writes_reads_back_whole(tmp_path, a100):
+    """Written through the run (masked, atomic) and read back by profile.compare: nothing in it looks secret."""
+    from invoke import Context
+
+    from runtime.program.cli import AnvilConfig
+    from runtime.runs.run import RunSpec, execute
+
+    def body(run):
+        (run.path / "profile").mkdir()
+        (run.path / "profile" / "rank0.breakdown.json").write_text(json.dumps(
+            {"rank": 0, "steps": [3, 4], "wall_ms": 80.0, "breakdown": breakdown(a100, 1, wall_ms=80.0)}))
+        return profiling.summarise(run)
+
+    ctx = Context(config=AnvilConfig(overrides={"anvil": {"runs_dir": str(tmp_path / "runs"),
+                                                           "hooks_dir": str(tmp_path / "no-hooks")}}))
+    made = execute(ctx, RunSpec(task="profile.train", hooks=False), body)
+    (run,) = (tmp_path / "runs").iterdir()
+    again = profiling.load_summary(run)
+    assert "<masked>" not in (run / "profile" / "summary.json").read_text()
+    assert again["ranks"]["0"]["breakdown"]["rows"] == made["ranks"]["0"]["breakdown"]["rows"]
+    assert [c["category"] for c in again["ranks"]["0"]["candidates"]] == \
+        [c["category"] for c in made["ranks"]["0"]["candidates"]]
+    assert made["chart"] == str(run / "profile" / "breakdown.png") and (run / "profile" / "breakdown.png").stat().st_size
 
 
 def test_tool_kernels_from_a_profiled_run_are_its_largest_kernels_by_function_name(tmp_path, a100):

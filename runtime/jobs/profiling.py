@@ -145,6 +145,8 @@ def kernel_regex(source: str, top: int, runs_dir: Path | None = None) -> str:
         names: list[str] = []
         for entry in summary["ranks"].values():
             for _, name, _ in entry["breakdown"].get("top_kernels", []):
+                if re.match(r"Mem(cpy|set)\b", name):     # a copy engine's work, no kernel to measure
+                    continue
                 base = function_name(name)
                 if base and base not in names:
                     names.append(base)

@@ -79,6 +79,11 @@ def kept(run):
         yield
         return
     pattern = env["PYTORCH_TUNABLEOP_FILENAME"]
+    try:   # TunableOp writes its file at exit and makes no folder: without one its tuning is lost
+        Path(pattern).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        run.log.warning(f"--tune-gemm: cannot create {Path(pattern).parent} ({exc.strerror or exc}): "
+                        "the shapes tuned in this run will not be kept")
     restored = restore(run, pattern)
     record = {"file": pattern, "cache": Path(pattern).parent.name, "before": _state(pattern),
               **({"restored_from_replayed_run": restored} if restored else {})}

@@ -1,7 +1,7 @@
 """What to try next: every category except the GEMMs over a share of the step, with one concrete action.
 
     candidates(bd, RunSettings.from_config(cfg, world_size=8))
-    -> [{"key": "norm", "label": "normalisation", "ms": 9.1, "share": 0.036,
+    -> [{"category": "norm", "label": "normalisation", "ms": 9.1, "share": 0.036,
          "action": "--kernels: Anvil's fused Triton RMSNorm, one kernel forward and one backward"}, ...]
 
 The action depends on how the run was made (--kernels, --compile, FP8, DDP or
@@ -54,10 +54,10 @@ def candidates(bd: dict, run: RunSettings, threshold: float = THRESHOLD) -> list
         return []
     out = []
     for row in bd["rows"]:
-        if row["key"] in GEMM_KEYS or row["share"] <= threshold:
+        if row["category"] in GEMM_KEYS or row["share"] <= threshold:
             continue
-        out.append({"key": row["key"], "label": row["label"], "ms": row["ms"], "share": row["share"],
-                    "action": action(row["key"], bd, run)})
+        out.append({"category": row["category"], "label": row["label"], "ms": row["ms"], "share": row["share"],
+                    "action": action(row["category"], bd, run)})
     return sorted(out, key=lambda c: -c["ms"])
 
 

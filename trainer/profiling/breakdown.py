@@ -1,9 +1,9 @@
 """Where a training step's time went, from one rank's trace: ms per step and share, by category.
 
     bd = breakdown(trace_or_path, steps=3, wall_ms=812.4)   # wall_ms: the window's measured time
-    bd["rows"]      # [{"key": "gemm", "label": "GEMM", "ms": 170.2, "share": 0.629}, ...,
-                    #  {"key": "communication", ..., "ms": 3.1 (exposed), "total_ms": 40.2},
-                    #  {"key": "idle", "label": "GPU idle", ...}]
+    bd["rows"]      # [{"category": "gemm", "label": "GEMM", "ms": 170.2, "share": 0.629}, ...,
+                    #  {"category": "communication", ..., "ms": 3.1 (exposed), "total_ms": 40.2},
+                    #  {"category": "idle", "label": "GPU idle", ...}]
     legacy_split(bd, step_time_s)   # the benchmark's columns: matmul, attention, communication, other, idle
 
 A category's time is the sum of its kernels' durations (categories.py says
@@ -58,7 +58,7 @@ def breakdown(trace: str | Path | dict, steps: int, wall_ms: float | None = None
     idle = max(0.0, window_us - length(busy)) * per_step
 
     def row(key: str, label: str, ms: float, **extra) -> dict:
-        return {"key": key, "label": label, "ms": round(ms, 3), "share": round(ms / step_ms, 4) if step_ms else 0.0,
+        return {"category": key, "label": label, "ms": round(ms, 3), "share": round(ms / step_ms, 4) if step_ms else 0.0,
                 **extra}
 
     rows = []
@@ -93,7 +93,7 @@ def breakdown(trace: str | Path | dict, steps: int, wall_ms: float | None = None
 
 
 def row_of(bd: dict, key: str) -> dict:
-    return next(r for r in bd["rows"] if r["key"] == key)
+    return next(r for r in bd["rows"] if r["category"] == key)
 
 
 def ms_of(bd: dict, key: str) -> float:

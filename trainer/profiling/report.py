@@ -29,7 +29,7 @@ def table(bd: dict) -> str:
     for row in bd["rows"]:
         label = row["label"]
         ms = _ms(row["ms"])
-        if row["key"] == "communication":
+        if row["category"] == "communication":
             label, ms = "communication exposed / total", f"{row['ms']:.2f} / {row['total_ms']:.2f}"
         rows.append([label, ms, _share(row["share"])])
     if bd.get("overlap_ms", 0) > 0.005 * bd["step_ms"]:
@@ -51,7 +51,7 @@ def compare_table(a: dict, b: dict, name_a: str = "A", name_b: str = "B") -> str
     from tabulate import tabulate
 
     rows = []
-    keys = [r["key"] for r in a["rows"]] + [r["key"] for r in b["rows"] if r["key"] not in {x["key"] for x in a["rows"]}]
+    keys = [r["category"] for r in a["rows"]] + [r["category"] for r in b["rows"] if r["category"] not in {x["category"] for x in a["rows"]}]
     for key in keys:
         ra = _row_or_zero(a, key)
         rb = _row_or_zero(b, key)
@@ -71,7 +71,7 @@ def _row_or_zero(bd: dict, key: str) -> dict:
     try:
         return row_of(bd, key)
     except StopIteration:
-        return {"key": key, "label": "", "ms": 0.0, "share": 0.0, "total_ms": 0.0}
+        return {"category": key, "label": "", "ms": 0.0, "share": 0.0, "total_ms": 0.0}
 
 
 def chart(per_rank: dict[str, dict], out_png: str | Path, title: str = "") -> Path | None:
