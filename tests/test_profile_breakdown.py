@@ -151,6 +151,25 @@ def test_the_host_ops_of_a_recorded_anvil_step_are_found():
     assert breakdown(doc, 1)["error"].startswith("no GPU kernels")
 
 
+LLAMA_STEPS = sorted(DATA.glob("llama3_1b_*.trace.json.gz"))
+
+
+@pytest.mark.parametrize("path", LLAMA_STEPS, ids=[p.name.split(".")[0] for p in LLAMA_STEPS])
+def test_a_recorded_llama_step_with_anvils_kernels_is_named_kernel_by_kernel(path):
+    """Steps of llama3_1b on an H200 (benchmarks/profile_gpu.sh cuts them): with --kernels every part of a block
+    has kernels of its own; the GEMMs are the largest part, and little is left unnamed. The breakdown written
+    beside each excerpt when it was cut is the one the rules give now: a rule that moves a kernel shows here."""
+    bd = breakdown(trace.load(path), steps=1)
+    ms = {row["category"]: row["ms"] for row in bd["rows"]}
+    assert max(ms, key=ms.get) == "gemm"
+    assert all(ms[k] > 0 for k in ("attention", "norm", "rope", "activation", "loss", "optimizer")), ms
+    assert ms["other"] < 0.15 * bd["step_ms"]
+    total = sum(v for k, v in ms.items() if k != "communication") + bd["communication_exposed_ms"] - bd["overlap_ms"]
+    assert total == pytest.approx(bd["step_ms"], abs=0.01)
+    recorded = json.loads(path.with_name(path.name.replace(".trace.json.gz", ".breakdown.json")).read_text())
+    assert {r["category"]: r["ms"] for r in recorded["rows"]} == pytest.approx(ms, abs=1e-3)
+
+
 def test_the_benchmark_split_is_the_breakdown_in_its_columns():
     doc = trace.load(DATA / "a100_dlrm_step.trace.json.gz")
     bd = breakdown(doc, 1)
