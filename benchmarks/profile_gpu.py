@@ -1,10 +1,11 @@
-"""The GPU half of profiling, in one call on one H200 (about 8 minutes): what only a GPU can measure.
+"""The GPU half of profiling, in one call on one H200 (about 8-9 minutes): what only a GPU can measure.
 
-    OUT=out python -m benchmarks.profile_gpu [--budget 480] [--config configs/llama3_1b.yaml]
+    OUT=out python -m benchmarks.profile_gpu [--budget 540] [--parts profile_kernels,tunableop,...]
+                                             [--config configs/llama3_1b.yaml] [--batch 4] [--seq 4096]
 
 Runs `inv` as a user would (python -m runtime.program.main), each part under its own time limit and all of them
-under --budget seconds, most important first; a part that fails or runs out of time is recorded and the rest go
-on. Writes into $OUT:
+under --budget seconds, in the order below; a part that fails or runs out of time is recorded and the rest go
+on (when the budget ran out before the last ones, a second call with --parts runs those). Writes into $OUT:
   profile_gpu.json      every figure below, the commands, their exit codes and times
   logs/<part>.txt       each command's output
   profiles/<name>/      summary.json and breakdown.png of each profile.train run
@@ -40,6 +41,7 @@ SETS = ["data.path=synthetic", "data.grad_accum=1", "train.log_interval=1",
         "train.val_batches=0", "logging.progress=false", "logging.tensorboard=false", "precision.compute=bf16",
         "precision.params=bf16"]
 NO_CHECKPOINTS = ["checkpoint.interval=0", "checkpoint.save_final=false"]
+PARTS = ("profile_kernels", "tunableop", "ncu", "profile_compile_kernels", "compare", "benchmark")
 
 
 class Parts:
@@ -53,7 +55,7 @@ class Parts:
         return self.budget - (time.time() - self.started)
 
     def run(self, part: str, argv: list[str], limit: float, env: dict | None = None) -> tuple[int, str]:
-        """One command, its output in logs/<part>.txt; (exit status, output). 124: out of time or budget."""
+        """One command, its output in logs/<part>.txt; (exit status, its stdout). 124: out of time or budget."""
         timeout = min(limit, self.left())
         entry = self.report["parts"].setdefault(part, {"commands": []})
         record = {"argv": argv, "limit_s": round(timeout)}
@@ -65,16 +67,15 @@ class Parts:
         try:
             proc = subprocess.run(argv, cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True,
                                   text=True, timeout=timeout)
-            code, text = proc.returncode, proc.stdout + proc.stderr
+            code, text, errors = proc.returncode, proc.stdout, proc.stderr
         except subprocess.TimeoutExpired as exc:
-            code = 124
-            text = ((exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")) \
-                + f"\n== timed out after {timeout:.0f} s"
+            code, text = 124, _text(exc.stdout)
+            errors = _text(exc.stderr) + f"\n== timed out after {timeout:.0f} s"
         record.update(rc=code, wall_s=round(time.time() - t0, 1))
         with open(self.out / "logs" / f"{part}.txt", "a") as log:
-            log.write(f"\n$ {' '.join(argv)}\n{text}\n== exit {code} in {record['wall_s']} s\n")
+            log.write(f"\n$ {' '.join(argv)}\n{text}\n{errors}\n== exit {code} in {record['wall_s']} s\n")
         self.save()
-        return code, text
+        return code, text + ("" if code == 0 else "\n" + errors[-2000:])
 
     def save(self) -> None:
         self.report["elapsed_s"] = round(time.time() - self.started, 1)
@@ -83,6 +84,10 @@ class Parts:
     def run_dir(self, task: str, name: str) -> Path | None:
         found = sorted(self.runs.glob(f"*_{task}_{name}"))
         return found[-1] if found else None
+
+
+def _text(output) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else (output or "")
 
 
 def inv(*args: str) -> list[str]:
@@ -253,7 +258,9 @@ def agreement(profile_part: dict, bench: dict) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default="configs/llama3_1b.yaml")
-    p.add_argument("--budget", type=float, default=480.0, help="seconds for all parts together")
+    p.add_argument("--budget", type=float, default=540.0, help="seconds for all parts together")
+    p.add_argument("--parts", default=",".join(PARTS),
+                   help="which parts, comma-separated (compare needs both profiles in the same call)")
     p.add_argument("--out", default=os.environ.get("OUT", "out"))
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=4096)
@@ -268,21 +275,31 @@ def main(argv=None) -> int:
                                 "device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
                                 "python": sys.version.split()[0]}
     rep = parts.report
-    rep["profile_kernels"] = profile(parts, "profile_kernels", args.config, ["--kernels"], 110)
-    rep["tunableop"] = tunableop(parts, args.config, 150)
-    parts.save()
-    profiled = rep["profile_kernels"].get("run") if rep["profile_kernels"].get("rows") else ""
-    rep["ncu"] = ncu(parts, args.config, profiled or "", 100)
-    parts.save()
-    rep["profile_compile_kernels"] = profile(parts, "profile_compile_kernels", args.config,
-                                             ["--compile", "--kernels"], 130)
-    a, b = rep["profile_kernels"].get("run"), rep["profile_compile_kernels"].get("run")
-    if a and b:
+    chosen = set(args.parts.split(","))
+    unknown = chosen - set(PARTS)
+    if unknown:
+        p.error(f"--parts: unknown {', '.join(sorted(unknown))} (known: {', '.join(PARTS)})")
+    rep["parts_chosen"] = [part for part in PARTS if part in chosen]
+    if "profile_kernels" in chosen:
+        rep["profile_kernels"] = profile(parts, "profile_kernels", args.config, ["--kernels"], 120)
+    if "tunableop" in chosen:
+        rep["tunableop"] = tunableop(parts, args.config, 150)
+        parts.save()
+    if "ncu" in chosen:
+        first = rep.get("profile_kernels", {})
+        rep["ncu"] = ncu(parts, args.config, first.get("run") if first.get("rows") else "", 100)
+        parts.save()
+    if "profile_compile_kernels" in chosen:
+        rep["profile_compile_kernels"] = profile(parts, "profile_compile_kernels", args.config,
+                                                 ["--compile", "--kernels"], 150)
+    a, b = rep.get("profile_kernels", {}).get("run"), rep.get("profile_compile_kernels", {}).get("run")
+    if "compare" in chosen and a and b:
         code, text = parts.run("compare", inv("profile.compare", a, b), 30)
         rep["compare"] = {"rc": code, "printed": text[-3000:]}
-    rep["benchmark"] = benchmark(parts, args.config, 200, args.batch, args.seq)
-    rep["agreement"] = {variant: agreement(rep[f"profile_{variant}"], rep["benchmark"].get(variant, {}))
-                        for variant in ("kernels", "compile_kernels")}
+    if "benchmark" in chosen:
+        rep["benchmark"] = benchmark(parts, args.config, 240, args.batch, args.seq)
+        rep["agreement"] = {variant: agreement(rep.get(f"profile_{variant}", {}), rep["benchmark"].get(variant, {}))
+                            for variant in ("kernels", "compile_kernels")}
     parts.save()
     print(json.dumps({k: v for k, v in rep.items() if k in ("versions", "agreement", "elapsed_s")}, indent=1))
     print(f"wrote {out / 'profile_gpu.json'}")

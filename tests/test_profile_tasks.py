@@ -226,3 +226,17 @@ def test_the_dry_run_shows_the_tool_command_of_the_first_chosen_rank(tmp_path, d
     assert proc.returncode == 0, proc.stderr
     assert "ANVIL_PROFILE_TOOL=rocprofv3" in proc.stdout
     assert "rank 1 runs under: rocprofv3 --selected-regions --kernel-trace" in proc.stdout
+
+
+def test_the_agent_refuses_a_missing_tool_before_starting_a_rank(tmp_path, capfd, monkeypatch):
+    from runtime.launch.agent import Agent
+
+    monkeypatch.chdir(tmp_path)
+    started = tmp_path / "started"
+    environ = {tools.TOOL_VAR: "nsys", "ANVIL_PROFILE_RANKS": "0", "PATH": str(tmp_path / "empty"),
+               "ANVIL_RUN_DIR": str(tmp_path / "run")}
+    agent = Agent(1, 1, 0, "127.0.0.1", 0, [sys.executable, "-c", f"open({str(started)!r}, 'w')"], environ=environ)
+    assert agent.run() == 2
+    assert "anvil-agent: nsys is not installed here (not on PATH)" in capfd.readouterr().err
+    assert json.loads((tmp_path / "run" / "logs" / "agent-0.json").read_text())["exit_code"] == 2
+    assert not started.exists()
