@@ -1,9 +1,9 @@
 #!/bin/bash
 # On a GPU machine with torch but no Anvil environment (the lent H200): every GPU part of the profiling work in one
 # call of about 8-9 minutes (benchmarks/profile_gpu.py says which; --parts runs some of them): profile.train of
-# llama3_1b with --kernels and with --compile --kernels, the benchmark's split of the same variants beside them, ncu on the largest kernels of a
-# profiled step, TunableOp's tuning time and step time with and without tuned GEMMs, and excerpts of the real traces
-# as test data. Everything lands in $OUT (default ./out); $OUT/profile_gpu.json holds the figures.
+# llama3_1b with --kernels and with --compile --kernels, the benchmark's split of the same variants beside them,
+# ncu on the largest kernels of a profiled step, TunableOp's tuning time and step time with and without tuned GEMMs,
+# and excerpts of the real traces as test data. Everything lands in $OUT (default ./out); $OUT/profile_gpu.json holds the figures.
 # The pure-Python packages travel as wheels (carry .whl with the command); on the machine that sends them:
 #   pip download --no-deps -d .whl/anvil "invoke>=2.2,<3" tabulate nvidia-ml-py
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
