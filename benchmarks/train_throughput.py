@@ -25,7 +25,9 @@ every variant (torchtitan's formula on Anvil's parameter count of the shape)
 against --peak-tflops, and peak allocated GPU memory of rank 0 (weights,
 optimizer state and activations) over those steps. With --profile-steps N, N
 more steps after the measured window run under torch.profiler and rank 0's
-trace is split into matmul, attention, exposed communication and the rest.
+trace is split into matmul, attention, exposed communication and the rest
+(trainer.profiling.breakdown: the table `inv profile.train` prints, in the
+columns of BENCHMARKS.md).
 
 Variant names:
   hf, hf_liger
@@ -158,22 +160,27 @@ def _summarise(args, times: list[float], peaks: list, fpt: int, n_params: int, w
 
 class _Profiled:
     """torch.profiler around steps steps+1 .. steps+profile_steps of rank 0 (as Anvil's
-    StepProfiler by default); the trace goes to `path`."""
+    StepProfiler: synchronised at both ends, the window's wall time kept); the trace goes to `path`."""
 
     def __init__(self, args, path: Path, rank: int = 0):
         self.first, self.last = args.steps + 1, args.steps + args.profile_steps
         self.path, self.prof, self.rank = path, None, rank
+        self.started, self.wall_ms = 0.0, None
 
     def before(self, step: int) -> None:
         if step == self.first and self.prof is None and self.rank == 0:
+            import torch
             from torch.profiler import ProfilerActivity, profile
+            torch.cuda.synchronize()
             self.prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
             self.prof.__enter__()
+            self.started = time.perf_counter()
 
     def after(self, step: int) -> None:
         if step == self.last and self.prof is not None:
             import torch
             torch.cuda.synchronize()
+            self.wall_ms = (time.perf_counter() - self.started) * 1e3
             self.prof.__exit__(None, None, None)
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.prof.export_chrome_trace(str(self.path))
@@ -224,7 +231,7 @@ def run_hf(args, liger: bool, out: Path) -> dict:
         print(f"step {step} loss {loss_value:.4f} {times[-1] * 1000:.0f} ms", flush=True)
     result = _summarise(args, times, peaks, fpt, n_params)
     if args.profile_steps:
-        result["trace"] = str(prof.path)
+        result.update(trace=str(prof.path), profile_wall_ms=prof.wall_ms)
     return result
 
 
@@ -273,7 +280,8 @@ def run_anvil(args, variant: str, out: Path, env: dict) -> dict:
     result["final_loss"] = summary.get("final_loss")
     trace = run_dir / "profile" / "rank0.trace.json"
     if args.profile_steps and trace.is_file():
-        result["trace"] = str(trace)
+        window = json.loads((run_dir / "profile" / "rank0.ops.json").read_text())
+        result.update(trace=str(trace), profile_wall_ms=window.get("wall_ms"))
     return result
 
 
@@ -457,164 +465,30 @@ def run_titan(args, variant: str, out: Path) -> dict | None:
     result.update(torchtitan=getattr(torchtitan, "__version__", None), tied=tie,
                   datasets_stubbed=stubbed, titan_params=sum(p.numel() for p in trainer.model_parts[0].parameters()))
     if args.profile_steps:
-        result["trace"] = str(profiled.path)
+        result.update(trace=str(profiled.path), profile_wall_ms=profiled.wall_ms)
     return result
 
 
 # --------------------------------------------------------------------------- where the time goes
 
-BREAKDOWN = [  # (category, substrings of GPU kernel names), first match wins
-    ("communication", ("nccl",)),
-    ("attention", ("flash", "fmha", "attention", "sdpa", "cudnn")),
-    ("matmul", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90_", "sm100_", "matmul",
-                "scaled_mm", "_mm_", "wgmma", "ck_tile", "hipblaslt", "tensile")),
-]
+def trace_breakdown(trace: str | Path | dict, steps: int, step_time_s: float | None = None,
+                    wall_ms: float | None = None) -> dict:
+    """The split of BENCHMARKS.md's tables (matmul, attention, communication all / exposed, other kernels,
+    idle; everything else = the measured step less matmul, attention and exposed communication) of one rank's
+    trace of `steps` steps: trainer.profiling's breakdown, the same one `inv profile.train` shows, with its
+    category rows, largest kernels and idle gaps beside."""
+    from trainer.profiling.breakdown import breakdown, legacy_split
 
-
-def kernel_category(name: str) -> str:
-    low = name.lower()
-    if low.startswith(("triton_poi", "triton_red", "triton_per")):
-        # Inductor's pointwise/reduction kernels are named after the ops they were fused for
-        # ("triton_poi_fused__scaled_mm__to_copy_...": an FP8 cast feeding _scaled_mm)
-        return "other"
-    return next((c for c, keys in BREAKDOWN if any(k in low for k in keys)), "other")
-
-
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[list[float]] = []
-    for a, b in sorted(intervals):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return [(a, b) for a, b in out]
-
-
-def _length(intervals) -> float:
-    return sum(b - a for a, b in intervals)
-
-
-def _minus(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    """Length of union(a) not covered by union(b); both already unions."""
-    total, j = 0.0, 0
-    for s, e in a:
-        cur = s
-        while j < len(b) and b[j][1] <= cur:
-            j += 1
-        k = j
-        while k < len(b) and b[k][0] < e:
-            if b[k][0] > cur:
-                total += b[k][0] - cur
-            cur = max(cur, b[k][1])
-            k += 1
-        if cur < e:
-            total += e - cur
-    return total
-
-
-def trace_breakdown(trace: str | Path | dict, steps: int, step_time_s: float | None = None) -> dict:
-    """GPU time per step of a torch.profiler chrome trace (one rank), in ms: matmul, attention,
-    communication (all, and exposed: NCCL kernels running while no compute kernel does), other
-    kernels, idle (no kernel at all), and 'everything else' = the measured step time minus
-    matmul, attention and exposed communication."""
-    doc = trace if isinstance(trace, dict) else json.loads(Path(trace).read_text())
-    kernels = [e for e in doc.get("traceEvents", [])
-               if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
-    if not kernels:
-        return {"error": "no GPU kernels in the trace"}
-    per_cat: dict[str, float] = {}
-    compute, comm, totals, by_shape = [], [], {}, {}
-    for e in kernels:
-        start, dur = float(e["ts"]), float(e.get("dur", 0))
-        cat = kernel_category(e.get("name", "")) if e.get("cat") == "kernel" else "other"
-        per_cat[cat] = per_cat.get(cat, 0.0) + dur
-        (comm if cat == "communication" else compute).append((start, start + dur))
-        key = (cat, e.get("name", "")[:80])
-        totals[key] = totals.get(key, 0.0) + dur
-        # The launch grid tells same-named kernels of different shapes apart (a GEMM's M x N tiles).
-        shaped = (cat, e.get("name", "")[:80], str((e.get("args") or {}).get("grid", "")))
-        by_shape[shaped] = by_shape.get(shaped, 0.0) + dur
-    compute_u, comm_u = _union(compute), _union(comm)
-    span = max(b for _, b in compute_u + comm_u) - min(a for a, _ in compute_u + comm_u)
-    ms = 1e-3 / steps
-    out = {"steps": steps, "window_ms": round(span * ms, 3),
-           "matmul_ms": round(per_cat.get("matmul", 0.0) * ms, 3),
-           "attention_ms": round(per_cat.get("attention", 0.0) * ms, 3),
-           "other_kernels_ms": round(per_cat.get("other", 0.0) * ms, 3),
-           "communication_ms": round(per_cat.get("communication", 0.0) * ms, 3),
-           "exposed_communication_ms": round(_minus(comm_u, compute_u) * ms, 3),
-           "idle_ms": round((span - _length(_union(compute + comm))) * ms, 3),
-           "top_kernels": [[cat, name, round(us * ms, 3)] for (cat, name), us in
-                           sorted(totals.items(), key=lambda kv: -kv[1])[:12]],
-           "top_by_category": {cat: [[name, grid, round(us * ms, 3)] for (c, name, grid), us in
-                                     sorted(by_shape.items(), key=lambda kv: -kv[1]) if c == cat][:10]
-                               for cat in per_cat}}
-    out["idle_gaps"] = idle_gaps(doc, kernels, steps)
-    if step_time_s:
-        out["step_ms"] = round(step_time_s * 1000, 2)
-        out["everything_else_ms"] = round(step_time_s * 1000 - out["matmul_ms"] - out["attention_ms"]
-                                          - out["exposed_communication_ms"], 2)
+    bd = breakdown(trace, steps, wall_ms)
+    if "error" in bd:
+        return bd
+    out = legacy_split(bd, step_time_s)
+    out.update(categories={row["category"]: row["ms"] for row in bd["rows"]}, profile_step_ms=bd["step_ms"],
+               top_kernels=bd["top_kernels"], top_by_category=bd["top_by_category"], idle_gaps=bd["idle_gaps"])
     return out
 
 
-HOST_CATS = ("cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver")
-
-
-def idle_gaps(doc: dict, kernels: list[dict], steps: int, min_us: float = 20.0, top: int = 12) -> dict:
-    """Where the GPU sat idle, and what the host was doing meanwhile: every gap of min_us or more with
-    no kernel on any stream, charged to the host events covering the gap's middle on the thread that
-    launched the kernel after it (its outermost and innermost op: the backward runs on the autograd
-    thread, the rest on the main one). ms and gaps per step by (outer, inner), and the longest gaps."""
-    launched_by = {}   # correlation id -> host thread of the launch
-    host: dict = {}    # thread -> [(start, end, name)]
-    for e in doc.get("traceEvents", []):
-        if e.get("ph") != "X" or e.get("cat") not in HOST_CATS:
-            continue
-        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in (e.get("args") or {}):
-            launched_by[e["args"]["correlation"]] = (e.get("pid"), e.get("tid"))
-        start = float(e["ts"])
-        host.setdefault((e.get("pid"), e.get("tid")), []).append((start, start + float(e.get("dur", 0)),
-                                                                  e.get("name", "")))
-    order = sorted(kernels, key=lambda e: float(e["ts"]))
-    busy_until, previous = None, None
-    charged: dict = {}
-    longest = []
-    for e in order:
-        start, end = float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))
-        if busy_until is not None and start - busy_until >= min_us:
-            middle = (busy_until + start) / 2
-            thread = launched_by.get((e.get("args") or {}).get("correlation"))
-            covering = sorted((ev for ev in host.get(thread, ()) if ev[0] <= middle <= ev[1]),
-                              key=lambda ev: ev[1] - ev[0], reverse=True)
-            outer = covering[0][2][:60] if covering else "(no host event)"
-            inner = covering[-1][2][:60] if covering else ""
-            gap = start - busy_until
-            key = (outer, inner)
-            total, count = charged.get(key, (0.0, 0))
-            charged[key] = (total + gap, count + 1)
-            longest.append((gap, previous, e.get("name", "")[:60], outer, inner))
-        if busy_until is None or end > busy_until:
-            busy_until, previous = end, e.get("name", "")[:60]
-    ms = 1e-3 / steps
-    return {"min_us": min_us,
-            "by_host_op": [[outer, inner, round(us * ms, 3), round(n / steps, 1)]
-                           for (outer, inner), (us, n) in sorted(charged.items(), key=lambda kv: -kv[1][0])[:top]],
-            "longest": [[round(gap, 1), before, after, outer, inner]
-                        for gap, before, after, outer, inner in sorted(longest, key=lambda g: -g[0])[:top]]}
-
-
 # --------------------------------------------------------------------------- kernel categories (profile worker)
-
-CATEGORIES = [  # (category, substrings of CUDA kernel names), first match wins
-    ("attention", ("flash", "fmha", "attention", "sdpa", "cudnn")),
-    ("matmul", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90_", "matmul")),
-    ("loss (LM head CE)", ("cross_entropy", "flce", "logsumexp", "nll", "_ce_")),
-    ("rms_norm", ("rms",)),
-    ("rope", ("rope", "rotary")),
-    ("swiglu", ("swiglu", "silu")),
-    ("optimizer", ("adam", "multi_tensor")),
-]
-
 
 def profile_anvil(args) -> dict:
     """CUDA kernel time per step of the trainer's model (variant by flags), by category."""
@@ -625,6 +499,7 @@ def profile_anvil(args) -> dict:
     from trainer import distributed, optim, train
     from trainer.config import load
     from trainer.data import TokenLoader
+    from trainer.profiling.categories import category
 
     sets = ["data.path=synthetic", f"data.batch_size={args.batch}", f"data.seq_len={args.seq}",
             "precision.compute=bf16", "precision.params=bf16", "train.kernels=true"]
@@ -658,8 +533,7 @@ def profile_anvil(args) -> dict:
         if (us <= 0 or event.device_type != torch.autograd.DeviceType.CUDA
                 or event.key.startswith(("Optimizer.", "ProfilerStep"))):
             continue  # CPU ops and GPU-side annotation ranges repeat their kernels' time
-        name = event.key.lower()
-        cat = next((c for c, keys in CATEGORIES if any(k in name for k in keys)), "other")
+        cat = category(event.key)
         per_cat[cat] = per_cat.get(cat, 0.0) + us / 1000 / steps
         top.append((us / 1000 / steps, cat, event.key[:90]))
     top.sort(reverse=True)
@@ -906,7 +780,7 @@ def main(argv=None) -> int:
         if result.get("trace"):
             try:
                 result["breakdown"] = trace_breakdown(result["trace"], args.profile_steps,
-                                                      result["step_time_s"])
+                                                      result["step_time_s"], result.get("profile_wall_ms"))
             except Exception as exc:  # the figures stand without it
                 result["breakdown"] = {"error": f"{type(exc).__name__}: {exc}"}
         result.update(variant=variant, wall_s=round(time.time() - t0, 1))

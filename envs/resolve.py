@@ -1,7 +1,7 @@
 """Resolve the environment in layers, keeping where every value came from.
 
 base -> vendor (rocm | cuda | cpu) -> model (mi300x, h100, ...) -> site (lumi)
--> config (the training config's env: block) -> cli (--env KEY=VALUE).
+-> tuning (TunableOp, with --tune-gemm) -> config (the training config's env: block) -> cli (--env KEY=VALUE).
 A later layer overrides an earlier one; each Var keeps every layer that
 touched it, so `inv env.explain VAR` can show the whole story.
 """
@@ -17,10 +17,10 @@ from envs import profiles
 from envs.detect import detect
 from envs.errors import EnvError
 from envs.machine import Machine
-from envs.profiles import sites
+from envs.profiles import sites, tunableop
 from envs.spec import Computed, Profile
 
-LAYERS = ("base", "vendor", "model", "site", "config", "cli")
+LAYERS = ("base", "vendor", "model", "site", "tuning", "config", "cli")
 
 
 class Change(NamedTuple):
@@ -113,11 +113,12 @@ def parse_overrides(overrides: Union[Iterable[str], Mapping[str, str]]) -> dict[
 
 def resolve(machine: Optional[Machine] = None, gpu: Optional[str] = None, site: Optional[str] = None,
             config_env: Optional[Mapping] = None, overrides=(), context: Optional[dict] = None,
-            config_ref: str = "the training config's env: block") -> ResolvedEnv:
+            config_ref: str = "the training config's env: block", tune_gemm: bool = False) -> ResolvedEnv:
     """Resolve the environment for `machine` (default: detect(gpu)).
 
     site: a site name, "none" for no site, or None to auto-detect.
     context: optional {"environ": mapping, "hostname": str, "root": path} for computed values.
+    tune_gemm: add the tuning layer (envs/profiles/tunableop.py: TunableOp on, its results file kept per key).
     """
     context = context or {}
     environ = context.get("environ", os.environ)
@@ -131,6 +132,8 @@ def resolve(machine: Optional[Machine] = None, gpu: Optional[str] = None, site: 
         stack.append(profiles.MODEL_PROFILES[machine.profile])
     if site_key:
         stack.append(sites.get(site_key).PROFILE)
+    if tune_gemm:
+        stack.append(tunableop.PROFILE)
 
     result = ResolvedEnv(machine, site_key, [p.label for p in stack])
     ctx = Context(machine, environ, context.get("hostname") or socket.gethostname(), root, result.vars)
@@ -157,6 +160,8 @@ def resolve(machine: Optional[Machine] = None, gpu: Optional[str] = None, site: 
 
     if machine.unknown_gpu:
         result.warnings.append(unknown_gpu_message(machine))
+    if tune_gemm and not machine.has_gpu:
+        result.warnings.append("--tune-gemm: no GPU here, so TunableOp has no GEMM to tune")
     for name, var in sorted(result.vars.items()):
         shell = environ.get(name)
         if shell is not None and var.value is not None and shell != var.value and var.source != "cli":

@@ -17,11 +17,11 @@ GPU_HELP = {"gpu": "Resolve the environment for another GPU model (default: dete
             "dry-run": "Print the resolved environment and the exact command; start nothing"}
 
 
-def _resolve(gpu: str, run_options):
+def _resolve(gpu: str, run_options, tune_gemm: bool = False):
     """The resolved environment (its warnings on stderr): the GEMM's default size depends on its machine."""
     from runtime.jobs.environment import print_warnings, resolved_env
 
-    env = resolved_env(gpu, None, None, run_options.env)
+    env = resolved_env(gpu, None, None, run_options.env, tune_gemm)
     print_warnings(env.warnings)
     return env
 
@@ -38,8 +38,11 @@ def _execute(c, task_name, run_options, env, body, extra=None, dry=None):
 @run_task(per_node=True, help={**GPU_HELP,
                                "M": "Rows of A and of the product, an integer (default 8192 on a GPU, 1024 on a CPU)",
                                "N": "Columns of B (default: M)", "K": "Inner dimension (default: M)",
-                               "dtype": "bf16 | fp16 | fp32", "iters": "Timed products (default 20)"})
-def gemm(c, M=None, N=None, K=None, dtype="bf16", iters=20, gpu="", json=False, dry_run=False, run_options=None):
+                               "dtype": "bf16 | fp16 | fp32", "iters": "Timed products (default 20)",
+                               "tune-gemm": "TunableOp tuning, its results kept per GPU model, torch and CUDA/ROCm "
+                                            "build (the first product tunes the shape; later runs read it back)"})
+def gemm(c, M=None, N=None, K=None, dtype="bf16", iters=20, gpu="", json=False, dry_run=False, tune_gemm=False,
+         run_options=None):
     """GEMM throughput: median time and TFLOP/s of an M x N x K product (and % of the GPU's peak)."""
     import sys
 
@@ -59,7 +62,7 @@ def gemm(c, M=None, N=None, K=None, dtype="bf16", iters=20, gpu="", json=False, 
     m, n, k = benchmarks.parse_dims(M, N, K)   # None defaults: a typed 0 is refused, not taken for "as M"
     benchmarks.check_gemm(m, n, k, dtype, iters)
     benchmarks.check_runtime(run_options.runtime, settings_mod.load(c))
-    env = _resolve(gpu, run_options)
+    env = _resolve(gpu, run_options, tune_gemm)
     m, note = benchmarks.gemm_rows(m, env)
     if note:
         print(note, file=sys.stderr)

@@ -17,6 +17,7 @@ COMMON_HELP = {
     "env": "KEY=VALUE on top of every layer (repeatable)",
     "json": "Print JSON instead of a table",
 }
+TUNE_HELP = {"tune-gemm": "With the GEMM-tuning layer (--tune-gemm of train.pretrain, profile.train, bench.gemm)"}
 
 
 def _table(rows, headers=()) -> str:
@@ -49,10 +50,10 @@ def detect(c, gpu="", json=False):
         print_warnings([unknown_gpu_message(machine)])
 
 
-@task(auto_shortflags=False, iterable=["env"], help=COMMON_HELP)
-def show(c, gpu="", site="", config="", env=None, json=False):
+@task(auto_shortflags=False, iterable=["env"], help={**COMMON_HELP, **TUNE_HELP})
+def show(c, gpu="", site="", config="", env=None, json=False, tune_gemm=False):
     """The resolved environment: every variable, its value and the layer that set it."""
-    resolved = resolved_env(gpu, site, config, env)
+    resolved = resolved_env(gpu, site, config, env, tune_gemm)
     if json:
         print(jsonlib.dumps(resolved.to_json(), indent=2))
         print_warnings(resolved.warnings)
@@ -66,10 +67,10 @@ def show(c, gpu="", site="", config="", env=None, json=False):
 
 
 @task(auto_shortflags=False, iterable=["env"], help={"var": "Variable name, e.g. NCCL_SOCKET_IFNAME",
-                                                     **COMMON_HELP})
-def explain(c, var, gpu="", site="", config="", env=None, json=False):
+                                                     **COMMON_HELP, **TUNE_HELP})
+def explain(c, var, gpu="", site="", config="", env=None, json=False, tune_gemm=False):
     """Every layer that touched VAR, in order, with its reason and public source."""
-    resolved = resolved_env(gpu, site, config, env)
+    resolved = resolved_env(gpu, site, config, env, tune_gemm)
     entry = explained_var(resolved, var)
     if json:
         print(jsonlib.dumps(entry.to_dict(), indent=2))

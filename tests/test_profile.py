@@ -88,9 +88,14 @@ def test_inv_profile_train_traces_one_rank_of_two(tmp_path, dataset):
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = (tmp_path / "runs").iterdir()
     assert run.name.endswith("_profile.train_tiny")
-    assert sorted(p.name for p in (run / "profile").iterdir()) == ["rank1.ops.json", "rank1.trace.json"]
+    assert sorted(p.name for p in (run / "profile").iterdir()) == ["rank1.breakdown.json", "rank1.ops.json",
+                                                                    "rank1.trace.json", "summary.json"]
     report = json.loads((run / "profile" / "rank1.ops.json").read_text())
     assert report["steps"] == [1, 3] and report["ops"]      # from step 1: the loop's call before its first step
+    assert report["wall_ms"] > 0                             # the window's time, synchronised at both ends
+    summary = json.loads((run / "profile" / "summary.json").read_text())
+    assert summary["ranks"]["1"]["breakdown"]["error"].startswith("no GPU kernels")   # a CPU run: no split
+    assert "no step-time breakdown: no GPU kernels in the trace" in proc.stdout
     assert "rank 1, steps 1..2" in proc.stdout and "aten::" in proc.stdout
     assert "self CPU ms" in proc.stdout and "self device ms" not in proc.stdout     # a CPU run: no device column
     assert "USDT:" not in proc.stdout + proc.stderr and "profiler_start" not in proc.stdout + proc.stderr

@@ -16,3 +16,5 @@ LUMI_AI_GUIDE = ("LUMI AI guide 5-multi-gpu-and-node/README.md 'RCCL environment
                  "(github.com/Lumi-supercomputer/LUMI-AI-Guide)")
 LUMI_SLIDES = "LUMI AI workshop slides 'Extreme scale AI training on LUMI' (S. Antao, May 2024)"
 TORCHTITAN_PEAK = "torchtitan torchtitan/tools/utils.py get_peak_flops (github.com/pytorch/torchtitan)"
+TORCH_TUNABLEOP = ("PyTorch docs, torch.cuda.tunable 'TunableOp' (pytorch.org/docs/stable/cuda.tunable.html; "
+                   "torch/cuda/tunable.py)")

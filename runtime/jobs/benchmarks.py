@@ -86,8 +86,11 @@ def peak_cell(result: dict) -> str:
 
 def gemm(run, m: int, n: int | None, k: int | None, dtype: str, iters: int) -> dict:
     """benchmarks.gemm in a child process that gets the run's environment (TunableOp, hipBLASLt, ...)."""
+    from runtime.jobs import tuning
+
     argv = gemm_argv(m, n, k, dtype, iters)
-    proc = subprocess.run(argv, env=run.env, capture_output=True, text=True)
+    with tuning.kept(run):   # --tune-gemm: which TunableOp results file, recorded with the run
+        proc = subprocess.run(argv, env=run.env, capture_output=True, text=True)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
         raise AnvilError(f"the benchmark failed: {last}", 1)

@@ -16,21 +16,22 @@ import sys
 from trainer.errors import AnvilError, UserError
 
 
-def resolved_env(gpu=None, site=None, config=None, env=None):
+def resolved_env(gpu=None, site=None, config=None, env=None, tune_gemm=False):
     import envs
 
     config_env = envs.load_config_env(config) if config else None
     return envs.resolve(gpu=gpu or None, site=site or None, config_env=config_env, overrides=env or (),
-                        config_ref=f"{config} (env:)" if config else "the training config's env: block")
+                        config_ref=f"{config} (env:)" if config else "the training config's env: block",
+                        tune_gemm=tune_gemm)
 
 
 def profile_setters() -> dict[str, list[str]]:
     """{variable: [labels of every profile layer that sets it]}, over all GPU models and sites."""
     from envs import profiles
-    from envs.profiles import sites
+    from envs.profiles import sites, tunableop
 
     stack = [profiles.BASE, *profiles.VENDOR_PROFILES.values(), *profiles.MODEL_PROFILES.values(),
-             *(module.PROFILE for module in sites.SITES.values())]
+             *(module.PROFILE for module in sites.SITES.values()), tunableop.PROFILE]
     setters: dict[str, list[str]] = {}
     for profile in stack:
         for entry in profile.entries:
@@ -53,7 +54,8 @@ def explained_var(resolved, name: str):
     elsewhere = [known for known in setters if known.upper() == name.upper()]
     if elsewhere:
         where = setters[elsewhere[0]]
-        flags = [flag for prefixes, flag in ((("vendor:", "model:"), "--gpu MODEL"), (("site:",), "--site SITE"))
+        flags = [flag for prefixes, flag in ((("vendor:", "model:"), "--gpu MODEL"), (("site:",), "--site SITE"),
+                                             (("tuning:",), "--tune-gemm"))
                  if any(w.startswith(prefixes) for w in where)]
         raise UserError(f"{here}; {elsewhere[0]} is set by {', '.join(where)}"
                         + (f": see it with {' or '.join(flags)}" if flags else ""))

@@ -1,7 +1,11 @@
 """A training job through the runner: config, environment, run directory, launch.
 
 train.pretrain and profile.train both start the trainer this way; profile.train
-only adds the variables that open trainer.profiling's window.
+only adds the variables that open trainer.profiling's window (and, with --tool, a
+vendor profiler around the chosen ranks: runtime.launch.tools), and summarises
+the profile inside the run (`after`). --tune-gemm adds the environment's tuning
+layer (TunableOp, its results file kept per key) and records that file with the
+run (runtime.jobs.tuning).
 
     result = run_training(c, "train.pretrain", TrainingJob(config="configs/tiny.yaml"), run_options)
     result["run_dir"], result["summary"]
@@ -66,6 +70,8 @@ class TrainingJob:
     exclude_from: str = ""              # a preflight run whose failing nodes are left out
     dry_run: bool = False
     ranks_used: frozenset[int] = frozenset()   # global ranks the task needs (profile.train --ranks)
+    tool: str = ""                      # profile.train --tool: the vendor profiler the chosen ranks run under
+    tune_gemm: bool = False             # TunableOp on, its results kept per GPU model, torch and CUDA/ROCm build
 
     def overrides(self) -> list[str]:
         """The config overrides: the --set ones, then what the task's flags mean (trainer.flags)."""
@@ -149,12 +155,26 @@ def where(job: TrainingJob, settings, mounts: list[str] = ()):
     return runtime, runtime.open(options)
 
 
-def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: list[str] = ()) -> dict:
-    """Train as `job` says; returns {"run_dir": Path, "summary": dict | None}."""
+def _check_tool(tool: str, machine, here: bool) -> None:
+    """--tool: a profiler for this machine's GPUs, installed here when the ranks run here (one line if not)."""
+    from runtime.launch import tools
+
+    spec = tools.TOOLS[tool]
+    if machine.has_gpu and spec.vendor != machine.runtime and machine.runtime:
+        raise UserError(f"--tool {tool} profiles {spec.vendor.upper()} GPUs; this machine's are {machine.runtime.upper()} "
+                        f"({', '.join(n for n, t in tools.TOOLS.items() if t.vendor == machine.runtime)} instead)")
+    absent = tools.missing(tool) if here else None
+    if absent:
+        raise UserError(absent)
+
+
+def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: list[str] = (), after=None) -> dict:
+    """Train as `job` says; returns {"run_dir": Path, "summary": dict | None}, and with `after` (called with
+    the run once the launch succeeded) what it returned, under "after"."""
     import envs
     from runtime import settings as settings_mod
     from runtime.cluster.slurm.batch import submitted_job_id
-    from runtime.jobs import planning
+    from runtime.jobs import planning, tuning
     from runtime.jobs.environment import print_warnings
     from runtime.launch import LaunchSpec
     from runtime.runs import nodes as nodes_mod
@@ -173,7 +193,8 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     started_from = hf.check_before_launch(cfg)       # its tensors' names and shapes, from the headers
     config_path = job.config or str(DEFAULT_CONFIG)
     env = envs.resolve(gpu=job.gpu or None, site=job.site or None, config_env=cfg.env,
-                       overrides=list(run_options.env) + list(extra_env), config_ref=f"{config_path} (env:)")
+                       overrides=list(run_options.env) + list(extra_env), config_ref=f"{config_path} (env:)",
+                       tune_gemm=job.tune_gemm)
     warnings = list(env.warnings) + [w for w in [hf.tokenizer_warning(cfg)] if w]
     if cfg.schedule.warmup_steps >= cfg.train.steps and task_name == "train.pretrain":   # (a profile is short)
         warnings.append(f"schedule.warmup_steps={cfg.schedule.warmup_steps} >= train.steps={cfg.train.steps}: "
@@ -220,6 +241,8 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
                       node_local=env.node_local())
     if not runtime.spans_nodes:   # (a login node has no GPU; its nodes do)
         _needs_a_gpu_here(cfg, env.machine)
+    if job.tool:
+        _check_tool(job.tool, env.machine, here=not runtime.spans_nodes and not job.dry_run)
     layout = transport.layout(spec, environ)
     if job.ranks_used and max(job.ranks_used) >= layout.world_size:
         raise UserError(f"--ranks {','.join(map(str, sorted(job.ranks_used)))}: this job has {layout.world_size} "
@@ -241,7 +264,8 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
             run.update_metadata(excluded_nodes=excluded)
             print(f"excluding {len(excluded)} node(s) that failed preflight in {job.exclude_from}: "
                   + ", ".join(f"{h} ({'; '.join(r)[:80]})" for h, r in sorted(excluded.items())), file=sys.stderr)
-        code = transport.launch(spec, run.env, run.path, masker=run.masker, stdout=sys.stderr)   # stdout: the result
+        with tuning.kept(run):   # --tune-gemm: which TunableOp results file, before and after, kept with the run
+            code = transport.launch(spec, run.env, run.path, masker=run.masker, stdout=sys.stderr)   # stdout: result
         job_id = submitted_job_id(run.path)
         if job_id:
             run.update_metadata(slurm_job_id=job_id)
@@ -268,7 +292,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
             raise AnvilError(cause or f"the trainer exited with status {code}; see {run.path}/logs/", code)
         summary_path = run.path / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
-        return {"run_dir": run.path, "summary": summary}
+        return {"run_dir": run.path, "summary": summary, **({"after": after(run)} if after else {})}
 
     spec_of_run = run_options.spec(task_name, name=name, configs={CONFIG_FILE: cfg.to_dict()},
                                    config_sources={CONFIG_FILE: config_path},

@@ -9,7 +9,8 @@ that starts the ranks, and running a command here with its output streamed and s
     code = launch(spec, env=run.env, run_dir=run.path)   # the agent on this machine; streams, returns the status
 
 spec.py (what to launch), commands.py (the agent's command line, the launch's
-environment), agent.py (the per-node launcher of the ranks), process.py (run a
+environment), agent.py (the per-node launcher of the ranks), tools.py (a vendor
+profiler around chosen ranks, for profile.train --tool), process.py (run a
 command here, stream, pass signals). Where a launch runs - SSH hosts, a Slurm
 allocation, a container - is runtime.cluster's.
 """

@@ -26,6 +26,9 @@ environment; env:// rendezvous), and what torchrun does not:
   computed from the machine (ANVIL_NODE_LOCAL names them: socket interface,
   host name, ...) are recomputed on this node, not inherited from the host
   where `inv` ran.
+- With ANVIL_PROFILE_TOOL set (inv profile.train --tool), the ranks ANVIL_PROFILE_RANKS names
+  run under that vendor profiler (runtime.launch.tools); a profiler missing on this node is one
+  line and exit 2, before any rank starts.
 - With ANVIL_RUN_DIR set it writes RUN_DIR/logs/agent-<node rank>.json
   (host, ranks, exit statuses, first failure, and what its starter adds: a
   Slurm job id and restart count) for the runner's summary.
@@ -41,6 +44,7 @@ import sys
 import time
 from pathlib import Path
 
+import runtime.launch.tools as tools
 from runtime.launch.spec import (EXIT_INTERRUPTED, EXIT_REQUEUE, LAUNCHER_PID_VAR, NODE_LOCAL_VAR, PASSED_SIGNALS,
                                  RUN_DIR_VAR)
 from trainer.files import write_json_atomic
@@ -119,6 +123,10 @@ class Agent:
             env["OMP_NUM_THREADS"] = "1"   # as torchrun: N ranks must not each take every core
         return env
 
+    def ranks(self) -> range:
+        """The global ranks this node starts."""
+        return range(self.node_rank * self.nproc, (self.node_rank + 1) * self.nproc)
+
     def rank_env(self, base: dict[str, str], local_rank: int) -> dict[str, str]:
         rank = self.node_rank * self.nproc + local_rank
         return {**base, "RANK": str(rank), "LOCAL_RANK": str(local_rank), "ROLE_RANK": str(rank)}
@@ -142,8 +150,18 @@ class Agent:
         if not _end_with_launcher():
             print("anvil-agent: the inv that started this run is gone; no rank started", file=sys.stderr)
             return EXIT_INTERRUPTED
+        run_dir = base.get(RUN_DIR_VAR)
+        profiled = [rank for rank in self.ranks() if tools.chosen(rank, base)] if base.get(tools.TOOL_VAR) else []
+        absent = tools.missing(base[tools.TOOL_VAR], base.get("PATH")) if profiled else None
+        if absent:
+            print(f"anvil-agent: {absent} (on {self.host}); no rank started", file=sys.stderr, flush=True)
+            self._write_record(2)
+            return 2
+        if profiled and run_dir:
+            Path(run_dir, "profile").mkdir(parents=True, exist_ok=True)   # the tools write there, and make no folder
         for local_rank in range(self.nproc):
-            self.procs.append(subprocess.Popen(self.command, env=self.rank_env(base, local_rank)))
+            command = tools.wrap(self.command, self.node_rank * self.nproc + local_rank, base, run_dir)
+            self.procs.append(subprocess.Popen(command, env=self.rank_env(base, local_rank)))
         kill_at = None
         while len(self.codes) < len(self.procs):
             for local_rank, proc in enumerate(self.procs):
