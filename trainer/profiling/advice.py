@@ -36,6 +36,7 @@ class RunSettings:
     params: str = "fp32"
     reshard_after_forward: bool = True
     config: str = ""          # the config path, for commands to copy
+    synthetic: bool = False   # data.path: synthetic (random tokens drawn on the host)
 
     @classmethod
     def from_config(cls, cfg: dict, world_size: int = 1, config: str = "") -> "RunSettings":
@@ -45,7 +46,8 @@ class RunSettings:
         return cls(compile=bool(train.get("compile")), kernels=bool(train.get("kernels")),
                    fp8="off" if fp8 in (False, None) else str(fp8), strategy=str(parallel.get("strategy", "ddp")),
                    world_size=int(world_size or 1), params=str(precision.get("params", "fp32")),
-                   reshard_after_forward=bool(parallel.get("reshard_after_forward", True)), config=config)
+                   reshard_after_forward=bool(parallel.get("reshard_after_forward", True)), config=config,
+                   synthetic=(cfg.get("data") or {}).get("path") == "synthetic")
 
 
 def candidates(bd: dict, run: RunSettings, threshold: float = THRESHOLD) -> list[dict]:
@@ -143,6 +145,9 @@ def idle_causes(bd: dict) -> dict[str, float]:
 def _idle_action(bd: dict, run: RunSettings) -> str:
     causes = idle_causes(bd)
     cause = max(causes, key=causes.get) if any(causes.values()) else "launching"
+    if cause == "data" and run.synthetic:
+        return ("the GPU waits for the next batch: data.path=synthetic draws its random tokens on the host each "
+                "step; a prepared dataset is read from memory-mapped shards instead (time it with one)")
     if cause == "data":
         return ("the GPU waits for the next batch: Anvil's loader reads memory-mapped shards in the training "
                 "process (no worker processes), so put the dataset on a local or faster file system")
