@@ -55,10 +55,25 @@ def parse_hosts(value: str | Iterable[str], default_hosts: Sequence[str] = ()) -
             raise HostsError("-H @ needs anvil.hosts in invoke.yaml (or INVOKE_ANVIL_HOSTS)")
     if not hosts:
         raise HostsError("no hosts given")
-    bad = [h for h in hosts if any(ch.isspace() for ch in h) or h.startswith("-")]
+    bad = [h for h in hosts if any(ch.isspace() or not ch.isprintable() for ch in h) or h.startswith("-")]
     if bad:
         raise HostsError(f"not a host name: {', '.join(map(repr, bad))}")
+    for host in hosts:
+        _check_port(host)
     return list(dict.fromkeys(hosts))
+
+
+def _check_port(host: str) -> None:
+    """user@host:PORT: a port SSH can use (Fabric takes 99999 as it is, and the socket layer then
+    connects to another port than the one named)."""
+    name = host.rpartition("@")[2]
+    if name.count(":") != 1:      # no port, or an IPv6 address (with no port)
+        return
+    address, _, port = name.partition(":")
+    if not address:
+        raise HostsError(f"{host!r}: no host name before the port")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise HostsError(f"{host!r}: the port must be a number from 1 to 65535, got {port!r}")
 
 
 class Ssh(Transport):
