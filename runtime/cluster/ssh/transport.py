@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import IO, Iterable, Mapping, Sequence
 
 from runtime.cluster.results import HostResult, Interrupted, parse_json_output, slurm_name
-from runtime.cluster.ssh.session import STOPPED_WAITING, Sessions, remote_line, remote_python
+from runtime.cluster.ssh.session import STOPPED_WAITING, Sessions, check_line, remote_line, remote_python
 from runtime.cluster.transport import Progress, Transport, Wrap, local_inv, node_env
 from runtime.launch.commands import agent_command, launch_env, travelling
 from runtime.launch.process import MaskedFile, open_log, passing_signals
@@ -103,6 +103,7 @@ class Ssh(Transport):
         """The hosts are named, and before a launch every one answers (a host that does not is one line
         naming it, exit 2); each_node reports such a host in its results instead."""
         hosts = self.hosts()
+        check_line(self.options.ssh)
         if each_node:
             return
         unreachable = Sessions(self.options.ssh).reach(hosts)
@@ -121,6 +122,7 @@ class Ssh(Transport):
         return remote_python(self.options.ssh)
 
     def layout(self, spec: LaunchSpec, env: Mapping[str, str]) -> Layout:
+        check_line(self.options.ssh)
         return Layout(processes_per_node(spec, env), len(self.hosts()))
 
     # ---- a launch: one agent per host
