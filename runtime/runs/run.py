@@ -28,6 +28,7 @@ execute then lays the recorded environment over the resolved one (source
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import shlex
@@ -105,6 +106,10 @@ class Run:
     def write_json(self, rel: str | Path, obj: Any) -> Path:
         return self._write(self._inside(rel), rundir.to_json(self.masker.mapping(obj)))
 
+    def write_record(self, rel: str | Path, obj: dict) -> Path:
+        """write_json for a record a later command trusts (rundir.RECORDS): masked, then sealed."""
+        return self._write(self._inside(rel), rundir.to_json(rundir.seal(self.masker.mapping(obj))))
+
     def _write(self, target: Path, text: str) -> Path:
         """rundir.write_text; on a full disk, once more with the run's reserve given back, so
         that the run's end is recorded whatever filled the disk."""
@@ -117,7 +122,7 @@ class Run:
 
     def update_metadata(self, **entries) -> None:
         self.metadata.update(entries)
-        self.write_json(rundir.METADATA, self.metadata)
+        self.write_record(rundir.METADATA, self.metadata)
 
     def _inside(self, rel: str | Path) -> Path:
         target = (self.path / rel).resolve()
@@ -153,7 +158,10 @@ def _replay_layer(replay_of: str) -> tuple[Path | None, dict[str, str]]:
         original = rundir.resolve(replay_of)
     except rundir.RunDirError as exc:
         raise UserError(f"replay: {exc}") from None
-    recorded = rundir.read_json(original / "env.json", {}) or {}
+    try:
+        recorded = rundir.read_record(original / "env.json", {}) or {}
+    except rundir.RunDirError as exc:
+        raise UserError(f"replay: {exc}") from None
     values = {name: rec.get("value") for name, rec in (recorded.get("vars") or {}).items()
               if isinstance(rec, dict) and rec.get("value") not in (None, MASK) and name not in MACHINE_IDENTITY}
     return original, {k: str(v) for k, v in values.items()}
@@ -163,23 +171,26 @@ def _write_snapshot(run: Run, argv: list[str], warnings: list[str]) -> None:
     spec = run.spec
     run.write_text("command.txt", shlex.join(run.masker.argv(argv)) + "\n")
     run.env_warnings = list(warnings)
-    run.write_json("env.json", {"vars": run.env_sources, "warnings": run.env_warnings})
+    run.write_record("env.json", {"vars": run.env_sources, "warnings": run.env_warnings})
     run.write_json("environ.json", run.masker.env(dict(os.environ)))
     machine = snapshot.machine()
-    run.write_json("machine.json", machine)
+    run.write_record("machine.json", machine)
     git, diff = snapshot.git_info()
-    run.write_json("git.json", git)
+    run.write_record("git.json", git)
     if diff:
         run.write_text("git.diff", diff)
-    run.write_json("versions.json", snapshot.versions(git, machine.get("gpu")))
+    run.write_record("versions.json", snapshot.versions(git, machine.get("gpu")))
     run.write_text("pip-freeze.txt", snapshot.pip_freeze())
+    # Each config copy's checksum goes into the sealed metadata: a replay passes the copy on only as written.
+    run.metadata["config_sha256"] = {}
     for file_name, config in spec.configs.items():
-        _write_config(run, file_name, config)
+        copy = _write_config(run, file_name, config)
+        run.metadata["config_sha256"][copy.name] = hashlib.sha256(copy.read_bytes()).hexdigest()
     run.metadata["anvil_commit"] = git.get("commit")
     run.metadata["dirty"] = git.get("dirty")
 
 
-def _write_config(run: Run, file_name: str, config: Any) -> None:
+def _write_config(run: Run, file_name: str, config: Any) -> Path:
     rel = Path("configs") / rundir.slug(Path(file_name).name)
     if isinstance(config, (str, Path)):
         source = Path(config)
@@ -187,15 +198,13 @@ def _write_config(run: Run, file_name: str, config: Any) -> None:
             text = source.read_text(encoding="utf-8")
         except OSError as exc:
             raise UserError(f"config {source}: {exc.strerror or exc}") from None
-        run.write_text(rel, text)
         run.spec.config_sources.setdefault(file_name, str(config))
-        return
+        return run.write_text(rel, text)
     import yaml  # lazily: keeps `inv --list` lean
     masked = run.masker.mapping(config)
     if rel.suffix == ".json":
-        run.write_text(rel, rundir.to_json(masked))
-    else:
-        run.write_text(rel, yaml.safe_dump(masked, sort_keys=False, default_flow_style=False))
+        return run.write_text(rel, rundir.to_json(masked))
+    return run.write_text(rel, yaml.safe_dump(masked, sort_keys=False, default_flow_style=False))
 
 
 def _hook_context(run: Run, phase: str, outcome: dict | None = None) -> hooks_mod.HookContext:
@@ -219,7 +228,7 @@ def _record_hooks(run: Run, phase: str, records: list) -> None:
                                     "reason": f"set by {phase} hook {rec.path}"}
     run.write_text(Path("hooks") / f"{phase}.log", "\n".join(lines) + "\n")
     if any(rec.env_added for rec in records):
-        run.write_json("env.json", {"vars": run.env_sources, "warnings": run.env_warnings})
+        run.write_record("env.json", {"vars": run.env_sources, "warnings": run.env_warnings})
 
 
 def _run_pre(run: Run) -> None:
