@@ -239,8 +239,10 @@ def _run_pre(run: Run) -> None:
         if spec.patch:
             patch = patch_file(spec.patch)   # (gone since the run's options were read: a failed run)
             run.write_text(Path("hooks") / f"patch_{patch.name}", patch.read_text(errors="replace"))
-            records.append(hooks_mod.run_file(patch.resolve(), ctx, cwd=run.settings.root))
-        records += hooks_mod.run_phase(run.settings.hooks_dir, ctx, cwd=run.settings.root)
+            records.append(hooks_mod.run_file(patch.resolve(), ctx, cwd=run.settings.root,
+                                              timeout=run.settings.hook_timeout))
+        records += hooks_mod.run_phase(run.settings.hooks_dir, ctx, cwd=run.settings.root,
+                                       timeout=run.settings.hook_timeout)
     except hooks_mod.HookError as exc:
         phase_records = getattr(exc, "records", None)
         if phase_records is None:   # the patch (or the hook folder itself) failed
@@ -250,14 +252,15 @@ def _run_pre(run: Run) -> None:
     _record_hooks(run, "pre", records)
 
 
-def _run_post(run: Run, outcome: dict) -> str | None:
-    """Post hooks, all of them; returns the first failure's message (or None)."""
+def _run_post(run: Run, outcome: dict) -> AnvilError | None:
+    """Post hooks, all of them; returns the first failure (or None)."""
     ctx = _hook_context(run, "post", outcome)
     try:
-        records = hooks_mod.run_phase(run.settings.hooks_dir, ctx, cwd=run.settings.root, keep_going=True)
+        records = hooks_mod.run_phase(run.settings.hooks_dir, ctx, cwd=run.settings.root, keep_going=True,
+                                      timeout=run.settings.hook_timeout)
     except hooks_mod.HookError as exc:
         _record_hooks(run, "post", getattr(exc, "records", []))
-        return str(exc)
+        return exc
     _record_hooks(run, "post", records)
     return None
 
@@ -390,7 +393,7 @@ def execute(ctx, spec: RunSpec, body: Callable[[Run], Any]) -> Any:
         if post_error:
             error += f"\n(also: {post_error})"
     else:
-        status, error, code = "failed", post_error, 1
+        status, error, code = "failed", str(post_error), post_error.exit_code
     findings = diagnose.scan(diagnose.log_files(run.path), extra_text=error)
     finish(run, status, error=error, exit_code=code, result=result, diagnosis=findings)
     said = run.masker.text(error)
