@@ -70,6 +70,7 @@ hooks_mod = _lazy("runtime.runs.hooks")
 ranklog = _lazy("trainer.ranklog")
 rundir = _lazy("runtime.runs.rundir")
 snapshot = _lazy("runtime.runs.snapshot")
+trust = _lazy("runtime.runs.trust")
 
 REPLAY_ENV = "ANVIL_REPLAY_OF"
 # Recorded variables that name the machine rather than configure the job: a
@@ -162,9 +163,14 @@ def _replay_layer(replay_of: str) -> tuple[Path | None, dict[str, str]]:
         recorded = rundir.read_record(original / "env.json", {}) or {}
     except rundir.RunDirError as exc:
         raise UserError(f"replay: {exc}") from None
-    values = {name: rec.get("value") for name, rec in (recorded.get("vars") or {}).items()
+    values = {name: str(rec.get("value")) for name, rec in (recorded.get("vars") or {}).items()
               if isinstance(rec, dict) and rec.get("value") not in (None, MASK) and name not in MACHINE_IDENTITY}
-    return original, {k: str(v) for k, v in values.items()}
+    # What could run code is laid over only where the user trusted the run (runtime.runs.trust; the
+    # replaying inv left the same variables out of this process's environment).
+    trusted = os.environ.get(trust.TRUST_ENV) == "1"
+    for name in trust.untrusted(values, os.environ, trusted):
+        values.pop(name)
+    return original, values
 
 
 def _write_snapshot(run: Run, argv: list[str], warnings: list[str]) -> None:
