@@ -95,3 +95,19 @@ def test_an_ssh_line_with_a_control_character_is_refused_before_a_run(tmp_path):
     trained = inv(tmp_path, "-H", "n1.invalid,n2.invalid", *TRAIN, "--dry-run", env=env)
     one_line_error(trained, "anvil.remote_path", "control character")
     assert runs(tmp_path) == []
+
+
+def test_exclude_from_with_the_direct_runtime_says_it_is_ignored(tmp_path):
+    preflight = tmp_path / "pre"
+    from runtime.runs import nodes
+    nodes.write(preflight, ["n1"], {"n7": ["gpu: FAIL"]})
+    here = inv(tmp_path, *TRAIN, "--exclude-from", preflight, "--dry-run")
+    assert here.returncode == 0, here.stderr[-3000:]
+    notes = [line for line in here.stderr.splitlines() if line.startswith("note: ")]
+    assert notes == ["note: --exclude-from ignored: runtime direct runs on this machine only (it leaves nodes "
+                     "out of an ssh or slurm launch)"], here.stderr
+    both = inv(tmp_path, *TRAIN, "--exclude-from", preflight, "--exclude", "n8", "--runtime", "container",
+               "--dry-run", env={"INVOKE_ANVIL_CONTAINER_IMAGE": "localhost/x:1"})
+    assert "note: --exclude-from and --exclude ignored: runtime container runs on this machine only" in both.stderr
+    slurm = inv(tmp_path, *TRAIN, "--exclude-from", preflight, "--runtime", "slurm", "--dry-run")
+    assert "ignored" not in slurm.stderr and "#SBATCH --exclude=n7" in slurm.stdout, slurm.stderr[-2000:]

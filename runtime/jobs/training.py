@@ -181,6 +181,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     print_warnings(warnings)   # stderr: stdout stays the result (--json)
     settings = settings_mod.load(c)
     excluded: dict[str, list[str]] = {}
+    leaving_out = [flag for flag, given in (("--exclude-from", job.exclude_from), ("--exclude", job.exclude)) if given]
     if job.exclude_from:
         excluded = nodes_mod.failing(job.exclude_from)
         job.exclude = sorted(set(job.exclude) | set(excluded))
@@ -208,6 +209,10 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     data_mounts = [str(Path(path).resolve()) for path in cfg.data.datasets()]
     data_mounts += [cfg.checkpoint.init_from] if cfg.checkpoint.init_from else []
     runtime, transport = where(job, settings, data_mounts)
+    if leaving_out and not runtime.spans_nodes:   # no node of this machine to leave out
+        print(f"note: {' and '.join(leaving_out)} ignored: runtime {runtime} runs on this machine only (it leaves "
+              "nodes out of an ssh or slurm launch)", file=sys.stderr)
+        excluded = {}
     environ = {**os.environ, **env.environ()}
     if transport.requeues(environ) and not resume:
         resume = "auto"   # a batch job that Slurm requeues resumes from its own run directory
