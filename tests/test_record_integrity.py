@@ -142,3 +142,24 @@ def test_jobend_keeps_the_seal_of_a_run_it_records(recorded, tmp_path):
     shown = inv(["snapshot.show", str(copy), "--json"], project)
     assert shown.returncode == 0, explain(shown)
     assert json.loads(shown.stdout)["metadata"]["status"] == "ok"
+
+
+def test_a_config_copy_changed_since_the_run_is_not_replayed_nor_expanded(recorded):
+    from test_truthful_exits import BOMB
+    project, run_dir = recorded
+    copy = _copy(project, run_dir, "bomb", lambda p: (p / "configs" / "demo.yaml").write_text(BOMB))
+    import time
+    started = time.monotonic()
+    shown = inv(["snapshot.show", str(copy), "--json"], project)
+    assert shown.returncode == 0, explain(shown)
+    assert "aliases expand to more than" in json.loads(shown.stdout)["configs"]["demo.yaml"]
+    diffed = inv(["snapshot.diff", str(run_dir), str(copy)], project)
+    assert diffed.returncode == 0 and "aliases expand" in diffed.stdout, explain(diffed)
+    assert time.monotonic() - started < 30
+    (project / "cfg.yaml").write_text("say: from-file\n")   # a run whose config copy a replay passes on
+    made = inv(["demo.hello", "--config", "cfg.yaml", "--name", "filed"], project)
+    assert made.returncode == 0, explain(made)
+    filed = runs(project)[-1]
+    (filed / "configs" / "demo.yaml").write_text("say: edited\n")
+    refused = inv(["snapshot.replay", str(filed)], project)
+    one_line_error(refused, f"{filed / 'configs' / 'demo.yaml'}: changed since the run wrote it")

@@ -127,3 +127,13 @@ def test_an_alias_bomb_in_a_settings_file_is_refused_at_once(project, tmp_path):
     one_line_error(refused, "an alias bomb")
     assert time.monotonic() - started < 20
     assert runs(project) == []
+
+
+def test_train_pretrain_hosts_given_empty_is_refused(tmp_path):
+    from user_input import inv as inv_here
+    for argv in (["--hosts", ""], ["--hosts", "  "]):
+        refused = inv_here(tmp_path, "train.pretrain", "--set", "data.path=synthetic", *argv, "--dry-run")
+        one_line_error(refused, "train.pretrain", "--hosts is empty")
+    refused = inv_here(tmp_path, "-H", "", "train.pretrain", "--set", "data.path=synthetic")
+    one_line_error(refused, "-H is empty")
+    assert not (tmp_path / "runs").exists()

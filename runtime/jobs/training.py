@@ -55,7 +55,7 @@ class TrainingJob:
     gpu: str = ""
     site: str = ""
     runtime: Runtime | None = None      # None = the anvil.runtime setting
-    hosts: str = ""                     # ssh: the hosts to train across (-H, --hosts; "@" = anvil.hosts)
+    hosts: str | None = None            # ssh: the hosts to train across (-H, --hosts; "@" = anvil.hosts); None: none
     master: str = ""                    # ssh: the host of node rank 0 ("" = the first)
     nodes: int = 0                      # slurm: 0 = the allocation's, or 1
     partition: str = ""
@@ -124,6 +124,9 @@ def where(job: TrainingJob, settings, mounts: list[str] = ()):
 
     runtime = job.runtime or settings.runtime
     hosts: list[str] = []
+    if job.hosts is not None and not job.hosts.strip():   # --hosts '': a mistake, not "train here"
+        raise UserError("--hosts is empty: name the hosts (--hosts node1,node2, or @ for anvil.hosts); leave it "
+                        "out to train here")
     if job.hosts:
         if job.runtime is not None and job.runtime.transport != "ssh":
             raise UserError(f"--runtime {job.runtime} with -H {job.hosts}: -H names the hosts to train on over SSH; "
