@@ -140,12 +140,12 @@ def _replay_argv(metadata: dict, run_dir: Path, trusted: bool = False,
         if MASK in token:
             raise ReplayError(f"the recorded command line has a masked secret ({token}); "
                               f"give it through the environment and run the task by hand")
+        if i < core_end and flag in _SETTINGS_FLAGS and not _beside(value, cwd).is_file():
+            notes.append(f"dropped {flag} {value} (the settings file is gone; this checkout's settings are used)")
+            i += width
+            continue
         code = _runs_code(flag, value, i < core_end, cwd)
         if code is not None:
-            if code.what.startswith("gone:"):
-                notes.append(f"dropped {flag} {value} ({code.why})")
-                i += width
-                continue
             items.append(code)
             if not trusted:
                 notes.append(f"left out {flag} {value} ({code.why}; --trust-run {code.allows})")
@@ -202,18 +202,15 @@ def _beside(value: str, cwd: Path | None) -> Path:
 
 
 def _runs_code(flag: str, value: str, core: bool, cwd: Path | None) -> trust.Item | None:
-    """The item a token of the recorded command line is, when it names code (trust), or a settings
-    file that is gone (what "gone:"); None for the others."""
+    """The item a flag of the recorded command line is, when it names code (runtime.runs.trust); None
+    for the others. core: the flag comes before the task name (one of inv's own)."""
     if not core and flag == "--patch":
         return trust.Item(f"--patch {value}", "a hook file run before the task", "runs it")
     if core and flag in _TASK_SOURCE_FLAGS:
         return trust.Item(f"{flag} {value}", f"{_TASK_SOURCE_FLAGS[flag]}, whose code inv runs",
                           "loads the tasks from there")
     if core and flag in _SETTINGS_FLAGS:
-        path = _beside(value, cwd)
-        if not path.is_file():
-            return trust.Item(f"gone: {value}", "the settings file is gone; this checkout's settings are used", "")
-        why = trust.settings_file(path)
+        why = trust.settings_file(_beside(value, cwd))
         if why:
             return trust.Item(f"{flag} {value}", why, "reads it")
     return None
