@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Mapping
 
 from runtime.cluster.runtime import BadRuntime, Runtime
+from runtime.launch.spec import CHECKOUT
 from runtime.runs import history, rundir, snapshot, trust
 from runtime.runs.run import MACHINE_IDENTITY, REPLAY_ENV
 from trainer.secrets import MASK
@@ -311,13 +312,14 @@ def plan(path: str | Path, runs_dir: Path | None = None, trusted: bool = False,
          root: Path | None = None) -> ReplayPlan:
     """The replay of a recorded run. `trusted` (--trust-run): what the directory names that could run
     code is replayed too; otherwise it is left out (plan.items, plan.dropped say what). `root`: this
-    checkout, where a run recorded in a working directory outside it replays (default: here)."""
+    checkout (default: the one this package is in); a run recorded in a working directory outside it
+    replays here."""
     try:
         recorded = history.load(path, runs_dir)
     except rundir.RunDirError as exc:
         raise ReplayError(str(exc)) from None
     metadata = recorded.metadata
-    root = Path(root) if root is not None else Path.cwd()
+    root = Path(root) if root is not None else CHECKOUT
     cwd, items, notes = _working_directory(metadata, root, trusted)
     argv, more_notes, more_items = _replay_argv(metadata, recorded.path, trusted, cwd=_recorded_cwd(metadata))
     env = {name: str(rec["value"]) for name, rec in recorded.env.items()
@@ -339,19 +341,20 @@ def _recorded_cwd(metadata: dict) -> Path | None:
 
 
 def _working_directory(metadata: dict, root: Path, trusted: bool) -> tuple[Path, list[trust.Item], list[str]]:
-    """Where the replay runs: the recorded working directory when it is inside this checkout (or the
-    user trusts the run), else this checkout (python -m imports from the working directory, and
-    Invoke looks for tasks.py there)."""
+    """Where the replay runs: the recorded working directory when it is inside this checkout or is where
+    inv runs now (Invoke already took its tasks.py from here), or when the user trusts the run; else
+    here (python -m imports from the working directory, and Invoke looks for tasks.py there)."""
+    here = Path.cwd()
     recorded = _recorded_cwd(metadata)
     if recorded is None:
-        return root, [], []
-    if trust.inside(recorded, root) or trust.inside(recorded, Path.cwd()):
+        return here, [], []
+    if trust.inside(recorded, root) or os.path.realpath(recorded) == os.path.realpath(here):
         return recorded, [], []
     item = trust.Item(f"working directory {recorded}", "outside this checkout: Python imports and Invoke's "
                       "tasks.py come from there", "runs there")
     if trusted:
         return recorded, [item], []
-    return root, [item], [f"runs in {root}, not in {recorded} ({item.why}; --trust-run {item.allows})"]
+    return here, [item], [f"runs in {here}, not in {recorded} ({item.why}; --trust-run {item.allows})"]
 
 
 def command(plan: ReplayPlan) -> list[str]:

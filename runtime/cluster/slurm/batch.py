@@ -16,6 +16,7 @@ the scancel line is printed).
 """
 from __future__ import annotations
 
+import re
 import shlex
 import signal
 import sys
@@ -201,11 +202,13 @@ def job_id_file(run_dir: Path | str) -> Path:
 
 
 def submitted_job_id(run_dir: Path | str) -> str | None:
-    """The id of the batch job submitted for this run (written by submit_and_follow), or None."""
+    """The id of the batch job submitted for this run (written by submit_and_follow), or None: none, or a
+    file that holds no job id (edited: a later snapshot.list would ask Slurm about it)."""
     path = job_id_file(run_dir)
     if not path.is_file():
         return None
-    return path.read_text().strip() or None
+    text = path.read_text(errors="replace").strip()
+    return text if re.fullmatch(r"\d+(_\d+)?", text) else None
 
 
 def submit_and_follow(script: Path, env: Mapping[str, str], run_dir: Path | None, what: str, wait: bool = True,
