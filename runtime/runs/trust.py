@@ -14,8 +14,8 @@ code of its own choosing is an Item, left out with a note unless `snapshot.repla
 - `--patch FILE` (a hook file run before the task), Invoke's `-c/--collection` and `-r/--search-root`
   (which tasks.py is loaded), and `-f FILE` when it is Python (Invoke runs it) or sets where code
   comes from (`tasks:`, anvil.hooks_dir, remote_inv, remote_path, container_python).
-- a recorded working directory outside this checkout (`python -m` imports from it; Invoke looks for
-  tasks.py there).
+- a recorded working directory outside this checkout, other than where inv runs now (`python -m`
+  imports from it; Invoke looks for tasks.py there).
 
     found = trust.variables(recorded_env, os.environ)      # [Item]
     trust.executes("LD_PRELOAD")                            # why it can run code, or ""
