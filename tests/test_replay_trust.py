@@ -166,8 +166,14 @@ def test_a_settings_file_that_is_gone_is_dropped_with_a_note_and_one_that_names_
     assert f"note: dropped -f {settings} (the settings file is gone; this checkout's settings are used)" \
         in replayed.stdout
     settings.write_text(f"anvil:\n  hooks_dir: {tmp_path / 'elsewhere'}\n")
+    settings.chmod(0o644)
+    own = inv(["snapshot.replay", str(run_dir), "--dry-run"], project)      # your own settings: yours to trust
+    assert f"-f {settings} demo.hello" in own.stdout.split("would replay: inv ")[1], explain(own)
+    assert "names nothing that can run code" in own.stdout
+    settings.chmod(0o666)                                                   # anyone can write it: not yours
     dry = inv(["snapshot.replay", str(run_dir), "--dry-run"], project)
-    assert f"-f {settings}: settings that say where code comes from (anvil.hooks_dir)" in dry.stdout, explain(dry)
+    assert f"-f {settings}: settings of someone else's, or that others can write, that say where code comes " \
+           "from (anvil.hooks_dir)" in dry.stdout, explain(dry)
     assert f"-f {settings}" not in dry.stdout.split("would replay: inv ")[1]
     trusted = inv(["snapshot.replay", str(run_dir), "--dry-run", "--trust-run"], project)
     assert f"-f {settings} demo.hello" in trusted.stdout.split("would replay: inv ")[1], explain(trusted)

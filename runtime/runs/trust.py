@@ -12,8 +12,9 @@ code of its own choosing is an Item, left out with a note unless `snapshot.repla
   TorchInductor, torch extensions). Only a value that differs from this environment's is an item:
   a value the replaying shell already has changes nothing.
 - `--patch FILE` (a hook file run before the task), Invoke's `-c/--collection` and `-r/--search-root`
-  (which tasks.py is loaded), and `-f FILE` when it is Python (Invoke runs it) or sets where code
-  comes from (`tasks:`, anvil.hooks_dir, remote_inv, remote_path, container_python).
+  (which tasks.py is loaded), and `-f FILE` when it is not the user's own (someone else owns it, or
+  others can write it) and is Python (Invoke runs it) or sets where code comes from (`tasks:`,
+  anvil.hooks_dir, remote_inv, remote_path, container_python).
 - a recorded working directory outside this checkout, other than where inv runs now (`python -m`
   imports from it; Invoke looks for tasks.py there).
 
@@ -100,12 +101,24 @@ def untrusted(recorded: Mapping[str, str], here: Mapping[str, str], trusted: boo
 CODE_SETTINGS = ("hooks_dir", "remote_inv", "remote_path", "container_python")
 
 
+def yours(path: Path) -> bool:
+    """The file is the user's own: owned by them and writable by no one else (as ssh asks of its keys)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
 def settings_file(path: Path) -> str:
-    """Why a -f FILE from a recorded command line can run code ("" when it cannot): Python, which
-    Invoke executes, or settings that say where code comes from. A file that cannot be read as YAML
-    or JSON is left to inv to refuse."""
+    """Why a -f FILE from a recorded command line can run code ("" when it cannot): a file of someone
+    else's (or one others can write) that is Python, which Invoke executes, or holds settings that say
+    where code comes from. A settings file of the user's own is theirs to trust. A file that cannot be
+    read as YAML or JSON is left to inv to refuse."""
+    if yours(path):
+        return ""
     if path.suffix == ".py":
-        return "a Python file, which Invoke runs as its settings"
+        return "a Python file of someone else's, which Invoke runs as its settings"
     try:
         import json
 
@@ -119,7 +132,8 @@ def settings_file(path: Path) -> str:
     named = ["tasks"] if "tasks" in data else []
     anvil = data.get("anvil")
     named += [f"anvil.{key}" for key in CODE_SETTINGS if isinstance(anvil, dict) and anvil.get(key)]
-    return f"settings that say where code comes from ({', '.join(named)})" if named else ""
+    return (f"settings of someone else's, or that others can write, that say where code comes from "
+            f"({', '.join(named)})") if named else ""
 
 
 def inside(path: Path, root: Path) -> bool:
