@@ -119,7 +119,7 @@ def test_preflight_bench_and_comm_reports(runs, chromium, tmp_path):
     comm_runs = tmp_path / "comm"
     c = Context(config=Config(overrides={"anvil": {"runs_dir": str(comm_runs), "hosts": "n1,n2,n3,n4"}}))
     with pytest.raises(RunFailed):
-        comm.run_comm_check(c, None, False, "1M", 5, transport=FakeTransport(slow={"n3"}))
+        comm.run_comm_check(c, None, None, "1M", 5, transport=FakeTransport(slow={"n3"}))
     (comm_run,) = comm_runs.iterdir()
     made = inv(comm_runs, "snapshot.report", comm_run.name)
     page = check_page(chromium, Path(made.stdout.strip()))
