@@ -19,6 +19,12 @@ for a reason:
   name loads one as usual.
 - No tasks.py above the current directory: the Anvil checkout's own is used,
   so `anvil ...` works from anywhere.
+- `inv` alone lists the tasks. Invoke's options for commands run through
+  c.run() (--dry, --echo, --pty, ...: INERT_CORE) would do nothing here, so
+  they are hidden from --help and refused; `-H ''` is refused, not run here.
+- Every YAML file Invoke reads for us goes through trainer.safe_yaml, and the
+  settings' types are checked (-f before Invoke merges it, INVOKE_ANVIL_*
+  before a task runs): one line, exit 2, never a traceback.
 
 The script-name clash with Invoke's own `inv` (pip reinstalling invoke
 rewrites bin/inv): see runtime/program/shim.py; `main()` keeps that shim in place.
