@@ -42,6 +42,7 @@ DEFAULTS: dict[str, Any] = {
     "container_python": "python3",   # the interpreter inside the image that runs the agent and ranks
     "container_extra": "",       # more `run` options, space-separated (e.g. "--pull=never")
     "hooks_dir": "hooks",        # the only folder hooks are taken from
+    "hook_timeout": 600,         # seconds a hook may take before it is killed and the task stops; 0 = no limit
     "connect_timeout": 10,       # seconds, SSH connect
     "command_timeout": 0,        # seconds per remote command, 0 = no limit
 }
@@ -72,6 +73,7 @@ class Settings:
     container_python: str = "python3"
     container_extra: list[str] = field(default_factory=list)
     hooks_dir: Path = Path("hooks")
+    hook_timeout: float = 600.0
     connect_timeout: float = 10.0
     command_timeout: float = 0.0
     ssh_flags: SshOptions | None = None   # inv's own -i, -S, -t and prompts, over the settings' (runtime.program.cli)
@@ -104,15 +106,56 @@ class Settings:
         return Options(**{**defaults, **fields})
 
 
-def split_list(value: Any) -> list[str]:
-    """'a, b' or ['a', 'b'] -> ['a', 'b']."""
+def split_list(value: Any, name: str = "") -> list[str]:
+    """'a, b' or ['a', 'b'] -> ['a', 'b']; anything else (a mapping, a number) is a SettingsError
+    naming anvil.<name>."""
     if value is None:
         return []
     if isinstance(value, str):
         items = value.split(",")
-    else:
+    elif isinstance(value, (list, tuple)) and all(isinstance(v, (str, int)) and not isinstance(v, bool)
+                                                  for v in value):
         items = [str(v) for v in value]
+    else:
+        raise SettingsError(f"anvil.{name or 'setting'} must be a comma-separated string or a list of "
+                            f"names, got {_shown(value)}")
     return [v.strip() for v in items if v and v.strip()]
+
+
+def _shown(value: Any) -> str:
+    """A value as the user wrote it, with its YAML type: "a mapping ({'a': 1})"."""
+    kinds = {dict: "a mapping", list: "a list", tuple: "a list", bool: "true/false", int: "a number",
+             float: "a number"}
+    kind = next((text for t, text in kinds.items() if type(value) is t), type(value).__name__)
+    return f"{kind} ({value!r})"
+
+
+def _text(name: str, value: Any) -> str:
+    """A setting that is one word or path: a string (an integer is taken as written); a list, a
+    mapping or true/false is a SettingsError rather than a folder named "['x']"."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        if name == "slurm_time":   # YAML 1.1 reads 2:00:00 as 7200 (base 60): not what was meant
+            raise SettingsError(f"anvil.slurm_time must be a string such as '02:00:00', got the number "
+                                f"{value} (YAML reads an unquoted H:MM:SS in base 60); quote it")
+        return str(value)
+    raise SettingsError(f"anvil.{name} must be a string, got {_shown(value)}")
+
+
+def _words(name: str, value: Any) -> list[str]:
+    """Options given as one string (split as a shell would) or as a list of strings (taken as they are)."""
+    if isinstance(value, (list, tuple)):
+        if not all(isinstance(v, str) for v in value):
+            raise SettingsError(f"anvil.{name} must be a string of options or a list of strings, got "
+                                f"{_shown(value)}")
+        return list(value)
+    try:
+        return shlex.split(_text(name, value))
+    except ValueError as exc:   # an unbalanced quote
+        raise SettingsError(f"anvil.{name}: {exc} in {value!r}") from None
 
 
 def project_root(ctx=None) -> Path:
@@ -125,6 +168,8 @@ def project_root(ctx=None) -> Path:
 
 
 def _number(name: str, value: Any) -> float:
+    if isinstance(value, (bool, list, tuple, dict)):
+        raise SettingsError(f"anvil.{name} must be a number of seconds, got {_shown(value)}")
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -135,7 +180,7 @@ def _number(name: str, value: Any) -> float:
 
 
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:
-    value = str(value).strip()
+    value = _text(name, value).strip()
     if value not in allowed:
         raise SettingsError(f"anvil.{name} must be one of {' | '.join(allowed)}, got {value!r}")
     return value
@@ -149,30 +194,31 @@ def from_mapping(values: Mapping[str, Any] | None, root: Path) -> Settings:
         raise SettingsError(f"unknown anvil setting(s): {', '.join(unknown)} "
                             f"(known: {', '.join(sorted(DEFAULTS))})")
 
-    def under_root(p: Any) -> Path:
-        path = Path(os.path.expanduser(str(p)))
+    def under_root(name: str, default: str) -> Path:
+        path = Path(os.path.expanduser(_text(name, raw[name]) or default))
         return path if path.is_absolute() else root / path
 
     return Settings(
         root=root,
-        runs_dir=under_root(raw["runs_dir"] or "runs"),
-        hosts=split_list(raw["hosts"]),
-        user=str(raw["user"] or ""),
-        key_filename=[os.path.expanduser(k) for k in split_list(raw["key_filename"])],
-        remote_path=str(raw["remote_path"] or ""),
-        remote_inv=str(raw["remote_inv"] or ""),
-        runtime=Runtime.parse(raw["runtime"] or "direct", "anvil.runtime"),
+        runs_dir=under_root("runs_dir", "runs"),
+        hosts=split_list(raw["hosts"], "hosts"),
+        user=_text("user", raw["user"]),
+        key_filename=[os.path.expanduser(k) for k in split_list(raw["key_filename"], "key_filename")],
+        remote_path=_text("remote_path", raw["remote_path"]),
+        remote_inv=_text("remote_inv", raw["remote_inv"]),
+        runtime=Runtime.parse(_text("runtime", raw["runtime"]) or "direct", "anvil.runtime"),
         slurm_mode=_choice("slurm_mode", raw["slurm_mode"] or "auto", SLURM_MODES),
-        slurm_partition=str(raw["slurm_partition"] or ""),
-        slurm_account=str(raw["slurm_account"] or ""),
-        slurm_time=str(raw["slurm_time"] or ""),
-        slurm_extra=shlex.split(str(raw["slurm_extra"] or "")),
-        container_engine=str(raw["container_engine"] or ""),
-        container_image=str(raw["container_image"] or ""),
-        container_mounts=split_list(raw["container_mounts"]),
-        container_python=str(raw["container_python"] or "python3"),
-        container_extra=shlex.split(str(raw["container_extra"] or "")),
-        hooks_dir=under_root(raw["hooks_dir"] or "hooks"),
+        slurm_partition=_text("slurm_partition", raw["slurm_partition"]),
+        slurm_account=_text("slurm_account", raw["slurm_account"]),
+        slurm_time=_text("slurm_time", raw["slurm_time"]),
+        slurm_extra=_words("slurm_extra", raw["slurm_extra"]),
+        container_engine=_text("container_engine", raw["container_engine"]),
+        container_image=_text("container_image", raw["container_image"]),
+        container_mounts=split_list(raw["container_mounts"], "container_mounts"),
+        container_python=_text("container_python", raw["container_python"]) or "python3",
+        container_extra=_words("container_extra", raw["container_extra"]),
+        hooks_dir=under_root("hooks_dir", "hooks"),
+        hook_timeout=_number("hook_timeout", raw["hook_timeout"]),
         connect_timeout=_number("connect_timeout", raw["connect_timeout"]),
         command_timeout=_number("command_timeout", raw["command_timeout"]),
     )

@@ -133,12 +133,16 @@ def _wrap(text, width: int = 40) -> str:
 
 @task(auto_shortflags=False, help={"run": "Run directory to replay",
                                    "force": "Replay even on an incompatible machine",
-                                   "dry-run": "Show the plan and the command, run nothing"})
-def replay(c, run, force=False, dry_run=False):
+                                   "dry-run": "Show the plan and the command, and what the run names that could "
+                                              "run code; run nothing",
+                                   "trust-run": "Also replay what the run directory names that can run code (a "
+                                                "--patch file, PYTHONPATH, LD_PRELOAD, ...: see --dry-run)"})
+def replay(c, run, force=False, dry_run=False, trust_run=False):
     """Run a recorded task again with its recorded config and environment, into a new run."""
     from tabulate import tabulate
     from runtime.runs import replay as replay_mod
-    plan = replay_mod.plan(run, _settings(c).runs_dir)
+    settings = _settings(c)
+    plan = replay_mod.plan(run, settings.runs_dir, trusted=trust_run, root=settings.root)
     differences = replay_mod.check_machine(plan.recorded) + replay_mod.check_topology(plan.recorded)
     if differences:
         print(tabulate([[d.item, d.recorded, d.here, "yes" if d.blocking else ""] for d in differences],
@@ -148,6 +152,14 @@ def replay(c, run, force=False, dry_run=False):
               + (", nodes)" if replay_mod.recorded_nodes(plan.recorded.metadata) else ")"))
     for note in plan.dropped:
         print(f"note: {note}")
+    if dry_run:
+        if plan.items:
+            print(f"the run directory names {len(plan.items)} thing(s) that can run code ("
+                  + ("replayed: --trust-run" if trust_run else "left out without --trust-run") + "):")
+            for item in plan.items:
+                print(f"  {item.line()}")
+        else:
+            print("the run directory names nothing that can run code beyond this checkout's tasks and hooks")
     blocking = [d.item for d in differences if d.blocking]
     refused = blocking and not force
     print(("would replay: inv " if dry_run or refused else "replaying: inv ") + " ".join(plan.argv))

@@ -60,7 +60,7 @@ PRETRAIN_HELP = {
 
 @run_task(help=PRETRAIN_HELP, iterable=["set_", "exclude"], takes_hosts=True)
 def pretrain(c, config=None, set_=None, nproc=0, resume=None, init_from=None, compile=False, kernels=False,
-             gpu="", site="", runtime="", hosts="", master="", nodes=0, partition="", account="", time="",
+             gpu="", site="", runtime="", hosts=None, master="", nodes=0, partition="", account="", time="",
              wait=True, exclude=None, exclude_from="", dry_run=False, json=False, tune_gemm=False, run_options=None):
     """Train a Llama model with Anvil's trainer (run dir, snapshot, hooks, one rank per GPU)."""
     from runtime.cluster import Runtime

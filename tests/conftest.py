@@ -18,6 +18,45 @@ import kernel_utils  # noqa: E402,F401  (sets TRITON_INTERPRET=1 without a GPU b
 from cluster import Cluster, ClusterUnavailable, missing_prerequisites  # noqa: E402
 
 
+# ---- no test reaches a Slurm it did not start -----------------------------------------------
+
+# The suite's own Slurm configuration: a controller that is nowhere (a closed port on this machine), so a
+# Slurm command a test reaches answers "down" at once. Without it srun and scontrol read
+# /etc/slurm/slurm.conf, or ask DNS for a cluster (configless Slurm): a job step of the test suite would
+# go to whatever cluster the machine running it belongs to.
+NO_CLUSTER = """\
+# tests/conftest.py: no cluster. Tests that need Slurm start their own (tests/cluster.py) and pass its
+# SLURM_CONF; every other test sees this one.
+ClusterName=anvil-tests-none
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort=9
+AuthType=auth/munge
+AuthInfo=socket={folder}/munge.socket.none
+MessageTimeout=2
+NodeName=none CPUs=1 State=UNKNOWN
+PartitionName=none Nodes=none Default=YES
+"""
+# Variables of a surrounding job (salloc, sbatch) or of the user's defaults for srun/sbatch/salloc.
+SLURM_PREFIXES = ("SLURM_", "SRUN_", "SBATCH_", "SALLOC_")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def own_slurm(tmp_path_factory):
+    """Every test runs with the suite's own Slurm configuration (NO_CLUSTER) and outside any allocation:
+    the shell running pytest may be inside salloc, or on a cluster's login node. A test that needs Slurm
+    uses slurm_cluster, whose commands get that cluster's SLURM_CONF."""
+    folder = tmp_path_factory.mktemp("no-slurm")
+    conf = folder / "slurm.conf"
+    conf.write_text(NO_CLUSTER.format(folder=folder))
+    saved = {name: os.environ.pop(name) for name in list(os.environ) if name.startswith(SLURM_PREFIXES)}
+    os.environ["SLURM_CONF"] = str(conf)
+    try:
+        yield conf
+    finally:
+        os.environ.pop("SLURM_CONF", None)
+        os.environ.update(saved)
+
+
 # ---- the installed program ----------------------------------------------------------------
 
 @pytest.fixture(scope="session")

@@ -299,6 +299,7 @@ def test_an_unfollowed_batch_job_records_its_own_end(tmp_path):
     import json as jsonlib
 
     from runtime.runs import jobend
+    from trainer.files import seal   # a test's edit of a sealed record, resealed as inv would write it
 
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -317,33 +318,33 @@ def test_an_unfollowed_batch_job_records_its_own_end(tmp_path):
 
     report(0, 0), report(1, 0)
     assert not jobend.record(tmp_path, 0) and md()["status"] == "running"        # inv follows: it writes the end
-    meta.write_text(jsonlib.dumps({**md(), "status": "submitted"}))
+    meta.write_text(jsonlib.dumps(seal({**md(), "status": "submitted"})))
     assert jobend.record(tmp_path, 3, requeued=True, environ={})
     assert md()["status"] == "requeued" and md()["exit_code"] == 3 and md()["end"]
     # the next attempt starts (the batch script's first lines): running again, not "requeued"
     assert jobend.main([str(tmp_path), "--resumed", "1"]) == 0
     assert (md()["status"], md()["restarts"], md()["end"], md()["exit_code"]) == ("resumed", 1, None, None)
-    meta.write_text(jsonlib.dumps({**md(), "status": "running"}))
+    meta.write_text(jsonlib.dumps(seal({**md(), "status": "running"})))
     assert not jobend.resumed(tmp_path, 2) and md()["restarts"] == 1              # inv follows: its to write
-    meta.write_text(jsonlib.dumps({**md(), "status": "resumed"}))
+    meta.write_text(jsonlib.dumps(seal({**md(), "status": "resumed"})))
     (tmp_path / "summary.json").write_text(jsonlib.dumps({"final_loss": 1.5}))
     assert jobend.record(tmp_path, 0, environ={})                                  # the resumed attempt
     assert md()["status"] == "ok" and md()["hosts"] == ["n0", "n1"] and md()["world_size"] == 4
     assert jsonlib.loads((tmp_path / "result.json").read_text())["summary"] == {"final_loss": 1.5}
     assert not jobend.record(tmp_path, 1, environ={}) and md()["status"] == "ok"   # ended: not rewritten
 
-    meta.write_text(jsonlib.dumps({**md(), "status": "detached"}))
+    meta.write_text(jsonlib.dumps(seal({**md(), "status": "detached"})))
     (logs / "rank3.log").write_text("[t][n1 r3/l1][ERROR] boom: token sk-hidden-1 leaked\n")
     report(1, 1, failure={"rank": 3, "host": "n1", "exit_code": 1, "time": 5})
     jobend.record(tmp_path, 1, environ={"HF_TOKEN": "sk-hidden-1"})
     assert md()["status"] == "failed" and "rank 3 on n1 failed first" in md()["error"]
     assert "boom" in md()["error"] and "sk-hidden-1" not in meta.read_text()       # masked like inv masks
     assert jobend.main([str(tmp_path)]) == 2 and jobend.main([str(tmp_path / "nope"), "0"]) == 0
-    meta.write_text(jsonlib.dumps({**md(), "status": "submitted"}))
+    meta.write_text(jsonlib.dumps(seal({**md(), "status": "submitted"})))
     assert jobend.main([str(tmp_path), "3"]) == 0 and md()["status"] == "preempted"   # scancel: not requeued
 
     report(1, -9, failure={"rank": 2, "host": "n1", "exit_code": -9, "time": 6})
-    meta.write_text(jsonlib.dumps({**md(), "status": "submitted"}))
+    meta.write_text(jsonlib.dumps(seal({**md(), "status": "submitted"})))
     jobend.record(tmp_path, 1, environ={})
     assert "rank 2 on n1 failed first (signal 9, SIGKILL: often the kernel's OOM killer" in md()["error"]
 

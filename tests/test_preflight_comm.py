@@ -21,6 +21,7 @@ import pytest
 from runtime.cluster import Runtime
 from runtime.preflight import comm
 from runtime.preflight.comm import Measurement, Probe
+from runtime.runs.nodes import failing
 
 # ---- the round logic, with a fake transport ---------------------------------------------------
 
@@ -281,7 +282,7 @@ def test_run_comm_check_writes_the_run_directory(tmp_path, capsys):
     assert printed["failing"] == {"n3": printed["failing"]["n3"]} and printed["status"] == "FAIL"
     assert (run / "nodes" / "fail.txt").read_text() == "n3\n"
     assert (run / "nodes" / "pass.txt").read_text() == "n1\nn2\nn4\n"
-    assert json.loads((run / "nodes" / "fail.json").read_text())["n3"][0].startswith("comm.pair: slow with 2")
+    assert failing(run)["n3"][0].startswith("comm.pair: slow with 2")
     assert "round 2/2: 2 pair(s)" in out.err
     metadata = json.loads((run / "metadata.json").read_text())
     assert metadata["status"] == "failed" and metadata["failing"] == ["n3"] and metadata["exit_code"] == 1
@@ -394,7 +395,7 @@ def test_screen_over_ssh_names_the_slowed_host(comm_cluster, repo, tmp_path, cap
     # the node lists the next launch reads
     assert (run / "nodes" / "fail.txt").read_text().split() == [slow.address]
     assert (run / "nodes" / "pass.txt").read_text().split() == report["passing"]
-    assert list(json.loads((run / "nodes" / "fail.json").read_text())) == [slow.address]
+    assert list(failing(run)) == [slow.address]
     assert f"srun --exclude={slow.address}" in out.out and "failing hosts: " + slow.address in out.out
     assert json.loads((run / "metadata.json").read_text())["status"] == "failed"
     slow_pairs = [p for p in report["pairs"] if p["slow"]]

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from runtime.runs import replay
+from trainer.files import seal
 from runner_project import explain, inv, make_project, runs
 
 
@@ -63,7 +64,7 @@ def test_replay_matches_here_then_refuses_a_different_machine_unless_forced(reco
     machine = json.loads((run_dir / "machine.json").read_text())
     machine["gpu"] = {**machine.get("gpu", {}), "vendor": "rocm", "model": "MI300X", "count": 8,
                       "driver": "6.10.5"}
-    (run_dir / "machine.json").write_text(json.dumps(machine))
+    (run_dir / "machine.json").write_text(json.dumps(seal(machine)))   # as recorded on that machine
     before = len(runs(project))
     refused = inv(["snapshot.replay", str(run_dir)], project)
     assert refused.returncode == 2, explain(refused)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import browser
+from trainer.files import seal
 
 REPO = Path(__file__).resolve().parents[1]
 INV = REPO / ".venv" / "bin" / "inv"
@@ -144,7 +145,7 @@ def _copy_run(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("checkpoints", "report.html", "tensorboard"))
     metadata = json.loads((dst / "metadata.json").read_text())
     metadata["resume"] = None
-    (dst / "metadata.json").write_text(json.dumps(metadata))
+    (dst / "metadata.json").write_text(json.dumps(seal(metadata)))
     return dst
 
 
@@ -180,7 +181,7 @@ def test_damaged_missing_and_unfinished_input_gives_what_is_there(runs, chromium
     (run / "result.json").unlink()
     metadata = json.loads((run / "metadata.json").read_text())
     metadata["status"] = "running"
-    (run / "metadata.json").write_text(json.dumps(metadata))
+    (run / "metadata.json").write_text(json.dumps(seal(metadata)))
     made = inv(tmp_path / "runs", "snapshot.report", run.name)
     assert made.returncode == 0, made.stderr
     page = check_page(chromium, Path(made.stdout.strip()), min_charts=4)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from process_utils import start_as_from_a_terminal, wait_until
+from runtime.runs.nodes import failing
 
 REPO = Path(__file__).resolve().parents[1]
 INV = REPO / ".venv" / "bin" / "inv"
@@ -50,7 +51,7 @@ def test_preflight_runs_once_per_node_and_writes_the_node_lists(slurm_cluster, t
     assert "passing hosts: node1,node2" in proc.stdout and "failing hosts: (none)" in proc.stdout, _explain(proc)
     run = _run_of(tmp_path, "preflight.all")
     assert (run / "nodes" / "pass.txt").read_text() == "node1\nnode2\n"
-    assert json.loads((run / "nodes" / "fail.json").read_text()) == {}
+    assert failing(run) == {}
     metadata = json.loads((run / "metadata.json").read_text())
     assert metadata["fanout"] == "srun" and metadata["status"] == "ok" and metadata["hosts"] == ["node1", "node2"]
     report = json.loads((run / "report.json").read_text())
@@ -73,7 +74,7 @@ def test_a_node_failing_preflight_is_left_out_of_the_next_launch(slurm_cluster, 
         assert "failing hosts: node1" in preflight.stdout, _explain(preflight)
         run = _run_of(tmp_path, "preflight.all")
         assert f"--exclude-from {run}" in preflight.stdout
-        failed = json.loads((run / "nodes" / "fail.json").read_text())
+        failed = failing(run)
         assert list(failed) == ["node1"] and "host.shm" in failed["node1"][0], failed
         assert (run / "nodes" / "pass.txt").read_text() == "node2\n"
 

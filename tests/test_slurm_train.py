@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from cluster import _cmdline, _netns_pids
+from trainer.files import seal
 
 REPO = Path(__file__).resolve().parents[1]
 INV = REPO / ".venv" / "bin" / "inv"
@@ -353,7 +354,7 @@ def test_a_job_killed_outright_is_recorded_when_runs_are_listed(slurm_cluster, d
     # The same run, as if slurmctld had forgotten its job (past MinJobAge, or a reinstalled
     # cluster): the id names no job, and show records it "lost".
     md.update(status="submitted", slurm_job_id="9999999", error=None)
-    (run / "metadata.json").write_text(json.dumps(md))
+    (run / "metadata.json").write_text(json.dumps(seal(md)))
     shown = snapshot("show", str(run))
     assert shown.returncode == 0, shown.stderr[-2000:]
     assert "Slurm no longer knows job 9999999" in shown.stderr and "recorded as lost" in shown.stderr

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from cluster import _cmdline, _netns_pids
 from process_utils import start_as_from_a_terminal, wait_until
+from runtime.runs.nodes import failing
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
@@ -250,7 +251,7 @@ def test_exclude_from_a_preflight_run_leaves_the_failing_host_out(hosts, dataset
     preflight = hosts.run(everyone, "preflight.all")
     assert preflight.returncode == 1, explain(preflight)
     checked = hosts.only_run("*_preflight.all")
-    assert list(json.loads((checked / "nodes" / "fail.json").read_text())) == [hosts.down]
+    assert list(failing(checked)) == [hosts.down]
     train = hosts.run(everyone, "train.pretrain", "--nproc", "1", "--exclude-from", str(checked),
                       *_args(dataset, steps=4))
     assert train.returncode == 0, explain(train)

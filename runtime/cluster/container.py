@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import IO, Mapping, Sequence
 
+from runtime.cluster import values
 from runtime.cluster.options import ENGINES, ContainerOptions
 from runtime.cluster.results import HostResult
 from runtime.cluster.transport import Progress, Transport, Wrap
@@ -22,11 +23,21 @@ from runtime.launch.spec import CHECKOUT, LaunchError, LaunchSpec, Layout
 
 
 def check(options: ContainerOptions) -> None:
+    """The engine is one we know and every value of the container line can go on it (values.BadValue)."""
     if options.engine not in ENGINES:
         raise LaunchError(f"unknown container engine {options.engine!r} ({' | '.join(ENGINES)})")
     if not options.image:
         raise LaunchError("container runtime needs an image (the anvil.container_image setting, "
                           "e.g. INVOKE_ANVIL_CONTAINER_IMAGE=...)")
+    values.word("container image (anvil.container_image)", options.image)
+    values.word("interpreter inside the image (anvil.container_python)", options.python)
+    for mount in options.mounts:
+        values.line("container mount (anvil.container_mounts)", mount)
+        if mount.startswith("-"):
+            raise values.BadValue(f"container mount (anvil.container_mounts) {mount!r}: starts with '-', so it "
+                                  "would be read as an option; expected SRC:DST[:ro] or a path")
+    for option in options.extra:
+        values.line("container option (anvil.container_extra)", option)
 
 
 def command(options: ContainerOptions, vendor: str, names: Sequence[str], workdir: str,

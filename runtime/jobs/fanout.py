@@ -321,10 +321,11 @@ def over_hosts(config, context, hosts: str, config_file: str | None = None) -> i
         settings = settings_mod.load(_ConfigHolder(config))
         hosts_list = parse_hosts(hosts, settings.hosts)
         _no_scheduler_options(context)
+        transport = Runtime("ssh").open(settings.cluster_options(hosts=hosts_list))
+        transport.check(os.environ, each_node=True)    # what goes on the SSH line, before a run directory
     except (HostsError, UserError) as exc:
         print(f"-H: {exc}", file=sys.stderr)
         return 2
-    transport = Runtime("ssh").open(settings.cluster_options(hosts=hosts_list))
     return fan_out(config, context, transport, settings.runtime.on_node(), config_file)
 
 

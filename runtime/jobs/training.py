@@ -59,7 +59,7 @@ class TrainingJob:
     gpu: str = ""
     site: str = ""
     runtime: Runtime | None = None      # None = the anvil.runtime setting
-    hosts: str = ""                     # ssh: the hosts to train across (-H, --hosts; "@" = anvil.hosts)
+    hosts: str | None = None            # ssh: the hosts to train across (-H, --hosts; "@" = anvil.hosts); None: none
     master: str = ""                    # ssh: the host of node rank 0 ("" = the first)
     nodes: int = 0                      # slurm: 0 = the allocation's, or 1
     partition: str = ""
@@ -130,6 +130,9 @@ def where(job: TrainingJob, settings, mounts: list[str] = ()):
 
     runtime = job.runtime or settings.runtime
     hosts: list[str] = []
+    if job.hosts is not None and not job.hosts.strip():   # --hosts '': a mistake, not "train here"
+        raise UserError("--hosts is empty: name the hosts (--hosts node1,node2, or @ for anvil.hosts); leave it "
+                        "out to train here")
     if job.hosts:
         if job.runtime is not None and job.runtime.transport != "ssh":
             raise UserError(f"--runtime {job.runtime} with -H {job.hosts}: -H names the hosts to train on over SSH; "
@@ -202,6 +205,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     print_warnings(warnings)   # stderr: stdout stays the result (--json)
     settings = settings_mod.load(c)
     excluded: dict[str, list[str]] = {}
+    leaving_out = [flag for flag, given in (("--exclude-from", job.exclude_from), ("--exclude", job.exclude)) if given]
     if job.exclude_from:
         excluded = nodes_mod.failing(job.exclude_from)
         job.exclude = sorted(set(job.exclude) | set(excluded))
@@ -229,6 +233,10 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     data_mounts = [str(Path(path).resolve()) for path in cfg.data.datasets()]
     data_mounts += [cfg.checkpoint.init_from] if cfg.checkpoint.init_from else []
     runtime, transport = where(job, settings, data_mounts)
+    if leaving_out and not runtime.spans_nodes:   # no node of this machine to leave out
+        print(f"note: {' and '.join(leaving_out)} ignored: runtime {runtime} runs on this machine only (it leaves "
+              "nodes out of an ssh or slurm launch)", file=sys.stderr)
+        excluded = {}
     environ = {**os.environ, **env.environ()}
     if transport.requeues(environ) and not resume:
         resume = "auto"   # a batch job that Slurm requeues resumes from its own run directory

@@ -19,6 +19,12 @@ for a reason:
   name loads one as usual.
 - No tasks.py above the current directory: the Anvil checkout's own is used,
   so `anvil ...` works from anywhere.
+- `inv` alone lists the tasks. Invoke's options for commands run through
+  c.run() (--dry, --echo, --pty, ...: INERT_CORE) would do nothing here, so
+  they are hidden from --help and refused; `-H ''` is refused, not run here.
+- Every YAML file Invoke reads for us goes through trainer.safe_yaml, and the
+  settings' types are checked (-f before Invoke merges it, INVOKE_ANVIL_*
+  before a task runs): one line, exit 2, never a traceback.
 
 The script-name clash with Invoke's own `inv` (pip reinstalling invoke
 rewrites bin/inv): see runtime/program/shim.py; `main()` keeps that shim in place.
@@ -33,6 +39,7 @@ from pathlib import Path
 
 from invoke import Argument, Config, Executor, Program
 from invoke import __version__ as invoke_version
+from invoke.config import AmbiguousMergeError
 from invoke.exceptions import Exit
 
 from runtime import settings as settings_mod
@@ -40,6 +47,11 @@ from trainer.errors import AnvilError, UserError
 
 VERSION = "0.1.0"
 SHORT_FLAGS_KEPT = ("h", "H")   # core flags no task's auto short flag may take
+# Invoke's core options for shell commands run through c.run(): Anvil's tasks run none, so these would
+# do nothing. They are hidden from --help and refused, so that `inv --dry TASK` never runs TASK for real.
+INERT_CORE = {"dry": "-R/--dry", "echo": "-e/--echo", "pty": "-p/--pty", "hide": "--hide",
+              "warn-only": "-w/--warn-only", "command-timeout": "-T/--command-timeout",
+              "prompt-for-sudo-password": "--prompt-for-sudo-password"}
 
 
 class AnvilConfig(Config):
@@ -56,6 +68,14 @@ class AnvilConfig(Config):
         # environment override keys that already exist).
         defaults["anvil"] = dict(settings_mod.DEFAULTS)
         return defaults
+
+    def _load_yaml(self, path):
+        # Every YAML file Invoke reads for us (invoke.yaml, ~/.invoke.yaml, -f FILE): data of bounded size.
+        from trainer import safe_yaml
+        with open(path, "rb") as handle:
+            return safe_yaml.load(handle.read())
+
+    _load_yml = _load_yaml
 
 
 class AnvilExecutor(Executor):
@@ -93,8 +113,14 @@ class AnvilExecutor(Executor):
         # Invoke reads INVOKE_* variables into the config only as it runs each call; the
         # fan-outs below decide before any call (INVOKE_ANVIL_RUNTIME=slurm, _RUNS_DIR, ...).
         self.config.load_collection(self.collection.configuration())
-        self.config.load_shell_env()
+        _check_numeric_variables()
+        with _config_errors("INVOKE_ANVIL_* variables"):
+            self.config.load_shell_env()
+            settings_mod.load(self)   # each setting's value, before any task meets it
         hosts = self.core[0].args.hosts.value if self.core is not None else None
+        if hosts is not None and not hosts.strip():   # -H '' is a mistake, not "run it here"
+            raise Exit("-H is empty: name the hosts (-H node1,node2, or -H @ for anvil.hosts); leave -H out "
+                       "to run here", 2)
         config_file = self.core[0].args.config.value if self.core is not None else None
         if self.core is not None:   # -i, -S, -t, the prompts: for whatever reaches hosts over SSH
             self.config[settings_mod.SSH_FLAGS] = self._ssh_flags()
@@ -195,6 +221,29 @@ class AnvilProgram(Program):
                      help="Specifies default connection timeout, in seconds."),
         ]
 
+    def print_help(self):
+        """Core help without the options that do nothing in Anvil (INERT_CORE)."""
+        hidden = {flag for name in INERT_CORE for flag in self.initial_context.flags
+                  if self.initial_context.flags[flag].name == name}
+        tuples = [t for t in self.initial_context.help_tuples()
+                  if not any(part.split("=")[0].split("[")[0] in hidden for part in t[0].split(", "))]
+        print(f"Usage: {self.binary} [--core-opts] task1 [--task1-opts] ... taskN [--taskN-opts]\n")
+        print("Core options:\n")
+        self.print_columns(tuples)
+
+    def no_tasks_given(self):
+        """`inv` alone lists the tasks (Invoke prints its core help)."""
+        self.list_tasks()
+        print(f"`{self.binary} --help TASK` shows a task's options; `{self.binary} --help` the core options.")
+        raise Exit
+
+    def _refuse_inert_core_options(self) -> None:
+        given = [flag for name, flag in INERT_CORE.items() if self.core[0].args[name].got_value]
+        if given:
+            raise Exit(f"{', '.join(given)}: Invoke's option(s) for shell commands run through Invoke; Anvil's "
+                       "tasks run none, so it would do nothing. A task that can show what it would run "
+                       "takes --dry-run (`inv --help TASK`).", 2)
+
     def create_config(self):
         with _config_errors():
             super().create_config()
@@ -240,6 +289,7 @@ class AnvilProgram(Program):
         except ParseError as exc:
             # A missing or unknown option is a user error (exit 2), as everywhere else in inv.
             raise Exit(str(exc) + self._did_you_mean(str(exc)), 2) from None
+        self._refuse_inert_core_options()
         swallowed = self.core_via_tasks.args["config"].got_value
         if swallowed and any(t == "--config" or t.startswith("--config=") for t in self.core.unparsed):
             names = ", ".join(t.name for t in self.tasks) or "this task"
@@ -288,30 +338,35 @@ def _bad_value_message(tokens: list[str], exc: ValueError) -> str:
 @contextlib.contextmanager
 def _config_errors(settings_from: str = "invoke.yaml"):
     """Broken invoke.yaml / -f file / bad anvil setting: one message, exit 2, no traceback."""
-    from invoke.util import yaml
+    import yaml   # PyYAML: AnvilConfig reads YAML with it (trainer.safe_yaml)
+    from invoke.util import yaml as invoke_yaml
     try:
         yield
-    except yaml.YAMLError as exc:
+    except (yaml.YAMLError, invoke_yaml.YAMLError) as exc:
         raise Exit(f"invalid YAML in a configuration file: {exc}", 2) from None
     except json.JSONDecodeError as exc:
         raise Exit(f"invalid JSON in a configuration file: {exc}", 2) from None
     except UserError as exc:            # SettingsError, or the runtime (runtime.cluster.BadRuntime)
         raise Exit(f"{settings_from}: {exc}", 2) from None
+    except AmbiguousMergeError as exc:  # a mapping where a setting is a value, or the other way round
+        raise Exit(f"{settings_from}: a setting has the wrong type: {exc}", 2) from None
     except OSError as exc:
         raise Exit(f"cannot read a configuration file: {exc}", 2) from None
 
 
 def _check_runtime_file(path: Path) -> None:
-    """-f FILE as Invoke will merge it: a readable YAML/JSON mapping whose `anvil` (if any) is a mapping.
-    Invoke itself skips a missing file silently and meets the others with a traceback."""
-    from invoke.util import yaml
+    """-f FILE as Invoke will merge it: a readable YAML/JSON mapping whose `anvil` (if any) is a mapping
+    of settings of the right types. Invoke itself skips a missing file silently and meets the others
+    with a traceback."""
+    import yaml   # PyYAML, which trainer.safe_yaml reads with (not Invoke's vendored copy)
+    from trainer import safe_yaml
     if path.is_dir():
         raise Exit(f"-f {path}: is a directory; expected a YAML or JSON configuration file", 2)
     if not path.is_file():
         raise Exit(f"-f {path}: no such configuration file", 2)
     try:
         text = path.read_bytes().decode("utf-8")
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text) if path.suffix == ".json" else safe_yaml.load(text)
     except OSError as exc:
         raise Exit(f"-f {path}: cannot read it ({exc.strerror or exc})", 2) from None
     except UnicodeDecodeError as exc:
@@ -326,6 +381,25 @@ def _check_runtime_file(path: Path) -> None:
     if not isinstance(section, dict):
         raise Exit(f"-f {path}: 'anvil' must be a mapping of settings (runs_dir, hosts, runtime, ...), got "
                    f"{'nothing' if section is None else type(section).__name__}", 2)
+    try:   # each setting's type, before Invoke merges it over the defaults (a mapping over a string: a traceback)
+        settings_mod.from_mapping(section, Path("."))
+    except UserError as exc:
+        raise Exit(f"-f {path}: {exc}", 2) from None
+
+
+def _check_numeric_variables() -> None:
+    """INVOKE_ANVIL_<KEY> for a numeric setting: Invoke casts it with int() as it loads the
+    environment, and a word is a ValueError traceback there."""
+    import os
+    for key, default in settings_mod.DEFAULTS.items():
+        name = f"INVOKE_ANVIL_{key.upper()}"
+        value = os.environ.get(name)
+        if value is None or not isinstance(default, (int, float)):
+            continue
+        try:
+            type(default)(value)
+        except ValueError:
+            raise Exit(f"{name}={value!r}: expected a whole number of seconds (anvil.{key})", 2) from None
 
 
 def _drop_shadowing_short_flags(context) -> None:

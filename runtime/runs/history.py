@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.runs import rundir
+from trainer.files import SEAL, seal_problem
 
 
 @dataclass
@@ -42,19 +43,26 @@ def _parse_config(path: Path) -> Any:
             return text
     if path.suffix in (".yaml", ".yml"):
         import yaml
+
+        from trainer import safe_yaml
         try:
-            return yaml.safe_load(text)
+            return safe_yaml.load(text)
+        except safe_yaml.YAMLTooLarge as exc:   # an edited copy: shown as what it is, never expanded
+            return f"(not read: {exc.problem})"
         except yaml.YAMLError:
             return text
     return text
 
 
 def _object(path: Path) -> dict:
-    """A run file that holds a JSON object ({} when absent); RunDirError when it is damaged."""
+    """A run file that holds a JSON object ({} when absent); RunDirError when it is damaged (its seal,
+    when it has one, does not match: rundir.read_record)."""
     try:
-        data = rundir.read_json(path, {})
-    except rundir.RunDirError as exc:  # not valid JSON, not UTF-8
-        raise rundir.RunDirError(f"{exc}; the run directory is damaged") from None
+        data = rundir.read_record(path, {})
+    except rundir.RunDirError as exc:  # not valid JSON, not UTF-8, edited since it was sealed
+        text = str(exc)
+        raise rundir.RunDirError(text if text.endswith("damaged") else f"{text}; the run directory is damaged") \
+            from None
     except OSError as exc:
         raise rundir.RunDirError(f"{path}: cannot read it ({exc.strerror or exc})") from None
     if data is None:
@@ -194,7 +202,10 @@ def _read_metadata(path: Path) -> tuple[dict | None, str]:
         return None, f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
     if not isinstance(data, dict):
         return None, f"not a JSON object (a {type(data).__name__})"
-    return data, ""
+    problem = seal_problem(data)
+    if problem:
+        return None, problem
+    return {k: v for k, v in data.items() if k != SEAL}, ""
 
 
 def _text(value: Any) -> str:

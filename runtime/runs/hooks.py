@@ -5,6 +5,15 @@ raising. A shell hook gets the environment (plus ANVIL_TASK, ANVIL_PHASE,
 ANVIL_RUN_DIR, ANVIL_OUTCOME for post hooks) and fails by exiting non-zero;
 stdout lines ``KEY=VALUE`` extend the environment.
 
+Every hook runs in a process of its own, in a session of its own, for at most
+the hooks' timeout (the anvil.hook_timeout setting): one that takes longer is
+killed with everything it started, and the task stops naming it (exit 124). A
+Python hook runs in a child interpreter (`python -m runtime.runs.hooks FOLDER`,
+`_child` below) that gets its HookContext as JSON and hands back what it added
+to ctx.env and what it logged, so nothing a hook does to its process (os._exit,
+a signal handler, a module it replaces) reaches inv: a hook that ends its
+process without returning from hook(ctx) has failed.
+
 Hooks are only ever taken from the hooks root (project hooks/ or
 settings.hooks_dir): the task name is validated word by word and every path
 is resolved and must stay inside the root, so neither ``..`` nor a symlink can
@@ -13,33 +22,37 @@ is named explicitly by the user on the command line.
 """
 from __future__ import annotations
 
-import contextlib
-import importlib.util
-import io
+import json
 import logging
 import os
 import re
+import signal
 import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from trainer.errors import AnvilError
+from trainer.secrets import Masker
 
 PHASES = ("pre", "post")
 HOOK_FILE = re.compile(r"^\d+_[A-Za-z0-9_.-]+\.(py|sh)$")
 _TASK_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
 _ENV_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+EXIT_TIMEOUT = 124         # a hook past its timeout, as a launch or command past its own (docs/architecture.md)
+DEFAULT_TIMEOUT_S = 600.0
 
 
 class HookError(AnvilError):
     """A hook failed (or could not be loaded); message names the file and its output."""
 
-    def __init__(self, path: Path, detail: str, output: str = ""):
+    def __init__(self, path: Path, detail: str, output: str = "", exit_code: int | None = None):
         self.path, self.detail, self.output = Path(path), detail, output
         text = f"hook {path} failed: {detail}"
         if output.strip():
             text += "\n--- hook output ---\n" + output.rstrip()
-        super().__init__(text)
+        super().__init__(text, exit_code)
 
 
 @dataclass
@@ -100,44 +113,102 @@ def discover(root: Path, task: str, phase: str) -> list[Path]:
     return found
 
 
-def _run_python(path: Path, ctx: HookContext) -> tuple[str, dict]:
-    name = "anvil_hook_" + re.sub(r"\W", "_", str(path))
-    spec = importlib.util.spec_from_file_location(name, path)
-    buffer = io.StringIO()
-    before = dict(ctx.env)
+def _run_child(path: Path, argv: list[str], *, env: dict, cwd: Path | None, timeout: float,
+               merge: bool) -> tuple[int, str, str]:
+    """Run a hook's process in a session of its own; (exit status, stdout, stderr). Past `timeout`
+    seconds (0: none), or on Ctrl-C, its whole process group is killed; a timeout is a HookError."""
     try:
-        module = importlib.util.module_from_spec(spec)
-        with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
-            spec.loader.exec_module(module)
-            function = getattr(module, "hook", None)
-            if not callable(function):
-                raise HookError(path, "defines no `def hook(ctx):`")
-            function(ctx)
-    except HookError as exc:
-        raise HookError(path, exc.detail, buffer.getvalue()) from None
-    except BaseException as exc:  # noqa: BLE001 - a hook may raise anything, even SystemExit
-        raise HookError(path, f"{type(exc).__name__}: {exc}", buffer.getvalue()) from None
-    added = {k: v for k, v in ctx.env.items() if before.get(k) != v}
-    return buffer.getvalue(), added
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT if merge else subprocess.PIPE, text=True,
+                                errors="replace", start_new_session=True)
+    except OSError as exc:
+        raise HookError(path, str(exc)) from None
+    try:
+        out, err = proc.communicate(timeout=timeout or None)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        out, err = _rest(proc)
+        output = (out or "") + (err or "")
+        raise HookError(path, f"did not finish within {timeout:g} s (anvil.hook_timeout); it was killed", output,
+                        EXIT_TIMEOUT) from None
+    except BaseException:   # Ctrl-C while a hook runs: it does not outlive the task
+        _kill_group(proc)
+        _rest(proc)
+        raise
+    return proc.returncode, out or "", err or ""
 
 
-def _run_shell(path: Path, ctx: HookContext, cwd: Path | None) -> tuple[str, dict]:
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _rest(proc: subprocess.Popen) -> tuple[str, str]:
+    """What a killed hook had written (a process it started outside its group may hold the pipe)."""
+    try:
+        return proc.communicate(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return "", ""
+
+
+def _run_python(path: Path, ctx: HookContext, timeout: float) -> tuple[str, dict]:
+    with tempfile.TemporaryDirectory(prefix="anvil-hook-") as folder:
+        request = {"path": str(path), "sys_path": [p for p in sys.path if p], "task": ctx.task, "phase": ctx.phase,
+                   "config": ctx.config, "configs": ctx.configs, "env": {k: str(v) for k, v in ctx.env.items()},
+                   "run_dir": str(ctx.run_dir) if ctx.run_dir is not None else None, "host": ctx.host,
+                   "rank": ctx.rank, "local_rank": ctx.local_rank, "world_size": ctx.world_size,
+                   "outcome": ctx.outcome}
+        (Path(folder) / "request.json").write_text(json.dumps(request, default=str), encoding="utf-8")
+        safe_path = ["-P"] if sys.version_info >= (3, 11) else []   # (not the working directory's modules)
+        try:
+            code, output, _ = _run_child(path, [sys.executable, *safe_path, "-m", "runtime.runs.hooks", folder],
+                                         env=dict(os.environ), cwd=None, timeout=timeout, merge=True)
+        finally:
+            _relay_log(Path(folder) / "log.jsonl", ctx)
+        try:
+            result = json.loads((Path(folder) / "result.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise HookError(path, f"ended its process (exit status {code}) without returning from hook(ctx)",
+                            output) from None
+    if result.get("error"):
+        raise HookError(path, result["error"], output)
+    added = {str(k): str(v) for k, v in (result.get("env_added") or {}).items()}
+    ctx.env.update(added)
+    return output, added
+
+
+def _relay_log(records: Path, ctx: HookContext) -> None:
+    """What the hook logged through ctx.log, into the run's logger, masked (its values may come from
+    --env or another hook, which inv's own environment does not hold)."""
+    try:
+        lines = records.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return
+    masker = Masker.from_environ({k: str(v) for k, v in ctx.env.items()})
+    for line in lines:
+        try:
+            level, message = json.loads(line)
+        except (ValueError, TypeError):
+            continue
+        ctx.log.log(int(level), "%s", masker.text(str(message)))
+
+
+def _run_shell(path: Path, ctx: HookContext, cwd: Path | None, timeout: float) -> tuple[str, dict]:
     env = {**os.environ, **{k: str(v) for k, v in ctx.env.items()},
            "ANVIL_TASK": ctx.task, "ANVIL_PHASE": ctx.phase,
            "ANVIL_RUN_DIR": str(ctx.run_dir or ""), "ANVIL_RANK": str(ctx.rank)}
     if ctx.outcome is not None:
         env["ANVIL_OUTCOME"] = ctx.outcome.get("status", "")
         env["ANVIL_OUTCOME_ERROR"] = str(ctx.outcome.get("error") or "")
-    try:
-        proc = subprocess.run(["bash", str(path)], cwd=cwd, env=env, capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL)
-    except OSError as exc:
-        raise HookError(path, str(exc)) from None
-    output = proc.stdout + (proc.stderr if proc.stderr else "")
-    if proc.returncode != 0:
-        raise HookError(path, f"exit status {proc.returncode}", output)
+    code, stdout, stderr = _run_child(path, ["bash", str(path)], env=env, cwd=cwd, timeout=timeout, merge=False)
+    output = stdout + stderr
+    if code != 0:
+        raise HookError(path, f"exit status {code}", output)
     added = {}
-    for line in proc.stdout.splitlines():
+    for line in stdout.splitlines():
         match = _ENV_LINE.match(line.strip())
         if match:
             added[match.group(1)] = match.group(2)
@@ -145,13 +216,15 @@ def _run_shell(path: Path, ctx: HookContext, cwd: Path | None) -> tuple[str, dic
     return output, added
 
 
-def run_file(path: Path, ctx: HookContext, cwd: Path | None = None) -> HookRecord:
-    """Run one hook file (Python or shell); raises HookError on failure."""
+def run_file(path: Path, ctx: HookContext, cwd: Path | None = None,
+             timeout: float = DEFAULT_TIMEOUT_S) -> HookRecord:
+    """Run one hook file (Python or shell), for at most `timeout` seconds (0: no limit); raises
+    HookError on failure."""
     path = Path(path)
     if path.suffix == ".py":
-        output, added = _run_python(path, ctx)
+        output, added = _run_python(path, ctx, timeout)
     elif path.suffix == ".sh":
-        output, added = _run_shell(path, ctx, cwd)
+        output, added = _run_shell(path, ctx, cwd, timeout)
     else:
         raise HookError(path, "hooks and patches must be .py or .sh files")
     ctx.log.info("hook %s ok%s", path.name, f" (env: {', '.join(sorted(added))})" if added else "")
@@ -159,7 +232,7 @@ def run_file(path: Path, ctx: HookContext, cwd: Path | None = None) -> HookRecor
 
 
 def run_phase(root: Path, ctx: HookContext, cwd: Path | None = None,
-              keep_going: bool = False) -> list[HookRecord]:
+              keep_going: bool = False, timeout: float = DEFAULT_TIMEOUT_S) -> list[HookRecord]:
     """Run every hook of ctx.task/ctx.phase in order.
 
     Pre hooks stop at the first failure (HookError). Post hooks use
@@ -168,7 +241,7 @@ def run_phase(root: Path, ctx: HookContext, cwd: Path | None = None,
     records, first_error = [], None
     for path in discover(root, ctx.task, ctx.phase):
         try:
-            records.append(run_file(path, ctx, cwd))
+            records.append(run_file(path, ctx, cwd, timeout))
         except HookError as exc:
             records.append(HookRecord(path, ctx.phase, False, exc.output + exc.detail, {}))
             if not keep_going:
@@ -179,3 +252,60 @@ def run_phase(root: Path, ctx: HookContext, cwd: Path | None = None,
         first_error.records = records
         raise first_error
     return records
+
+
+# ---------------------------------------------------------------- the child that runs a Python hook
+
+class _JsonLines(logging.Handler):
+    """ctx.log in the child: each record a line [level, message], written as it comes (a hook that
+    is killed keeps what it logged)."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+        self.handle_ = open(path, "a", encoding="utf-8")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.handle_.write(json.dumps([record.levelno, record.getMessage()]) + "\n")
+            self.handle_.flush()
+        except Exception:  # noqa: BLE001 - a log line that cannot be written is not the hook's failure
+            pass
+
+
+def _child(folder: Path) -> int:
+    """python -m runtime.runs.hooks FOLDER: run FOLDER/request.json's hook, write FOLDER/result.json
+    ({"env_added": {...}} or {"error": "..."}); its output is this process's stdout and stderr."""
+    import importlib.util
+
+    request = json.loads((folder / "request.json").read_text(encoding="utf-8"))
+    sys.path[:0] = [p for p in request.pop("sys_path") if p not in sys.path]
+    path = Path(request.pop("path"))
+    log = logging.getLogger("anvil.hooks")
+    log.setLevel(logging.DEBUG)
+    log.propagate = False
+    log.addHandler(_JsonLines(folder / "log.jsonl"))
+    run_dir = request.pop("run_dir")
+    ctx = HookContext(**request, run_dir=Path(run_dir) if run_dir else None, log=log)
+    before = dict(ctx.env)
+    result: dict[str, Any]
+    try:
+        spec = importlib.util.spec_from_file_location("anvil_hook_" + re.sub(r"\W", "_", str(path)), path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        function = getattr(module, "hook", None)
+        if not callable(function):
+            result = {"error": "defines no `def hook(ctx):`"}
+        else:
+            function(ctx)
+            result = {"env_added": {k: str(v) for k, v in ctx.env.items() if before.get(k) != v}}
+    except BaseException as exc:  # noqa: BLE001 - a hook may raise anything, even SystemExit
+        result = {"error": f"{type(exc).__name__}: {exc}"}
+    from trainer.files import write_json_atomic
+    write_json_atomic(folder / "result.json", result)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)   # the hook's threads, if any, end with its process
+
+
+if __name__ == "__main__":
+    sys.exit(_child(Path(sys.argv[1])))

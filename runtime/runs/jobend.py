@@ -69,7 +69,7 @@ def record(run_dir: Path, code: int, requeued: bool = False, environ: dict[str, 
     summary = rundir.read_json(run_dir / "summary.json")
     if status == "ok":
         rundir.write_text(run_dir / "result.json", rundir.to_json({"run_dir": str(run_dir), "summary": summary}))
-    rundir.write_text(run_dir / rundir.METADATA, rundir.to_json(masker.mapping(metadata)))
+    rundir.write_record(run_dir / rundir.METADATA, masker.mapping(metadata))
     return True
 
 
@@ -81,7 +81,7 @@ def resumed(run_dir: Path, restart: int) -> bool:
     if metadata.get("status") not in UNFOLLOWED:
         return False
     metadata.update(status="resumed", restarts=restart, end=None, duration_s=None, exit_code=None, error=None)
-    rundir.write_text(run_dir / rundir.METADATA, rundir.to_json(metadata))
+    rundir.write_record(run_dir / rundir.METADATA, metadata)
     return True
 
 

@@ -2,7 +2,7 @@
 
     nodes/pass.txt     one host per line
     nodes/fail.txt     one host per line
-    nodes/fail.json    {host: [reason, ...]}
+    nodes/fail.json    {host: [reason, ...]}, sealed with its own checksum (rundir.write_record)
 
 `inv preflight.all` (over -H or a Slurm allocation) and preflight.comm write
 them, and end their report with node_lists_footer; `inv train.pretrain
@@ -12,7 +12,6 @@ are in Slurm form (results.slurm_name: `user@node1:22` is `node1`).
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Mapping
 
@@ -27,7 +26,7 @@ def write(run_dir: Path, passing: list[str], failing: Mapping[str, list[str]]) -
     folder = Path(run_dir) / FOLDER
     rundir.write_text(folder / "pass.txt", "".join(f"{h}\n" for h in passing))
     rundir.write_text(folder / "fail.txt", "".join(f"{h}\n" for h in failing))
-    rundir.write_text(folder / "fail.json", rundir.to_json({h: list(r) for h, r in failing.items()}))
+    rundir.write_record(folder / "fail.json", {h: list(r) for h, r in failing.items()})
 
 
 def failing(run: str | Path) -> dict[str, list[str]]:
@@ -35,12 +34,14 @@ def failing(run: str | Path) -> dict[str, list[str]]:
     path = Path(run)
     candidates = [path] if path.is_file() else [path / FOLDER / "fail.json"]
     for candidate in candidates:
-        try:
-            data = json.loads(candidate.read_text())
-        except FileNotFoundError:
+        if not candidate.is_file():
             continue
-        except (OSError, ValueError) as exc:
-            raise UserError(f"--exclude-from {run}: cannot read {candidate}: {exc}") from None
+        try:
+            data = rundir.read_record(candidate)
+        except rundir.RunDirError as exc:      # not JSON, or edited since it was written (its seal)
+            raise UserError(f"--exclude-from {run}: {exc}") from None
+        except OSError as exc:
+            raise UserError(f"--exclude-from {run}: cannot read {candidate}: {exc.strerror or exc}") from None
         if not isinstance(data, dict):
             raise UserError(f"--exclude-from {run}: {candidate} is not a {{host: reasons}} mapping")
         return {str(h): [str(r) for r in (v if isinstance(v, list) else [v])] for h, v in data.items()}

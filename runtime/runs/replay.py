@@ -8,10 +8,19 @@ The recorded command line is replayed without its fan-out flags (-H, -i, ...;
 kept where -H was the input of a task that reaches the hosts itself), with
 a scheduled training run's runtime and node count pinned (--runtime, --nodes),
 `--resume auto` pinned to the checkpoint it found then (or dropped, if none),
+a benchmark's sizes pinned to those it resolved (bench.gemm: -M, -N, -K), a
+settings file that is gone (-f) dropped with a note, and
 with every config path that the run recorded (config_sources) swapped for the
-copy inside the run directory (a copy gone is a damaged run: refused). The child gets the recorded environment over
+copy inside the run directory (a copy gone, or changed since the run wrote it,
+is a damaged run: refused). The child gets the recorded environment over
 this one, and ANVIL_REPLAY_OF, so runtime.runs.run lays that environment over the
 task's own resolution (source "replay:<run>") and links the new run to the old.
+
+A run directory is data (runtime.runs.trust): what it names that could run code
+(a --patch file, -c/-r/-f naming where tasks and hooks come from, LD_PRELOAD,
+PYTHONPATH and other loader and interpreter variables, a working directory
+outside this checkout) is left out with a note unless the plan is trusted
+(`snapshot.replay --trust-run`); plan.items lists each, for the dry run.
 
 Incompatible (refused unless forced): another GPU vendor, model or count, or
 another torch major.minor. Other differences (driver, ROCm/CUDA, triton,
@@ -19,6 +28,7 @@ python) are shown but do not block.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -28,11 +38,16 @@ from pathlib import Path
 from typing import Mapping
 
 from runtime.cluster.runtime import BadRuntime, Runtime
-from runtime.runs import history, rundir, snapshot
+from runtime.launch.spec import CHECKOUT
+from runtime.runs import history, rundir, snapshot, trust
 from runtime.runs.run import MACHINE_IDENTITY, REPLAY_ENV
 from trainer.secrets import MASK
 from trainer.errors import UserError
 
+# Core flags that say where inv loads its tasks (name -> what), and its settings file.
+_TASK_SOURCE_FLAGS = {"-c": "the task collection", "--collection": "the task collection",
+                      "-r": "the folder tasks.py is found from", "--search-root": "the folder tasks.py is found from"}
+_SETTINGS_FLAGS = ("-f", "--config")     # before the task name: Invoke's settings file
 # Core flags of the recorded command line that a local replay drops (name -> takes a value).
 _DROPPED_FLAGS = {"-H": True, "--hosts": True, "-i": True, "--identity": True, "-t": True,
                   "--connect-timeout": True, "-S": True, "--ssh-config": True,
@@ -58,6 +73,8 @@ class ReplayPlan:
     env: dict[str, str]             # recorded variables laid over this environment
     cwd: Path
     dropped: list[str] = field(default_factory=list)   # notes on what was not replayed
+    items: list[trust.Item] = field(default_factory=list)   # what the directory names that could run code
+    trusted: bool = False                                # --trust-run: the items are replayed
 
 
 def _major_minor(version: str | None) -> str | None:
@@ -86,7 +103,11 @@ def check_machine(recorded: history.Recorded, current_machine: dict | None = Non
     return out
 
 
-def _replay_argv(metadata: dict, run_dir: Path) -> tuple[list[str], list[str]]:
+def _replay_argv(metadata: dict, run_dir: Path, trusted: bool = False,
+                 cwd: Path | None = None) -> tuple[list[str], list[str], list[trust.Item]]:
+    """(argv, notes, items): the command line to replay, what was changed and why, and what it names
+    that could run code (left out unless trusted). Relative paths of -f are read from `cwd`, where
+    the run ran."""
     recorded = metadata.get("argv") or []
     if not isinstance(recorded, list) or not all(isinstance(a, str) for a in recorded):
         raise ReplayError(f"{run_dir}: the recorded command line (metadata.json 'argv') is not a list "
@@ -100,25 +121,16 @@ def _replay_argv(metadata: dict, run_dir: Path) -> tuple[list[str], list[str]]:
     # hosts itself (preflight.comm) took it as its input, and keeps it with the SSH flags.
     hosts_are_input = not metadata.get("fanout") and any(t.split("=", 1)[0] in ("-H", "--hosts")
                                                            for t in argv[:core_end])
-    for key in ("config_sources", "config_options"):
-        if not isinstance(metadata.get(key) or {}, dict):
-            raise ReplayError(f"{run_dir}: metadata.json '{key}' is not a JSON object; the run "
-                              f"directory is damaged")
-    swaps = {}
-    for name, source in (metadata.get("config_sources") or {}).items():
-        copy = run_dir / "configs" / rundir.slug(Path(name).name)
-        if copy.is_file() and source:
-            swaps[str(source)] = str(copy)
-        elif source:    # the replay would read today's file, or the default, instead: not this run
-            raise ReplayError(f"{run_dir}: its copy of the config it ran with ({copy.relative_to(run_dir)}, "
-                              f"from {source}) is missing; the run directory is damaged")
-    out, notes = [], []
+    swaps = _config_swaps(metadata, run_dir)
+    out, notes, items = [], [], []
     i = 0
     while i < len(argv):
         token = argv[i]
-        flag = token.split("=", 1)[0]
+        flag, has_value, attached = token.partition("=")
+        value = attached if has_value else (argv[i + 1] if i + 1 < len(argv) else "")
+        width = 1 if has_value else 2     # tokens of a flag that takes a value
         if flag in _DROPPED_FLAGS and i < core_end and not hosts_are_input:
-            takes_value = _DROPPED_FLAGS[flag] and "=" not in token
+            takes_value = _DROPPED_FLAGS[flag] and not has_value
             notes.append(f"dropped {token}{' ' + argv[i + 1] if takes_value and i + 1 < len(argv) else ''}")
             i += 2 if takes_value else 1
             continue
@@ -129,6 +141,21 @@ def _replay_argv(metadata: dict, run_dir: Path) -> tuple[list[str], list[str]]:
         if MASK in token:
             raise ReplayError(f"the recorded command line has a masked secret ({token}); "
                               f"give it through the environment and run the task by hand")
+        if i < core_end and flag in _SETTINGS_FLAGS and not _beside(value, cwd).is_file():
+            notes.append(f"dropped {flag} {value} (the settings file is gone; this checkout's settings are used)")
+            i += width
+            continue
+        code = _runs_code(flag, value, i < core_end, cwd)
+        if code is not None:
+            items.append(code)
+            if not trusted:
+                notes.append(f"left out {flag} {value} ({code.why}; --trust-run {code.allows})")
+                i += width
+                continue
+            if flag in _SETTINGS_FLAGS and not has_value:   # kept: as an absolute path (the cwd may differ)
+                out += [flag, str(_beside(value, cwd))]
+                i += 2
+                continue
         if token in swaps:
             token = swaps[token]
         elif flag != token and token.split("=", 1)[1] in swaps:
@@ -137,6 +164,7 @@ def _replay_argv(metadata: dict, run_dir: Path) -> tuple[list[str], list[str]]:
         i += 1
     out += _pinned_topology(metadata, out, notes)
     out = _pinned_resume(metadata, out, notes)
+    out += _pinned_sizes(metadata, run_dir, out, notes)
     for name, option in (metadata.get("config_options") or {}).items():
         copy = run_dir / "configs" / rundir.slug(Path(name).name)
         if copy.is_file() and str(copy) not in out and f"{option}={copy}" not in out:
@@ -144,7 +172,49 @@ def _replay_argv(metadata: dict, run_dir: Path) -> tuple[list[str], list[str]]:
                 continue   # given explicitly with another value: already swapped above, or kept as typed
             out += [option, str(copy)]
             notes.append(f"added {option} {copy} (the run used the default {name})")
-    return out, notes
+    return out, notes, items
+
+
+def _config_swaps(metadata: dict, run_dir: Path) -> dict[str, str]:
+    """{recorded config path: its copy in RUN/configs/}; a copy that is gone, or that differs from the
+    checksum the sealed metadata keeps of it, is a damaged run (ReplayError)."""
+    for key in ("config_sources", "config_options", "config_sha256"):
+        if not isinstance(metadata.get(key) or {}, dict):
+            raise ReplayError(f"{run_dir}: metadata.json '{key}' is not a JSON object; the run "
+                              f"directory is damaged")
+    sums = metadata.get("config_sha256") or {}
+    swaps = {}
+    for name, source in (metadata.get("config_sources") or {}).items():
+        copy = run_dir / "configs" / rundir.slug(Path(name).name)
+        if copy.is_file() and source:
+            if copy.name in sums and hashlib.sha256(copy.read_bytes()).hexdigest() != sums[copy.name]:
+                raise ReplayError(f"{copy}: changed since the run wrote it (its checksum is in metadata.json); "
+                                  "the run directory is damaged")
+            swaps[str(source)] = str(copy)
+        elif source:    # the replay would read today's file, or the default, instead: not this run
+            raise ReplayError(f"{run_dir}: its copy of the config it ran with ({copy.relative_to(run_dir)}, "
+                              f"from {source}) is missing; the run directory is damaged")
+    return swaps
+
+
+def _beside(value: str, cwd: Path | None) -> Path:
+    path = Path(value).expanduser()
+    return path if path.is_absolute() or cwd is None else cwd / path
+
+
+def _runs_code(flag: str, value: str, core: bool, cwd: Path | None) -> trust.Item | None:
+    """The item a flag of the recorded command line is, when it names code (runtime.runs.trust); None
+    for the others. core: the flag comes before the task name (one of inv's own)."""
+    if not core and flag == "--patch":
+        return trust.Item(f"--patch {value}", "a hook file run before the task", "runs it")
+    if core and flag in _TASK_SOURCE_FLAGS:
+        return trust.Item(f"{flag} {value}", f"{_TASK_SOURCE_FLAGS[flag]}, whose code inv runs",
+                          "loads the tasks from there")
+    if core and flag in _SETTINGS_FLAGS:
+        why = trust.settings_file(_beside(value, cwd))
+        if why:
+            return trust.Item(f"{flag} {value}", why, "reads it")
+    return None
 
 
 # Tasks whose recorded launcher and node count a replay pins when the command line left them to the
@@ -208,6 +278,26 @@ def _pinned_resume(metadata: dict, argv: list[str], notes: list[str]) -> list[st
     return argv
 
 
+def _pinned_sizes(metadata: dict, run_dir: Path, argv: list[str], notes: list[str]) -> list[str]:
+    """bench.gemm without -M picks its size from the machine (8192 on a GPU, 1024 on a CPU): the replay
+    gives the sizes the run measured (its gemm.json), so that it measures the same product."""
+    if metadata.get("task") != "bench.gemm":
+        return []
+    try:
+        result = rundir.read_json(run_dir / "gemm.json", {})
+    except (rundir.RunDirError, OSError):
+        return []
+    added = []
+    for flag, key in (("-M", "m"), ("-N", "n"), ("-K", "k")):
+        size = result.get(key) if isinstance(result, dict) else None
+        given = any(t == flag or t.startswith(flag + "=") for t in argv)
+        if not given and isinstance(size, int) and not isinstance(size, bool) and size > 0:
+            added += [flag, str(size)]
+    if added:
+        notes.append(f"added {' '.join(added)} (the sizes the run resolved and measured)")
+    return added
+
+
 def check_topology(recorded: history.Recorded, env: Mapping[str, str] | None = None) -> list[Difference]:
     """Inside an allocation (a Slurm job): fewer nodes than the recorded run had is a blocking difference."""
     env = os.environ if env is None else env
@@ -218,18 +308,53 @@ def check_topology(recorded: history.Recorded, env: Mapping[str, str] | None = N
     return [Difference("nodes", str(nodes), f"{here[0]} ({here[1]})", True)]
 
 
-def plan(path: str | Path, runs_dir: Path | None = None) -> ReplayPlan:
+def plan(path: str | Path, runs_dir: Path | None = None, trusted: bool = False,
+         root: Path | None = None) -> ReplayPlan:
+    """The replay of a recorded run. `trusted` (--trust-run): what the directory names that could run
+    code is replayed too; otherwise it is left out (plan.items, plan.dropped say what). `root`: this
+    checkout (default: the one this package is in); a run recorded in a working directory outside it
+    replays here."""
     try:
         recorded = history.load(path, runs_dir)
     except rundir.RunDirError as exc:
         raise ReplayError(str(exc)) from None
-    argv, notes = _replay_argv(recorded.metadata, recorded.path)
+    metadata = recorded.metadata
+    root = Path(root) if root is not None else CHECKOUT
+    cwd, items, notes = _working_directory(metadata, root, trusted)
+    argv, more_notes, more_items = _replay_argv(metadata, recorded.path, trusted, cwd=_recorded_cwd(metadata))
     env = {name: str(rec["value"]) for name, rec in recorded.env.items()
            if isinstance(rec, dict) and rec.get("value") not in (None, MASK) and name not in MACHINE_IDENTITY}
-    cwd = Path(str(recorded.metadata.get("cwd") or recorded.metadata.get("project_root") or "."))
-    if not cwd.is_dir():
-        cwd = Path(str(recorded.metadata.get("project_root") or "."))
-    return ReplayPlan(recorded, argv, env, cwd, notes)
+    env_items = trust.variables(env, os.environ)
+    for name in trust.untrusted(env, os.environ, trusted):
+        item = next(i for i in env_items if i.variable == name)
+        notes.append(f"left out {item.what} ({item.why}; --trust-run {item.allows})")
+        env.pop(name)
+    return ReplayPlan(recorded, argv, env, cwd, notes + more_notes, items + more_items + env_items, trusted)
+
+
+def _recorded_cwd(metadata: dict) -> Path | None:
+    for key in ("cwd", "project_root"):
+        value = metadata.get(key)
+        if isinstance(value, str) and value and Path(value).is_dir():
+            return Path(value)
+    return None
+
+
+def _working_directory(metadata: dict, root: Path, trusted: bool) -> tuple[Path, list[trust.Item], list[str]]:
+    """Where the replay runs: the recorded working directory when it is inside this checkout or is where
+    inv runs now (Invoke already took its tasks.py from here), or when the user trusts the run; else
+    here (python -m imports from the working directory, and Invoke looks for tasks.py there)."""
+    here = Path.cwd()
+    recorded = _recorded_cwd(metadata)
+    if recorded is None:
+        return here, [], []
+    if trust.inside(recorded, root) or os.path.realpath(recorded) == os.path.realpath(here):
+        return recorded, [], []
+    item = trust.Item(f"working directory {recorded}", "outside this checkout: Python imports and Invoke's "
+                      "tasks.py come from there", "runs there")
+    if trusted:
+        return recorded, [item], []
+    return here, [item], [f"runs in {here}, not in {recorded} ({item.why}; --trust-run {item.allows})"]
 
 
 def command(plan: ReplayPlan) -> list[str]:
@@ -240,6 +365,9 @@ def run(plan: ReplayPlan) -> tuple[int, Path | None]:
     """Run the replay; (exit code, the new run directory if one was made)."""
     started = time.time()
     env = {**os.environ, **plan.env, REPLAY_ENV: str(plan.recorded.path)}
+    env.pop(trust.TRUST_ENV, None)
+    if plan.trusted:
+        env[trust.TRUST_ENV] = "1"
     code = subprocess.call(command(plan), cwd=plan.cwd, env=env)
     return code, find_replay(plan.recorded.path, started)
 

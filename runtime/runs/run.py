@@ -28,6 +28,7 @@ execute then lays the recorded environment over the resolved one (source
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import shlex
@@ -69,6 +70,7 @@ hooks_mod = _lazy("runtime.runs.hooks")
 ranklog = _lazy("trainer.ranklog")
 rundir = _lazy("runtime.runs.rundir")
 snapshot = _lazy("runtime.runs.snapshot")
+trust = _lazy("runtime.runs.trust")
 
 REPLAY_ENV = "ANVIL_REPLAY_OF"
 # Recorded variables that name the machine rather than configure the job: a
@@ -105,6 +107,10 @@ class Run:
     def write_json(self, rel: str | Path, obj: Any) -> Path:
         return self._write(self._inside(rel), rundir.to_json(self.masker.mapping(obj)))
 
+    def write_record(self, rel: str | Path, obj: dict) -> Path:
+        """write_json for a record a later command trusts (rundir.RECORDS): masked, then sealed."""
+        return self._write(self._inside(rel), rundir.to_json(rundir.seal(self.masker.mapping(obj))))
+
     def _write(self, target: Path, text: str) -> Path:
         """rundir.write_text; on a full disk, once more with the run's reserve given back, so
         that the run's end is recorded whatever filled the disk."""
@@ -117,7 +123,7 @@ class Run:
 
     def update_metadata(self, **entries) -> None:
         self.metadata.update(entries)
-        self.write_json(rundir.METADATA, self.metadata)
+        self.write_record(rundir.METADATA, self.metadata)
 
     def _inside(self, rel: str | Path) -> Path:
         target = (self.path / rel).resolve()
@@ -153,33 +159,44 @@ def _replay_layer(replay_of: str) -> tuple[Path | None, dict[str, str]]:
         original = rundir.resolve(replay_of)
     except rundir.RunDirError as exc:
         raise UserError(f"replay: {exc}") from None
-    recorded = rundir.read_json(original / "env.json", {}) or {}
-    values = {name: rec.get("value") for name, rec in (recorded.get("vars") or {}).items()
+    try:
+        recorded = rundir.read_record(original / "env.json", {}) or {}
+    except rundir.RunDirError as exc:
+        raise UserError(f"replay: {exc}") from None
+    values = {name: str(rec.get("value")) for name, rec in (recorded.get("vars") or {}).items()
               if isinstance(rec, dict) and rec.get("value") not in (None, MASK) and name not in MACHINE_IDENTITY}
-    return original, {k: str(v) for k, v in values.items()}
+    # What could run code is laid over only where the user trusted the run (runtime.runs.trust; the
+    # replaying inv left the same variables out of this process's environment).
+    trusted = os.environ.get(trust.TRUST_ENV) == "1"
+    for name in trust.untrusted(values, os.environ, trusted):
+        values.pop(name)
+    return original, values
 
 
 def _write_snapshot(run: Run, argv: list[str], warnings: list[str]) -> None:
     spec = run.spec
     run.write_text("command.txt", shlex.join(run.masker.argv(argv)) + "\n")
     run.env_warnings = list(warnings)
-    run.write_json("env.json", {"vars": run.env_sources, "warnings": run.env_warnings})
+    run.write_record("env.json", {"vars": run.env_sources, "warnings": run.env_warnings})
     run.write_json("environ.json", run.masker.env(dict(os.environ)))
     machine = snapshot.machine()
-    run.write_json("machine.json", machine)
+    run.write_record("machine.json", machine)
     git, diff = snapshot.git_info()
-    run.write_json("git.json", git)
+    run.write_record("git.json", git)
     if diff:
         run.write_text("git.diff", diff)
-    run.write_json("versions.json", snapshot.versions(git, machine.get("gpu")))
+    run.write_record("versions.json", snapshot.versions(git, machine.get("gpu")))
     run.write_text("pip-freeze.txt", snapshot.pip_freeze())
+    # Each config copy's checksum goes into the sealed metadata: a replay passes the copy on only as written.
+    run.metadata["config_sha256"] = {}
     for file_name, config in spec.configs.items():
-        _write_config(run, file_name, config)
+        copy = _write_config(run, file_name, config)
+        run.metadata["config_sha256"][copy.name] = hashlib.sha256(copy.read_bytes()).hexdigest()
     run.metadata["anvil_commit"] = git.get("commit")
     run.metadata["dirty"] = git.get("dirty")
 
 
-def _write_config(run: Run, file_name: str, config: Any) -> None:
+def _write_config(run: Run, file_name: str, config: Any) -> Path:
     rel = Path("configs") / rundir.slug(Path(file_name).name)
     if isinstance(config, (str, Path)):
         source = Path(config)
@@ -187,15 +204,13 @@ def _write_config(run: Run, file_name: str, config: Any) -> None:
             text = source.read_text(encoding="utf-8")
         except OSError as exc:
             raise UserError(f"config {source}: {exc.strerror or exc}") from None
-        run.write_text(rel, text)
         run.spec.config_sources.setdefault(file_name, str(config))
-        return
+        return run.write_text(rel, text)
     import yaml  # lazily: keeps `inv --list` lean
     masked = run.masker.mapping(config)
     if rel.suffix == ".json":
-        run.write_text(rel, rundir.to_json(masked))
-    else:
-        run.write_text(rel, yaml.safe_dump(masked, sort_keys=False, default_flow_style=False))
+        return run.write_text(rel, rundir.to_json(masked))
+    return run.write_text(rel, yaml.safe_dump(masked, sort_keys=False, default_flow_style=False))
 
 
 def _hook_context(run: Run, phase: str, outcome: dict | None = None) -> hooks_mod.HookContext:
@@ -219,7 +234,7 @@ def _record_hooks(run: Run, phase: str, records: list) -> None:
                                     "reason": f"set by {phase} hook {rec.path}"}
     run.write_text(Path("hooks") / f"{phase}.log", "\n".join(lines) + "\n")
     if any(rec.env_added for rec in records):
-        run.write_json("env.json", {"vars": run.env_sources, "warnings": run.env_warnings})
+        run.write_record("env.json", {"vars": run.env_sources, "warnings": run.env_warnings})
 
 
 def _run_pre(run: Run) -> None:
@@ -230,8 +245,10 @@ def _run_pre(run: Run) -> None:
         if spec.patch:
             patch = patch_file(spec.patch)   # (gone since the run's options were read: a failed run)
             run.write_text(Path("hooks") / f"patch_{patch.name}", patch.read_text(errors="replace"))
-            records.append(hooks_mod.run_file(patch.resolve(), ctx, cwd=run.settings.root))
-        records += hooks_mod.run_phase(run.settings.hooks_dir, ctx, cwd=run.settings.root)
+            records.append(hooks_mod.run_file(patch.resolve(), ctx, cwd=run.settings.root,
+                                              timeout=run.settings.hook_timeout))
+        records += hooks_mod.run_phase(run.settings.hooks_dir, ctx, cwd=run.settings.root,
+                                       timeout=run.settings.hook_timeout)
     except hooks_mod.HookError as exc:
         phase_records = getattr(exc, "records", None)
         if phase_records is None:   # the patch (or the hook folder itself) failed
@@ -241,14 +258,15 @@ def _run_pre(run: Run) -> None:
     _record_hooks(run, "pre", records)
 
 
-def _run_post(run: Run, outcome: dict) -> str | None:
-    """Post hooks, all of them; returns the first failure's message (or None)."""
+def _run_post(run: Run, outcome: dict) -> AnvilError | None:
+    """Post hooks, all of them; returns the first failure (or None)."""
     ctx = _hook_context(run, "post", outcome)
     try:
-        records = hooks_mod.run_phase(run.settings.hooks_dir, ctx, cwd=run.settings.root, keep_going=True)
+        records = hooks_mod.run_phase(run.settings.hooks_dir, ctx, cwd=run.settings.root, keep_going=True,
+                                      timeout=run.settings.hook_timeout)
     except hooks_mod.HookError as exc:
         _record_hooks(run, "post", getattr(exc, "records", []))
-        return str(exc)
+        return exc
     _record_hooks(run, "post", records)
     return None
 
@@ -381,7 +399,7 @@ def execute(ctx, spec: RunSpec, body: Callable[[Run], Any]) -> Any:
         if post_error:
             error += f"\n(also: {post_error})"
     else:
-        status, error, code = "failed", post_error, 1
+        status, error, code = "failed", str(post_error), post_error.exit_code
     findings = diagnose.scan(diagnose.log_files(run.path), extra_text=error)
     finish(run, status, error=error, exit_code=code, result=result, diagnosis=findings)
     said = run.masker.text(error)

@@ -16,7 +16,11 @@
                         from being recorded (Run.write_text gives it back and retries)
 
 Everything goes through `write_text` (temp file + os.replace), so a reader
-never sees half a file.
+never sees half a file. The records a later command trusts (RECORDS: the run's
+metadata, its environment, machine, versions and git state; a fan-out's
+nodes/fail.json) are sealed with a checksum of their own content
+(trainer.files.seal): `read_record` believes one only when it matches, and reads
+one written before records were sealed as it always did.
 """
 from __future__ import annotations
 
@@ -31,10 +35,13 @@ from typing import Any, Iterator
 from trainer.errors import UserError
 # The project's one atomic writer (temp file beside the target, fsync, rename), under the
 # names run-directory code has always used.
+from trainer.files import SEAL, seal, seal_problem
 from trainer.files import to_json, write_atomic as write_text  # noqa: F401 (re-exported)
 
 TIME_FORMAT = "%Y-%m-%dT%H-%M-%S"
 METADATA = "metadata.json"
+#: The files of a run that a later command believes (snapshot.*, replay, --resume, jobend): sealed.
+RECORDS = (METADATA, "env.json", "machine.json", "versions.json", "git.json")
 SPACE_RESERVE = ".space-reserve"
 RESERVE_BYTES = 1 << 20
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -107,6 +114,24 @@ def read_json(path: Path, default: Any = None) -> Any:
         raise RunDirError(f"{path}: not UTF-8 text (byte {exc.start})") from None
 
 
+def write_record(path: Path, record: dict) -> Path:
+    """A record a later command trusts, written atomically with its own checksum (SEAL)."""
+    return write_text(path, to_json(seal(record)))
+
+
+def read_record(path: Path, default: Any = None) -> Any:
+    """A record as read_json reads it, without its seal; RunDirError when the seal does not match
+    (the file was edited or damaged since it was written). A record without a seal (written before
+    records were sealed) is read as it is."""
+    data = read_json(path, default)
+    if isinstance(data, dict) and SEAL in data:
+        problem = seal_problem(data)
+        if problem:
+            raise RunDirError(f"{path} {problem}; the run directory is damaged")
+        data = {k: v for k, v in data.items() if k != SEAL}
+    return data
+
+
 def resolve(path: str | Path, runs_dir: Path | None = None) -> Path:
     """A run directory given as a path, or as a name under runs_dir."""
     candidate = Path(path)
@@ -120,7 +145,7 @@ def resolve(path: str | Path, runs_dir: Path | None = None) -> Path:
 
 
 def metadata(run_dir: Path) -> dict:
-    data = read_json(Path(run_dir) / METADATA, default=None)
+    data = read_record(Path(run_dir) / METADATA, default=None)
     if not isinstance(data, dict):
         raise RunDirError(f"{run_dir}: missing or malformed {METADATA}")
     return data

@@ -16,6 +16,7 @@ the scancel line is printed).
 """
 from __future__ import annotations
 
+import re
 import shlex
 import signal
 import sys
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 from typing import IO, Mapping, Sequence
 
+from runtime.cluster import values
 from runtime.cluster.slurm.control import (POLL_S, TERMINAL_STATES, _run, cancel, exit_status,
                                            job_info)
 from runtime.launch.spec import EXIT_INTERRUPTED, LaunchError
@@ -36,8 +38,7 @@ def sbatch_script(step: Sequence[str], header: Sequence[str], run_dir: Path | No
     stop_status = [sys.executable, "-m", "runtime.runs.outcome", str(run_dir or ".")]
     record = [sys.executable, "-m", "runtime.runs.jobend", str(run_dir)] if run_dir else []
     lines = ["#!/bin/bash"]
-    lines += [f"#SBATCH {opt}" for opt in header]
-    lines += [f"#SBATCH --output={logs}/slurm-%j.out", ""]
+    lines += [_directive(opt) for opt in [*header, f"--output={logs}/slurm-%j.out"]] + [""]
     lines += ["# Written by anvil (runtime/cluster/slurm/batch.py). Each node's step reads SLURM_* itself",
               "# (runtime.cluster.slurm.step), so nothing below is expanded by this shell.",
               "# The batch shell gets the preemption signal (B:USR2) and passes it to the step; ranks",
@@ -66,6 +67,16 @@ def sbatch_script(step: Sequence[str], header: Sequence[str], run_dir: Path | No
               'record "$code"',
               "exit $code", ""]
     return "\n".join(lines)
+
+
+def _directive(option: str) -> str:
+    """One #SBATCH line. sbatch reads the directives up to the first line that is not one, and bash runs
+    every other line: a newline in an option (or a space, which sbatch cuts the option at) has no place."""
+    values.line("#SBATCH option", option)
+    if any(ch.isspace() for ch in option):
+        raise values.BadValue(f"#SBATCH option {option!r}: has whitespace, where sbatch would cut it (a run "
+                              "directory or an option value with a space cannot go into the batch script)")
+    return f"#SBATCH {option}"
 
 
 def submit(script: Path, env: Mapping[str, str]) -> str:
@@ -191,11 +202,13 @@ def job_id_file(run_dir: Path | str) -> Path:
 
 
 def submitted_job_id(run_dir: Path | str) -> str | None:
-    """The id of the batch job submitted for this run (written by submit_and_follow), or None."""
+    """The id of the batch job submitted for this run (written by submit_and_follow), or None: none, or a
+    file that holds no job id (edited: a later snapshot.list would ask Slurm about it)."""
     path = job_id_file(run_dir)
     if not path.is_file():
         return None
-    return path.read_text().strip() or None
+    text = path.read_text(errors="replace").strip()
+    return text if re.fullmatch(r"\d+(_\d+)?", text) else None
 
 
 def submit_and_follow(script: Path, env: Mapping[str, str], run_dir: Path | None, what: str, wait: bool = True,

@@ -4,6 +4,7 @@
     srun_options(options, nodes, batch=True, job_name=...)  the #SBATCH lines of a batch job
     srun_options(options, nodes, kill_on_bad_exit=False)    a command on every node (each_node)
     srun_options(options, 2, nodelist=["n1", "n3"])         a step on chosen nodes of the allocation
+    check_options(options, exclude)                          what srun_options checks, before a run exists
     in_allocation(env), allocated_nodes(env), step_nodes(options, nodes, exclude, env, mode)
     expand_hostlist("n[1-3],gpu7")                          without scontrol (on a node)
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import re
 from typing import Mapping, Sequence
 
+from runtime.cluster import values
 from runtime.cluster.options import SlurmOptions
 from runtime.launch.spec import LaunchError
 
@@ -21,6 +23,28 @@ TASK_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST", "SLURM
              "SLURM_NODEID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_RESTART_COUNT", "SLURM_STEP_ID")
 
 
+# Slurm's time formats: minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S; or no limit.
+_TIME = re.compile(r"(\d+-)?\d+(:\d+){0,2}|(?i:infinite|unlimited)")
+
+
+def check_options(options: SlurmOptions, exclude: Sequence[str] = (), nodelist: Sequence[str] = ()) -> None:
+    """Every value srun_options puts on an srun line or an #SBATCH line (values.BadValue, exit 2):
+    partition, account and time from --partition/--account/--time, invoke.yaml or INVOKE_ANVIL_*,
+    slurm_extra's options, the job name and the nodes named (--exclude, a node list's hosts)."""
+    for name, value, where in (("partition", options.partition, "--partition, anvil.slurm_partition"),
+                               ("account", options.account, "--account, anvil.slurm_account"),
+                               ("time limit", options.time, "--time, anvil.slurm_time"),
+                               ("job name", options.job_name, "the run's name")):
+        if value:
+            values.word(f"Slurm {name} ({where})", value)
+    if options.time and not _TIME.fullmatch(options.time):
+        raise values.BadValue(f"Slurm time limit (--time, anvil.slurm_time) {options.time!r}: expected minutes, "
+                              "H:MM:SS or D-HH:MM:SS (Slurm's formats)")
+    values.options("Slurm options (anvil.slurm_extra)", options.extra)
+    for node in [*exclude, *nodelist]:
+        values.word("Slurm node (--exclude, --exclude-from, a node list)", node)
+
+
 def srun_options(options: SlurmOptions, nodes: int, *, nodelist: Sequence[str] = (), exclude: Sequence[str] = (),
                  gpus: int = 0, kill_on_bad_exit: bool = True, warn: bool = False, job_name: str = "",
                  batch: bool = False) -> list[str]:
@@ -28,6 +52,7 @@ def srun_options(options: SlurmOptions, nodes: int, *, nodelist: Sequence[str] =
     account, time limit and extra options. kill_on_bad_exit: one task failing ends the step (the
     agents turn a preemption into a clean exit on every node, so it never cuts a checkpoint short).
     warn: the preemption warning (options.signal); batch: the #SBATCH options of a requeueable job."""
+    check_options(options, exclude, nodelist)
     out = [f"--nodes={nodes}", "--ntasks-per-node=1"]
     if nodelist:
         out.append(f"--nodelist={','.join(nodelist)}")
@@ -44,7 +69,7 @@ def srun_options(options: SlurmOptions, nodes: int, *, nodelist: Sequence[str] =
     if exclude:
         out.append(f"--exclude={','.join(exclude)}")
     if job_name:
-        out.append(f"--job-name={job_name[:60]}")
+        out.append(f"--job-name={values.word('Slurm job name', job_name[:60])}")
     if batch:
         out += ["--requeue", "--open-mode=append"]
     return out + list(options.extra)

@@ -32,7 +32,8 @@ from typing import IO, Mapping, Sequence
 from runtime.cluster.options import SLURM_MODES
 from runtime.cluster.results import HostResult, Interrupted, error_line, parse_json_output
 from runtime.cluster.slurm import batch, control
-from runtime.cluster.slurm.srun import TASK_VARS, allocated_nodes, in_allocation, srun_options, step_nodes
+from runtime.cluster.slurm.srun import (TASK_VARS, allocated_nodes, check_options, in_allocation, srun_options,
+                                        step_nodes)
 from runtime.cluster.slurm.step import STEP_FILE
 from runtime.cluster.transport import Progress, Transport, Wrap
 from runtime.launch.commands import agent_command, launch_env, travelling
@@ -66,7 +67,9 @@ class Slurm(Transport):
     def check(self, env: Mapping[str, str], *, each_node: bool = False) -> None:
         """srun (sbatch) is installed and slurmctld answers. Before each_node outside an allocation:
         `srun --test-only` says whether Slurm can ever give the nodes (srun would wait for ever,
-        without a word, for more than the partition has)."""
+        without a word, for more than the partition has). The options first: a bad value is the user's to
+        fix whatever Slurm would say."""
+        check_options(self.options.slurm, self.options.exclude)
         control.require("srun" if each_node or self.mode(env) == "srun" else "sbatch")
         control.require_controller(env)
         if each_node and not in_allocation(env):
@@ -97,6 +100,7 @@ class Slurm(Transport):
         return step_nodes(self.options.nodes, exclude, env, inside=inside)
 
     def layout(self, spec: LaunchSpec, env: Mapping[str, str]) -> Layout:
+        check_options(self.options.slurm, self.options.exclude)   # (a dry run asks nothing else of Slurm)
         nodes = self._count(env, self.options.exclude, inside=self.mode(env) == "srun")
         return Layout(processes_per_node(spec, env), nodes)
 

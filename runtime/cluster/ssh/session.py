@@ -22,6 +22,7 @@ import threading
 from pathlib import Path
 from typing import IO, Mapping, Sequence
 
+from runtime.cluster import values
 from runtime.cluster.options import SshOptions
 from runtime.cluster.transport import local_inv
 
@@ -62,8 +63,19 @@ def remote_python(options: SshOptions) -> str:
     return str(Path(options.remote_inv or local_inv()).with_name("python"))
 
 
+def check_line(options: SshOptions) -> None:
+    """What every SSH line of these options holds: the remote checkout and inv (anvil.remote_path,
+    anvil.remote_inv) with no control character."""
+    values.line("the hosts' checkout (anvil.remote_path)", options.remote_path)
+    values.line("the hosts' inv (anvil.remote_inv)", options.remote_inv)
+
+
 def remote_line(options: SshOptions, command: Sequence[str], *, timeout: float = 0.0, launcher: bool = False) -> str:
-    """The shell line one host runs; every piece quoted."""
+    """The shell line one host runs; every piece quoted, and none with a control character (a login shell
+    other than a POSIX one, csh's, does not keep a newline inside quotes)."""
+    check_line(options)
+    for part in command:
+        values.line("a word of the command sent over SSH", part)
     remote = [remote_python(options), "-m", REMOTE]
     if timeout:
         remote += ["--timeout", f"{timeout:g}"]

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import IO, Iterable, Mapping, Sequence
 
 from runtime.cluster.results import HostResult, Interrupted, parse_json_output, slurm_name
-from runtime.cluster.ssh.session import STOPPED_WAITING, Sessions, remote_line, remote_python
+from runtime.cluster.ssh.session import STOPPED_WAITING, Sessions, check_line, remote_line, remote_python
 from runtime.cluster.transport import Progress, Transport, Wrap, local_inv, node_env
 from runtime.launch.commands import agent_command, launch_env, travelling
 from runtime.launch.process import MaskedFile, open_log, passing_signals
@@ -55,10 +55,25 @@ def parse_hosts(value: str | Iterable[str], default_hosts: Sequence[str] = ()) -
             raise HostsError("-H @ needs anvil.hosts in invoke.yaml (or INVOKE_ANVIL_HOSTS)")
     if not hosts:
         raise HostsError("no hosts given")
-    bad = [h for h in hosts if any(ch.isspace() for ch in h) or h.startswith("-")]
+    bad = [h for h in hosts if any(ch.isspace() or not ch.isprintable() for ch in h) or h.startswith("-")]
     if bad:
         raise HostsError(f"not a host name: {', '.join(map(repr, bad))}")
+    for host in hosts:
+        _check_port(host)
     return list(dict.fromkeys(hosts))
+
+
+def _check_port(host: str) -> None:
+    """user@host:PORT: a port SSH can use (Fabric takes 99999 as it is, and the socket layer then
+    connects to another port than the one named)."""
+    name = host.rpartition("@")[2]
+    if name.count(":") != 1:      # no port, or an IPv6 address (with no port)
+        return
+    address, _, port = name.partition(":")
+    if not address:
+        raise HostsError(f"{host!r}: no host name before the port")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise HostsError(f"{host!r}: the port must be a number from 1 to 65535, got {port!r}")
 
 
 class Ssh(Transport):
@@ -88,6 +103,7 @@ class Ssh(Transport):
         """The hosts are named, and before a launch every one answers (a host that does not is one line
         naming it, exit 2); each_node reports such a host in its results instead."""
         hosts = self.hosts()
+        check_line(self.options.ssh)
         if each_node:
             return
         unreachable = Sessions(self.options.ssh).reach(hosts)
@@ -106,6 +122,7 @@ class Ssh(Transport):
         return remote_python(self.options.ssh)
 
     def layout(self, spec: LaunchSpec, env: Mapping[str, str]) -> Layout:
+        check_line(self.options.ssh)
         return Layout(processes_per_node(spec, env), len(self.hosts()))
 
     # ---- a launch: one agent per host
