@@ -14,7 +14,11 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 echo "== env.detect"; $INV env.detect | head -8
 echo "== data.prepare"; $INV data.prepare 2>&1 | tail -2
 echo "== kernels"; $INV train.pretrain --kernels --set train.steps=40 --name kern 2>&1 | tail -6; echo "rc=${PIPESTATUS[0]}"
-echo "== fp8"; $INV train.pretrain --set precision.fp8=tensorwise --set train.steps=40 --name fp8 2>&1 | tail -6
+echo "== fp8, checkpoints every 10 steps (written in the background), then resumed"
+$INV train.pretrain --set precision.fp8=tensorwise --set train.steps=40 --set checkpoint.interval=10 --name fp8 2>&1 | tail -6
+echo "rc=${PIPESTATUS[0]}"; r=$(ls -d /tmp/runs/*_train.pretrain_fp8 | tail -1); ls "$r/checkpoints"
+grep -h "checkpoint" "$r/logs/rank0.log" | tail -4
+$INV train.pretrain --set precision.fp8=tensorwise --set train.steps=50 --set checkpoint.interval=10 --name fp8 --resume auto 2>&1 | tail -3
 echo "rc=${PIPESTATUS[0]}"
 echo "== plan"; $INV train.plan --config configs/llama3_8b.yaml --gpu H100-40 2>&1 | tail -3
 echo "== gemm"; $INV bench.gemm -M 8192 2>&1 | tail -3
