@@ -30,6 +30,7 @@ from pathlib import Path
 from runtime.cluster.runtime import Runtime
 from runtime.launch.spec import EXIT_INTERRUPTED, EXIT_REQUEUE, RUN_DIR
 from trainer.errors import AnvilError, UserError
+from trainer.signals import exit_status
 
 #: Where a run keeps the config as used (written once by its snapshot; the ranks and a replay read it).
 CONFIG_FILE = "train.yaml"
@@ -149,6 +150,25 @@ def where(job: TrainingJob, settings, mounts: list[str] = ()):
     return runtime, runtime.open(options)
 
 
+def _stopped_before_the_first_step(run_dir: Path, code: int, report) -> str | None:
+    """What ended a launch before the trainer's loop (so before any checkpoint or summary.json), as
+    "SIGTERM", or None: the ranks stopped on a signal (3 or 130: the agent's status for ranks the
+    signal ended before their handler was in place) and wrote no summary, or an agent the signal
+    ended while it started (128+N, no agent report)."""
+    import signal
+
+    from trainer.signals import STOP_SIGNALS, signal_name
+
+    if (run_dir / "summary.json").is_file():
+        return None
+    if code in (EXIT_REQUEUE, EXIT_INTERRUPTED):
+        names = [n.signal for n in report.nodes if n.signal]
+        return signal_name(getattr(signal, names[0])) if names and hasattr(signal, names[0]) else "a stop signal"
+    if code - 128 in STOP_SIGNALS and not report.nodes:
+        return signal_name(code - 128)
+    return None
+
+
 def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: list[str] = ()) -> dict:
     """Train as `job` says; returns {"run_dir": Path, "summary": dict | None}."""
     import envs
@@ -256,6 +276,11 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
             code = report.stop_status()   # a clean stop under srun exits 0 (runtime.cluster.slurm.step)
         if report.nodes:
             run.update_metadata(hosts=report.hosts, world_size=report.world_size, nodes=len(report.nodes))
+        early = _stopped_before_the_first_step(run.path, code, report)
+        if early is not None:   # exit 3 (requeue me) or 130, as the trainer's after a checkpoint
+            raise JobStopped(f"interrupted ({early}) before the first step: nothing to checkpoint; the same "
+                             "command starts it again", code if code in (EXIT_REQUEUE, EXIT_INTERRUPTED)
+                             else exit_status(code - 128, training=True), "interrupted")
         if code == EXIT_REQUEUE:
             raise JobStopped(f"stopped on a signal after checkpointing; continue with "
                              f"`inv train.pretrain --resume {run.path}` (same config)", EXIT_REQUEUE, "preempted")

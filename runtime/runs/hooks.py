@@ -115,6 +115,8 @@ def _run_python(path: Path, ctx: HookContext) -> tuple[str, dict]:
             function(ctx)
     except HookError as exc:
         raise HookError(path, exc.detail, buffer.getvalue()) from None
+    except KeyboardInterrupt:     # Ctrl-C or a stop signal (trainer.signals.Interrupt): the run's, not the hook's
+        raise
     except BaseException as exc:  # noqa: BLE001 - a hook may raise anything, even SystemExit
         raise HookError(path, f"{type(exc).__name__}: {exc}", buffer.getvalue()) from None
     added = {k: v for k, v in ctx.env.items() if before.get(k) != v}
