@@ -66,6 +66,7 @@ class TrainingJob:
     exclude: list[str] = field(default_factory=list)
     exclude_from: str = ""              # a preflight run whose failing nodes are left out
     dry_run: bool = False
+    force: bool = False                 # launch what the memory plan says cannot fit
     ranks_used: frozenset[int] = frozenset()   # global ranks the task needs (profile.train --ranks)
 
     def overrides(self) -> list[str]:
@@ -246,9 +247,12 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
                         f"rank(s), 0..{layout.world_size - 1}")
     if not job.dry_run:
         transport.check(os.environ)   # Slurm's commands are there and its controller answers; hosts answer
-    too_big = planning.fit_warning(cfg, env, layout.nproc, layout.nodes, on_this_machine=not runtime.spans_nodes)
+    too_big = planning.fit(cfg, env, layout.nproc, layout.nodes, on_this_machine=not runtime.spans_nodes)
+    if too_big and too_big.certain and not (job.force or job.dry_run):
+        raise UserError(f"{too_big.message}; --force launches it anyway")
     if too_big:
-        print_warnings([too_big])
+        print_warnings([too_big.message + ("; a launch is refused without --force"
+                                           if too_big.certain and job.dry_run else "")])
     if job.dry_run:
         print(dump(cfg))
         transport.launch(spec, environ, run_dir=Path("RUN_DIR"), dry_run=True)
