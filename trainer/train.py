@@ -182,8 +182,7 @@ def build_model(cfg: TrainConfig, info: distributed.DistInfo, log):
             layer.compile()  # in place: parameter names keep no _orig_mod prefix
         if model.loss_fn is linear_cross_entropy:  # fuses the fp32 upcast into the CE
             model.loss_fn = torch.compile(linear_cross_entropy)
-        log.info("torch.compile: decoder blocks and loss wrapped; the first step compiles them (minutes for a "
-                 "large model), the steps after it run compiled")
+        log.info("torch.compile: decoder blocks and loss wrapped (the first step compiles them)")
     train_model = distributed.wrap(model, cfg, info) if (use_fsdp or info.distributed) else model
     if meta:
         model.to_empty(device=info.device)

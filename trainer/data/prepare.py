@@ -108,6 +108,9 @@ def _interrupted(state: dict, what: str = "Ctrl-C") -> str:
         return f"interrupted ({what}) as the new dataset was put in place: {target} holds it, complete"
     intact = f"; the dataset already at {target} is intact" if state["had_dataset"] else \
         f"; nothing was put at {target}"
+    if state["folder"] is not None:   # as on disk: a worker may have finished one the pool had not yet handed back
+        folder = WorkFolder(Path(state["folder"]))
+        state["parts"] = sum(folder.finished(i, check=False) is not None for i in range(state["units"]))
     if state["folder"] is None or not state["parts"]:
         return f"interrupted ({what}) before any part of the new dataset was finished{intact}"
     return (f"interrupted ({what}): {state['parts']} of {state['units']} parts of the new dataset are "
