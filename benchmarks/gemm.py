@@ -177,6 +177,9 @@ def main(argv=None) -> int:
         r = run_gemm(a.M, a.N, a.K, a.dtype, iters=a.iters, peak_tflops=peak, progress=True)
     except KeyboardInterrupt:   # a terminal's Ctrl-C reaches the whole group: inv says it, not a traceback here
         return 130
+    except (RuntimeError, MemoryError) as exc:   # out of memory (forced past inv's check): one line
+        print(f"gemm: {(str(exc).strip().splitlines() or [type(exc).__name__])[0]}", file=sys.stderr)
+        return 1
     if r.device == "cpu":
         r.peak_tflops = None
     print(json.dumps(r.to_dict()) if a.json else

@@ -169,6 +169,8 @@ def test_a_signal_while_the_ranks_build_the_model_is_no_rank_failure(tmp_path, d
     assert not list(run.glob("checkpoints/step_*")) and not (run / "summary.json").exists()
     agent = json.loads((run / "logs" / "agent-0.json").read_text())
     assert agent["exit_code"] == code and agent["first_failure"] is None
+    assert re.search(r"building model tiny: 10\d,\d{3},\d{3} parameters on cpu; a model this size takes a while",
+                     (run / "logs" / "rank0.log").read_text())     # said while it builds
     assert group_gone(proc.pid)
 
 
