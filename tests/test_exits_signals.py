@@ -320,6 +320,25 @@ def test_a_signal_during_a_benchmark_records_it_interrupted(tmp_path, signum, gr
     assert group_gone(proc.pid)
 
 
+@pytest.mark.parametrize("signum, group", [(signal.SIGTERM, False), (signal.SIGINT, True)])
+def test_a_signal_during_a_launched_benchmark_records_it_interrupted(tmp_path, signum, group):
+    """bench.allreduce launches its ranks through the agent, which inv passes the signal on to: the
+    ranks ended by it used to make "the benchmark exited with status 143", a failed run."""
+    proc = start(tmp_path, "bench.allreduce", "--sizes", "64K", "--iters", "1000000")
+
+    def launched() -> bool:
+        return any((run / "logs" / "launcher.log").is_file() for run in runs(tmp_path))
+    assert wait_until(launched, proc, timeout=120)
+    time.sleep(3)       # the ranks import torch, then measure: either way the same end
+    send(proc, signum, group)
+    code, out, err = ended(proc)
+    clean(out, err)
+    (run,) = runs(tmp_path)
+    assert code == 128 + signum and f"bench.allreduce interrupted ({NAME[signum]})" in err, err[-3000:]
+    assert metadata(run)["status"] == "interrupted" and metadata(run)["exit_code"] == code
+    assert group_gone(proc.pid)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR2])
 def test_a_signal_during_preflight_records_it_interrupted(tmp_path, signum):
     hook, started = sleeping_hook(tmp_path, "sh")

@@ -7,7 +7,6 @@ What torchrun, srun or a container starts on every rank. Exit status: 0 ok,
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from pathlib import Path
 
@@ -26,17 +25,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _interrupt_once(signum, _frame):
-    """Ctrl-C before the loop's own handler: a KeyboardInterrupt once. The launcher passes on the
-    Ctrl-C the whole process group also got, and a second one must not cut the first one's exit short."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    raise KeyboardInterrupt
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _interrupt_once)
+    from trainer.signals import ctrl_c_once
+    ctrl_c_once()   # before the loop's own handler: the launcher passes on the group's Ctrl-C again
     try:
         from trainer import ranklog
         from trainer import flags, hf, train

@@ -129,6 +129,19 @@ def ignoring() -> None:
             signal.signal(sig, signal.SIG_IGN)
 
 
+def _interrupt_once(signum, _frame):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def ctrl_c_once() -> None:
+    """From now on a Ctrl-C raises KeyboardInterrupt once and later ones are ignored: in a process a
+    launcher started (a rank), which passes on the Ctrl-C the whole process group also got, a second
+    one must not cut the first one's exit short. Only where Python's own handler is in place."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupt_once)
+
+
 def interrupting(training: bool = False) -> None:
     """Make SIGINT, SIGTERM, SIGHUP and SIGUSR2 raise Interrupt in this process (main thread only).
     A signal that was ignored when the process started stays ignored: nohup's SIGHUP, the SIGINT of

@@ -149,6 +149,22 @@ class _LastLine:
         self.out.flush()
 
 
+def _stopped_by(code: int, run_dir) -> int | None:
+    """The stop signal that ended a launch, or None: the agents' status for ranks a stop signal
+    ended (3 or 130, the signal in their reports), or 128+N for an agent the signal ended itself."""
+    import signal
+
+    from runtime.launch.spec import EXIT_INTERRUPTED, EXIT_REQUEUE
+    from runtime.runs import outcome
+    from trainer.signals import STOP_SIGNALS
+
+    if code in (EXIT_REQUEUE, EXIT_INTERRUPTED):
+        names = [n.signal for n in outcome.read(run_dir).nodes if n.signal and hasattr(signal, n.signal)]
+        return int(getattr(signal, names[0])) if names else (signal.SIGINT if code == EXIT_INTERRUPTED
+                                                             else signal.SIGTERM)
+    return code - 128 if code - 128 in STOP_SIGNALS else None
+
+
 def check_collective(op: str, sizes: str, iters: int, nproc: int) -> None:
     from benchmarks.collectives import OPS, parse_sizes
 
@@ -190,6 +206,10 @@ def collective(settings, run, env, op: str, sizes: str, iters: int, nproc: int, 
     spec = collective_spec(env, op, sizes, iters, nproc, out)
     transport = runtime.open(settings.cluster_options())
     code = transport.launch(spec, run.env, run.path, masker=run.masker, stdout=sys.stderr if quiet else None)
+    stopped = _stopped_by(code, run.path)
+    if stopped is not None:   # inv passed a stop signal on to the ranks, which ended on it: interrupted
+        from trainer.signals import Interrupt
+        raise Interrupt(stopped)
     if code != 0 or not out.is_file():
         raise AnvilError(f"the benchmark exited with status {code}; see {run.path}/logs", code or 1)
     report = json.loads(out.read_text())

@@ -187,8 +187,7 @@ class Agent:
             return False
         if not self.stopped_early:
             print(f"anvil-agent: rank {self.node_rank * self.nproc + local_rank} on {self.host} ended by "
-                  f"{signal.Signals(-code).name} before its first step: nothing to checkpoint",
-                  file=sys.stderr, flush=True)
+                  f"{signal.Signals(-code).name} (stopped, not failed)", file=sys.stderr, flush=True)
         self.stopped_early = True
         return True
 
