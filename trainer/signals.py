@@ -65,6 +65,9 @@ class Interrupt(KeyboardInterrupt):
         super().__init__(signal_name(signum))
         self.signum, self.training = int(signum), training
 
+    def __reduce__(self):   # (pickled across processes: by its signal, not by its message)
+        return type(self), (self.signum, self.training)
+
     @property
     def name(self) -> str:
         return signal_name(self.signum)

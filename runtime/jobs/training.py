@@ -249,7 +249,9 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
         transport.check(os.environ)   # Slurm's commands are there and its controller answers; hosts answer
     too_big = planning.fit(cfg, env, layout.nproc, layout.nodes, on_this_machine=not runtime.spans_nodes)
     if too_big and too_big.certain and not (job.force or job.dry_run):
-        raise UserError(f"{too_big.message}; --force launches it anyway")
+        forced = "--force launches it anyway" if task_name == "train.pretrain" else \
+            "`inv train.pretrain --force` launches it anyway"
+        raise UserError(f"{too_big.message}; {forced}")
     if too_big:
         print_warnings([too_big.message + ("; a launch is refused without --force"
                                            if too_big.certain and job.dry_run else "")])
