@@ -17,7 +17,7 @@ requeue me" (docs/run-flow.md). EXIT_HUNG (4) is a rank that trainer.health's wa
 because no step finished in time (its report: RUN_DIR/logs/hang-rank<R>.json).
 
 Outside the loop, `interrupting()` makes the same four signals raise `Interrupt`, a
-KeyboardInterrupt: `inv` installs it for every task (runtime/program/main.py), so everything
+KeyboardInterrupt: `inv` installs it for every task (runtime/program/interrupts.py), so everything
 that cleans up after a Ctrl-C (a run directory recorded "interrupted", data.prepare's worker
 pool, temporary folder and lock) does so after SIGTERM, SIGHUP and SIGUSR2 too. `exit_status`
 is each signal's exit status: a training process's is the table's above (3 for SIGTERM and
