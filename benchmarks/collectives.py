@@ -170,4 +170,9 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from trainer.signals import ctrl_c_once
+    ctrl_c_once()   # the agent passes on the Ctrl-C the whole group also got
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:   # a terminal's Ctrl-C reaches every rank: inv says it once, no traceback per rank
+        sys.exit(130)

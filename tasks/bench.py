@@ -40,9 +40,10 @@ def _execute(c, task_name, run_options, env, body, extra=None, dry=None):
                                "N": "Columns of B (default: M)", "K": "Inner dimension (default: M)",
                                "dtype": "bf16 | fp16 | fp32", "iters": "Timed products (default 20)",
                                "tune-gemm": "TunableOp tuning, its results kept per GPU model, torch and CUDA/ROCm "
-                                            "build (the first product tunes the shape; later runs read it back)"})
+                                            "build (the first product tunes the shape; later runs read it back)",
+                               "force": "Run even when A, B and the product need more than the device's memory"})
 def gemm(c, M=None, N=None, K=None, dtype="bf16", iters=20, gpu="", json=False, dry_run=False, tune_gemm=False,
-         run_options=None):
+         force=False, run_options=None):
     """GEMM throughput: median time and TFLOP/s of an M x N x K product (and % of the GPU's peak)."""
     import sys
 
@@ -66,6 +67,7 @@ def gemm(c, M=None, N=None, K=None, dtype="bf16", iters=20, gpu="", json=False, 
     m, note = benchmarks.gemm_rows(m, env)
     if note:
         print(note, file=sys.stderr)
+    benchmarks.check_gemm_fits(m, n, k, dtype, env, force or dry_run)
     dry = (lambda env: benchmarks.dry_run(env, argv=benchmarks.gemm_argv(m, n, k, dtype, iters))) if dry_run else None
     _execute(c, "bench.gemm", run_options, env, body, extra={"M": m, "N": n or m, "K": k or m, "dtype": dtype},
              dry=dry)

@@ -70,7 +70,7 @@ def show(c, run, json=False):
         _say_settled([settled])
         rec = _load(c, run)
     if json:
-        print(jsonlib.dumps({"path": str(rec.path), "metadata": rec.metadata, "results": rec.summary or None,
+        print(jsonlib.dumps({"path": str(rec.path), "metadata": rec.metadata, "results": rec.summary or rec.benchmark or None,
                              "machine": rec.machine, "versions": rec.versions, "env": rec.env,
                              "git": rec.git, "configs": rec.configs}, indent=2, default=str))
         return

@@ -3,7 +3,7 @@
     inv train.pretrain [--config configs/tiny.yaml] [--set optim.lr=3e-4]... [--nproc N]
                        [--resume auto|PATH] [--init-from HF_DIR] [--compile] [--kernels] [--gpu X] [--site S]
                        [--runtime R] [-H a,b [--master a]] [--nodes N ...]
-                       [--name X] [--env K=V]... [--no-hooks] [--patch FILE] [--json] [--tune-gemm]
+                       [--force] [--name X] [--env K=V]... [--no-hooks] [--patch FILE] [--json] [--tune-gemm]
     inv train.export RUN [--format hf] [--out DIR] [--dtype bfloat16]
     inv train.plot RUN [--out DIR]
     inv train.plan [--config X] [--init-from HF_DIR] [--gpus N] [--nodes M] [--gpu MODEL] [--set k=v]... [--json]
@@ -52,6 +52,7 @@ PRETRAIN_HELP = {
     "exclude": "Slurm, SSH: a node to leave out (repeatable)",
     "exclude-from": "Slurm, SSH: leave out the nodes that failed in this preflight run directory",
     "dry-run": "Print the resolved config and the launch command; start nothing",
+    "force": "Launch even when the memory plan says the run cannot fit this machine's memory (or the GPU's)",
     "json": "Print the run summary as JSON on stdout",
     "tune-gemm": "TunableOp GEMM tuning: each GEMM shape tuned once, its result kept per GPU model, torch and "
                  "CUDA/ROCm build and reused by later runs (inv env.explain PYTORCH_TUNABLEOP_FILENAME --tune-gemm)",
@@ -61,7 +62,8 @@ PRETRAIN_HELP = {
 @run_task(help=PRETRAIN_HELP, iterable=["set_", "exclude"], takes_hosts=True)
 def pretrain(c, config=None, set_=None, nproc=0, resume=None, init_from=None, compile=False, kernels=False,
              gpu="", site="", runtime="", hosts=None, master="", nodes=0, partition="", account="", time="",
-             wait=True, exclude=None, exclude_from="", dry_run=False, json=False, tune_gemm=False, run_options=None):
+             wait=True, exclude=None, exclude_from="", dry_run=False, force=False, json=False, tune_gemm=False,
+             run_options=None):
     """Train a Llama model with Anvil's trainer (run dir, snapshot, hooks, one rank per GPU)."""
     from runtime.cluster import Runtime
     from runtime.jobs.training import TrainingJob, run_training
@@ -70,7 +72,7 @@ def pretrain(c, config=None, set_=None, nproc=0, resume=None, init_from=None, co
                       compile=compile, kernels=kernels, gpu=gpu, site=site,
                       runtime=Runtime.parse(runtime) if runtime else None, hosts=hosts, master=master, nodes=nodes,
                       partition=partition, account=account, time=time, wait=wait, exclude=list(exclude or []),
-                      exclude_from=exclude_from, dry_run=dry_run, tune_gemm=tune_gemm)
+                      exclude_from=exclude_from, dry_run=dry_run, force=force, tune_gemm=tune_gemm)
     result = run_training(c, "train.pretrain", job, run_options)
     if result.get("dry_run") or result.get("complete"):
         return

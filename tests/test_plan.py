@@ -401,7 +401,7 @@ def test_pretrain_warns_before_launch_when_the_plan_says_it_will_not_fit(monkeyp
     cfg = load("configs/llama3_8b.yaml", ["data.path=synthetic"])
     h100 = envs.resolve(gpu="H100", config_env=cfg.env)
     one = planning.fit_warning(cfg, h100, 1, 1, on_this_machine=True)
-    assert one and "will not fit" in one and "on H100 (80 GiB)" in one and "inv train.plan" in one
+    assert one and "cannot fit" in one and "on H100 (80 GiB)" in one and "inv train.plan" in one
     assert planning.fit_warning(cfg, h100, 8, 1, on_this_machine=True) is None        # 51.8 of 80 GiB
     assert planning.fit_warning(cfg, h100, 4, 2, on_this_machine=False) is None       # a named GPU counts
     tiny = load("configs/tiny.yaml", [])

@@ -1,10 +1,11 @@
 """snapshot.show and snapshot.diff give a training run's results (status, steps, final train and
-val loss, tokens/s, MFU, wall time) from its summary.json, through the installed inv; runs
-without one (a benchmark) and runs whose summary is damaged still show."""
+val loss, tokens/s, MFU, wall time) from its summary.json, and a benchmark's (tests/test_exits_results.py
+has more), through the installed inv; runs whose summary is damaged still show."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -65,10 +66,15 @@ def test_show_gives_the_results_of_a_training_run(recorded):
 
 
 def test_show_of_a_run_without_results_does_not_fail(recorded, tmp_path):
-    proc = inv(recorded["work"], "snapshot.show", recorded["bench"])
+    proc = inv(recorded["work"], "snapshot.show", recorded["bench"])   # a benchmark: its own results
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
-    assert "bench.gemm" in proc.stdout and "\nresults" not in proc.stdout
-    assert json.loads(inv(recorded["work"], "snapshot.show", recorded["bench"], "--json").stdout)["results"] is None
+    gemm = json.loads((recorded["bench"] / "gemm.json").read_text())
+    block = proc.stdout.split("\nresults\n", 1)[1].split("\n\n", 1)[0]
+    assert dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in block.splitlines()) == {
+        "GEMM": "64x64x64 fp32 on cpu", "median time": f"{gemm['median_ms']:.3f} ms",
+        "TFLOP/s": f"{gemm['tflops']:.2f}", "of peak": "n/a (ran on the CPU)"}
+    shown = json.loads(inv(recorded["work"], "snapshot.show", recorded["bench"], "--json").stdout)
+    assert shown["results"]["gemm"]["tflops"] == gemm["tflops"]
 
     damaged = tmp_path / "runs" / "damaged"   # a training run whose summary files are damaged
     shutil.copytree(recorded["first"], damaged, ignore=shutil.ignore_patterns("checkpoints"))

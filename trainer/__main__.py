@@ -27,8 +27,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from trainer import ranklog
-    from trainer import flags, hf, train
+    from trainer.signals import ctrl_c_once
+    ctrl_c_once()   # before the loop's own handler: the launcher passes on the group's Ctrl-C again
+    try:
+        from trainer import ranklog
+        from trainer import flags, hf, train
+    except KeyboardInterrupt:   # a terminal's Ctrl-C while torch is imported, before the log exists
+        print("interrupted (Ctrl-C) before training started; nothing to checkpoint", file=sys.stderr, flush=True)
+        return 130
 
     overrides = flags.overrides(args.overrides, compile=args.compile, kernels=args.kernels, init_from=args.init_from)
     log = ranklog.setup(args.run_dir, name="anvil.trainer")

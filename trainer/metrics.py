@@ -113,6 +113,10 @@ class Metrics:
         self.gpu = GpuMonitor(device, gpu_stats)
         self.history: list[dict] = []
         self.val_history: list[dict] = []
+        # The whole run's average (summary): from here, just before the loop, to the summary; the
+        # step and token count it started from are those before the first logged interval.
+        self._started = time.perf_counter()
+        self._from_step = self._from_tokens = None
         self.bar = ProgressBar(total_steps, progress and is_main)
         self._file = None
         self._tb = None
@@ -170,6 +174,8 @@ class Metrics:
                   else None}
         record.update({f"tokens/{name}": n for name, n in (by_source or {}).items()})
         record.update(self._memory())
+        if not self.history:
+            self._from_step, self._from_tokens = step - interval_steps, tokens - interval_tokens
         self.history.append(record)
         if self.is_main:
             self._write(record)
@@ -222,13 +228,26 @@ class Metrics:
     # -- end of run
 
     def summary(self, **extra) -> dict:
-        """Final figures: throughput and MFU are medians over the intervals after the first
-        (the first holds compilation and warm-up)."""
+        """Final figures: throughput, step time and MFU are medians over the log intervals after the
+        first (the first holds compilation and warm-up), `median_steps` the steps they cover; beside
+        them the whole run's averages (tokens_per_s_avg, step_time_s_avg: the tokens and steps of this
+        run over its time from the first step to the summary, compilation, validation and
+        checkpoints included)."""
         steady = self.history[1:] or self.history
 
         def med(key):
             values = [r[key] for r in steady if r.get(key) is not None]
             return statistics.median(values) if values else None
+
+        averages = {}
+        if self.history:
+            elapsed = time.perf_counter() - self._started
+            steps = (extra.get("steps") or self.history[-1]["step"]) - self._from_step
+            tokens = (extra.get("tokens") or self.history[-1]["tokens"]) - self._from_tokens
+            first = self.history[0]["step"] + 1 if len(self.history) > 1 else self._from_step + 1
+            averages = {"median_steps": [first, self.history[-1]["step"]], "warmup_in_median": len(self.history) < 2,
+                        "tokens_per_s_avg": tokens / elapsed if elapsed > 0 else None,
+                        "step_time_s_avg": elapsed / steps if steps > 0 else None}
 
         peaks = [r["gpu_mem_gib"] for r in self.history if r.get("gpu_mem_gib") is not None]
         last = self.history[-1] if self.history else {}
@@ -236,7 +255,7 @@ class Metrics:
                "val_loss": self.val_history[-1]["val_loss"] if self.val_history else None,
                "tokens": last.get("tokens"), "tokens_per_s": med("tokens_per_s"),
                "tokens_per_s_per_device": med("tokens_per_s_per_device"),
-               "step_time_s": med("step_time_s"), "mfu": med("mfu"), "tflops": med("tflops"),
+               "step_time_s": med("step_time_s"), **averages, "mfu": med("mfu"), "tflops": med("tflops"),
                "peak_mem_gib": max(peaks) if peaks else None,
                "peak_rss_gib": max((r["rss_gib"] for r in self.history if r.get("rss_gib")),
                                    default=None)}
@@ -291,7 +310,7 @@ def summary_table(summary: dict) -> str:
     labels = [("status", "status", "{}"), ("steps", "steps", "{}"),
               ("final_loss", "final train loss", "{:.4f}"), ("val_loss", "val loss", "{:.4f}"),
               ("tokens", "tokens", "{:,}"), ("tokens_per_s", "tokens/s", "{:,.0f}"),
-              ("tokens_per_s_per_device", "tokens/s per device", "{:,.0f}"),
+              ("tokens_per_s_per_device", "tokens/s per device (median)", "{:,.0f}"),
               ("step_time_s", "step time", "{:.3f} s"), ("tflops", "TFLOP/s per device", "{:.1f}"),
               ("mfu", "MFU", "{:.1%}"), ("peak_mem_gib", "peak GPU memory", "{:.2f} GiB"),
               ("peak_rss_gib", "peak process RSS", "{:.2f} GiB"), ("params", "parameters", "{:,}"),
@@ -306,10 +325,25 @@ def summary_table(summary: dict) -> str:
         if key == "wall_s":
             rows.append([label, wall_time_text(summary)])
             continue
+        if key in ("tokens_per_s", "step_time_s") and value is not None and summary.get("median_steps"):
+            rows.append([label, median_and_average(summary, key, fmt)])
+            continue
         rows.append([label, "n/a" if value is None else fmt.format(value)])
         if key == "data":
             rows += [[f"  {name}", source_text(figures)] for name, figures in (summary.get("sources") or {}).items()]
     return tabulate(rows, tablefmt="simple_outline")
+
+
+def median_and_average(summary: dict, key: str, fmt: str) -> str:
+    """"22,250 (median, steps 11-100, after warm-up); 5,412 average over the run": what each
+    figure is, beside the run's average (which holds the compilation, validation and checkpoints)."""
+    first, last = summary["median_steps"]
+    steps = f"step {first}" if first == last else f"steps {first}-{last}"
+    what = f"median, {steps}" + (", warm-up included: one log interval" if summary.get("warmup_in_median")
+                                 else ", after warm-up")
+    text = f"{fmt.format(summary[key])} ({what})"
+    average = summary.get(f"{key}_avg")
+    return text + (f"; {fmt.format(average)} average over the run" if average is not None else "")
 
 
 def source_text(figures: dict) -> str:

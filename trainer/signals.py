@@ -15,17 +15,144 @@ of them checkpoint and exit together even when the signal reached only some of t
 EXIT_REQUEUE (3) is the trainer's exit status for "stopped on a signal after checkpointing,
 requeue me" (docs/run-flow.md). EXIT_HUNG (4) is a rank that trainer.health's watchdog ended
 because no step finished in time (its report: RUN_DIR/logs/hang-rank<R>.json).
+
+Outside the loop, `interrupting()` makes the same four signals raise `Interrupt`, a
+KeyboardInterrupt: `inv` installs it for every task (runtime/program/interrupts.py), so everything
+that cleans up after a Ctrl-C (a run directory recorded "interrupted", data.prepare's worker
+pool, temporary folder and lock) does so after SIGTERM, SIGHUP and SIGUSR2 too. `exit_status`
+is each signal's exit status: a training process's is the table's above (3 for SIGTERM and
+SIGUSR2: requeue me; 130 for SIGINT and SIGHUP), any other task's 128+N, as a shell reports a
+process that signal N ended (130 for Ctrl-C either way).
 """
 from __future__ import annotations
 
 import os
 import signal
+import threading
+from contextlib import contextmanager
 
 EXIT_REQUEUE = 3
 EXIT_HUNG = 4            # no training step for health.hang_timeout_s: stacks dumped, rank ended
 EXIT_INTERRUPTED = 130
 DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR2", "SIGINT", "SIGHUP")
 _USER_STOPS = (signal.SIGINT, signal.SIGHUP)     # the user ended it: interrupted, not preempted
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR2)
+
+
+def exit_status(signum: int, training: bool = False) -> int:
+    """The exit status of a process that stop signal `signum` ended (the module doc)."""
+    if training:
+        return EXIT_INTERRUPTED if signum in _USER_STOPS else EXIT_REQUEUE
+    return 128 + int(signum)
+
+
+def signal_name(signum: int | None) -> str:
+    """"Ctrl-C" for SIGINT (what the user pressed), else the signal's name ("SIGTERM")."""
+    if signum is None or signum == signal.SIGINT:
+        return "Ctrl-C"
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+class Interrupt(KeyboardInterrupt):
+    """A stop signal outside the training loop; a KeyboardInterrupt, so every path that cleans up
+    after a Ctrl-C cleans up after it. `training`: this process trains (its exit status follows the
+    trainer's table)."""
+
+    def __init__(self, signum: int, training: bool = False):
+        super().__init__(signal_name(signum))
+        self.signum, self.training = int(signum), training
+
+    def __reduce__(self):   # (pickled across processes: by its signal, not by its message)
+        return type(self), (self.signum, self.training)
+
+    @property
+    def name(self) -> str:
+        return signal_name(self.signum)
+
+    @property
+    def exit_code(self) -> int:
+        return exit_status(self.signum, self.training)
+
+    @property
+    def said(self) -> str:
+        """"interrupted (SIGTERM)"; in a process that trains, where the loop's own handler was not
+        in place (inv before it launched the ranks), "... before the first step"."""
+        return f"interrupted ({self.name})" + (" before the first step" if self.training else "")
+
+
+def interrupted_by(exc: BaseException) -> tuple[str, int]:
+    """(what stopped it, exit status) of a KeyboardInterrupt: an Interrupt's signal, else Ctrl-C (130)."""
+    if isinstance(exc, Interrupt):
+        return exc.name, exc.exit_code
+    return "Ctrl-C", EXIT_INTERRUPTED
+
+
+class _Raise:
+    """The handler `interrupting` installs: raise Interrupt for the signal."""
+
+    def __init__(self, training: bool):
+        self.training = training
+
+    def __call__(self, signum, _frame):
+        raise Interrupt(signum, self.training)
+
+
+@contextmanager
+def deferred():
+    """Hold the stop signals back while the block runs (a record written whole, the two renames of a
+    swap); one that came meanwhile is handed to its handler once the block is over (an Interrupt,
+    a KeyboardInterrupt, raised then). Signals without a Python handler, and threads other than the
+    main one (which cannot set handlers), are left as they are."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {}
+    for sig in STOP_SIGNALS:
+        handler = signal.getsignal(sig)
+        if callable(handler):
+            previous[sig] = signal.signal(sig, lambda signum, _frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if caught:
+        previous[caught[0]](caught[0], None)
+
+
+def ignoring() -> None:
+    """Ignore the stop signals from now on: a process whose work is over (its end recorded) must not
+    die of one while its interpreter finalizes, when Python puts SIG_DFL back for its handlers."""
+    for sig in STOP_SIGNALS:
+        if callable(signal.getsignal(sig)):
+            signal.signal(sig, signal.SIG_IGN)
+
+
+def _interrupt_once(signum, _frame):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def ctrl_c_once() -> None:
+    """From now on a Ctrl-C raises KeyboardInterrupt once and later ones are ignored: in a process a
+    launcher started (a rank), which passes on the Ctrl-C the whole process group also got, a second
+    one must not cut the first one's exit short. Only where Python's own handler is in place."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupt_once)
+
+
+def interrupting(training: bool = False) -> None:
+    """Make SIGINT, SIGTERM, SIGHUP and SIGUSR2 raise Interrupt in this process (main thread only).
+    A signal that was ignored when the process started stays ignored: nohup's SIGHUP, the SIGINT of
+    a command started with `&` by a script."""
+    handler = _Raise(training)
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) != signal.SIG_IGN:
+            signal.signal(sig, handler)
 
 
 class Stopper:

@@ -23,6 +23,7 @@ from trainer.config import SYNTHETIC, TrainConfig
 from trainer.errors import UserError
 from trainer.files import write_json_atomic
 from trainer.model import IGNORE_INDEX, Transformer, flops_per_token, linear_cross_entropy
+from trainer.plan import ParamCount
 
 
 class TrainError(UserError):
@@ -30,6 +31,7 @@ class TrainError(UserError):
 
 
 EXIT_OK, EXIT_FAILED = 0, 1
+LARGE_MODEL = 100_000_000   # parameters: building one takes long enough to say so first
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
@@ -180,7 +182,7 @@ def build_model(cfg: TrainConfig, info: distributed.DistInfo, log):
             layer.compile()  # in place: parameter names keep no _orig_mod prefix
         if model.loss_fn is linear_cross_entropy:  # fuses the fp32 upcast into the CE
             model.loss_fn = torch.compile(linear_cross_entropy)
-        log.info("torch.compile: decoder blocks and loss compiled")
+        log.info("torch.compile: decoder blocks and loss wrapped (the first step compiles them)")
     train_model = distributed.wrap(model, cfg, info) if (use_fsdp or info.distributed) else model
     if meta:
         model.to_empty(device=info.device)
@@ -260,6 +262,11 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
              + (f" ({torch.cuda.get_device_name(info.device)})" if info.device.type == "cuda" else "")
              + f", backend {info.backend or 'none'}, torch {torch.__version__}")
 
+    planned = ParamCount.of(cfg.model).total
+    if planned >= LARGE_MODEL:   # seconds to minutes of initialisation with nothing on the console otherwise
+        log.info(f"building model {cfg.model.name}: {planned:,} parameters on {info.device}"
+                 + (" (on the meta device, then materialised shard by shard)" if cfg.parallel.strategy == "fsdp"
+                    and info.distributed and cfg.parallel.meta_init else "") + "; a model this size takes a while")
     model, train_model = build_model(cfg, info, log)
     n_params = model.num_params()
     fpt = flops_per_token(cfg.model, model.num_params(exclude_embedding=True), cfg.data.seq_len)
@@ -338,6 +345,9 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
     first_step = step
     if profiler is not None:
         profiler.step_done(step)    # a window from step 1 (or one a resumed run starts inside) starts here
+    if cfg.train.compile:
+        log.info(f"step {step + 1} compiles the model (torch.compile) before it trains: minutes for a large "
+                 "model, once")
     try:
         while step < cfg.train.steps:
             with straggler.data_time():
@@ -364,6 +374,9 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
             step += 1
+            if step == first_step + 1 and cfg.train.compile:
+                log.info(f"step {step}: compiled and ran in {time.perf_counter() - interval_start:.1f} s "
+                         "(torch.compile); the steps after it run compiled")
             watchdog.beat(step)
             tokens_seen += step_tokens * info.world_size
             interval_tokens += step_tokens * info.world_size

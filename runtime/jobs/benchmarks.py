@@ -2,6 +2,7 @@
 
     runtime = check_runtime(given, settings)      # both tasks, before the run (a node runs direct)
     m, n, k = parse_dims(M, N, K); check_gemm(m, n, k, dtype, iters); m, note = gemm_rows(m, env)
+    check_gemm_fits(m, n, k, dtype, env, force)    # operands larger than the memory: refused
     result = gemm(run, m, n, k, dtype, iters)      # peak_cell(result): the table's "of peak"
     check_collective(op, sizes, iters, nproc)
     report = collective(settings, run, env, op, sizes, iters, nproc, runtime, quiet)
@@ -11,10 +12,10 @@ Both results carry "measurements" rows, the shape the fan-out merges per node
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import shlex
-import subprocess
 import sys
 
 from trainer.errors import AnvilError, UserError
@@ -52,10 +53,7 @@ def gemm_rows(m: int | None, env) -> tuple[int, str]:
 
     if m is not None:
         return m, ""
-    machine = env.machine
-    if machine.source == "override":   # --gpu H100 names a profile; the product runs on this machine
-        from envs.detect import detect
-        machine = detect(environ={})
+    machine = where_it_runs(env)   # --gpu H100 names a profile; the product runs on this machine
     if machine.has_gpu:
         return GPU_ROWS, ""
     return CPU_ROWS, f"no GPU visible: -M defaults to {CPU_ROWS} on a CPU ({GPU_ROWS} on a GPU); give -M to choose"
@@ -84,21 +82,89 @@ def peak_cell(result: dict) -> str:
     return f"{result['percent_of_peak']:.1f}%" if result["percent_of_peak"] else "n/a (no GPU profile)"
 
 
+def where_it_runs(env):
+    """The machine the product runs on: this one, even where --gpu names another's profile."""
+    machine = env.machine
+    if machine.source == "override":
+        from envs.detect import detect
+        machine = detect(environ={})
+    return machine
+
+
+def check_gemm_fits(m: int, n: int | None, k: int | None, dtype: str, env, force: bool = False) -> None:
+    """UserError (unless forced) for a product whose operands, A (M x K), B (K x N) and the product
+    (M x N), need more than the memory they live in: one GPU's, or this machine's on a CPU."""
+    from runtime.jobs.planning import GIB, host_memory_gib
+
+    n, k = n or m, k or m
+    need = (m * k + k * n + m * n) * {"bf16": 2, "fp16": 2, "fp32": 4}[dtype]
+    machine = where_it_runs(env)
+    if machine.has_gpu and machine.memory_gib:
+        memory, where = machine.memory_gib, f"one {machine.model or machine.name} ({machine.memory_gib:g} GiB)"
+    else:
+        memory = host_memory_gib()
+        where = f"this machine's memory ({memory:.0f} GiB)" if memory else ""
+    if force or not memory or need <= memory * GIB:
+        return
+    size = need / GIB
+    size_text = f"{size:,.1f}" if size < 1e6 else f"{size:.3g}"
+    raise UserError(f"-M {m} -N {n} -K {k} {dtype}: A, B and the product take {size_text} GiB, more than "
+                    f"{where}; choose a smaller M, N or K (--force runs it anyway)")
+
+
 def gemm(run, m: int, n: int | None, k: int | None, dtype: str, iters: int) -> dict:
-    """benchmarks.gemm in a child process that gets the run's environment (TunableOp, hipBLASLt, ...)."""
+    """benchmarks.gemm in a child process that gets the run's environment (TunableOp, hipBLASLt, ...).
+    Its stderr (a long CPU run's progress) is shown as it comes and kept in RUN/logs/gemm.log."""
     from runtime.jobs import tuning
+    from runtime.launch.process import open_log, run_streaming
+    from trainer.signals import STOP_SIGNALS, Interrupt
 
     argv = gemm_argv(m, n, k, dtype, iters)
+    result_text, said = io.StringIO(), _LastLine(sys.stderr)
     with tuning.kept(run):   # --tune-gemm: which TunableOp results file, recorded with the run
-        proc = subprocess.run(argv, env=run.env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-        raise AnvilError(f"the benchmark failed: {last}", 1)
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+        code = run_streaming(argv, run.env, open_log(run.path, "gemm.log", argv, run.masker), stdout=result_text,
+                             stderr=said, masker=run.masker)
+    if code - 128 in STOP_SIGNALS:   # the product was stopped (inv passed its signal on): interrupted
+        raise Interrupt(code - 128)
+    if code != 0:
+        raise AnvilError(f"the benchmark failed: {said.last or f'exit status {code}'}", 1)
+    result = json.loads(result_text.getvalue().strip().splitlines()[-1])
     result["measurements"] = [{"name": f"gemm {result['m']}x{result['n']}x{result['k']} {result['dtype']}",
                                "value": result["tflops"], "unit": "TFLOP/s"}]
     run.write_json("gemm.json", result)
     return result
+
+
+class _LastLine:
+    """A stream that passes text on and keeps its last non-empty line (for a failure's message)."""
+
+    def __init__(self, out):
+        self.out, self.last = out, ""
+
+    def write(self, text: str) -> None:
+        self.out.write(text)
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        if lines:
+            self.last = lines[-1]
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+def _stopped_by(code: int, run_dir) -> int | None:
+    """The stop signal that ended a launch, or None: the agents' status for ranks a stop signal
+    ended (3 or 130, the signal in their reports), or 128+N for an agent the signal ended itself."""
+    import signal
+
+    from runtime.launch.spec import EXIT_INTERRUPTED, EXIT_REQUEUE
+    from runtime.runs import outcome
+    from trainer.signals import STOP_SIGNALS
+
+    if code in (EXIT_REQUEUE, EXIT_INTERRUPTED):
+        names = [n.signal for n in outcome.read(run_dir).nodes if n.signal and hasattr(signal, n.signal)]
+        return int(getattr(signal, names[0])) if names else (signal.SIGINT if code == EXIT_INTERRUPTED
+                                                             else signal.SIGTERM)
+    return code - 128 if code - 128 in STOP_SIGNALS else None
 
 
 def check_collective(op: str, sizes: str, iters: int, nproc: int) -> None:
@@ -142,6 +208,10 @@ def collective(settings, run, env, op: str, sizes: str, iters: int, nproc: int, 
     spec = collective_spec(env, op, sizes, iters, nproc, out)
     transport = runtime.open(settings.cluster_options())
     code = transport.launch(spec, run.env, run.path, masker=run.masker, stdout=sys.stderr if quiet else None)
+    stopped = _stopped_by(code, run.path)
+    if stopped is not None:   # inv passed a stop signal on to the ranks, which ended on it: interrupted
+        from trainer.signals import Interrupt
+        raise Interrupt(stopped)
     if code != 0 or not out.is_file():
         raise AnvilError(f"the benchmark exited with status {code}; see {run.path}/logs", code or 1)
     report = json.loads(out.read_text())

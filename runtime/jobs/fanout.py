@@ -259,7 +259,7 @@ def fan_out(config, context, transport: Transport, node_runtime: Runtime, config
         results = transport.each_node(command, {NODE_RUNTIME_VAR: str(node_runtime)}, hosts_dir=run.path / "hosts",
                                       progress=progress)
     except Interrupted as stop:
-        return _interrupted(run, context.name, stop.results)
+        return _interrupted(run, context.name, stop.results, stop.__context__)
     except BaseException as exc:
         status, error, code = run_mod.ended_by(exc)
         run_mod.finish(run, status, error=error, exit_code=code)
@@ -297,18 +297,22 @@ def _write_hosts(run, results: list[HostResult]) -> None:
                         "interrupted": r.interrupted, "stdout": r.stdout, "stderr": r.stderr})
 
 
-def _interrupted(run, task: str, results: list[HostResult]) -> int:
-    """Ctrl-C: how each host ended is recorded and shown; no node is listed as passing or failing
-    (nodes/fail.json feeds --exclude-from, and a stopped node did not fail)."""
+def _interrupted(run, task: str, results: list[HostResult], cause: BaseException | None = None) -> int:
+    """Ctrl-C (or a stop signal: `cause`, what the transport caught): how each host ended is recorded
+    and shown; no node is listed as passing or failing (nodes/fail.json feeds --exclude-from, and a
+    stopped node did not fail)."""
     from runtime.runs import run as run_mod
+    from trainer.signals import interrupted_by
+
+    what, code = interrupted_by(cause if isinstance(cause, KeyboardInterrupt) else KeyboardInterrupt())
 
     _write_hosts(run, results)
     text = host_table(results, task) if results else "no node had started the task"
     run.write_text("report.txt", text + "\n")
     print(text, file=sys.stderr)
     print(f"{task}: interrupted; run directory {run.path}", file=sys.stderr, flush=True)
-    run_mod.finish(run, "interrupted", error="interrupted (Ctrl-C)", exit_code=130)
-    return 130
+    run_mod.finish(run, "interrupted", error=f"interrupted ({what})", exit_code=code)
+    return code
 
 
 def over_hosts(config, context, hosts: str, config_file: str | None = None) -> int:

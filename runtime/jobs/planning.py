@@ -1,19 +1,24 @@
 """The memory plan (trainer.plan) where the runner needs it.
 
 `inv train.plan` plans for a named or detected GPU (`plan_device`). `inv train.pretrain`
-asks the same planner before it launches and prints one warning when the run will not
-fit (`fit_warning`): on GPUs, against the GPU's memory; on a machine without one,
-against this machine's memory shared by the ranks, where a run that does not fit
-ends with the kernel's OOM killer and no message of its own.
+asks the same planner before it launches (`fit`): on GPUs, against the GPU's memory; on a
+machine without one, against this machine's memory shared by the ranks, where a run that does
+not fit ends with the kernel's OOM killer and no message of its own. A run that certainly
+cannot fit (its peak without the plan's allowances is more than a rank has) is refused unless
+forced; one that probably will not gets a warning.
 """
 from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 
 from trainer.plan import Device, memory, with_changes
 
 GIB = 1024 ** 3
+# The plan's peak matched the peaks measured on H100 and H200 runs within 1.1% (BENCHMARKS.md): a
+# peak more than twice that above the memory cannot fit, whatever the plan missed.
+PLAN_ERROR = 0.022
 
 
 def split_gpu_size(gpu: str) -> tuple[str, float | None]:
@@ -63,8 +68,19 @@ def host_memory_gib() -> float | None:
         return None
 
 
-def fit_warning(cfg, resolved, procs_per_node: int, nodes: int, on_this_machine: bool) -> str | None:
-    """One line when the plan says the run needs more memory than each rank will have; else None.
+@dataclass
+class Fit:
+    """What the plan says of a run that will not fit: `certain` when even its peak without the
+    allowances (fragmentation, the CUDA/ROCm context, communication buffers: the uncertain part of the
+    plan) is more than each rank has, beyond the plan's own error, so it cannot fit; else it
+    probably will not."""
+    message: str
+    certain: bool
+
+
+def fit(cfg, resolved, procs_per_node: int, nodes: int, on_this_machine: bool) -> Fit | None:
+    """None when the plan says the run fits each rank's memory (or there is nothing to check it
+    against); else the verdict, one line.
 
     on_this_machine: the ranks run here (not on Slurm nodes that a login node cannot see), so
     without a GPU they share this machine's memory."""
@@ -85,11 +101,28 @@ def fit_warning(cfg, resolved, procs_per_node: int, nodes: int, on_this_machine:
     mem = memory(cfg, world, device)
     if mem.fits(world) is not False:
         return None
-    need = mem.needed_bytes(world) / GIB
+    certain = mem.peak_bytes > device.memory_gib * GIB * (1 + PLAN_ERROR)
+    need = (mem.peak_bytes if certain else mem.needed_bytes(world)) / GIB
     # train.plan plans for GPUs: here, on a CPU, it can only be pointed at the GPU the run is for.
     advice = ("`inv train.plan` with the same --config and --set shows the breakdown and what would fit"
               if device.vendor != "cpu" else
               "lower data.batch_size or the model here, or plan it for its GPU: `inv train.plan` with the same "
               "--config and --set and --gpu NAME (e.g. H100)")
-    return (f"the memory plan says this run will not fit: it needs about {need:.1f} GiB per rank "
-            f"(data.batch_size {mem.batch_size}, activation checkpointing {mem.mode}) on {where}; {advice}")
+    if certain:
+        return Fit(f"the memory plan says this run cannot fit: its peak alone, before any allowance, is "
+                   f"{_gib(need)} GiB per rank (data.batch_size {mem.batch_size}, activation checkpointing "
+                   f"{mem.mode}) on {where}; {advice}", True)
+    return Fit(f"the memory plan says this run will not fit: it needs about {_gib(need)} GiB per rank "
+               f"(data.batch_size {mem.batch_size}, activation checkpointing {mem.mode}) on {where}; {advice}",
+               False)
+
+
+def fit_warning(cfg, resolved, procs_per_node: int, nodes: int, on_this_machine: bool) -> str | None:
+    """fit's line, or None."""
+    verdict = fit(cfg, resolved, procs_per_node, nodes, on_this_machine)
+    return verdict.message if verdict else None
+
+
+def _gib(value: float) -> str:
+    """45.3, 1,234.5, 1.97e+17: a size in GiB that reads at any magnitude."""
+    return f"{value:,.1f}" if value < 1e6 else f"{value:.3g}"

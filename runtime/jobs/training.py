@@ -34,6 +34,7 @@ from pathlib import Path
 from runtime.cluster.runtime import Runtime
 from runtime.launch.spec import EXIT_INTERRUPTED, EXIT_REQUEUE, RUN_DIR
 from trainer.errors import AnvilError, UserError
+from trainer.signals import exit_status
 
 #: Where a run keeps the config as used (written once by its snapshot; the ranks and a replay read it).
 CONFIG_FILE = "train.yaml"
@@ -69,6 +70,7 @@ class TrainingJob:
     exclude: list[str] = field(default_factory=list)
     exclude_from: str = ""              # a preflight run whose failing nodes are left out
     dry_run: bool = False
+    force: bool = False                 # launch what the memory plan says cannot fit
     ranks_used: frozenset[int] = frozenset()   # global ranks the task needs (profile.train --ranks)
     tool: str = ""                      # profile.train --tool: the vendor profiler the chosen ranks run under
     tune_gemm: bool = False             # TunableOp on, its results kept per GPU model, torch and CUDA/ROCm build
@@ -171,6 +173,25 @@ def _check_tool(tool: str, machine, here: bool) -> None:
         raise UserError(absent)
 
 
+def _stopped_before_the_first_step(run_dir: Path, code: int, report) -> str | None:
+    """What ended a launch before the trainer's loop (so before any checkpoint or summary.json), as
+    "SIGTERM", or None: the ranks stopped on a signal (3 or 130: the agent's status for ranks the
+    signal ended before their handler was in place) and wrote no summary, or an agent the signal
+    ended while it started (128+N, no agent report)."""
+    import signal
+
+    from trainer.signals import STOP_SIGNALS, signal_name
+
+    if (run_dir / "summary.json").is_file():
+        return None
+    if code in (EXIT_REQUEUE, EXIT_INTERRUPTED):
+        names = [n.signal for n in report.nodes if n.signal]
+        return signal_name(getattr(signal, names[0])) if names and hasattr(signal, names[0]) else "a stop signal"
+    if code - 128 in STOP_SIGNALS and not report.nodes:
+        return signal_name(code - 128)
+    return None
+
+
 def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: list[str] = (), after=None) -> dict:
     """Train as `job` says; returns {"run_dir": Path, "summary": dict | None}, and with `after` (called with
     the run once the launch succeeded) what it returned, under "after"."""
@@ -257,9 +278,14 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
                         f"rank(s), 0..{layout.world_size - 1}")
     if not job.dry_run:
         transport.check(os.environ)   # Slurm's commands are there and its controller answers; hosts answer
-    too_big = planning.fit_warning(cfg, env, layout.nproc, layout.nodes, on_this_machine=not runtime.spans_nodes)
+    too_big = planning.fit(cfg, env, layout.nproc, layout.nodes, on_this_machine=not runtime.spans_nodes)
+    if too_big and too_big.certain and not (job.force or job.dry_run):
+        forced = "--force launches it anyway" if task_name == "train.pretrain" else \
+            "`inv train.pretrain --force` launches it anyway"
+        raise UserError(f"{too_big.message}; {forced}")
     if too_big:
-        print_warnings([too_big])
+        print_warnings([too_big.message + ("; a launch is refused without --force"
+                                           if too_big.certain and job.dry_run else "")])
     if job.dry_run:
         print(dump(cfg))
         transport.launch(spec, environ, run_dir=Path("RUN_DIR"), dry_run=True)
@@ -288,6 +314,11 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
             code = report.stop_status()   # a clean stop under srun exits 0 (runtime.cluster.slurm.step)
         if report.nodes:
             run.update_metadata(hosts=report.hosts, world_size=report.world_size, nodes=len(report.nodes))
+        early = _stopped_before_the_first_step(run.path, code, report)
+        if early is not None:   # exit 3 (requeue me) or 130, as the trainer's after a checkpoint
+            raise JobStopped(f"interrupted ({early}) before the first step: nothing to checkpoint; the same "
+                             "command starts it again", code if code in (EXIT_REQUEUE, EXIT_INTERRUPTED)
+                             else exit_status(code - 128, training=True), "interrupted")
         if code == EXIT_REQUEUE:
             raise JobStopped(f"stopped on a signal after checkpointing; continue with "
                              f"`inv train.pretrain --resume {run.path}` (same config)", EXIT_REQUEUE, "preempted")

@@ -15,7 +15,9 @@ environment; env:// rendezvous), and what torchrun does not:
   every rank once and the agent keeps waiting: ranks finish their step and
   checkpoint (trainer.signals). Slurm and most schedulers signal the whole
   process group; a rank keeps the first signal it sees, so twice is harmless, and
-  once every rank has ended after a signal, the agent ignores further ones.
+  once every rank has ended after a signal, the agent ignores further ones. A rank that the
+  signal ended before the trainer's handler was in place (before its first step) stopped:
+  the agent exits with the trainer's status for that signal (3 or 130), not as a failure.
 - When one rank fails, the others are stopped (SIGTERM, then SIGKILL after
   ANVIL_AGENT_GRACE seconds, default 10) and the failure is one line naming
   the rank and host. A rank the hang watchdog ended (EXIT_HUNG, 4) is such a
@@ -48,7 +50,7 @@ import runtime.launch.tools as tools
 from runtime.launch.spec import (EXIT_INTERRUPTED, EXIT_REQUEUE, LAUNCHER_PID_VAR, NODE_LOCAL_VAR, PASSED_SIGNALS,
                                  RUN_DIR_VAR)
 from trainer.files import write_json_atomic
-from trainer.signals import EXIT_HUNG
+from trainer.signals import EXIT_HUNG, STOP_SIGNALS, exit_status
 
 
 def container_engine(environ) -> str | None:
@@ -99,6 +101,7 @@ class Agent:
         self.codes: dict[int, int] = {}
         self.stop_signal: int | None = None
         self.first_failure: dict | None = None
+        self.stopped_early = False        # a rank ended by the stop signal before its first step
         self.started = time.time()
         self.report = {"restart_count": 0, **(report or {})}   # what the starter adds (a scheduler's job id)
 
@@ -169,6 +172,8 @@ class Agent:
                     continue
                 code = proc.returncode
                 self.codes[local_rank] = code
+                if self._ended_by_the_stop_signal(local_rank, code):
+                    continue
                 if code not in (0, EXIT_REQUEUE, EXIT_INTERRUPTED) and self.first_failure is None:
                     self._failed(local_rank, code)
                     kill_at = time.monotonic() + self.grace
@@ -187,6 +192,22 @@ class Agent:
         code = self.exit_code()
         self._write_record(code)
         return code
+
+    def _ended_by_the_stop_signal(self, local_rank: int, code: int) -> bool:
+        """A rank that the stop signal this agent got ended before its handler was in place (the
+        trainer's is installed once its model is built, before the first step; SIGTERM, SIGHUP and
+        SIGUSR2 end it at once until then): stopped, with nothing to checkpoint, not failed."""
+        if code >= 0 or -code not in STOP_SIGNALS:
+            return False
+        if self.stop_signal is None:   # the group's signal reached the rank first: this agent's handler runs now
+            time.sleep(0.1)
+        if self.stop_signal != -code:
+            return False
+        if not self.stopped_early:
+            print(f"anvil-agent: rank {self.node_rank * self.nproc + local_rank} on {self.host} ended by "
+                  f"{signal.Signals(-code).name} (stopped, not failed)", file=sys.stderr, flush=True)
+        self.stopped_early = True
+        return True
 
     def _failed(self, local_rank: int, code: int) -> None:
         rank = self.node_rank * self.nproc + local_rank
@@ -210,6 +231,8 @@ class Agent:
             code = self.first_failure["exit_code"]
             return 128 - code if code < 0 else code
         codes = set(self.codes.values())
+        if self.stopped_early:     # the trainer's status for the signal, as after a checkpoint (3 or 130)
+            codes.add(exit_status(self.stop_signal, training=True))
         if EXIT_INTERRUPTED in codes:
             return EXIT_INTERRUPTED
         if EXIT_REQUEUE in codes:

@@ -17,6 +17,7 @@ install creates it. Stock Invoke stays reachable as `invoke`.
 """
 from __future__ import annotations
 
+import os
 import sys
 import sysconfig
 from pathlib import Path
@@ -29,8 +30,13 @@ PTH_LINE = ("import sys; exec('try:\\n import runtime.program.shim as m; m.redir
 
 def redirect() -> None:
     """Make invoke.main.program the Anvil program (idempotent)."""
-    import invoke.main
-    from runtime.program.cli import program
+    from runtime.program import interrupts
+    training = interrupts.install(sys.argv)   # before the program's imports, which take a while
+    try:
+        import invoke.main
+        from runtime.program.cli import program
+    except KeyboardInterrupt as stop:   # a stop signal meanwhile: one line, not a traceback out of site's .pth
+        os._exit(interrupts.said(None, stop, sys.argv, training))
     invoke.main.program = program
 
 

@@ -24,6 +24,7 @@ class Recorded:
     git: dict
     summary: dict = field(default_factory=dict)  # a training run's summary.json ({}: none)
     summary_problem: str = ""                     # why summary.json / result.json could not be read
+    benchmark: dict = field(default_factory=dict)  # a benchmark's results: gemm, collectives, kernels, measurements
 
     @property
     def gpu(self) -> dict:
@@ -101,9 +102,10 @@ def load(path: str | Path, runs_dir: Path | None = None) -> Recorded:
         raise rundir.RunDirError(f"{run_dir / 'env.json'}: 'vars' is not a JSON object; the run "
                                  f"directory is damaged")
     summary, problem = training_summary(run_dir)
+    benchmark, bench_problem = benchmark_results(run_dir) if not summary else ({}, "")
     return Recorded(run_dir, metadata, variables, _object(run_dir / "machine.json"),
                     _object(run_dir / "versions.json"), configs, _object(run_dir / "git.json"),
-                    summary, problem)
+                    summary, problem or bench_problem, benchmark)
 
 
 # ---------------------------------------------------------------- a training run's results
@@ -145,6 +147,96 @@ def training_summary(run_dir: Path) -> tuple[dict, str]:
     return {}, problem
 
 
+# ---------------------------------------------------------------- a benchmark's results
+
+# (key in Recorded.benchmark, file a benchmark writes into its run): bench.gemm, bench.allreduce,
+# bench.kernels; any run's result.json "measurements" rows (the shape a fan-out merges) besides
+BENCHMARK_FILES = (("gemm", "gemm.json"), ("collectives", "collectives.json"), ("kernels", "kernels.json"))
+
+
+def _json_file(path: Path) -> tuple[Any, str]:
+    """(the parsed file, "") or (None, why it could not be read); (None, "") when it is absent."""
+    if not path.is_file():
+        return None, ""
+    try:
+        return json.loads(path.read_bytes().decode("utf-8")), ""
+    except OSError as exc:
+        return None, f"{path.name}: cannot read it ({exc.strerror or exc})"
+    except UnicodeDecodeError as exc:
+        return None, f"{path.name}: not UTF-8 text (byte {exc.start})"
+    except ValueError as exc:
+        return None, f"{path.name}: not valid JSON ({exc})"
+
+
+def benchmark_results(run_dir: Path) -> tuple[dict, str]:
+    """({"gemm": ..., "collectives": ..., "kernels": ..., "measurements": [...]}, "") with what the run
+    holds of those; ({}, "") for a run without any; a damaged file is left out and named."""
+    found, problems = {}, []
+    for key, name in BENCHMARK_FILES:
+        data, problem = _json_file(run_dir / name)
+        if isinstance(data, dict):
+            found[key] = data
+        elif problem:
+            problems.append(problem)
+    result, problem = _json_file(run_dir / "result.json")
+    if problem:
+        problems.append(problem)
+    if isinstance(result, dict):
+        if "gemm" not in found and isinstance(result.get("tflops"), (int, float)):   # bench.gemm before gemm.json
+            found["gemm"] = result
+        if isinstance(result.get("measurements"), list) and not found:
+            found["measurements"] = [m for m in result["measurements"] if isinstance(m, dict)]
+    return found, "; ".join(problems)
+
+
+def _ms(value: Any) -> str:
+    number = _number(value)
+    return "n/a" if number is None else f"{number:.3f} ms"
+
+
+def benchmark_rows(benchmark: dict) -> list[tuple[str, str]]:
+    """(label, text) of each result a benchmark recorded, as snapshot.show prints them and diff compares."""
+    rows: list[tuple[str, str]] = []
+    gemm = benchmark.get("gemm")
+    if isinstance(gemm, dict):
+        rows.append(("GEMM", f"{gemm.get('m')}x{gemm.get('n')}x{gemm.get('k')} {gemm.get('dtype')} on "
+                             f"{gemm.get('device')}"))
+        rows.append(("median time", _ms(gemm.get("median_ms"))))
+        tflops = _number(gemm.get("tflops"))
+        rows.append(("TFLOP/s", "n/a" if tflops is None else f"{tflops:.2f}"))
+        percent = _number(gemm.get("percent_of_peak"))
+        rows.append(("of peak", f"{percent:.1f}%" if percent is not None else
+                     "n/a (ran on the CPU)" if gemm.get("device") == "cpu" else "n/a (no GPU profile)"))
+    collectives = benchmark.get("collectives")
+    if isinstance(collectives, dict):
+        for r in collectives.get("results") or []:
+            if not isinstance(r, dict):
+                continue
+            size = _number(r.get("bytes"))
+            label = f"{r.get('op')} {_bytes(size)} x {r.get('ranks')} ranks"
+            bus, alg = _number(r.get("busbw_GBps")), _number(r.get("algbw_GBps"))
+            rows.append((label, f"busbw {bus:.2f} GB/s, algbw {alg:.2f} GB/s" if bus is not None and alg is not None
+                         else "n/a"))
+    kernels = benchmark.get("kernels")
+    if isinstance(kernels, dict):
+        for r in kernels.get("rows") or []:
+            if isinstance(r, dict):
+                rows.append((f"{r.get('op')} {r.get('shape')} {r.get('provider')}", _ms(r.get("ms"))))
+    for m in benchmark.get("measurements") or []:
+        value = _number(m.get("value"))
+        rows.append((str(m.get("name")), "n/a" if value is None else f"{value:.4g} {m.get('unit') or ''}".rstrip()))
+    return rows
+
+
+def _bytes(size: float | None) -> str:
+    if size is None:
+        return "?"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:g} {unit}"
+    return f"{size:g} B"
+
+
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
@@ -182,8 +274,10 @@ def _result_text(key: str, value: Any, summary: dict) -> str:
 
 
 def result_rows(rec: Recorded) -> list[tuple[str, str]]:
-    """(label, text) for each result the run's summary holds (None shown as n/a); [] when
-    the run has no training summary."""
+    """(label, text) for each result the run's training summary holds (None shown as n/a), or each
+    result its benchmark recorded; [] when it has neither."""
+    if rec.benchmark:
+        return benchmark_rows(rec.benchmark)
     return [(label, _result_text(key, rec.summary.get(key), rec.summary))
             for key, label in RESULTS if key in rec.summary]
 
@@ -280,7 +374,8 @@ def machine_summary(rec: Recorded) -> dict:
 
 def diff(a: Recorded, b: Recorded) -> list[dict]:
     """Rows {kind, key, a, b} for every difference: env, config, versions, machine, run, and
-    the training results (status, steps, losses, tokens/s, MFU, wall time) as shown."""
+    the results as shown: a training run's (status, steps, losses, tokens/s, MFU, wall time), a
+    benchmark's (TFLOP/s, bandwidth, kernel times)."""
     env_a = {k: v.get("value") for k, v in a.env.items() if isinstance(v, dict)}
     env_b = {k: v.get("value") for k, v in b.env.items() if isinstance(v, dict)}
     rows = _compare("env", env_a, env_b)
@@ -305,17 +400,25 @@ def _run_facts(r: Recorded) -> dict:
 
 
 def _result_differences(a: Recorded, b: Recorded) -> list[dict]:
-    """The results as show prints them, where they differ (first: what the reader came for)."""
-    if not a.summary and not b.summary:
+    """The results as show prints them, where they differ (first: what the reader came for). A run
+    without results of that kind (a benchmark beside a training run) reads "(no results)"."""
+    if not (a.summary or b.summary or a.benchmark or b.benchmark):
         return []
     results_a, results_b = dict(result_rows(a)), dict(result_rows(b))
-    none_a = "n/a" if a.summary else "(no results)"
-    none_b = "n/a" if b.summary else "(no results)"
+    training = [(key, label) for key, label in RESULTS] if a.summary or b.summary else []
+    bench = list(dict.fromkeys([label for label, _ in benchmark_rows(a.benchmark)]
+                               + [label for label, _ in benchmark_rows(b.benchmark)]))
+
+    def value(rec: Recorded, results: dict, key: str | None, label: str) -> str:
+        if label in results:
+            return results[label]
+        if key == "status":   # a run without results still has a status: the run's own (failed, lost, ...)
+            return _text(rec.metadata.get("status"))
+        return "n/a" if (rec.summary if key is not None else rec.benchmark) else "(no results)"
+
     rows = []
-    for key, label in RESULTS:
-        # A run without results still has a status: the run's own (failed, lost, ...).
-        value_a = results_a.get(label, _text(a.metadata.get("status")) if key == "status" else none_a)
-        value_b = results_b.get(label, _text(b.metadata.get("status")) if key == "status" else none_b)
+    for key, label in training + [(None, label) for label in bench]:
+        value_a, value_b = value(a, results_a, key, label), value(b, results_b, key, label)
         if value_a != value_b:
             rows.append({"kind": "result", "key": label, "a": value_a, "b": value_b})
     return rows

@@ -43,6 +43,7 @@ from invoke.exceptions import Exit, UnexpectedExit
 
 from runtime import settings as settings_mod
 from runtime.runs.options import PER_NODE_HELP, RUN_OPTION_HELP, RunOptions, RunSpec, patch_file, run_task  # noqa: F401,E501 (re-exported)
+from trainer import signals
 from trainer.errors import AnvilError, UserError
 from trainer.secrets import MASK, Masker
 
@@ -278,8 +279,8 @@ def _exit_code(exc: BaseException) -> int:
         return exc.code or 1
     if isinstance(exc, UnexpectedExit):
         return exc.result.exited or 1
-    if isinstance(exc, KeyboardInterrupt):
-        return 130
+    if isinstance(exc, KeyboardInterrupt):   # Ctrl-C, or a stop signal (trainer.signals.Interrupt)
+        return getattr(exc, "exit_code", 130)
     if isinstance(exc, SystemExit):
         return exc.code if isinstance(exc.code, int) and exc.code else 1
     return getattr(exc, "exit_code", None) or 1
@@ -299,7 +300,8 @@ def _error_text(exc: BaseException) -> str:
     if isinstance(exc, UnexpectedExit):
         return f"command failed with exit status {exc.result.exited}: {exc.result.command}"
     if isinstance(exc, KeyboardInterrupt):
-        return "interrupted (Ctrl-C)"     # "bench.gemm interrupted (Ctrl-C)", as the trainer words it
+        # "bench.gemm interrupted (Ctrl-C)", as the trainer words it; "... (SIGTERM)" for a stop signal
+        return getattr(exc, "said", "interrupted (Ctrl-C)")
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
@@ -352,6 +354,8 @@ def create(ctx, spec: RunSpec) -> Run:
     except BaseException as exc:   # Ctrl-C while the snapshot is written: not "running" for ever
         status, error, code = ended_by(exc)
         finish(run, status, error=error, exit_code=code)
+        if isinstance(exc, KeyboardInterrupt):   # (a stop signal too): said as execute says it
+            raise _failed(run, status, error, code) from None
         raise
     run.log.info("run directory %s", path)
     return run
@@ -371,10 +375,12 @@ def end_entries(metadata: dict, status: str, error: str | None, exit_code: int, 
 
 def finish(run: Run, status: str, error: str | None = None, exit_code: int = 0, result: Any = None,
            diagnosis: list | None = None) -> None:
-    if result is not None:
-        run.write_json("result.json", result)
-    run.update_metadata(**end_entries(run.metadata, status, error, exit_code, run.masker, diagnosis))
-    rundir.release_space(run.path)
+    """Record the run's end; a second Ctrl-C or stop signal waits until it is written (then raised)."""
+    with signals.deferred():
+        if result is not None:
+            run.write_json("result.json", result)
+        run.update_metadata(**end_entries(run.metadata, status, error, exit_code, run.masker, diagnosis))
+        rundir.release_space(run.path)
 
 
 def execute(ctx, spec: RunSpec, body: Callable[[Run], Any]) -> Any:
@@ -402,13 +408,18 @@ def execute(ctx, spec: RunSpec, body: Callable[[Run], Any]) -> Any:
         status, error, code = "failed", str(post_error), post_error.exit_code
     findings = diagnose.scan(diagnose.log_files(run.path), extra_text=error)
     finish(run, status, error=error, exit_code=code, result=result, diagnosis=findings)
+    raise _failed(run, status, error, code, findings)
+
+
+def _failed(run: Run, status: str, error: str, code: int, findings: list = ()) -> "RunFailed":
+    """The RunFailed of a run that ended `status`: the task, the cause, the run directory, known problems."""
     said = run.masker.text(error)
     # "train.pretrain interrupted (Ctrl-C) ...", not "train.pretrain interrupted: interrupted (Ctrl-C) ..."
-    head = f"{spec.task} {said}" if said.startswith(status + " ") else f"{spec.task} {status}: {said}"
+    head = f"{run.spec.task} {said}" if said.startswith(status + " ") else f"{run.spec.task} {status}: {said}"
     message = [head, f"run directory: {run.path}"]
     for finding in findings:
         message.append(f"known problem [{finding.signature}]: {finding.advice}")
-    raise RunFailed("\n".join(message), code, status)
+    return RunFailed("\n".join(message), code, status)
 
 
 class RunFailed(AnvilError):

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from trainer.files import make_parent
+from trainer.signals import interrupted_by
 
 from . import sources
 from .errors import DataError, Interrupted
@@ -39,9 +40,10 @@ def train_tokenizer(inputs: list[Path] | None, out: Path, vocab_size: int = DEFA
         tok = train_bpe(texts, vocab_size, out)
     except OSError as exc:
         raise DataError(f"--out {out}: cannot write it ({exc.strerror or exc}); it is as it was") from None
-    except KeyboardInterrupt:
-        raise Interrupted(f"interrupted (Ctrl-C) while training the tokenizer; nothing was written "
-                          f"and {out} is as it was") from None
+    except KeyboardInterrupt as exc:   # Ctrl-C, or a stop signal inv turned into one (trainer.signals)
+        what, code = interrupted_by(exc)
+        raise Interrupted(f"interrupted ({what}) while training the tokenizer; nothing was written "
+                          f"and {out} is as it was", code) from None
     return {"path": str(out), "vocab_size": tok.vocab_size, "inputs": input_names,
             "files": len(files), "sha256": tok.sha256, "seconds": time.monotonic() - started}
 

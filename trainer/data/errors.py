@@ -1,5 +1,6 @@
 """The exception types the data package raises: DataError for problems a user can fix
-(exit 2), Interrupted for a Ctrl-C that stopped a build cleanly (exit 130)."""
+(exit 2), Interrupted for a Ctrl-C (or a stop signal) that stopped a build cleanly (exit 130, or the
+signal's: trainer.signals.exit_status)."""
 from trainer.errors import AnvilError, UserError
 from trainer.signals import EXIT_INTERRUPTED
 
@@ -9,6 +10,6 @@ class DataError(UserError):
 
 
 class Interrupted(AnvilError):
-    """Ctrl-C stopped a data task; the message says what was (not) left behind."""
+    """Ctrl-C or a stop signal stopped a data task; the message says what was (not) left behind."""
 
     exit_code = EXIT_INTERRUPTED

@@ -15,11 +15,11 @@ import fcntl
 import json
 import os
 import shutil
-import signal
 import tempfile
-import threading
 from contextlib import contextmanager
 from pathlib import Path
+
+from trainer.signals import deferred
 
 from .dataset import FORMAT, MANIFEST
 from .errors import DataError
@@ -160,21 +160,10 @@ def recover(out: Path, fingerprint: str | None = None) -> list[str]:
     return actions
 
 
-@contextmanager
-def ctrl_c_deferred():
-    """Hold a Ctrl-C (SIGINT) back until the block is over, then raise KeyboardInterrupt.
-    Only the main thread can set handlers; elsewhere the block runs as it is."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if caught:
-        raise KeyboardInterrupt
+# Hold a Ctrl-C (and inv's other stop signals: SIGTERM, SIGHUP, SIGUSR2) back until the block is
+# over, then raise it (a KeyboardInterrupt). Only the main thread can set handlers; elsewhere the
+# block runs as it is.
+ctrl_c_deferred = deferred
 
 
 def remove(path: Path) -> None:

@@ -25,6 +25,7 @@ from typing import Callable
 import numpy as np
 
 from trainer.files import make_temp_dir, seal
+from trainer.signals import interrupted_by
 
 from . import sources, units, workers
 from .bpe import DEFAULT_BPE_VOCAB
@@ -92,22 +93,27 @@ def prepare(inputs: list[Path] | None = None, out: Path = DEFAULT_OUT, tokenizer
                         workers=workers, shard_tokens=shard_tokens, max_docs=max_docs,
                         max_tokens=max_tokens, vocab_size=vocab_size, seed=seed, pattern=pattern,
                         force=force, progress=progress, on_nodes=on_nodes)
-    except KeyboardInterrupt:
-        raise Interrupted(_interrupted(state)) from None
+    except KeyboardInterrupt as exc:   # Ctrl-C, or a stop signal inv turned into one (trainer.signals)
+        what, code = interrupted_by(exc)
+        raise Interrupted(_interrupted(state, what), code) from None
 
 
-def _interrupted(state: dict) -> str:
-    """What a Ctrl-C left: the dataset as it was, and the finished parts for the next run."""
+def _interrupted(state: dict, what: str = "Ctrl-C") -> str:
+    """What a Ctrl-C (or `what` stopped it: SIGTERM, ...) left: the dataset as it was, and the
+    finished parts for the next run."""
     target = state["out"]
     if target is None:
-        return "interrupted (Ctrl-C) before anything was written"
+        return f"interrupted ({what}) before anything was written"
     if state["done"]:
-        return f"interrupted (Ctrl-C) as the new dataset was put in place: {target} holds it, complete"
+        return f"interrupted ({what}) as the new dataset was put in place: {target} holds it, complete"
     intact = f"; the dataset already at {target} is intact" if state["had_dataset"] else \
         f"; nothing was put at {target}"
+    if state["folder"] is not None:   # as on disk: a worker may have finished one the pool had not yet handed back
+        folder = WorkFolder(Path(state["folder"]))
+        state["parts"] = sum(folder.finished(i, check=False) is not None for i in range(state["units"]))
     if state["folder"] is None or not state["parts"]:
-        return f"interrupted (Ctrl-C) before any part of the new dataset was finished{intact}"
-    return (f"interrupted (Ctrl-C): {state['parts']} of {state['units']} parts of the new dataset are "
+        return f"interrupted ({what}) before any part of the new dataset was finished{intact}"
+    return (f"interrupted ({what}): {state['parts']} of {state['units']} parts of the new dataset are "
             f"finished and kept in {state['folder']}{intact}; run the same command again to continue "
             f"from there")
 

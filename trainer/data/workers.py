@@ -9,8 +9,8 @@ free; their parts are put in order afterwards, so the result does not depend on 
 worker did what.
 
 Stopping: `stop` (an Event) makes every worker drop the unit it is in at its next batch and
-return None; a worker whose parent died stops too. Ctrl-C reaches the whole process
-group: the workers ignore it and leave the stopping to the main process.
+return None; a worker whose parent died stops too. Ctrl-C (or SIGTERM, SIGHUP, SIGUSR2) reaches
+the whole process group: the workers ignore it and leave the stopping to the main process.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import os
 import signal
 import threading
 from contextlib import contextmanager
+from multiprocessing import resource_tracker
 from pathlib import Path
 
 from . import formats
@@ -181,7 +182,10 @@ _worker: Worker | None = None
 
 def _init(tokenizer: str, folder: str, dtype: str, text_field: str, stop) -> None:
     global _worker
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A terminal's Ctrl-C and a scheduler's SIGTERM reach the whole process group: the main
+    # process stops the pool (`stop`) and the workers finish or drop their unit, never die mid-part.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR2):
+        signal.signal(signum, signal.SIG_IGN)
     _worker = Worker(tokenizer, Path(folder), dtype, text_field, stop, in_pool=True)
 
 
@@ -199,18 +203,21 @@ def results(units: list, tokenizer: str, folder: Path, dtype: str, text_field: s
         yield ((u.index, worker.run(u)) for u in units), stop
         return
     ctx = multiprocessing.get_context("spawn")
-    # An ignored SIGINT survives exec and Python keeps it ignored at start-up: the workers are
-    # started with it ignored, so a Ctrl-C halfway through their imports cannot make each print
-    # a traceback. (The main process ignores it only for the few milliseconds of the spawns.)
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
-    stop = ctx.Event()
+    # A blocked signal stays blocked across fork and exec: the workers (and multiprocessing's
+    # resource tracker, which blocks only SIGINT and SIGTERM itself) start with the stop signals
+    # blocked, so one sent to the whole group halfway through their imports cannot kill them or
+    # make each print a traceback. This process blocks them only for the milliseconds of the
+    # spawns; one that came meanwhile is delivered when they are unblocked.
+    held = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR2)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
+        resource_tracker.ensure_running()                  # (it unblocks SIGINT and SIGTERM when it returns)
+        signal.pthread_sigmask(signal.SIG_BLOCK, held)
+        stop = ctx.Event()
         pool = ctx.Pool(min(workers, len(units)), initializer=_init,
                         initargs=(tokenizer, str(folder), dtype, text_field, stop))
     finally:
-        if main:
-            signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     try:
         yield pool.imap_unordered(_run, units, chunksize=1), stop
     finally:
