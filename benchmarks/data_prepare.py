@@ -172,7 +172,9 @@ def main(argv=None) -> int:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="anvil-data-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(work / "runs")}
-    inv = str(Path(sys.executable).with_name("inv"))
+    inv = [str(Path(sys.executable).with_name("inv"))]
+    if not Path(inv[0]).is_file():   # Anvil on PYTHONPATH, not installed (a lent GPU machine)
+        inv = [sys.executable, "-m", "runtime.program.main"]
     docs = documents()
     tokenizer = args.tokenizer
     if not tokenizer:
@@ -203,7 +205,7 @@ def main(argv=None) -> int:
                 given, reader, paths = inputs[kind]
                 mb = jsonl.stat().st_size / 1e6       # the same text in every kind: MB of JSONL
                 out = work / f"ds-{kind}-{size}"
-                ours = measure([inv, "data.prepare", "--input", str(given), "--tokenizer", tokenizer, "--out",
+                ours = measure([*inv, "data.prepare", "--input", str(given), "--tokenizer", tokenizer, "--out",
                                 str(out), "--workers", str(args.workers), "--force", "-q", "--json"], REPO, env)
                 manifest = json.loads(ours["stdout"])["manifest"]
                 base = measure([sys.executable, "-c", BASELINE, tokenizer, reader, *map(str, paths)], REPO, env)
