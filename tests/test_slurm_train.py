@@ -19,36 +19,17 @@ from pathlib import Path
 
 import pytest
 from cluster import _cmdline, _netns_pids
+from small_training import train_args, train_losses
 from trainer.files import seal
 
 REPO = Path(__file__).resolve().parents[1]
 INV = REPO / ".venv" / "bin" / "inv"
 pytestmark = pytest.mark.slow
 
-SETS = ["data.seq_len=32", "data.batch_size=4", "train.steps=16", "train.log_interval=1",
-        "train.val_interval=0", "train.val_batches=0", "schedule.warmup_steps=2", "checkpoint.interval=0",
-        "parallel.timeout_minutes=1"]
-
-
-def _args(dataset, *extra, steps=None):
-    out = []
-    for item in SETS + [f"data.path={dataset}"] + ([f"train.steps={steps}"] if steps else []):
-        out += ["--set", item]
-    return [*out, "--env", "OMP_NUM_THREADS=1", *extra]
-
 
 def _env(cluster, tmp_path, **extra):
     return {**os.environ, **cluster.slurm_env(), "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs"),
             "ANVIL_AGENT_GRACE": "3", **extra}
-
-
-def _losses(run: Path) -> dict[int, float]:
-    out = {}
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if "loss" in rec and rec.get("kind", "train") == "train":
-            out[int(rec["step"])] = float(rec["loss"])
-    return out
 
 
 def _only_run(tmp_path) -> Path:
@@ -60,17 +41,17 @@ def _only_run(tmp_path) -> Path:
 def one_node_losses(dataset, tmp_path_factory):
     """The reference: one node, four processes, same global batch."""
     tmp = tmp_path_factory.mktemp("ref")
-    proc = subprocess.run([str(INV), "train.pretrain", "--nproc", "4", "--name", "ref", *_args(dataset)],
+    proc = subprocess.run([str(INV), "train.pretrain", "--nproc", "4", "--name", "ref", *train_args(dataset)],
                           cwd=REPO, env={**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(tmp / "runs")},
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return _losses(_only_run(tmp))
+    return train_losses(_only_run(tmp))
 
 
 def test_two_nodes_in_an_allocation_train_like_one_node(slurm_cluster, dataset, tmp_path, one_node_losses):
     started = time.monotonic()
     proc = subprocess.run(["salloc", "-N2", "--quiet", str(INV), "train.pretrain", "--runtime", "slurm",
-                           "--nproc", "2", "--name", "two", *_args(dataset)],
+                           "--nproc", "2", "--name", "two", *train_args(dataset)],
                           cwd=REPO, env=_env(slurm_cluster, tmp_path), capture_output=True, text=True, timeout=600)
     elapsed = time.monotonic() - started
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -79,7 +60,7 @@ def test_two_nodes_in_an_allocation_train_like_one_node(slurm_cluster, dataset, 
     assert md["status"] == "ok" and md["hosts"] == ["node1", "node2"] and md["world_size"] == 4
     for rank, host in ((0, "node1"), (1, "node1"), (2, "node2"), (3, "node2")):
         assert f"[{host} r{rank}/l{rank % 2}]" in (run / "logs" / f"rank{rank}.log").read_text()
-    losses = _losses(run)
+    losses = train_losses(run)
     assert sorted(losses) == sorted(one_node_losses) and losses[16] < losses[1]
     for step, loss in one_node_losses.items():
         assert abs(losses[step] - loss) < 1e-4 * max(1.0, abs(loss)), (step, losses[step], loss)
@@ -93,7 +74,7 @@ def test_two_nodes_in_an_allocation_train_like_one_node(slurm_cluster, dataset, 
     (again,) = [p for p in (tmp_path / "runs").iterdir() if p != run]
     md = json.loads((again / "metadata.json").read_text())
     assert (md["status"], md["hosts"], md["world_size"], md["replay_of"]) == ("ok", ["node1", "node2"], 4, str(run))
-    assert _losses(again) == losses
+    assert train_losses(again) == losses
 
 
 def _trainer_pids(netns: str) -> list[int]:
@@ -124,14 +105,14 @@ def _steps_done(tmp_path) -> int:
     runs = sorted((tmp_path / "runs").iterdir()) if (tmp_path / "runs").is_dir() else []
     if not runs or not (runs[0] / "metrics.jsonl").is_file():
         return 0
-    return max(_losses(runs[0]) or [0])
+    return max(train_losses(runs[0]) or [0])
 
 
 def test_sbatch_job_is_preempted_requeued_and_resumes_the_same_curve(slurm_cluster, dataset, tmp_path,
                                                                      one_node_losses):
     env = _env(slurm_cluster, tmp_path)
     proc = subprocess.Popen([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "2", "--nproc", "2",
-                             "--name", "pre", *_args(dataset, steps=16)],
+                             "--name", "pre", *train_args(dataset, steps=16)],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         job = _wait_for(lambda: _job_id(tmp_path), 60, "the job id")
@@ -149,7 +130,7 @@ def test_sbatch_job_is_preempted_requeued_and_resumes_the_same_curve(slurm_clust
     assert "RUNNING" in err and "restart 1" in err                   # followed through the requeue (on stderr)
     rank0 = (run / "logs" / "rank0.log").read_text()
     assert "stopping after step" in rank0 and "resumed from" in rank0
-    losses = _losses(run)
+    losses = train_losses(run)
     assert losses == one_node_losses or all(abs(losses[s] - l) < 1e-4 * max(1.0, abs(l))
                                             for s, l in one_node_losses.items())
     records = [json.loads(p.read_text()) for p in sorted((run / "logs").glob("agent-*.json"))]
@@ -163,7 +144,7 @@ def test_a_job_submitted_without_waiting_records_its_own_end(slurm_cluster, data
     attempt runs."""
     env = _env(slurm_cluster, tmp_path)
     proc = subprocess.run([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "2", "--nproc", "2",
-                           "--name", "nowait", "--no-wait", *_args(dataset, steps=8)],
+                           "--name", "nowait", "--no-wait", *train_args(dataset, steps=8)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     run = _only_run(tmp_path)
@@ -182,13 +163,13 @@ def test_a_job_submitted_without_waiting_records_its_own_end(slurm_cluster, data
     assert ended["status"] == "ok" and ended["exit_code"] == 0 and ended["restarts"] == 1, ended
     assert ended["hosts"] == ["node1", "node2"] and ended["world_size"] == 4
     result = json.loads((run / "result.json").read_text())
-    assert result["summary"]["steps"] == 8 and max(_losses(run)) == 8
+    assert result["summary"]["steps"] == 8 and max(train_losses(run)) == 8
 
 
 def test_a_node_whose_ranks_die_ends_the_job_and_is_named(slurm_cluster, dataset, tmp_path):
     env = _env(slurm_cluster, tmp_path)
     proc = subprocess.Popen(["salloc", "-N2", "--quiet", str(INV), "train.pretrain", "--runtime", "slurm",
-                             "--nproc", "2", "--name", "dies", *_args(dataset, steps=400)],
+                             "--nproc", "2", "--name", "dies", *train_args(dataset, steps=400)],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(lambda: _steps_done(tmp_path) >= 3, 300, "three steps")
@@ -215,29 +196,29 @@ def test_a_node_whose_ranks_die_ends_the_job_and_is_named(slurm_cluster, dataset
 def test_bad_slurm_input_is_one_message(slurm_cluster, dataset, tmp_path):
     env = _env(slurm_cluster, tmp_path)
     rejected = subprocess.run([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "2",
-                               "--partition", "nosuchpart", *_args(dataset)],
+                               "--partition", "nosuchpart", *train_args(dataset)],
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert rejected.returncode == 2 and "sbatch rejected the job" in rejected.stderr, rejected.stderr[-2000:]
     assert "Traceback" not in rejected.stderr
     too_many = subprocess.run(["salloc", "-N2", "--quiet", str(INV), "train.pretrain", "--runtime", "slurm",
-                               "--nodes", "3", *_args(dataset)],
+                               "--nodes", "3", *train_args(dataset)],
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert too_many.returncode == 2 and "has only 2 node(s)" in too_many.stderr, too_many.stderr[-2000:]
     stranger = subprocess.run(["salloc", "-N2", "--quiet", str(INV), "train.pretrain", "--runtime", "slurm",
-                               "--exclude", "node9", *_args(dataset)],
+                               "--exclude", "node9", *train_args(dataset)],
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert stranger.returncode == 2 and "--exclude node9: not a node of this allocation" in stranger.stderr, \
         stranger.stderr[-2000:]
     everyone = subprocess.run(["salloc", "-N2", "--quiet", str(INV), "train.pretrain", "--runtime", "slurm",
-                               "--exclude", "node1", "--exclude", "node2", *_args(dataset)],
+                               "--exclude", "node1", "--exclude", "node2", *train_args(dataset)],
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert everyone.returncode == 2 and "every node of this allocation" in everyone.stderr, everyone.stderr[-2000:]
-    never = subprocess.run([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "5", *_args(dataset)],
+    never = subprocess.run([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "5", *train_args(dataset)],
                            cwd=REPO, env=env, capture_output=True, text=True, timeout=120)   # the cluster has 2
     assert never.returncode == 2 and "Slurm will not start job" in never.stderr, never.stderr[-2000:]
     assert "so it was cancelled" in never.stderr and "Traceback" not in never.stderr
     assert slurm_cluster.slurm_run("squeue", "-h").stdout.strip() == ""      # nothing left pending
-    no_slurm = subprocess.run([str(INV), "train.pretrain", "--runtime", "slurm", *_args(dataset)],
+    no_slurm = subprocess.run([str(INV), "train.pretrain", "--runtime", "slurm", *train_args(dataset)],
                               cwd=REPO, env={**env, "PATH": str(INV.parent) + ":/usr/bin/none"},
                               capture_output=True, text=True, timeout=120)
     assert no_slurm.returncode == 2 and "`sbatch` not found" in no_slurm.stderr, no_slurm.stderr[-2000:]
@@ -249,7 +230,7 @@ def test_bad_slurm_input_is_one_message(slurm_cluster, dataset, tmp_path):
 def _following(cluster, dataset, tmp_path, name: str, steps: int):
     """inv following a one-node batch job (no terminal): yields (proc, job id); kills what is left after."""
     proc = subprocess.Popen([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "1", "--name", name,
-                             *_args(dataset, steps=steps)], cwd=REPO, env=_env(cluster, tmp_path),
+                             *train_args(dataset, steps=steps)], cwd=REPO, env=_env(cluster, tmp_path),
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     job = None
     try:
@@ -314,7 +295,7 @@ def test_a_job_killed_outright_is_recorded_when_runs_are_listed(slurm_cluster, d
     for ever. Listing or showing runs asks Slurm (runtime.jobs.settle) and records the end."""
     env = _env(slurm_cluster, tmp_path)
     proc = subprocess.run([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "1", "--name", "killed",
-                           "--no-wait", *_args(dataset, steps=400)],
+                           "--no-wait", *train_args(dataset, steps=400)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     run, job = _only_run(tmp_path), _job_id(tmp_path)
@@ -370,7 +351,7 @@ def test_ctrl_c_of_a_run_in_an_allocation_checkpoints_on_every_node(slurm_cluste
     from process_utils import start_as_from_a_terminal
 
     proc = start_as_from_a_terminal(["salloc", "-N2", "--quiet", str(INV), "train.pretrain", "--runtime", "slurm",
-                                     "--name", "intr", *_args(dataset, steps=100000)],
+                                     "--name", "intr", *train_args(dataset, steps=100000)],
                                     cwd=REPO, env=_env(slurm_cluster, tmp_path), stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True)
     inv = None

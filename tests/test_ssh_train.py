@@ -21,21 +21,11 @@ from pathlib import Path
 
 import pytest
 from cluster import _cmdline, _netns_pids
+from small_training import train_args, train_losses
 from process_utils import start_as_from_a_terminal, wait_until
 from runtime.runs.nodes import failing
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
-
-SETS = ["data.seq_len=32", "data.batch_size=4", "train.steps=16", "train.log_interval=1",
-        "train.val_interval=0", "train.val_batches=0", "schedule.warmup_steps=2", "checkpoint.interval=0",
-        "parallel.timeout_minutes=1"]
-
-
-def _args(dataset, *extra, steps=None):
-    out = []
-    for item in SETS + [f"data.path={dataset}"] + ([f"train.steps={steps}"] if steps else []):
-        out += ["--set", item]
-    return [*out, "--env", "OMP_NUM_THREADS=1", *extra]
 
 
 @dataclass
@@ -87,15 +77,6 @@ def explain(result) -> str:
     return f"exit {result.returncode}\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-4000:]}"
 
 
-def _losses(run: Path) -> dict[int, float]:
-    out = {}
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if "loss" in rec and rec.get("kind", "train") == "train":
-            out[int(rec["step"])] = float(rec["loss"])
-    return out
-
-
 def _same_curve(losses: dict[int, float], reference: dict[int, float]) -> None:
     assert sorted(losses) == sorted(reference), (sorted(losses), sorted(reference))
     for step, loss in reference.items():
@@ -106,7 +87,7 @@ def _steps_done(runs: Path, pattern: str) -> int:
     found = sorted(runs.glob(pattern)) if runs.is_dir() else []
     if not found or not (found[-1] / "metrics.jsonl").is_file():
         return 0
-    return max(_losses(found[-1]) or [0])
+    return max(train_losses(found[-1]) or [0])
 
 
 @pytest.fixture(scope="module")
@@ -114,17 +95,17 @@ def one_host_losses(dataset, tmp_path_factory):
     """The reference: this machine, four processes, the same global batch."""
     tmp = tmp_path_factory.mktemp("ref")
     proc = subprocess.run([str(Path(__file__).resolve().parents[1] / ".venv" / "bin" / "inv"), "train.pretrain",
-                           "--nproc", "4", "--name", "ref", *_args(dataset)],
+                           "--nproc", "4", "--name", "ref", *train_args(dataset)],
                           cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600,
                           env={**_env(), "INVOKE_ANVIL_RUNS_DIR": str(tmp / "runs")})
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = (tmp / "runs").iterdir()
-    return _losses(run)
+    return train_losses(run)
 
 
 def test_two_hosts_train_like_one_host_and_a_replay_trains_there_again(hosts, dataset, one_host_losses):
     started = time.monotonic()
-    result = hosts.run(hosts.up, "train.pretrain", "--nproc", "2", "--name", "two", *_args(dataset))
+    result = hosts.run(hosts.up, "train.pretrain", "--nproc", "2", "--name", "two", *train_args(dataset))
     elapsed = time.monotonic() - started
     assert result.returncode == 0, explain(result)
     run = hosts.only_run()
@@ -139,7 +120,7 @@ def test_two_hosts_train_like_one_host_and_a_replay_trains_there_again(hosts, da
     assert launched[1].startswith(f"$ {hosts.up[1]}: ") and "--node-rank 1 " in launched[1]
     assert "OMP_NUM_THREADS" not in (run / "logs" / "launcher.log").read_text()   # values go over stdin
     assert not (run / "config.yaml").exists()             # the one config: configs/train.yaml
-    _same_curve(_losses(run), one_host_losses)
+    _same_curve(train_losses(run), one_host_losses)
     print(f"2 hosts x 2 processes over SSH: {elapsed:.1f} s wall")
 
     # A replay keeps -H (the hosts were the task's input): the same hosts, the same curve.
@@ -149,13 +130,13 @@ def test_two_hosts_train_like_one_host_and_a_replay_trains_there_again(hosts, da
     (again,) = [p for p in hosts.runs.iterdir() if p != run]
     md = json.loads((again / "metadata.json").read_text())
     assert (md["status"], md["hosts"], md["world_size"], md["replay_of"]) == ("ok", ["node1", "node2"], 4, str(run))
-    assert _losses(again) == _losses(run)
+    assert train_losses(again) == train_losses(run)
 
 
 def test_runtime_ssh_trains_on_anvil_hosts_and_the_master_named_takes_node_rank_0(hosts, dataset):
     """anvil.hosts with --runtime ssh says what -H says; --master names the host of node rank 0."""
     result = subprocess.run([str(hosts.inv), "-f", str(hosts.settings), "-i", hosts.key, "train.pretrain",
-                             "--runtime", "ssh", "--nproc", "1", "--master", hosts.up[1], *_args(dataset, steps=2)],
+                             "--runtime", "ssh", "--nproc", "1", "--master", hosts.up[1], *train_args(dataset, steps=2)],
                             cwd=hosts.repo, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600,
                             env={**_env(), "INVOKE_ANVIL_HOSTS": ",".join(hosts.up)})
     assert result.returncode == 0, explain(result)
@@ -167,7 +148,7 @@ def test_runtime_ssh_trains_on_anvil_hosts_and_the_master_named_takes_node_rank_
 
 def test_a_preemption_signal_reaches_every_host_and_resume_auto_continues_the_curve(hosts, dataset,
                                                                                      one_host_losses):
-    proc = hosts.start(hosts.up, "train.pretrain", "--nproc", "2", "--name", "pre", *_args(dataset))
+    proc = hosts.start(hosts.up, "train.pretrain", "--nproc", "2", "--name", "pre", *train_args(dataset))
     try:
         assert wait_until(lambda: _steps_done(hosts.runs, "*_pre") >= 4, proc, timeout=300), \
             proc.communicate(timeout=60)
@@ -180,22 +161,22 @@ def test_a_preemption_signal_reaches_every_host_and_resume_auto_continues_the_cu
     first = hosts.only_run("*_pre")
     md = json.loads((first / "metadata.json").read_text())
     assert md["status"] == "preempted" and md["hosts"] == ["node1", "node2"], md
-    stopped = max(_losses(first))
+    stopped = max(train_losses(first))
     assert stopped < 16 and (first / "checkpoints" / f"step_{stopped}" / "COMPLETE").is_file()
     for node in (0, 1):          # every host's ranks stopped on the signal, after the checkpoint
         agent = json.loads((first / "logs" / f"agent-{node}.json").read_text())
         assert agent["exit_code"] == 3 and set(agent["ranks"].values()) == {3} and agent["signal"] == "SIGUSR2"
 
     resumed = hosts.run(hosts.up, "train.pretrain", "--nproc", "2", "--name", "pre", "--resume", "auto",
-                        *_args(dataset))
+                        *train_args(dataset))
     assert resumed.returncode == 0, explain(resumed)
     (second,) = [p for p in hosts.runs.glob("*_pre") if p != first]
     assert f"resumed from {first / 'checkpoints' / f'step_{stopped}'}" in (second / "logs" / "rank0.log").read_text()
-    _same_curve({**_losses(first), **_losses(second)}, one_host_losses)
+    _same_curve({**train_losses(first), **train_losses(second)}, one_host_losses)
 
 
 def test_ctrl_c_checkpoints_on_every_host(hosts, dataset):
-    proc = hosts.start(hosts.up, "train.pretrain", "--nproc", "2", "--name", "intr", *_args(dataset, steps=100000))
+    proc = hosts.start(hosts.up, "train.pretrain", "--nproc", "2", "--name", "intr", *train_args(dataset, steps=100000))
     try:
         assert wait_until(lambda: _steps_done(hosts.runs, "*_intr") >= 3, proc, timeout=300), \
             proc.communicate(timeout=60)
@@ -221,7 +202,7 @@ def _trainer_pids(netns: str) -> list[int]:
 
 
 def test_a_host_whose_ranks_die_ends_the_job_and_is_named(hosts, dataset):
-    proc = hosts.start(hosts.up, "train.pretrain", "--nproc", "2", "--name", "dies", *_args(dataset, steps=100000))
+    proc = hosts.start(hosts.up, "train.pretrain", "--nproc", "2", "--name", "dies", *train_args(dataset, steps=100000))
     try:
         assert wait_until(lambda: _steps_done(hosts.runs, "*_dies") >= 3, proc, timeout=300), \
             proc.communicate(timeout=60)
@@ -253,7 +234,7 @@ def test_exclude_from_a_preflight_run_leaves_the_failing_host_out(hosts, dataset
     checked = hosts.only_run("*_preflight.all")
     assert list(failing(checked)) == [hosts.down]
     train = hosts.run(everyone, "train.pretrain", "--nproc", "1", "--exclude-from", str(checked),
-                      *_args(dataset, steps=4))
+                      *train_args(dataset, steps=4))
     assert train.returncode == 0, explain(train)
     assert f"excluding 1 node(s) that failed preflight in {checked}" in train.stderr
     md = json.loads((hosts.only_run("*_train.pretrain_*") / "metadata.json").read_text())
@@ -267,7 +248,7 @@ def test_bad_ssh_input_is_one_line_before_any_run_directory(hosts, dataset):
             (hosts.up, ["--runtime", "slurm"], "-H names the hosts to train on over SSH"),
             (hosts.up, ["--nodes", "2"], "--nodes, --partition, --account, --time and --no-wait need --runtime slurm"),
             (hosts.up, ["--runtime", "bogus"], "--runtime 'bogus': expected direct | ssh | slurm")):
-        result = hosts.run(hosts_given, "train.pretrain", *extra, *_args(dataset, steps=2), timeout=120)
+        result = hosts.run(hosts_given, "train.pretrain", *extra, *train_args(dataset, steps=2), timeout=120)
         assert result.returncode == 2, explain(result)
         assert said in result.stderr and "Traceback" not in result.stderr, explain(result)
     assert not hosts.runs.exists()

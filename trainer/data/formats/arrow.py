@@ -9,7 +9,7 @@ a null or blank text.
 """
 from __future__ import annotations
 
-from .base import Piece, Probe, Reading, SourceFile, Span
+from .base import Probe, Reading, SourceFile, Span, column_pieces
 from .parquet import table_spans, text_column_problem
 
 NAME = "arrow"
@@ -58,14 +58,9 @@ def read(span: Span, text_field: str, reading: Reading):
                 continue
             if index >= span.end:
                 break
-            for text in batch.column(column).to_pylist():
-                number += 1
-                if text is None:
-                    reading.skip("missing_text_field", f"null {text_field!r}", number)
-                elif not text.strip():
-                    reading.skip("empty", "empty text", number)
-                else:
-                    yield Piece(number, text)
+            values = batch.column(column).to_pylist()
+            yield from column_pieces(values, number, text_field, reading)
+            number += len(values)
     except _errors() as exc:
         reading.skip("bad_arrow", f"unreadable after row {number} ({exc})")
     reading.records = number

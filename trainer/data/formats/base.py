@@ -97,6 +97,18 @@ class Reading:
         return {"records": self.records, "skipped": self.skipped, "notes": [list(n) for n in self.notes]}
 
 
+def column_pieces(values: list, first: int, text_field: str, reading: Reading):
+    """The documents of one batch of a text column (a Parquet row group's, an Arrow record batch's),
+    numbered on from `first`: a null or blank value is a counted skip."""
+    for number, text in enumerate(values, first + 1):
+        if text is None:
+            reading.skip("missing_text_field", f"null {text_field!r}", number)
+        elif not text.strip():
+            reading.skip("empty", "empty text", number)
+        else:
+            yield Piece(number, text)
+
+
 def group_spans(source: SourceFile, format: str, sizes: list[int], target: int) -> list[Span]:
     """Spans over runs of a file's pieces (row groups, record batches) of about `target` bytes
     each; `sizes` are the pieces' own sizes, scaled so that the spans add up to the file's."""

@@ -9,7 +9,7 @@ is skipped by row.
 """
 from __future__ import annotations
 
-from .base import Piece, Probe, Reading, SourceFile, Span, group_spans
+from .base import Probe, Reading, SourceFile, Span, column_pieces, group_spans
 
 NAME = "parquet"
 MAGIC = b"PAR1"
@@ -73,14 +73,9 @@ def read(span: Span, text_field: str, reading: Reading):
         batches = parquet.iter_batches(batch_size=BATCH_ROWS, row_groups=range(span.start, span.end),
                                        columns=[text_field], use_threads=False)
         for batch in batches:
-            for text in batch.column(0).to_pylist():
-                number += 1
-                if text is None:
-                    reading.skip("missing_text_field", f"null {text_field!r}", number)
-                elif not text.strip():
-                    reading.skip("empty", "empty text", number)
-                else:
-                    yield Piece(number, text)
+            values = batch.column(0).to_pylist()
+            yield from column_pieces(values, number, text_field, reading)
+            number += len(values)
     except _errors() as exc:
         reading.skip("bad_parquet", f"unreadable after row {number} of row groups "
                                     f"{span.start}..{span.end - 1} ({exc})")
