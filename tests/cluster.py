@@ -831,6 +831,11 @@ def _netns_pids(netns: str) -> list[int]:
     return [int(p) for p in out.split() if p.isdigit()]
 
 
+def trainer_pids(netns: str) -> list[int]:
+    """The ranks (python -m trainer, not their agent) running in one host's network namespace."""
+    return [pid for pid in _netns_pids(netns) if _cmdline(pid)[1:3] == ["-m", "trainer"]]
+
+
 def _wait_for_ssh(address: str, log: Path, timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
     last = None

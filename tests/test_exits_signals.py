@@ -92,6 +92,19 @@ def clean(out: str, err: str) -> None:
     assert "Traceback" not in out + err and "KeyboardInterrupt" not in err, err[-3000:]
 
 
+def interrupted_run(proc: subprocess.Popen, work: Path, task: str, signum: int) -> tuple[Path, str]:
+    """(the run, stderr) of a task a stop signal ended: exit 128+N, "TASK interrupted (SIGX)" said, the
+    run recorded interrupted with that status, and nothing of its process group left."""
+    code, out, err = ended(proc)
+    clean(out, err)
+    (run,) = runs(work)
+    assert code == 128 + signum and f"{task} interrupted ({NAME[signum]})" in err, err[-3000:]
+    md = metadata(run)
+    assert md["status"] == "interrupted" and md["exit_code"] == code
+    assert group_gone(proc.pid)
+    return run, err
+
+
 def sets(*items: str) -> list[str]:
     return [arg for item in items for arg in ("--set", item)]
 
@@ -304,20 +317,14 @@ def test_a_signal_during_a_benchmark_records_it_interrupted(tmp_path, signum, gr
         return any(log.is_file() and "products," in log.read_text() for log in logs)
     assert wait_until(progressing, proc, timeout=120, pause=0.1), "no progress line in 120 s"
     send(proc, signum, group)
-    code, out, err = ended(proc)
-    clean(out, err)
-    (run,) = runs(tmp_path)
-    assert code == 128 + signum, err[-3000:]
+    run, err = interrupted_run(proc, tmp_path, "bench.gemm", signum)
     assert f"bench.gemm interrupted ({NAME[signum]})\nrun directory: {run}" in err
     assert re.search(r"gemm on the CPU: about .+ per product, 10000005 products \(5 warm-up, 10000000 timed\): "
                      r"about .+ in all", err) and re.search(r"gemm: \d+/10000005 products, .+, about .+ left", err)
-    md = metadata(run)
-    assert md["status"] == "interrupted" and md["exit_code"] == code
-    assert md["error"] == f"interrupted ({NAME[signum]})"
+    assert metadata(run)["error"] == f"interrupted ({NAME[signum]})"
     listed = subprocess.run([str(INV), "snapshot.list", "--json"], cwd=tmp_path, env=environ(tmp_path),
                             capture_output=True, text=True, timeout=120)
     assert [r["status"] for r in json.loads(listed.stdout)] == ["interrupted"]      # not "lost"
-    assert group_gone(proc.pid)
 
 
 @pytest.mark.parametrize("signum, group", [(signal.SIGTERM, False), (signal.SIGINT, True)])
@@ -331,12 +338,7 @@ def test_a_signal_during_a_launched_benchmark_records_it_interrupted(tmp_path, s
     assert wait_until(launched, proc, timeout=120)
     time.sleep(3)       # the ranks import torch, then measure: either way the same end
     send(proc, signum, group)
-    code, out, err = ended(proc)
-    clean(out, err)
-    (run,) = runs(tmp_path)
-    assert code == 128 + signum and f"bench.allreduce interrupted ({NAME[signum]})" in err, err[-3000:]
-    assert metadata(run)["status"] == "interrupted" and metadata(run)["exit_code"] == code
-    assert group_gone(proc.pid)
+    interrupted_run(proc, tmp_path, "bench.allreduce", signum)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR2])
@@ -345,12 +347,7 @@ def test_a_signal_during_preflight_records_it_interrupted(tmp_path, signum):
     proc = start(tmp_path, "preflight.all", "--patch", str(hook))
     assert wait_until(started.exists, proc, timeout=120)
     send(proc, signum)
-    code, out, err = ended(proc)
-    clean(out, err)
-    (run,) = runs(tmp_path)
-    assert code == 128 + signum and f"preflight.all interrupted ({NAME[signum]})" in err, err[-3000:]
-    assert metadata(run)["status"] == "interrupted" and metadata(run)["exit_code"] == code
-    assert group_gone(proc.pid)
+    interrupted_run(proc, tmp_path, "preflight.all", signum)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

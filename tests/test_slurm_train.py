@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster import _cmdline, _netns_pids
+from cluster import trainer_pids
 from small_training import train_args, train_losses
 from trainer.files import seal
 
@@ -75,11 +75,6 @@ def test_two_nodes_in_an_allocation_train_like_one_node(slurm_cluster, dataset, 
     md = json.loads((again / "metadata.json").read_text())
     assert (md["status"], md["hosts"], md["world_size"], md["replay_of"]) == ("ok", ["node1", "node2"], 4, str(run))
     assert train_losses(again) == losses
-
-
-def _trainer_pids(netns: str) -> list[int]:
-    """The ranks (python -m trainer, not their agent) running in one node's namespace."""
-    return [pid for pid in _netns_pids(netns) if _cmdline(pid)[1:3] == ["-m", "trainer"]]
 
 
 def _wait_for(predicate, timeout, what):
@@ -174,7 +169,7 @@ def test_a_node_whose_ranks_die_ends_the_job_and_is_named(slurm_cluster, dataset
     try:
         _wait_for(lambda: _steps_done(tmp_path) >= 3, 300, "three steps")
         node2 = slurm_cluster.hosts[1]
-        victims = _trainer_pids(node2.netns)
+        victims = trainer_pids(node2.netns)
         assert victims, "no trainer processes found on node2"
         killed = time.monotonic()
         for pid in victims:

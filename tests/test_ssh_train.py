@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from cluster import _cmdline, _netns_pids
+from cluster import _cmdline, _netns_pids, trainer_pids
 from small_training import train_args, train_losses
 from process_utils import start_as_from_a_terminal, wait_until
 from runtime.runs.nodes import failing
@@ -196,17 +196,12 @@ def test_ctrl_c_checkpoints_on_every_host(hosts, dataset):
         assert json.loads((run / "logs" / f"agent-{node}.json").read_text())["exit_code"] == 130
 
 
-def _trainer_pids(netns: str) -> list[int]:
-    """The ranks (python -m trainer, not their agent) running in one host's namespace."""
-    return [pid for pid in _netns_pids(netns) if _cmdline(pid)[1:3] == ["-m", "trainer"]]
-
-
 def test_a_host_whose_ranks_die_ends_the_job_and_is_named(hosts, dataset):
     proc = hosts.start(hosts.up, "train.pretrain", "--nproc", "2", "--name", "dies", *train_args(dataset, steps=100000))
     try:
         assert wait_until(lambda: _steps_done(hosts.runs, "*_dies") >= 3, proc, timeout=300), \
             proc.communicate(timeout=60)
-        victims = _trainer_pids(hosts.netns[1])
+        victims = trainer_pids(hosts.netns[1])
         assert victims, "no trainer processes found on the second host"
         killed = time.monotonic()
         for pid in victims:
