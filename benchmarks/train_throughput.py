@@ -31,13 +31,15 @@ columns of BENCHMARKS.md).
 
 Variant names:
   hf, hf_liger
-  Anvil:      {eager|compile|kernels|compile_kernels}[_fp32][_fp8|_fp8rw]
+  Anvil:      {eager|compile|kernels|compile_kernels}[_fp32][_fp8|_fp8rw|_fp8ref]
   torchtitan: titan_{eager|compile}[_fp32][_fp8|_fp8rw]
 _fp32: fp32 master weights (+ bf16 autocast, or FSDP2's bf16 mixed precision)
 instead of bf16 weights; _fp8 / _fp8rw: FP8 linear layers, torchao float8
 tensorwise / rowwise (Anvil: precision.fp8; torchtitan: its float8 converter,
 with float8 all-gather and precomputed scales under FSDP for tensorwise; the
-output head stays bf16 in both).
+output head stays bf16 in both). With --kernels and tensorwise, RMSNorm and
+SwiGLU write the FP8 linears' inputs as float8 themselves; _fp8ref is the same
+run with torchao casting them (precision.fp8_fused=false), the reference path.
 
 --quality trains each variant on a real prepared dataset (--data) for --steps
 and compares every loss curve with the first variant's: final and mean loss
@@ -64,7 +66,7 @@ FIRST_MEASURED_STEP = 4
 GIB = 1024 ** 3
 ANVIL_BASES = ("eager", "compile", "kernels", "compile_kernels")
 TITAN_BASES = ("titan_eager", "titan_compile")
-FP8_SUFFIXES = {"fp8": "tensorwise", "fp8rw": "rowwise"}
+FP8_SUFFIXES = {"fp8": "tensorwise", "fp8rw": "rowwise", "fp8ref": "tensorwise"}
 # Kept off on these machines whatever the caller's environment says (NVLink multicast can
 # take a shared host's GPUs out of service).
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -114,23 +116,23 @@ def parse_variant(name: str) -> dict:
     kernels: True, params: fp32, fp8: tensorwise}; ValueError for an unknown name."""
     if name in ("hf", "hf_liger"):
         return {"family": "hf", "base": name, "compile": False, "kernels": name == "hf_liger",
-                "params": "bf16", "fp8": "off"}
+                "params": "bf16", "fp8": "off", "fp8_fused": True}
     bases = sorted(ANVIL_BASES + TITAN_BASES, key=len, reverse=True)
     base = next((b for b in bases if name == b or name.startswith(b + "_")), None)
     if base is None:
         raise ValueError(f"unknown variant {name!r}")
-    params, fp8 = "bf16", "off"
+    params, fp8, fused = "bf16", "off", True
+    family = "titan" if base.startswith("titan_") else "anvil"
     for token in filter(None, name[len(base):].split("_")):
         if token == "fp32" and params == "bf16" and fp8 == "off":
             params = "fp32"
-        elif token in FP8_SUFFIXES and fp8 == "off":
-            fp8 = FP8_SUFFIXES[token]
+        elif token in FP8_SUFFIXES and fp8 == "off" and not (token == "fp8ref" and family == "titan"):
+            fp8, fused = FP8_SUFFIXES[token], token != "fp8ref"
         else:
             raise ValueError(f"variant {name!r}: unexpected suffix {token!r} "
-                             "(allowed, in this order: _fp32, then _fp8 or _fp8rw)")
-    family = "titan" if base.startswith("titan_") else "anvil"
+                             "(allowed, in this order: _fp32, then _fp8, _fp8rw or, Anvil only, _fp8ref)")
     return {"family": family, "base": base, "compile": "compile" in base,
-            "kernels": base.endswith("kernels"), "params": params, "fp8": fp8}
+            "kernels": base.endswith("kernels"), "params": params, "fp8": fp8, "fp8_fused": fused}
 
 
 def flops_for_shape(cfg) -> tuple[int, int]:
@@ -255,6 +257,8 @@ def anvil_argv(args, variant: str, run_dir: Path, steps: int | None = None) -> l
             f"precision.params={spec['params']}", *args.sets]
     if spec["fp8"] != "off":  # (a bare `off` is YAML 1.1's false: leave the config's default)
         sets.append(f"precision.fp8={spec['fp8']}")
+    if not spec["fp8_fused"]:
+        sets.append("precision.fp8_fused=false")
     argv = [*_launcher(args), "-m", "trainer", "--config", args.config, "--run-dir", str(run_dir)]
     for item in sets:
         argv += ["--set", item]

@@ -70,6 +70,58 @@ def _patch_trainer(model: nn.Module, rms: bool, rope: bool, mlp: bool, loss: boo
     return done
 
 
+def _trainer_rms_norm_float8_forward(self, x: torch.Tensor) -> torch.Tensor:
+    from kernels.rms_norm import rms_norm_float8
+
+    return rms_norm_float8(x, self.weight.to(x.dtype), self.eps, self._anvil_float8_target)
+
+
+def _swiglu_float8_for(target, grad_target):
+    from kernels.swiglu import swiglu_float8
+
+    return lambda gate, up: swiglu_float8(gate, up, target, grad_target)
+
+
+def _shared_target(*linears):
+    """The Float8Target all `linears` take (tensorwise torchao Float8Linear), else None."""
+    from kernels.float8 import target_of
+
+    targets = {target_of(lin) for lin in linears}
+    return targets.pop() if len(targets) == 1 else None
+
+
+def patch_float8_inputs(model: nn.Module) -> list[str]:
+    """After torchao's float8 conversion of a patched trainer Llama: each decoder layer's two RMSNorms
+    and its SwiGLU write their Float8Linear consumers' input as float8 themselves, and SwiGLU's
+    backward the output gradients of gate and up (kernels/float8.py).
+
+    A site is left as it is unless every linear it feeds is a tensorwise Float8Linear of one config
+    (rowwise scales, an unconverted layer). Returns what was patched, one entry per site.
+    """
+    if not _is_trainer_llama(model):
+        raise TypeError(f"kernels.patch_float8_inputs: {type(model).__name__} is not trainer.model.Transformer")
+    done = []
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        for norm, consumers in ((layer.input_layernorm, (attn.q_proj, attn.k_proj, attn.v_proj)),
+                                (layer.post_attention_layernorm, (mlp.gate_proj, mlp.up_proj))):
+            target = _shared_target(*consumers)
+            if target is not None and hasattr(norm, "eps"):
+                norm._anvil_float8_target = target
+                norm.forward = types.MethodType(_trainer_rms_norm_float8_forward, norm)
+                done.append("rms_norm_float8")
+        target = _shared_target(mlp.down_proj)
+        if target is not None:
+            grad_target = _shared_target(mlp.gate_proj, mlp.up_proj)
+            if grad_target is not None and grad_target.grad_dtype is None:
+                grad_target = None
+            mlp.act_fn = _swiglu_float8_for(target, grad_target)
+            done.append("swiglu_float8")
+            if grad_target is not None:
+                done.append("swiglu_float8_grads")
+    return done
+
+
 # --- transformers' LlamaForCausalLM -------------------------------------------------------------
 
 def _hf_rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import arch
+from kernels import arch, float8
 
 
 @triton.jit
@@ -55,12 +55,75 @@ def _rms_norm_fwd_kernel(
     col_mask = cols < n_cols
     mask = row_mask[:, None] & col_mask[None, :]
     x = _load(X + rows[:, None] * stride_x + cols[None, :], mask, EVICT).to(tl.float32)
-    rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
-    # LlamaRMSNorm rounds the normalized x to the input dtype before the weight.
-    x_hat = (x * rstd[:, None]).to(X.dtype.element_ty).to(tl.float32)
+    rstd = _rstd(x, n_cols, eps)
     w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
-    _store(Y + rows[:, None] * stride_y + cols[None, :], (x_hat * w[None, :]).to(Y.dtype.element_ty), mask, EVICT)
+    _store(Y + rows[:, None] * stride_y + cols[None, :], _normed(x, rstd, w, X.dtype.element_ty, Y.dtype.element_ty),
+           mask, EVICT)
     tl.store(RSTD + rows, rstd, mask=row_mask)
+
+
+@triton.jit
+def _rstd(x, n_cols, eps):
+    return tl.math.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
+
+
+@triton.jit
+def _normed(x, rstd, w, X_DTYPE: tl.constexpr, Y_DTYPE: tl.constexpr):
+    """y of a [ROWS, BLOCK] tile of fp32 x, in Y_DTYPE. LlamaRMSNorm rounds the normalized x to the
+    input dtype before the weight."""
+    x_hat = (x * rstd[:, None]).to(X_DTYPE).to(tl.float32)
+    return (x_hat * w[None, :]).to(Y_DTYPE)
+
+
+# --- float8 output (kernels/float8.py): an amax pass, then a cast pass ------------------------------
+
+@triton.jit
+def _rms_norm_amax_kernel(
+    X, W, RSTD, AMAX, n_rows, n_cols, stride_x, eps,
+    Y_DTYPE: tl.constexpr, V_DTYPE: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
+):
+    """Persistent: rstd of every row, and max |y| over all rows folded into AMAX (one atomic per program)."""
+    pid = tl.program_id(0)
+    n_programs = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK)
+    col_mask = cols < n_cols
+    w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
+    amax = tl.zeros([ROWS], dtype=tl.float32)
+    for i in range(0, tl.cdiv(tl.cdiv(n_rows, ROWS) - pid, n_programs)):
+        rows = (pid + i * n_programs).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        row_mask = rows < n_rows
+        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=row_mask[:, None] & col_mask[None, :],
+                    other=0.0).to(tl.float32)
+        rstd = _rstd(x, n_cols, eps)
+        y = _normed(x, rstd, w, X.dtype.element_ty, Y_DTYPE).to(V_DTYPE).to(tl.float32)
+        amax = tl.maximum(amax, tl.max(tl.abs(y), axis=1))   # masked columns and rows are 0
+        tl.store(RSTD + rows, rstd, mask=row_mask)
+    tl.atomic_max(AMAX, tl.max(amax, axis=0), sem="relaxed")
+
+
+@triton.jit
+def _rms_norm_float8_kernel(
+    X, W, RSTD, AMAX, Q, SCALE, n_rows, n_cols, stride_x,
+    Y_DTYPE: tl.constexpr, V_DTYPE: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
+    FP8_MAX: tl.constexpr, FP8_MIN_NORMAL: tl.constexpr, FP8_MANTISSA: tl.constexpr, ROUND_IN_KERNEL: tl.constexpr,
+):
+    """y again from x and the stored rstd, written as float8 with the tensor's scale."""
+    pid = tl.program_id(0)
+    rows = pid.to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK)
+    row_mask = rows < n_rows
+    col_mask = cols < n_cols
+    mask = row_mask[:, None] & col_mask[None, :]
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+    w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
+    y = _normed(x, rstd, w, X.dtype.element_ty, Y_DTYPE).to(V_DTYPE)
+    scale = float8.scale_of(AMAX, FP8_MAX)
+    tl.store(Q + rows[:, None] * n_cols + cols[None, :],
+             float8.to_float8_grid(y, scale, FP8_MAX, FP8_MIN_NORMAL, FP8_MANTISSA, ROUND_IN_KERNEL)
+             .to(Q.dtype.element_ty), mask=mask)
+    if pid == 0:
+        tl.store(SCALE, scale)
 
 
 @triton.jit
@@ -229,6 +292,32 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.T
     return y, rstd
 
 
+def _forward_float8(x: torch.Tensor, weight: torch.Tensor, eps: float, fp8_dtype: torch.dtype,
+                    value_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y as float8 [..., H], its float32 scale [], rstd [rows]); y rounded to value_dtype before scaling."""
+    n_cols = x.shape[-1]
+    x2 = _as_rows(x, n_cols)
+    n_rows = x2.shape[0]
+    y_dtype = torch.promote_types(x.dtype, weight.dtype)
+    q = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
+    rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    amax, scale = float8.amax_and_scale(x.device)
+    if n_rows == 0:
+        scale.fill_(torch.finfo(fp8_dtype).max / float8.EPS)
+        return q, scale, rstd
+    p = _config(x.device, n_cols)
+    a = arch.detect(x.device)
+    w = weight.contiguous()
+    types = dict(Y_DTYPE=float8.to_triton(y_dtype), V_DTYPE=float8.to_triton(value_dtype))
+    _rms_norm_amax_kernel[(arch.persistent_grid(a, triton.cdiv(n_rows, p.fwd_rows)),)](
+        x2, w, rstd, amax, n_rows, n_cols, x2.stride(0), eps,
+        BLOCK=p.block, ROWS=p.fwd_rows, num_warps=p.fwd_warps, **types)
+    _rms_norm_float8_kernel[(triton.cdiv(n_rows, p.fwd_rows),)](
+        x2, w, rstd, amax, q, scale, n_rows, n_cols, x2.stride(0),
+        BLOCK=p.block, ROWS=p.fwd_rows, num_warps=p.fwd_warps, **types, **float8.constants(fp8_dtype))
+    return q, scale, rstd
+
+
 # Shared memory left for the pipelined loop's tiles after the kernel's own reductions.
 _SMEM_MARGIN = 4096
 
@@ -344,6 +433,42 @@ def _op_backward(ctx, dy, _drstd):
 
 
 rms_norm_fwd_op.register_autograd(_op_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("anvil::rms_norm_float8_fwd", mutates_args=())
+def rms_norm_float8_fwd_op(x: torch.Tensor, weight: torch.Tensor, eps: float, fp8_dtype: torch.dtype,
+                           value_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _forward_float8(x, weight, eps, fp8_dtype, value_dtype)
+
+
+@rms_norm_float8_fwd_op.register_fake
+def _(x, weight, eps, fp8_dtype, value_dtype):
+    _check(x, weight)
+    n_rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return (x.new_empty(x.shape, dtype=fp8_dtype), x.new_empty((), dtype=torch.float32),
+            x.new_empty((n_rows,), dtype=torch.float32))
+
+
+@torch._dynamo.allow_in_graph   # like torchao's float8 matmul: AOTAutograd traces the subclass it returns
+class _RMSNormFloat8Function(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps, target):
+        y_dtype = torch.promote_types(x.dtype, weight.dtype)
+        q, scale, rstd = torch.ops.anvil.rms_norm_float8_fwd(x, weight, eps, target.dtype, float8.value_dtype(y_dtype))
+        ctx.save_for_backward(x, weight, rstd)
+        return float8.as_gemm_input(q, scale, y_dtype, target)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, rstd = ctx.saved_tensors
+        dx, dw = torch.ops.anvil.rms_norm_bwd(dy, x, weight, rstd)
+        return dx, dw, None, None
+
+
+def rms_norm_float8(x: torch.Tensor, weight: torch.Tensor, eps: float, target: float8.Float8Target) -> torch.Tensor:
+    """rms_norm(x, weight, eps) as the float8 input of a tensorwise Float8Linear (kernels/float8.py)."""
+    _check(x, weight)
+    return _RMSNormFloat8Function.apply(x, weight, eps, target)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

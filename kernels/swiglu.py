@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import arch
+from kernels import arch, float8
 
 
 @triton.jit
@@ -21,7 +21,48 @@ def _swiglu_fwd_kernel(G, U, OUT, n, BLOCK: tl.constexpr):
     mask = offs < n
     g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(U + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(OUT + offs, (g * tl.sigmoid(g) * u).to(OUT.dtype.element_ty), mask=mask)
+    tl.store(OUT + offs, _silu_mul(g, u).to(OUT.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _silu_mul(g, u):
+    return g * tl.sigmoid(g) * u
+
+
+# --- float8 output (kernels/float8.py): an amax pass, then a cast pass ------------------------------
+
+@triton.jit
+def _swiglu_amax_kernel(G, U, AMAX, n, V_DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+    """Persistent: max |silu(g) * u| (rounded as the plain kernel's output) folded into AMAX."""
+    pid = tl.program_id(0)
+    n_programs = tl.num_programs(0)
+    amax = tl.zeros([BLOCK], dtype=tl.float32)
+    for i in range(0, tl.cdiv(tl.cdiv(n, BLOCK) - pid, n_programs)):
+        offs = (pid + i * n_programs).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(U + offs, mask=mask, other=0.0).to(tl.float32)
+        h = _silu_mul(g, u).to(G.dtype.element_ty).to(V_DTYPE).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(h))   # masked lanes are silu(0) * 0 = 0
+    tl.atomic_max(AMAX, tl.max(amax, axis=0), sem="relaxed")
+
+
+@triton.jit
+def _swiglu_float8_kernel(
+    G, U, AMAX, Q, SCALE, n, V_DTYPE: tl.constexpr, BLOCK: tl.constexpr,
+    FP8_MAX: tl.constexpr, FP8_MIN_NORMAL: tl.constexpr, FP8_MANTISSA: tl.constexpr, ROUND_IN_KERNEL: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(U + offs, mask=mask, other=0.0).to(tl.float32)
+    h = _silu_mul(g, u).to(G.dtype.element_ty).to(V_DTYPE)
+    scale = float8.scale_of(AMAX, FP8_MAX)
+    tl.store(Q + offs, float8.to_float8_grid(h, scale, FP8_MAX, FP8_MIN_NORMAL, FP8_MANTISSA, ROUND_IN_KERNEL)
+             .to(Q.dtype.element_ty), mask=mask)
+    if pid == 0:
+        tl.store(SCALE, scale)
 
 
 @triton.jit
@@ -31,10 +72,60 @@ def _swiglu_bwd_kernel(DOUT, G, U, DG, DU, n, BLOCK: tl.constexpr):
     dout = tl.load(DOUT + offs, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(U + offs, mask=mask, other=0.0).to(tl.float32)
+    dg, du = _silu_mul_grads(dout, g, u)
+    tl.store(DU + offs, du.to(DU.dtype.element_ty), mask=mask)
+    tl.store(DG + offs, dg.to(DG.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _silu_mul_grads(dout, g, u):
+    """(d gate, d up) in fp32."""
     sig = tl.sigmoid(g)
     silu = g * sig
-    tl.store(DU + offs, (dout * silu).to(DU.dtype.element_ty), mask=mask)
-    tl.store(DG + offs, (dout * u * (sig + silu * (1.0 - sig))).to(DG.dtype.element_ty), mask=mask)
+    return dout * u * (sig + silu * (1.0 - sig)), dout * silu
+
+
+@triton.jit
+def _swiglu_bwd_amax_kernel(DOUT, G, U, AMAX_G, AMAX_U, n, BLOCK: tl.constexpr):
+    """Persistent: max |d gate| and max |d up| (rounded as the plain backward's outputs) into AMAX_G, AMAX_U."""
+    pid = tl.program_id(0)
+    n_programs = tl.num_programs(0)
+    amax_g = tl.zeros([BLOCK], dtype=tl.float32)
+    amax_u = tl.zeros([BLOCK], dtype=tl.float32)
+    for i in range(0, tl.cdiv(tl.cdiv(n, BLOCK) - pid, n_programs)):
+        offs = (pid + i * n_programs).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        dout = tl.load(DOUT + offs, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(U + offs, mask=mask, other=0.0).to(tl.float32)
+        dg, du = _silu_mul_grads(dout, g, u)
+        amax_g = tl.maximum(amax_g, tl.abs(dg.to(G.dtype.element_ty).to(tl.float32)))
+        amax_u = tl.maximum(amax_u, tl.abs(du.to(G.dtype.element_ty).to(tl.float32)))
+    tl.atomic_max(AMAX_G, tl.max(amax_g, axis=0), sem="relaxed")
+    tl.atomic_max(AMAX_U, tl.max(amax_u, axis=0), sem="relaxed")
+
+
+@triton.jit
+def _swiglu_bwd_float8_kernel(
+    DOUT, G, U, AMAX_G, AMAX_U, QG, QU, SCALE_G, SCALE_U, n, BLOCK: tl.constexpr,
+    FP8_MAX: tl.constexpr, FP8_MIN_NORMAL: tl.constexpr, FP8_MANTISSA: tl.constexpr, ROUND_IN_KERNEL: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    dout = tl.load(DOUT + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(U + offs, mask=mask, other=0.0).to(tl.float32)
+    dg, du = _silu_mul_grads(dout, g, u)
+    scale_g = float8.scale_of(AMAX_G, FP8_MAX)
+    scale_u = float8.scale_of(AMAX_U, FP8_MAX)
+    tl.store(QG + offs, float8.to_float8_grid(dg.to(G.dtype.element_ty), scale_g, FP8_MAX, FP8_MIN_NORMAL,
+                                              FP8_MANTISSA, ROUND_IN_KERNEL).to(QG.dtype.element_ty), mask=mask)
+    tl.store(QU + offs, float8.to_float8_grid(du.to(G.dtype.element_ty), scale_u, FP8_MAX, FP8_MIN_NORMAL,
+                                              FP8_MANTISSA, ROUND_IN_KERNEL).to(QU.dtype.element_ty), mask=mask)
+    if pid == 0:
+        tl.store(SCALE_G, scale_g)
+        tl.store(SCALE_U, scale_u)
 
 
 def _check(gate: torch.Tensor, up: torch.Tensor) -> None:
@@ -66,6 +157,49 @@ def _backward(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple
         block, warps = arch.elementwise_config(arch.detect(gate.device))
         _swiglu_bwd_kernel[_grid(n, block)](dout, gate, up, d_gate, d_up, n, BLOCK=block, num_warps=warps)
     return d_gate, d_up
+
+
+def _forward_float8(gate: torch.Tensor, up: torch.Tensor, fp8_dtype: torch.dtype,
+                    value_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(silu(gate) * up as float8, its float32 scale []); rounded to the input dtype, then value_dtype."""
+    gate, up = gate.contiguous(), up.contiguous()
+    q = torch.empty(gate.shape, dtype=fp8_dtype, device=gate.device)
+    amax, scale = float8.amax_and_scale(gate.device)
+    n = gate.numel()
+    if n == 0:
+        scale.fill_(torch.finfo(fp8_dtype).max / float8.EPS)
+        return q, scale
+    a = arch.detect(gate.device)
+    block, warps = arch.elementwise_config(a)
+    v = float8.to_triton(value_dtype)
+    _swiglu_amax_kernel[(arch.persistent_grid(a, triton.cdiv(n, block)),)](
+        gate, up, amax, n, V_DTYPE=v, BLOCK=block, num_warps=warps)
+    _swiglu_float8_kernel[_grid(n, block)](gate, up, amax, q, scale, n, V_DTYPE=v, BLOCK=block, num_warps=warps,
+                                           **float8.constants(fp8_dtype))
+    return q, scale
+
+
+def _backward_float8(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, fp8_dtype: torch.dtype
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(d gate, d up as float8, their float32 scales [2]); each rounded to gate's dtype before scaling."""
+    dout, gate, up = dout.contiguous(), gate.contiguous(), up.contiguous()
+    qg = torch.empty(gate.shape, dtype=fp8_dtype, device=gate.device)
+    qu = torch.empty(gate.shape, dtype=fp8_dtype, device=gate.device)
+    buf = torch.zeros(8, dtype=torch.float32, device=gate.device)   # amaxes, then the scales 16 bytes in
+    amax_g, amax_u, scales = buf[0], buf[1], buf[4:6]
+    scale_g, scale_u = scales[0], scales[1]
+    n = gate.numel()
+    if n == 0:
+        scales.fill_(torch.finfo(fp8_dtype).max / float8.EPS)
+        return qg, qu, scales
+    a = arch.detect(gate.device)
+    block, warps = arch.elementwise_config(a)
+    _swiglu_bwd_amax_kernel[(arch.persistent_grid(a, triton.cdiv(n, block)),)](
+        dout, gate, up, amax_g, amax_u, n, BLOCK=block, num_warps=warps)
+    _swiglu_bwd_float8_kernel[_grid(n, block)](
+        dout, gate, up, amax_g, amax_u, qg, qu, scale_g, scale_u, n, BLOCK=block, num_warps=warps,
+        **float8.constants(fp8_dtype))
+    return qg, qu, scales
 
 
 class _SwiGLUFunction(torch.autograd.Function):
@@ -114,6 +248,63 @@ def _op_backward(ctx, dout):
 
 
 swiglu_fwd_op.register_autograd(_op_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("anvil::swiglu_float8_fwd", mutates_args=())
+def swiglu_float8_fwd_op(gate: torch.Tensor, up: torch.Tensor, fp8_dtype: torch.dtype,
+                         value_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    return _forward_float8(gate, up, fp8_dtype, value_dtype)
+
+
+@swiglu_float8_fwd_op.register_fake
+def _(gate, up, fp8_dtype, value_dtype):
+    _check(gate, up)
+    return gate.new_empty(gate.shape, dtype=fp8_dtype), gate.new_empty((), dtype=torch.float32)
+
+
+@torch.library.custom_op("anvil::swiglu_float8_bwd", mutates_args=())
+def swiglu_float8_bwd_op(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, fp8_dtype: torch.dtype
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward_float8(dout, gate, up, fp8_dtype)
+
+
+@swiglu_float8_bwd_op.register_fake
+def _(dout, gate, up, fp8_dtype):
+    return (gate.new_empty(gate.shape, dtype=fp8_dtype), gate.new_empty(gate.shape, dtype=fp8_dtype),
+            gate.new_empty((2,), dtype=torch.float32))
+
+
+@torch._dynamo.allow_in_graph   # like torchao's float8 matmul: AOTAutograd traces the subclass it returns
+class _SwiGLUFloat8Function(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate, up, target, grad_target):
+        q, scale = torch.ops.anvil.swiglu_float8_fwd(gate, up, target.dtype, float8.value_dtype(gate.dtype))
+        ctx.save_for_backward(gate, up)
+        ctx.grad_target = grad_target
+        return float8.as_gemm_input(q, scale, gate.dtype, target)
+
+    @staticmethod
+    def backward(ctx, dout):
+        gate, up = ctx.saved_tensors
+        t = ctx.grad_target
+        if t is None:
+            d_gate, d_up = torch.ops.anvil.swiglu_bwd(dout, gate, up)
+            return d_gate, d_up, None, None
+        qg, qu, scales = torch.ops.anvil.swiglu_float8_bwd(dout, gate, up, t.grad_dtype)
+        return (float8.as_gemm_input(qg, scales[0], gate.dtype, t, gradient=True),
+                float8.as_gemm_input(qu, scales[1], gate.dtype, t, gradient=True), None, None)
+
+
+def swiglu_float8(gate: torch.Tensor, up: torch.Tensor, target: float8.Float8Target,
+                  grad_target: float8.Float8Target | None = None) -> torch.Tensor:
+    """swiglu(gate, up) as the float8 input of a tensorwise Float8Linear (kernels/float8.py).
+
+    `grad_target`: the Float8Target of the layers that made gate and up (it needs a grad_dtype); the
+    backward then hands them their output gradients as float8 too, instead of bf16."""
+    _check(gate, up)
+    if grad_target is not None and grad_target.grad_dtype is None:
+        raise ValueError("swiglu_float8: grad_target has no tensorwise gradient cast (grad_dtype is None)")
+    return _SwiGLUFloat8Function.apply(gate, up, target, grad_target)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,8 @@ DATA = Path(__file__).resolve().parent / "traces"
     # NVIDIA H100/H200: cuBLAS, cuDNN, NCCL (BENCHMARKS.md's H200 traces, benchmarks/train_throughput.py)
     ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTN", "gemm"),
     ("nvjet_sm90_qqtst_128x128_128x6_2x1_v_bz_ovscale_TNT", "gemm_fp8"),
+    ("nvjet_sm90_qrtst_128x160_128x5_1x2_h_bz_coopA_algo2_TNT", "gemm_fp8"),   # backward: an e5m2 gradient
+    ("nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_TNT", "gemm"),
     ("sm90_xmma_gemm_e4m3e4m3_bf16_f32_tn_n_tilesize128x128x64", "gemm_fp8"),
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1_execute_segment_k_off", "gemm"),
     ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x128_4x1x1_kernel0_0", "attention"),

@@ -12,13 +12,15 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_variant_names():
     assert tt.parse_variant("compile_kernels_fp32_fp8") == {
         "family": "anvil", "base": "compile_kernels", "compile": True, "kernels": True,
-        "params": "fp32", "fp8": "tensorwise"}
+        "params": "fp32", "fp8": "tensorwise", "fp8_fused": True}
+    assert tt.parse_variant("compile_kernels_fp8ref")["fp8_fused"] is False   # torchao's casts: the reference
     assert tt.parse_variant("titan_eager_fp8rw")["fp8"] == "rowwise"
     assert tt.parse_variant("titan_compile")["family"] == "titan"
     assert tt.parse_variant("hf_liger")["family"] == "hf"
     assert tt.parse_variant("kernels") == {"family": "anvil", "base": "kernels", "compile": False,
-                                           "kernels": True, "params": "bf16", "fp8": "off"}
-    for bad in ("kernels_fp8_fp32", "titan", "compile_kernels_bf16", "kernels_fp8_fp8rw"):
+                                           "kernels": True, "params": "bf16", "fp8": "off",
+                                           "fp8_fused": True}
+    for bad in ("kernels_fp8_fp32", "titan", "compile_kernels_bf16", "kernels_fp8_fp8rw", "titan_compile_fp8ref"):
         with pytest.raises(ValueError):
             tt.parse_variant(bad)
 
@@ -42,6 +44,9 @@ def test_anvil_command_line():
     one = tt.anvil_argv(tt.parse_args([]), "kernels", Path("/tmp/r"))
     assert one[1:3] == ["-m", "trainer"] and "--compile" not in one
     assert "precision.fp8" not in " ".join(one)   # off: the config's default, not a YAML `off` (false)
+    ref = " ".join(tt.anvil_argv(args, "compile_kernels_fp8ref", Path("/tmp/r")))
+    assert "precision.fp8=tensorwise" in ref and "precision.fp8_fused=false" in ref
+    assert "fp8_fused" not in joined
 
 
 def test_torchtitan_command_line_follows_anvils_config():

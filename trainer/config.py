@@ -138,6 +138,8 @@ class PrecisionConfig:
     compute: Literal["auto", "bf16", "fp32"] = "auto"   # auto: bf16 on GPU, fp32 on CPU
     params: Literal["fp32", "bf16"] = "fp32"            # bf16 = pure bf16 weights + optimizer
     fp8: Literal["off", "tensorwise", "rowwise"] = "off"  # FP8 linear layers (torchao float8), GPU only
+    fp8_fused: bool = True   # with --kernels and tensorwise: RMSNorm and SwiGLU write the FP8 linears'
+    #                          float8 inputs themselves; false: torchao casts their outputs (the reference)
 
 
 @dataclass

@@ -142,21 +142,28 @@ class Fp8State:
     kept: list[str]
     fsdp_float8_all_gather: bool
     dtypes: tuple[str, str]
+    fused_inputs: list[str] = dataclasses.field(default_factory=list)   # kernels.patch_float8_inputs sites
 
     def describe(self) -> str:
         kept = ", ".join(self.kept) if self.kept else "none"
+        grads = " (and its gradients)" if "swiglu_float8_grads" in self.fused_inputs else ""
+        fused = (f"; float8 inputs written by the kernels: {self.fused_inputs.count('rms_norm_float8')} RMSNorm, "
+                 f"{self.fused_inputs.count('swiglu_float8')} SwiGLU{grads}" if self.fused_inputs else "")
         return (f"fp8 {self.recipe} ({self.dtypes[0]}/{self.dtypes[1]}): {len(self.converted)} Linear "
                 f"layers converted, left unconverted: {kept}; FSDP float8 all-gather "
-                f"{'on' if self.fsdp_float8_all_gather else 'off'}")
+                f"{'on' if self.fsdp_float8_all_gather else 'off'}{fused}")
 
 
 def convert(model: nn.Module, recipe: str, fsdp: bool = False, device: torch.device | None = None,
-            compile: bool = False, emulate: bool = False,
+            compile: bool = False, emulate: bool = False, fuse_inputs: bool = False,
             module_filter: Callable[[nn.Module, str], bool] = convert_filter) -> Fp8State:
     """Swap the model's eligible nn.Linear for torchao Float8Linear, in place.
 
-    `emulate` (tests on CPU only; the trainer never sets it) runs the float8
-    casts with high-precision matmuls, torchao's emulation mode."""
+    `fuse_inputs` (a model patched with our kernels, tensorwise): RMSNorm and
+    SwiGLU then write their Float8Linear's input as float8 with its scale
+    (kernels.patch_float8_inputs), instead of torchao casting their output in
+    passes of its own. `emulate` (tests on CPU only; the trainer never sets it)
+    runs the float8 casts with high-precision matmuls, torchao's emulation mode."""
     from torchao.float8 import convert_to_float8_training
 
     linears = {fqn: m for fqn, m in model.named_modules() if isinstance(m, nn.Linear)}
@@ -169,10 +176,14 @@ def convert(model: nn.Module, recipe: str, fsdp: bool = False, device: torch.dev
         import torch._inductor.config
         torch._inductor.config.emulate_precision_casts = True
     convert_to_float8_training(model, config=config, module_filter_fn=module_filter)
+    fused = []
+    if fuse_inputs and recipe == "tensorwise":   # rowwise: torchao casts again along the other axis anyway
+        from kernels.patch import patch_float8_inputs
+        fused = patch_float8_inputs(model)
     e4m3 = config.cast_config_input.target_dtype
     e5m2 = config.cast_config_grad_output.target_dtype
     return Fp8State(recipe, chosen, _compress(kept), bool(config.enable_fsdp_float8_all_gather),
-                    (str(e4m3).removeprefix("torch.float8_"), str(e5m2).removeprefix("torch.float8_")))
+                    (str(e4m3).removeprefix("torch.float8_"), str(e5m2).removeprefix("torch.float8_")), fused)
 
 
 def after_optimizer_step(model: nn.Module, state: Fp8State | None) -> None:

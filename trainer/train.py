@@ -173,7 +173,8 @@ def build_model(cfg: TrainConfig, info: distributed.DistInfo, log):
     model.fp8_state = None  # read by the loop: FSDP float8 scales after each optimizer step
     if fp8.enabled(cfg):
         model.fp8_state = fp8.convert(model, cfg.precision.fp8, fsdp=use_fsdp, device=info.device,
-                                      compile=cfg.train.compile)
+                                      compile=cfg.train.compile,
+                                      fuse_inputs=cfg.train.kernels and cfg.precision.fp8_fused)
         log.info(model.fp8_state.describe())
     for layer in model.model.layers:
         layer.activation_checkpoint = cfg.train.activation_checkpoint

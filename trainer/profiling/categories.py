@@ -64,10 +64,10 @@ class Rule:
         return bool(self.regex.search(text))
 
 
-# Markers of an FP8 operand in a GEMM's name: cuBLAS (e4m3/e5m2 in xmma and cutlass names, nvjet's
-# "qq" for two quantised operands), hipBLASLt/Tensile (the type section after the layouts: F8, B8,
+# Markers of an FP8 operand in a GEMM's name: cuBLAS (e4m3/e5m2 in xmma and cutlass names; nvjet's
+# operand letters, q for e4m3 and r for e5m2: "qq" forward, "qr" the backward's e5m2 gradients), hipBLASLt/Tensile (the type section after the layouts: F8, B8,
 # F8B8, F8N...), fbgemm/CUTLASS rowwise (f8f8bf16), and the op's own name.
-_FP8 = r"(e4m3|e5m2|fp8|float8|nvjet\w*?_qq|Cijk_[A-Za-z]+_[A-Za-z]+_(F8|B8)|f8f8|_scaled_mm|scaled_gemm)"
+_FP8 = r"(e4m3|e5m2|fp8|float8|nvjet_sm\d+_[qr][qr]|Cijk_[A-Za-z]+_[A-Za-z]+_(F8|B8)|f8f8|_scaled_mm|scaled_gemm)"
 # A GEMM's name: cuBLAS (nvjet, xmma, cutlass and ampere/sm* gemm kernels, gemv, split-K reduce and
 # epilogue helpers), hipBLASLt/rocBLAS (Tensile's Cijk_), Composable Kernel, Triton/Inductor matmul
 # templates, and generic gemm/matmul names.

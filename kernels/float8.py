@@ -1,0 +1,145 @@
+"""Float8 GEMM inputs written by our own kernels (tensorwise scaling, torchao's rule).
+
+torchao's Float8Linear casts its input in kernels of its own: one pass over the
+tensor for its amax, one to scale and cast it. Where the input is the output of
+one of our kernels (RMSNorm before q/k/v and gate/up, SwiGLU before down), that
+kernel does it instead, in two passes over its own inputs:
+
+1. compute the values as the plain kernel does and fold their |max| into one
+   fp32 amax (a persistent grid, one atomic max per program), writing only
+   what the backward needs;
+2. compute them again, scale, saturate and store float8.
+
+The high-precision output is never written or read back, so a norm's output
+costs 2.5 reads of x's bytes instead of 4.5, and SwiGLU's 9 of its output's
+bytes instead of 11 (bf16). The result is torchao's Float8TrainingTensor,
+which Float8Linear takes as already cast: its forward GEMM uses it, and its
+backward reuses the same bytes for the weight gradient (tensorwise scales
+serve both orientations). One tensor feeds q, k and v, where torchao casts
+the norm's output once per layer in eager mode.
+
+The scale is torchao's `amax_to_scale`, bit for bit: fp8_max / max(amax,
+1e-12) in float64, rounded to float32; values are (v in fp32) * scale,
+clamped to +-fp8_max, rounded to nearest even. The values first take the
+dtype torchao's cast would have seen: under autocast, Float8Linear casts its
+input to the autocast dtype before scaling, so the kernels round to it too.
+Tensorwise only: a rowwise weight gradient needs the input scaled along the
+other axis, which is torchao's own cast again.
+
+The same holds backwards: SwiGLU's backward produces the output gradients of
+gate and up, which their Float8Linear casts to e5m2 (an amax pass, a cast
+pass) before both of its backward GEMMs. With a gradient target, SwiGLU's
+backward writes them as e5m2 itself, each with its own scale.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+EPS = 1e-12   # torchao.float8.float8_utils.EPS: the amax floor of its scale
+
+
+@dataclass(frozen=True)
+class Float8Target:
+    """What a consuming Float8Linear expects: its input's float8 dtype, torchao's LinearMMConfig, and
+    its output gradient's float8 dtype where that cast is tensorwise too (else None)."""
+
+    dtype: torch.dtype
+    linear_mm_config: object   # torchao.float8.float8_training_tensor.LinearMMConfig (a NamedTuple)
+    grad_dtype: torch.dtype | None = None
+
+
+def value_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype torchao's cast sees for an output of `dtype`: the autocast dtype when autocast is on."""
+    if torch.is_autocast_enabled() and dtype in (torch.float32, torch.float64):
+        return torch.get_autocast_gpu_dtype()
+    return dtype
+
+
+@functools.lru_cache(maxsize=None)
+def to_triton(dtype: torch.dtype):
+    return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[dtype]
+
+
+def as_gemm_input(data: torch.Tensor, scale: torch.Tensor, orig_dtype: torch.dtype, target: Float8Target,
+                  gradient: bool = False):
+    """torchao's Float8TrainingTensor for a Float8Linear's input, or (gradient) for its output's
+    gradient; tensorwise, so no axiswise dim."""
+    from torchao.float8.float8_training_tensor import Float8TrainingTensor, GemmInputRole
+
+    role = GemmInputRole.GRAD_OUTPUT if gradient else GemmInputRole.INPUT
+    return Float8TrainingTensor(data, scale, orig_dtype, target.linear_mm_config, role, None)
+
+
+def _tensorwise_dynamic(cast, also) -> bool:
+    from torchao.float8.config import ScalingGranularity, ScalingType
+
+    return (cast.scaling_type is ScalingType.DYNAMIC and also == cast
+            and cast.scaling_granularity is ScalingGranularity.TENSORWISE)
+
+
+def target_of(linear) -> Float8Target | None:
+    """The Float8Target of a torchao Float8Linear whose input cast is dynamic and tensorwise, else None."""
+    config = getattr(linear, "config", None)
+    mm = getattr(linear, "linear_mm_config", None)
+    if config is None or mm is None:
+        return None
+    if not _tensorwise_dynamic(config.cast_config_input, config.cast_config_input_for_grad_weight):
+        return None
+    grad = config.cast_config_grad_output
+    grad_dtype = (grad.target_dtype if _tensorwise_dynamic(grad, config.cast_config_grad_output_for_grad_weight)
+                  else None)
+    return Float8Target(config.cast_config_input.target_dtype, mm, grad_dtype)
+
+
+def amax_and_scale(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A zeroed fp32 amax and the scale's slot, in one allocation and one memset; the scale 16 bytes
+    in (Inductor asserts that a custom op's outputs are aligned)."""
+    buf = torch.zeros(8, dtype=torch.float32, device=device)
+    return buf[0], buf[4]
+
+
+@triton.jit
+def scale_of(AMAX, FP8_MAX: tl.constexpr):
+    """torchao's amax_to_scale: FP8_MAX / max(amax, EPS) in float64, rounded to float32."""
+    amax = tl.load(AMAX).to(tl.float64)
+    return (FP8_MAX / tl.maximum(amax, 1e-12)).to(tl.float32)
+
+
+# Triton's interpreter rounds float8 casts half-up and drops the carry out of the mantissa (31.7
+# becomes 16, not 32). Under it, the kernels round to the float8 grid themselves (round to
+# nearest even, as the hardware's cvt does), so the cast that follows is exact; on a GPU the
+# hardware conversion rounds.
+ROUND_IN_KERNEL = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@functools.lru_cache(maxsize=None)
+def constants(dtype: torch.dtype) -> dict:
+    """The float8 format's constants, as the kernels' constexpr arguments."""
+    info = torch.finfo(dtype)
+    # mantissa bits from the name: torch.finfo(float8_e5m2fnuz).eps says 3 bits, where it has 2
+    mantissa = int(re.search(r"e\dm(\d)", str(dtype)).group(1))
+    return dict(FP8_MAX=float(info.max), FP8_MIN_NORMAL=float(info.smallest_normal),
+                FP8_MANTISSA=mantissa, ROUND_IN_KERNEL=ROUND_IN_KERNEL)
+
+
+@triton.jit
+def to_float8_grid(v, scale, FP8_MAX: tl.constexpr, FP8_MIN_NORMAL: tl.constexpr, FP8_MANTISSA: tl.constexpr,
+                   ROUND_IN_KERNEL: tl.constexpr):
+    """v * scale in fp32, clamped to the float8 range (torchao's to_fp8_saturated before its cast)."""
+    s = tl.minimum(tl.maximum(v.to(tl.float32) * scale, -FP8_MAX), FP8_MAX)
+    if ROUND_IN_KERNEL:
+        cut: tl.constexpr = 23 - FP8_MANTISSA
+        bits = s.to(tl.int32, bitcast=True)
+        normal = ((bits + ((1 << (cut - 1)) - 1) + ((bits >> cut) & 1)) >> cut << cut).to(tl.float32, bitcast=True)
+        magic: tl.constexpr = FP8_MIN_NORMAL * (2.0 ** (23 - FP8_MANTISSA))   # its ulp is the subnormal step
+        small = (tl.abs(s) + magic) - magic
+        s = tl.where(tl.abs(s) < FP8_MIN_NORMAL, tl.where(s < 0, -small, small), normal)
+    return s

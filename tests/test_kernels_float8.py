@@ -1,0 +1,197 @@
+"""RMSNorm and SwiGLU writing a Float8Linear's input themselves (kernels/float8.py), against today's
+path as the reference: our kernel's high-precision output cast by torchao. The float8 bytes and the
+scale must be the same bits, and a model trained through either path the same losses and gradients
+(torchao's emulation mode: float8 casts, high-precision matmuls)."""
+import pytest
+import torch
+
+from tests.kernel_utils import DEVICE
+
+torchao_float8 = pytest.importorskip("torchao.float8", reason="torchao is not installed (pip install 'anvil[fp8]')")
+
+from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic  # noqa: E402
+from torchao.float8.float8_training_tensor import (Float8TrainingTensor, GemmInputRole,  # noqa: E402
+                                                   LinearMMConfig, ScaledMMConfig)
+
+from kernels import patch  # noqa: E402
+from kernels.float8 import Float8Target  # noqa: E402
+from kernels.patch import patch_float8_inputs  # noqa: E402
+from kernels.rms_norm import rms_norm, rms_norm_float8  # noqa: E402
+from kernels.swiglu import swiglu, swiglu_float8  # noqa: E402
+from trainer import fp8  # noqa: E402
+from trainer.config import load  # noqa: E402
+from trainer.model import Transformer  # noqa: E402
+
+# NVIDIA and MI350-class, and MI300-class (fnuz): the interpreter runs both, a GPU its own
+FP8 = ([torch.float8_e4m3fn, torch.float8_e4m3fnuz] if DEVICE == "cpu" or torch.version.hip
+       else [torch.float8_e4m3fn])
+EMULATED = LinearMMConfig(*(ScaledMMConfig(True, False, False, False),) * 3)
+
+
+def reference(hp: torch.Tensor, dtype) -> Float8TrainingTensor:
+    return hp_tensor_to_float8_dynamic(hp, dtype, EMULATED, gemm_input_role=GemmInputRole.INPUT)
+
+
+def assert_same_float8(got, ref):
+    assert isinstance(got, Float8TrainingTensor) and got._data.dtype == ref._data.dtype
+    assert got.dtype == ref.dtype and got.shape == ref.shape
+    assert torch.equal(got._scale, ref._scale), (got._scale, ref._scale)
+    differ = got._data.view(torch.uint8) != ref._data.view(torch.uint8)
+    assert not differ.any(), (f"{int(differ.sum())} of {differ.numel()} float8 values differ: "
+                              f"{got._data[differ][:5].float()} vs {ref._data[differ][:5].float()}")
+
+
+def sample(shape, dtype, outlier=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(shape, generator=g) * 3).to(dtype)
+    if outlier is not None:      # one huge value: most of the tensor lands in float8's subnormals
+        x.view(-1)[7] = outlier
+    return x.to(DEVICE)
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("x_dtype,shape,outlier", [
+    (torch.bfloat16, (3, 37, 96), None),          # rows not a multiple of a program's rows; H not a power of 2
+    (torch.bfloat16, (2, 16, 64), 4000.0),
+    (torch.float32, (5, 128), None),
+])
+def test_rms_norm_float8_is_torchaos_cast_of_rms_norm(fp8_dtype, x_dtype, shape, outlier):
+    x = sample(shape, x_dtype, outlier)
+    w = (torch.rand(shape[-1], generator=torch.Generator().manual_seed(1)) + 0.5).to(x_dtype).to(DEVICE)
+    got = rms_norm_float8(x, w, 1e-5, Float8Target(fp8_dtype, EMULATED))
+    assert_same_float8(got, reference(rms_norm(x, w, 1e-5), fp8_dtype))
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("shape,outlier", [((3, 50, 96), None), ((4, 1000), 300.0), ((1, 7), None)])
+def test_swiglu_float8_is_torchaos_cast_of_swiglu(fp8_dtype, shape, outlier):
+    gate, up = sample(shape, torch.bfloat16, seed=2), sample(shape, torch.bfloat16, outlier, seed=3)
+    got = swiglu_float8(gate, up, Float8Target(fp8_dtype, EMULATED))
+    assert_same_float8(got, reference(swiglu(gate, up), fp8_dtype))
+
+
+GRAD_FP8 = ([torch.float8_e5m2, torch.float8_e5m2fnuz] if DEVICE == "cpu" or torch.version.hip
+            else [torch.float8_e5m2])
+
+
+@pytest.mark.parametrize("grad_dtype", GRAD_FP8)
+@pytest.mark.parametrize("shape,outlier", [((3, 50, 96), None), ((4, 1000), 300.0)])
+def test_swiglu_backward_float8_is_torchaos_cast_of_its_gradients(grad_dtype, shape, outlier):
+    """Its backward's d gate and d up as e5m2, each with its own scale, as Float8Linear would cast them."""
+    from kernels.swiglu import _backward, _backward_float8
+
+    gate, up = sample(shape, torch.bfloat16, seed=2), sample(shape, torch.bfloat16, outlier, seed=3)
+    dout = sample(shape, torch.bfloat16, seed=4)
+    qg, qu, scales = _backward_float8(dout, gate, up, grad_dtype)
+    for q, scale, hp in zip((qg, qu), scales, _backward(dout, gate, up)):
+        ref = hp_tensor_to_float8_dynamic(hp, grad_dtype, EMULATED, gemm_input_role=GemmInputRole.GRAD_OUTPUT)
+        assert torch.equal(scale, ref._scale)
+        assert torch.equal(q.view(torch.uint8), ref._data.view(torch.uint8))
+
+
+def test_all_zero_and_empty_inputs_give_torchaos_scale():
+    target = Float8Target(torch.float8_e4m3fn, EMULATED)
+    zeros = torch.zeros(4, 64, dtype=torch.bfloat16, device=DEVICE)
+    w = torch.ones(64, dtype=torch.bfloat16, device=DEVICE)
+    assert_same_float8(rms_norm_float8(zeros, w, 1e-5, target), reference(rms_norm(zeros, w, 1e-5), target.dtype))
+    assert_same_float8(swiglu_float8(zeros, zeros, target), reference(swiglu(zeros, zeros), target.dtype))
+    empty = torch.zeros(0, 64, dtype=torch.bfloat16, device=DEVICE)
+    assert rms_norm_float8(empty, w, 1e-5, target).shape == (0, 64)
+
+
+def test_gradients_reach_the_norm_and_swiglu_inputs_unchanged():
+    """Into a torchao Float8Linear: the float8 tensor's gradient is the high-precision one, as through
+    torchao's own cast, and the weight gradient (which reuses the float8 input) is the same bits."""
+    from torchao.float8 import convert_to_float8_training
+
+    from kernels.float8 import target_of
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 32, bias=False)).to(torch.bfloat16).to(DEVICE)
+    convert_to_float8_training(net, config=fp8.float8_config("tensorwise", fsdp=False, emulate=True))
+    linear = net[0]
+    target = target_of(linear)
+    assert target is not None and target.dtype == torch.float8_e4m3fn
+    x = sample((2, 8, 64), torch.bfloat16).requires_grad_()
+    w = torch.ones(64, dtype=torch.bfloat16, device=DEVICE, requires_grad=True)
+    gate, up = (sample((2, 8, 64), torch.bfloat16, seed=s).requires_grad_() for s in (6, 7))
+    grads = []
+    for fused in (True, False):
+        for t in (x, w, gate, up, linear.weight):
+            t.grad = None
+        y = rms_norm_float8(x, w, 1e-5, target) if fused else rms_norm(x, w, 1e-5)
+        h = swiglu_float8(gate, up, target) if fused else swiglu(gate, up)
+        (linear(y).float().square().sum() + linear(h).float().square().sum()).backward()
+        grads.append([t.grad.clone() for t in (x, w, gate, up, linear.weight)])
+    for name, a, b in zip(("x", "w", "gate", "up", "linear weight"), *grads):
+        assert torch.equal(a, b), name
+
+
+@pytest.fixture
+def deterministic():
+    """On a GPU, RMSNorm's backward sums dW with atomics in any order unless deterministic mode is on."""
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    yield
+    torch.use_deterministic_algorithms(was)
+
+
+def _tiny_fp8_model(fuse: bool, recipe="tensorwise"):
+    cfg = load(None, ["data.path=synthetic"])
+    torch.manual_seed(0)
+    model = Transformer(cfg.model).to(torch.bfloat16).to(DEVICE)
+    model.model.rotary_emb.reset_parameters()
+    patch(model)
+    state = fp8.convert(model, recipe, emulate=True, fuse_inputs=fuse)
+    return cfg, model, state
+
+
+def test_a_model_trains_the_same_through_the_fused_inputs(deterministic):
+    cfg, fused, state = _tiny_fp8_model(True)
+    _, plain, plain_state = _tiny_fp8_model(False)
+    n = cfg.model.n_layers
+    assert state.fused_inputs.count("rms_norm_float8") == 2 * n and state.fused_inputs.count("swiglu_float8") == n
+    assert state.fused_inputs.count("swiglu_float8_grads") == n
+    assert f"{2 * n} RMSNorm, {n} SwiGLU (and its gradients)" in state.describe() and not plain_state.fused_inputs
+    tokens = torch.randint(0, cfg.model.vocab_size, (2, 64), generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    losses = []
+    for model in (fused, plain):
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        steps = []
+        for _ in range(3):
+            opt.zero_grad()
+            loss = model(tokens, tokens)
+            loss.backward()
+            opt.step()
+            steps.append(loss.item())
+        losses.append(steps)
+    assert losses[0] == losses[1], losses
+    for (name, a), b in zip(fused.named_parameters(), plain.parameters()):
+        assert torch.equal(a, b), name
+
+
+def test_the_final_norm_and_rowwise_layers_keep_torchaos_casts():
+    _, model, _ = _tiny_fp8_model(True)
+    assert "forward" not in vars(model.model.norm) or not hasattr(model.model.norm, "_anvil_float8_target")
+    _, rowwise, state = _tiny_fp8_model(True, recipe="rowwise")
+    assert state.fused_inputs == [] and not hasattr(rowwise.model.layers[0].input_layernorm, "_anvil_float8_target")
+    with pytest.raises(TypeError, match="not trainer.model.Transformer"):
+        patch_float8_inputs(torch.nn.Linear(4, 4))
+
+
+def test_under_torch_compile_the_fused_inputs_train_as_torchaos_casts(deterministic):
+    """The decoder layers compiled (Inductor on the CPU; our kernels stay custom ops): the same loss
+    and gradients, bit for bit, as compiled layers with torchao's casts."""
+    cfg, fused, _ = _tiny_fp8_model(True)
+    _, plain, _ = _tiny_fp8_model(False)
+    for layer in [*fused.model.layers, *plain.model.layers]:
+        layer.compile()
+    tokens = torch.randint(0, cfg.model.vocab_size, (2, 64), generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    losses = []
+    for model in (fused, plain):
+        loss = model(tokens, tokens)
+        loss.backward()
+        losses.append(loss.item())
+    assert losses[0] == losses[1]
+    for (name, a), b in zip(fused.named_parameters(), plain.parameters()):
+        assert torch.equal(a.grad, b.grad), name
