@@ -5,7 +5,7 @@ scale must be the same bits, and a model trained through either path the same lo
 import pytest
 import torch
 
-from tests.kernel_utils import DEVICE
+from kernel_utils import DEVICE  # noqa: I001  (first: it sets TRITON_INTERPRET without a GPU)
 
 torchao_float8 = pytest.importorskip("torchao.float8", reason="torchao is not installed (pip install 'anvil[fp8]')")
 
