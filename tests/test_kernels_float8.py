@@ -195,3 +195,23 @@ def test_under_torch_compile_the_fused_inputs_train_as_torchaos_casts(determinis
     assert losses[0] == losses[1]
     for (name, a), b in zip(fused.named_parameters(), plain.parameters()):
         assert torch.equal(a.grad, b.grad), name
+
+
+def test_under_fsdp2_with_float8_all_gather_the_fused_inputs_train_the_same():
+    """Two gloo ranks under torchrun: FSDP2 shards the layers, torchao all-gathers the weights in float8;
+    the fused inputs give the same losses as torchao's casts, step for step."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if DEVICE != "cpu":
+        pytest.skip("the two-rank check runs on gloo through the interpreter")
+    here = Path(__file__).resolve().parent
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                          str(here / "float8_fsdp_run.py")], capture_output=True, text=True, timeout=600,
+                         cwd=here.parent)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(result["fused"]) == 2 and result["fused"] == result["plain"], result
+    assert result["sites"].count("swiglu_float8_grads") == load(None, ["data.path=synthetic"]).model.n_layers
