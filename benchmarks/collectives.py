@@ -10,6 +10,13 @@ figure comparable to the link speed whatever the rank count
 reduce_scatter (n-1)/n with the full array as the size, broadcast 1.
 Rank 0 prints one JSON object per size (or a table); every rank checks the
 reduced values so a broken fabric fails loudly instead of looking fast.
+
+On GPUs each timed loop is a CUDA graph of the calls, replayed (nccl-tests'
+-G), so the figure is the fabric's and NCCL's, as nccl-tests reports it:
+eager calls from Python cost the host about 40 us each (two H200s), more
+than a 1-4 MiB all-reduce takes, so back-to-back eager calls cannot hide
+behind each other below about 8 MiB. --eager times eager calls instead: what
+a training loop pays per collective.
 """
 from __future__ import annotations
 
@@ -69,7 +76,8 @@ def _run_op(op, dist, buf, chunks, out):
         dist.broadcast(buf, src=0)
 
 
-def measure(op: str, sizes: list[int], warmup: int = 5, iters: int = 20, repeats: int = 5) -> list[dict]:
+def measure(op: str, sizes: list[int], warmup: int = 5, iters: int = 20, repeats: int = 5,
+            graph: bool = False) -> list[dict]:
     """Per size: `warmup` calls, then `repeats` loops of `iters` calls back to back.
 
     Each loop is timed as a whole and divided by `iters`, and a loop's time is
@@ -80,6 +88,12 @@ def measure(op: str, sizes: list[int], warmup: int = 5, iters: int = 20, repeats
     H200s. The row's time is the median loop. The values are checked after
     timing, in one call from known contents (the timed loops reduce zeros, so
     nothing grows towards overflow however many calls run).
+
+    graph=True captures each loop of `iters` calls once in a CUDA graph and
+    times its replays (nccl-tests' -G): what is left is the fabric and NCCL's
+    kernels, without the host's cost of a call (the Python call, the process
+    group's bookkeeping), which back-to-back eager calls hide only where a call
+    moves data for longer than the host needs to launch the next one.
     """
     import torch
     import torch.distributed as dist
@@ -88,6 +102,8 @@ def measure(op: str, sizes: list[int], warmup: int = 5, iters: int = 20, repeats
         raise ValueError(f"iters and repeats must be 1 or more, got {iters} and {repeats}")
     world = dist.get_world_size()
     gpu = dist.get_backend() != "gloo" and torch.cuda.is_available()
+    if graph and not gpu:
+        raise ValueError("graph=True needs GPUs under NCCL/RCCL: CUDA graphs capture device work only")
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if gpu else torch.device("cpu")
     dtype = torch.bfloat16 if gpu else torch.float32
     rows = []
@@ -99,18 +115,43 @@ def measure(op: str, sizes: list[int], warmup: int = 5, iters: int = 20, repeats
         out = torch.empty(numel, device=device, dtype=dtype)
         for _ in range(warmup):
             _run_op(op, dist, buf, chunk, out)
-        loops = [_timed_loop(op, dist, buf, chunk, out, iters, device) for _ in range(repeats)]
+        loop = _captured_loop(op, dist, buf, chunk, out, iters, device) if graph else None
+        loops = [_timed_loop(op, dist, buf, chunk, out, iters, device, loop) for _ in range(repeats)]
         t = statistics.median(loops)
         _checked_call(op, dist, buf, chunk, out)
         nbytes = numel * buf.element_size()
         algbw = nbytes / t / 1e9
-        rows.append({"op": op, "bytes": nbytes, "ranks": world, "time_us": t * 1e6,
+        rows.append({"op": op, "bytes": nbytes, "ranks": world, "launch": "graph" if graph else "eager",
+                     "time_us": t * 1e6,
                      "algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(op, world)})
     return rows
 
 
-def _timed_loop(op, dist, buf, chunk, out, iters: int, device) -> float:
-    """Seconds per call of `iters` calls back to back; the slowest rank's figure."""
+class GraphCaptureError(RuntimeError):
+    """The collective library refused to be captured in a CUDA graph."""
+
+
+def _captured_loop(op, dist, buf, chunk, out, iters: int, device):
+    """A CUDA graph of `iters` calls back to back. Captured thread-locally: the process group's
+    watchdog thread keeps querying its own events while this thread captures."""
+    import torch
+
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            for _ in range(iters):
+                _run_op(op, dist, buf, chunk, out)
+    except RuntimeError as exc:   # a library build that cannot capture its collectives
+        raise GraphCaptureError(f"{op} could not be captured in a CUDA graph ({exc}); "
+                                "time eager calls instead (--eager)") from None
+    torch.cuda.synchronize(device)
+    return graph
+
+
+def _timed_loop(op, dist, buf, chunk, out, iters: int, device, graph=None) -> float:
+    """Seconds per call of `iters` calls back to back (or one replay of their captured `graph`);
+    the slowest rank's figure."""
     import torch
 
     gpu = device.type == "cuda"
@@ -120,8 +161,11 @@ def _timed_loop(op, dist, buf, chunk, out, iters: int, device) -> float:
     if gpu:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(iters):
-            _run_op(op, dist, buf, chunk, out)
+        if graph is not None:
+            graph.replay()
+        else:
+            for _ in range(iters):
+                _run_op(op, dist, buf, chunk, out)
         end.record()
         end.synchronize()
         seconds = start.elapsed_time(end) / 1e3 / iters
@@ -172,6 +216,9 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--repeats", type=int, default=5, help="timed loops of --iters calls; the median is reported")
+    p.add_argument("--eager", action="store_true",
+                   help="on GPUs, time eager calls (a training loop's cost per call) instead of replays of "
+                        "a CUDA graph of each loop (nccl-tests -G, the fabric's figure)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--out", help="rank 0 also writes the JSON report to this file (atomically)")
     a = p.parse_args(argv)
@@ -186,7 +233,10 @@ def main(argv=None) -> int:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group(backend)
     try:
-        rows = measure(a.op, sizes, a.warmup, a.iters, a.repeats)
+        rows = measure(a.op, sizes, a.warmup, a.iters, a.repeats, graph=backend == "nccl" and not a.eager)
+    except GraphCaptureError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     finally:
         dist.destroy_process_group()
     if int(os.environ.get("RANK", 0)) == 0:
@@ -198,9 +248,9 @@ def main(argv=None) -> int:
         else:
             from tabulate import tabulate
 
-            print(tabulate([[r["op"], r["bytes"], r["ranks"], f"{r['time_us']:.1f}",
+            print(tabulate([[r["op"], r["bytes"], r["ranks"], r["launch"], f"{r['time_us']:.1f}",
                              f"{r['algbw_GBps']:.2f}", f"{r['busbw_GBps']:.2f}"] for r in rows],
-                           headers=["op", "bytes", "ranks", "time us", "algbw GB/s", "busbw GB/s"]))
+                           headers=["op", "bytes", "ranks", "launch", "time us", "algbw GB/s", "busbw GB/s"]))
     return 0
 
 

@@ -72,7 +72,9 @@ def test_collective_timing_runs_calls_back_to_back_like_nccl_tests(monkeypatch):
     try:
         rows = collectives.measure("all_reduce", [4096], warmup=2, iters=300, repeats=3)
         assert calls == {"barrier": 3, "op": 2 + 3 * 300 + 1}   # one barrier per timed loop; one checked call
-        assert rows[0]["time_us"] > 0
+        assert rows[0]["time_us"] > 0 and rows[0]["launch"] == "eager"
+        with pytest.raises(ValueError, match="needs GPUs"):     # CUDA graphs capture device work only
+            collectives.measure("all_reduce", [4096], graph=True)
         monkeypatch.setattr(collectives, "_check", lambda *a: (_ for _ in ()).throw(RuntimeError("wrong sums")))
         with pytest.raises(RuntimeError, match="wrong sums"):
             collectives.measure("all_reduce", [4096], warmup=0, iters=1, repeats=1)
@@ -103,7 +105,9 @@ def test_inv_bench_gemm_and_allreduce_make_runs(tmp_path):
     [run] = list(runs.glob("*_bench.allreduce"))
     report = json.loads((run / "collectives.json").read_text())
     assert report["results"][0]["ranks"] == 2 and report["results"][0]["bytes"] == 64 << 10
-    assert "busbw GB/s" in out.stdout
+    assert report["results"][0]["launch"] == "eager"   # gloo: no CUDA graph to replay
+    assert "busbw GB/s" in out.stdout and "launch" in out.stdout
+    assert json.loads((run / "metadata.json").read_text())["eager"] is False
 
 
 def test_inv_bench_rejects_bad_input_in_one_line(tmp_path):
@@ -133,6 +137,10 @@ def test_inv_bench_dry_run_prints_the_environment_and_command_and_starts_nothing
     collective = _inv(repo, *env_args, "bench.allreduce", "--sizes", "64K", "--dry-run")
     assert collective.returncode == 0, collective.stderr
     assert "-m runtime.launch.agent --nproc 2 -- " in collective.stdout and "--sizes 64K" in collective.stdout
+    assert "--eager" not in collective.stdout          # on GPUs the default times CUDA-graph replays
+    eager = _inv(repo, *env_args, "bench.allreduce", "--sizes", "64K", "--eager", "--dry-run")
+    assert eager.returncode == 0, eager.stderr
+    assert "--iters 20 --eager --out RUN_DIR/collectives.json" in eager.stdout
     assert not (tmp_path / "runs").exists()
 
 
