@@ -162,3 +162,40 @@ def test_tensorboard_is_used_when_installed_and_missing_it_is_said_only_when_ask
     installed = importlib.util.find_spec("tensorboard") is not None
     assert (tmp_path / "tensorboard").is_dir() == (installed and setting is not False)
     assert caplog.text.count("TensorBoard cannot be used here") == (1 if setting is True and not installed else 0)
+
+
+def test_compiled_steps_skip_guards_once_nothing_compiles_with_the_same_losses(tmp_path, dataset):
+    """train.skip_guards: from the step after one that compiled nothing, training runs under
+    skip_guard_eval_unsafe; the losses equal those of a run with every guard checked, and a
+    validation pass in between (no_grad: an entry of its own) changes neither."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    sets = ("train.compile=true", "train.steps=6", "train.log_interval=1", "train.val_interval=3")
+    torch._dynamo.reset()
+    said = "step 2 compiled nothing: the steps after it skip torch.compile's guard checks (train.skip_guards)"
+    skipped_dir = run(tmp_path, dataset, *sets, name="skipped")
+    assert (skipped_dir / "logs" / "rank0.log").read_text().count(said) == 1
+    torch._dynamo.reset()
+    checked_dir = run(tmp_path, dataset, *sets, "train.skip_guards=false", name="checked")
+    assert "guard checks" not in (checked_dir / "logs" / "rank0.log").read_text()
+    skipped, checked = records(skipped_dir), records(checked_dir)
+    assert len(skipped) == 6 and [r["loss"] for r in skipped] == [r["loss"] for r in checked]
+    vals = [[(r["step"], r["val_loss"]) for r in records(d, "val")] for d in (skipped_dir, checked_dir)]
+    assert vals[0] == vals[1] and [step for step, _ in vals[0]] == [3, 6]
+
+    # The stance is on only after a step that compiled nothing; a call that would need new code then
+    # stops with torch's error rather than running what was compiled for other inputs.
+    from trainer.guards import GuardSkip
+    f = torch.compile(lambda t: t * 2)
+    skip = GuardSkip(True)
+    with skip.step():
+        f(torch.ones(3))
+    assert not skip.active                              # the first call compiled
+    misses = counters["frames"]["total"]
+    with skip.step():
+        f(torch.ones(3))
+    assert skip.active and counters["frames"]["total"] == misses
+    with pytest.raises(RuntimeError, match="skip_guard_eval_unsafe"), skip.step():
+        f(torch.ones(3, dtype=torch.float64))
+    assert GuardSkip(False).step().__class__.__name__ == "nullcontext"

@@ -121,6 +121,7 @@ class TrainSection:
     val_batches: int = 8
     activation_checkpoint: Literal["none", "selective", "selective_lean", "full"] = "none"
     compile: bool = False
+    skip_guards: bool = True       # compile: once a step compiled nothing, skip dynamo's guard checks (guards.py)
     kernels: bool = False
 
 

@@ -22,6 +22,7 @@ from trainer import distributed, fp8, health, metrics, optim
 from trainer.config import SYNTHETIC, TrainConfig
 from trainer.errors import UserError
 from trainer.files import write_json_atomic
+from trainer.guards import GuardSkip
 from trainer.model import IGNORE_INDEX, Transformer, flops_per_token, linear_cross_entropy
 from trainer.plan import ParamCount
 
@@ -346,6 +347,7 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
     first_step = step
     if profiler is not None:
         profiler.step_done(step)    # a window from step 1 (or one a resumed run starts inside) starts here
+    guard_skip = GuardSkip(cfg.train.compile and cfg.train.skip_guards)
     if cfg.train.compile:
         log.info(f"step {step + 1} compiles the model (torch.compile) before it trains: minutes for a large "
                  "model, once")
@@ -356,18 +358,23 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
             # Scale by the step's token count so accumulation equals one big batch.
             step_tokens = sum(int((y != IGNORE_INDEX).sum()) for _, y in micro)
             loss_sum = torch.zeros((), device=info.device)
-            for i, (x, y) in enumerate(micro):
-                last = i == accum - 1
-                x = x.to(info.device, non_blocking=True)
-                y = y.to(info.device, non_blocking=True)
-                if fsdp:
-                    model.set_requires_gradient_sync(last)
-                sync = train_model.no_sync() if ddp and not last else contextlib.nullcontext()
-                with sync:
-                    with autocast():
-                        loss = train_model(x, y)
-                    (loss / step_tokens).backward()
-                loss_sum += loss.detach()
+            skipping = guard_skip.active
+            with guard_skip.step():
+                for i, (x, y) in enumerate(micro):
+                    last = i == accum - 1
+                    x = x.to(info.device, non_blocking=True)
+                    y = y.to(info.device, non_blocking=True)
+                    if fsdp:
+                        model.set_requires_gradient_sync(last)
+                    sync = train_model.no_sync() if ddp and not last else contextlib.nullcontext()
+                    with sync:
+                        with autocast():
+                            loss = train_model(x, y)
+                        (loss / step_tokens).backward()
+                    loss_sum += loss.detach()
+            if guard_skip.active and not skipping:
+                log.info(f"step {step + 1} compiled nothing: the steps after it skip torch.compile's guard "
+                         "checks (train.skip_guards)")
             grad_norm = optim.clip_grad_norm(model.parameters(), cfg.optim.grad_clip, optimizer)
             optimizer.step()
             fp8.after_optimizer_step(model, model.fp8_state)
