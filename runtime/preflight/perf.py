@@ -76,7 +76,8 @@ def local_allreduce(inp) -> tuple[Optional[float], int, Optional[str]]:
     with tempfile.TemporaryDirectory(prefix="anvil-perf-") as tmp:
         out = Path(tmp) / "collectives.json"
         spec = LaunchSpec(module="benchmarks.collectives", nproc=ranks, gpus=inp.machine.count,
-                          vendor=inp.machine.vendor, args=["--sizes", size, "--iters", "10", "--eager", "--out", str(out)])
+                          vendor=inp.machine.vendor,
+                          args=["--sizes", size, "--iters", "10", "--eager", "--out", str(out)])
         env = dict(inp.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
         try:
