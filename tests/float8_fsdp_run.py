@@ -27,7 +27,7 @@ def train(fuse: bool, cfg, info) -> tuple[list[float], list[str]]:
     g = torch.Generator().manual_seed(100 + info.rank)
     losses = []
     for _ in range(2):
-        tokens = torch.randint(0, cfg.model.vocab_size, (2, 64), generator=g)
+        tokens = torch.randint(0, cfg.model.vocab_size, (2, 32), generator=g)
         opt.zero_grad()
         loss = model(tokens, tokens)
         loss.backward()
@@ -42,7 +42,7 @@ def train(fuse: bool, cfg, info) -> tuple[list[float], list[str]]:
 def main():
     dist.init_process_group("gloo")
     info = DistInfo(dist.get_rank(), dist.get_rank(), dist.get_world_size(), torch.device("cpu"), "gloo")
-    cfg = load(None, ["data.path=synthetic", "parallel.strategy=fsdp", "precision.params=bf16",
+    cfg = load(None, ["data.path=synthetic", "model.n_layers=2", "parallel.strategy=fsdp", "precision.params=bf16",
                       "precision.compute=bf16"])
     fused, sites = train(True, cfg, info)
     plain, _ = train(False, cfg, info)

@@ -136,8 +136,12 @@ def deterministic():
     torch.use_deterministic_algorithms(was)
 
 
+# Two layers: enough to count sites per layer; the interpreter makes every layer cost seconds.
+SMALL = ["data.path=synthetic", "model.n_layers=2"]
+
+
 def _tiny_fp8_model(fuse: bool, recipe="tensorwise"):
-    cfg = load(None, ["data.path=synthetic"])
+    cfg = load(None, SMALL)
     torch.manual_seed(0)
     model = Transformer(cfg.model).to(torch.bfloat16).to(DEVICE)
     model.model.rotary_emb.reset_parameters()
@@ -153,7 +157,7 @@ def test_a_model_trains_the_same_through_the_fused_inputs(deterministic):
     assert state.fused_inputs.count("rms_norm_float8") == 2 * n and state.fused_inputs.count("swiglu_float8") == n
     assert state.fused_inputs.count("swiglu_float8_grads") == n
     assert f"{2 * n} RMSNorm, {n} SwiGLU (and its gradients)" in state.describe() and not plain_state.fused_inputs
-    tokens = torch.randint(0, cfg.model.vocab_size, (2, 64), generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    tokens = torch.randint(0, cfg.model.vocab_size, (2, 32), generator=torch.Generator().manual_seed(3)).to(DEVICE)
     losses = []
     for model in (fused, plain):
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -186,7 +190,7 @@ def test_under_torch_compile_the_fused_inputs_train_as_torchaos_casts(determinis
     _, plain, _ = _tiny_fp8_model(False)
     for layer in [*fused.model.layers, *plain.model.layers]:
         layer.compile()
-    tokens = torch.randint(0, cfg.model.vocab_size, (2, 64), generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    tokens = torch.randint(0, cfg.model.vocab_size, (2, 32), generator=torch.Generator().manual_seed(3)).to(DEVICE)
     losses = []
     for model in (fused, plain):
         loss = model(tokens, tokens)
@@ -214,4 +218,4 @@ def test_under_fsdp2_with_float8_all_gather_the_fused_inputs_train_the_same():
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert len(result["fused"]) == 2 and result["fused"] == result["plain"], result
-    assert result["sites"].count("swiglu_float8_grads") == load(None, ["data.path=synthetic"]).model.n_layers
+    assert result["sites"].count("swiglu_float8_grads") == load(None, SMALL).model.n_layers == 2
