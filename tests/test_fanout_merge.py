@@ -167,20 +167,25 @@ except KeyboardInterrupt:
 """
 
 
-def _remote(*options):
+def _remote(*options, sigint_ignored=False):
+    import signal
     import subprocess
     import sys
 
     return subprocess.Popen([sys.executable, "-m", "runtime.cluster.ssh.remote", *options, "--", sys.executable,
                              "-c", REMOTE_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             start_new_session=True,     # its own group, as sshd gives a session
+                            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored
+                            else None,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
-def test_the_far_end_of_a_session_takes_its_environment_and_signals_over_stdin():
+@pytest.mark.parametrize("sigint_ignored", [False, True], ids=["plain", "started-with-sigint-ignored"])
+def test_the_far_end_of_a_session_takes_its_environment_and_signals_over_stdin(sigint_ignored):
     """What inv writes to a session's stdin: the environment, then signals to pass on; its end (Ctrl-C
-    in inv, inv gone, the connection dropped) is SIGINT, as a terminal's Ctrl-C."""
-    proc = _remote("--launcher")
+    in inv, inv gone, the connection dropped) is SIGINT, as a terminal's Ctrl-C. It reaches the command
+    also where the far end itself started with SIGINT ignored (from a script, with `&`)."""
+    proc = _remote("--launcher", sigint_ignored=sigint_ignored)
     proc.stdin.write(json.dumps({"ANVIL_X": "from-inv"}) + "\n")
     proc.stdin.flush()
     assert proc.stdout.readline() == "ready from-inv True\n"     # the agent would end with this process

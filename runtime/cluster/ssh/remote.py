@@ -64,14 +64,28 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, **{str(k): str(v) for k, v in json.loads(line).items()}}
     if args.launcher:
         env[LAUNCHER_PID_VAR] = str(os.getpid())
+    # A signal to this process (a scheduler's, kill) goes on to the command, which decides. The
+    # handlers go in before the command starts: it then starts with these signals at their
+    # defaults, even where this process inherited them ignored (a far end started from a script
+    # with `&` ignores SIGINT), so the SIGINT that ends a session reaches it as a Ctrl-C would.
+    started, pending = [], []
+
+    def pass_on(signum, _frame):
+        if started:
+            _signal_group(started[0], signum)
+        else:
+            pending.append(signum)
+
+    for signum in PASSED_SIGNALS:
+        signal.signal(signum, pass_on)
     try:
         proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
     except OSError as exc:
         print(f"anvil: cannot start {command[0]}: {exc.strerror or exc}", file=sys.stderr)
         return 127
-    # A signal to this process (a scheduler's, kill) goes on to the command, which decides.
-    for signum in PASSED_SIGNALS:
-        signal.signal(signum, lambda s, _f: _signal_group(proc, s))
+    started.append(proc)
+    for signum in pending:     # one that came while it started
+        _signal_group(proc, signum)
     threading.Thread(target=_read_control, args=(proc,), daemon=True).start()
     try:
         code = proc.wait(timeout=args.timeout or None)
