@@ -2,8 +2,8 @@
 # On a machine with two GPUs of one host and torch, but no Anvil environment (the lent H200 pairs): the
 # two-GPU figures of BENCHMARKS.md, each against its anchor in the same call. PARTS picks, in this order:
 #   allreduce  nccl-tests' all_reduce_perf (-g 2, 1 MiB to 1 GiB) against `inv bench.allreduce` over the same
-#              sizes (eager launches, and the CUDA-graph loop, benchmarks.collectives --graph), nccl-tests
-#              run again last to see the machine's drift;
+#              sizes (with --eager: one Python call per collective; then its default on GPUs, CUDA-graph
+#              replays of each loop), nccl-tests run again last to see the machine's drift;
 #   train8b    llama3_8b FSDP2, batch 1 x 8192 per GPU, fp32 master weights: benchmarks.train_throughput
 #              over VARIANTS (default: torchtitan and Anvil, FP8 tensorwise).
 # Output in $OUT (default ./out): two_gpu.txt, nccl_tests_*.txt, allreduce_*.json, train8b.json.
@@ -34,11 +34,10 @@ nccl_tests() {   # the anchor: nccl-tests against the NCCL library torch loads
 SIZES=1M,2M,4M,8M,16M,32M,64M,128M,256M,512M,1G
 if [[ " $PARTS " == *" allreduce "* ]]; then
     echo "== nccl-tests, first"; nccl_tests first
-    echo "== inv bench.allreduce (eager launches)"
-    timeout 120 $INV bench.allreduce --sizes $SIZES --json > "$OUT/allreduce_eager.json"; echo "rc=$?"
-    echo "== benchmarks.collectives --graph (the same loops captured as CUDA graphs)"
-    timeout 120 torchrun --standalone --nproc-per-node 2 -m benchmarks.collectives --sizes $SIZES --graph \
-        --out "$OUT/allreduce_graph.json"; echo "rc=$?"
+    echo "== inv bench.allreduce --eager (eager launches)"
+    timeout 120 $INV bench.allreduce --sizes $SIZES --eager --json > "$OUT/allreduce_eager.json"; echo "rc=$?"
+    echo "== inv bench.allreduce (the same loops captured as CUDA graphs)"
+    timeout 120 $INV bench.allreduce --sizes $SIZES --json > "$OUT/allreduce_graph.json"; echo "rc=$?"
     echo "== nccl-tests, last"; nccl_tests last
 fi
 if [[ " $PARTS " == *" train8b "* ]]; then
