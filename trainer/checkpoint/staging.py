@@ -19,7 +19,6 @@ copies wait (about 1 GB/s).
 """
 from __future__ import annotations
 
-import copy
 import logging
 import mmap
 import threading
@@ -79,10 +78,11 @@ class Stager:
             local = obj._local_tensor
             shell = self._staged.get(key)
             if shell is None or not _fits(shell._local_tensor, local):
-                # DTensor's own metadata (mesh, placements, global shape) around a host buffer,
-                # as torch.distributed.checkpoint's own staging builds it
-                shell = obj.to("cpu") if obj.device.type != "cpu" else copy.deepcopy(obj)
-                shell._local_tensor = self._empty(local, key)
+                # The DTensor's own spec (mesh, placements, global shape) around a host buffer.
+                # Not obj.to("cpu"), as DCP's own staging makes its shell: that copies the whole
+                # shard into fresh pageable memory first, on the training thread (38 s of a
+                # llama3_8b save on two H200s, 48 GB a rank, for a copy thrown away).
+                shell = DTensor(self._empty(local, key), obj._spec, requires_grad=False)
                 self._staged[key] = shell
             self._copy(shell._local_tensor, local)
             return shell
