@@ -152,6 +152,8 @@ class CheckpointConfig:
     init_from: Optional[str] = None   # a Hugging Face Llama directory to start from (trainer/hf); --resume wins
     async_save: Optional[bool] = None   # write in the background, training paused only to copy the state to
     #                                 host memory; null: on where that copy fits in the host's memory
+    write_threads: int = 4         # files each rank writes at once (DCP's thread_count): with one, two
+    #                                 ranks wrote a local disk at 0.61x its dd speed, with four at 1.09x
 
 
 @dataclass
@@ -426,6 +428,7 @@ def _check_values(cfg: TrainConfig, src: str) -> None:
     c = cfg.checkpoint
     need(c.interval >= 0, "checkpoint.interval", "an integer >= 0 (0 = only at the end)")
     need(c.keep_last > 0, "checkpoint.keep_last", "a positive integer")
+    need(c.write_threads > 0, "checkpoint.write_threads", "a positive integer")
     need(bool(c.dir.strip()), "checkpoint.dir", "a directory name")
     h = cfg.health
     need(h.straggler_interval >= 0, "health.straggler_interval", "an integer >= 0 (0 = off)")

@@ -295,6 +295,7 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
     init_from = None   # the Hugging Face directory the run's weights started from (checkpoint.init_from)
     checkpointer = checkpoint.Checkpointer(ckpt_dir, keep_last=cfg.checkpoint.keep_last, config=config_dict,
                                            async_save=cfg.checkpoint.async_save, log=log,
+                                           write_threads=cfg.checkpoint.write_threads,
                                            timeout=datetime.timedelta(minutes=cfg.parallel.timeout_minutes))
     # A requeued job restarts with the same --resume: its own newer checkpoints come first, and
     # a damaged one gives way to the one before it (an explicit step_N does not: exit 2).

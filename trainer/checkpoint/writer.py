@@ -82,8 +82,10 @@ class Checkpointer:
     host's memory; the ranks agree at the first save)."""
 
     def __init__(self, checkpoint_dir: Path, *, keep_last: int = 3, config: dict | None = None,
-                 async_save: bool | None = None, log: logging.Logger | None = None, timeout=None):
+                 async_save: bool | None = None, log: logging.Logger | None = None, timeout=None,
+                 write_threads: int = 4):
         self.dir = Path(checkpoint_dir)
+        self.write_threads = max(1, int(write_threads))
         self.keep_last = keep_last
         self.config = config
         self.requested = async_save
@@ -245,7 +247,7 @@ class Checkpointer:
     def _write_files(self, job: _Job, group) -> dict:
         import torch.distributed.checkpoint as dcp
 
-        writer = checksums.dcp_writer(job.tmp)
+        writer = checksums.dcp_writer(job.tmp, thread_count=self.write_threads)
         try:
             with _no_zip_crc32():
                 dcp.save(job.state, storage_writer=writer, process_group=group, no_dist=not dist_on())
