@@ -5,12 +5,17 @@
 #              sizes (with --eager: one Python call per collective; then its default on GPUs, CUDA-graph
 #              replays of each loop), nccl-tests run again last to see the machine's drift;
 #   train8b    llama3_8b FSDP2, batch 1 x 8192 per GPU, fp32 master weights: benchmarks.train_throughput
-#              over VARIANTS (default: torchtitan and Anvil, FP8 tensorwise).
-# Output in $OUT (default ./out): two_gpu.txt, nccl_tests_*.txt, allreduce_*.json, train8b.json.
+#              over VARIANTS (default: torchtitan and Anvil, FP8 tensorwise);
+#   ckpt8b     llama3_8b checkpoints as a user's run makes them: `inv train.pretrain --compile --kernels`,
+#              bf16 on fp32 weights, one asynchronous save of the 96 GB state at step CKPT_AT (default 80)
+#              of 2 x CKPT_AT (the disk holds one), every step logged, once per checkpoint.write_threads
+#              in CKPT_THREADS (default 1); then benchmarks.checkpoint_run: the pause, the background
+#              write, what the steps beside it lost, and after the last run a dd of the same bytes.
+# Output in $OUT (default ./out): two_gpu.txt, nccl_tests_*.txt, allreduce_*.json, train8b.json, ckpt8b_w*.json.
 # Carried: .whl/anvil (invoke, tabulate, nvidia-ml-py), .whl/titan (as in fp8_fused_gpu.sh) and
 # .nccl-tests (NVIDIA/nccl-tests' source; build/all_reduce_perf if built beforehand, else built here with
 # the machine's nvcc against the NCCL that torch ships).
-OUT=${OUT:-out}; mkdir -p "$OUT"; PARTS=${PARTS:-allreduce train8b}
+OUT=${OUT:-out}; mkdir -p "$OUT"; PARTS=${PARTS:-allreduce train8b}; CKPT_AT=${CKPT_AT:-80}
 exec > >(tee -a "$OUT/two_gpu.txt") 2>&1
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/anvil/*.whl .whl/titan/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 INVOKE_ANVIL_RUNS_DIR=/tmp/runs
@@ -46,5 +51,22 @@ if [[ " $PARTS " == *" train8b "* ]]; then
         --batch 1 --seq 8192 --steps 12 --profile-steps ${PROFILE_STEPS:-0} --timeout 300 --out /tmp/tt8b \
         --variants ${VARIANTS:-titan_compile_fp32_fp8,compile_kernels_fp32_fp8}
     echo "rc=$?"; cp /tmp/tt8b/results.json "$OUT/train8b.json" 2>/dev/null
+fi
+if [[ " $PARTS " == *" ckpt8b "* ]]; then
+    echo "== llama3_8b checkpoints through inv train.pretrain, two GPUs"; df -h /tmp | tail -1
+    threads=(${CKPT_THREADS:-1}); last=${threads[-1]}
+    for n in "${threads[@]}"; do
+        echo "-- checkpoint.write_threads=$n"
+        timeout ${CKPT_TIMEOUT:-300} $INV train.pretrain --config configs/llama3_8b.yaml --compile --kernels \
+            --name "ckpt8b_w$n" --set data.path=synthetic --set train.steps=$((2 * CKPT_AT)) \
+            --set checkpoint.interval=$CKPT_AT --set checkpoint.save_final=false --set checkpoint.write_threads=$n \
+            --set train.log_interval=1 --set train.val_interval=0 --set train.val_batches=0 \
+            --set schedule.warmup_steps=20 | tail -4
+        echo "rc=${PIPESTATUS[0]}"; run=$(ls -d "$INVOKE_ANVIL_RUNS_DIR"/*_train.pretrain_ckpt8b_w$n | tail -1)
+        grep -h "checkpoint" "$run"/logs/*.log 2>/dev/null | tail -4
+        python3 -m benchmarks.checkpoint_run "$run" --every 100 --warmup 30 --remove $([ "$n" = "$last" ] && echo --dd) \
+            --out "$OUT/ckpt8b_w$n.json"
+        cp "$run/metrics.jsonl" "$OUT/ckpt8b_w${n}_metrics.jsonl"
+    done
 fi
 date -u
