@@ -63,9 +63,21 @@ def container_engine(environ) -> str | None:
     return "docker" if os.path.exists("/.dockerenv") else None
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port for the rendezvous store that rank 0 will listen on, probed the way the store
+    binds (every address, both stacks). Once, a probe on 127.0.0.1 alone gave the second of two
+    `inv bench.allreduce` in a row the first one's port, and rank 0 failed with EADDRINUSE
+    (a lent H200 pair; not seen again in 8 tries)."""
+    for family, wildcard in ((socket.AF_INET6, "::"), (socket.AF_INET, "")):
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as sock:
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)   # both stacks
+                sock.bind((wildcard, 0))
+                sock.listen(1)
+                return sock.getsockname()[1]
+        except OSError:   # no IPv6 here
+            continue
+    raise OSError("no free TCP port for the rendezvous")
 
 
 def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
