@@ -245,6 +245,36 @@ def test_write_threads_split_the_rank_into_files_each_checksummed(tmp_path):
         assert torch.equal(a, b), name
 
 
+@pytest.mark.parametrize("failing", ["__0_0.distcp", "__0_2.distcp"])
+def test_a_writer_thread_that_fails_fails_the_save_in_one_line(tmp_path, monkeypatch, capfd, failing):
+    """With write_threads > 1, DCP writes files on threads of its own, whose failures it neither
+    sees nor waits for: whichever file fails, the save fails naming it, nothing is committed,
+    no traceback reaches stderr, and the checkpoint before it stays the newest."""
+    import errno
+
+    from trainer.checkpoint import checksums
+
+    model, optimizer, scheduler = build()
+    train_steps(model, optimizer, scheduler, CountingLoader(), 1)
+    saver = ck.Checkpointer(tmp_path, async_save=True, write_threads=3)
+    saver.save(1, model=model, optimizer=optimizer, wait=True)
+    write = checksums.HashingStream.write
+
+    def full(self, data):
+        if self.path.name == failing:
+            self.error = checksums.named(OSError(errno.ENOSPC, "No space left on device"), self.path)
+            raise self.error
+        return write(self, data)
+    monkeypatch.setattr(checksums.HashingStream, "write", full)
+    saver.save(2, model=model, optimizer=optimizer)
+    with pytest.raises(ck.CheckpointWriteError) as failed:
+        saver.wait()
+    saver.close()
+    assert f"{failing}: No space left on device" in str(failed.value) and "\n" not in str(failed.value)
+    assert [p.name for p in ck.list_checkpoints(tmp_path)] == ["step_1"] and ck.find_latest(tmp_path).name == "step_1"
+    assert "Traceback" not in capfd.readouterr().err
+
+
 def test_flipped_byte_resume_auto_takes_the_one_before_and_names_it(tmp_path, caplog):
     root = tmp_path / "checkpoints"
     save_toy(root, 1)

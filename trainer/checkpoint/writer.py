@@ -248,13 +248,16 @@ class Checkpointer:
         import torch.distributed.checkpoint as dcp
 
         writer = checksums.dcp_writer(job.tmp, thread_count=self.write_threads)
+        lost: list[BaseException] = []
         try:
-            with _no_zip_crc32():
+            with _no_zip_crc32(), _writer_thread_errors(lost):
                 dcp.save(job.state, storage_writer=writer, process_group=group, no_dist=not dist_on())
         except _failures():
             if writer.fs.error is not None:   # the file and the system's reason, not DCP's account of it
                 raise writer.fs.error from None
             raise
+        if writer.fs.error is not None or lost:   # a DCP writer thread failed and DCP went on without it
+            raise writer.fs.error or lost[0]
         records = checksums.relative_records(writer.fs.records, job.tmp)
         name = f"{RANKS_DIR}/rank{rank()}.pt"
         records[name] = checksums.write_file(job.tmp / name, job.rank_file)
@@ -346,6 +349,33 @@ def _no_zip_crc32():
         yield
     finally:
         torch.serialization.set_crc32_options(before)
+
+
+@contextmanager
+def _writer_thread_errors(lost: list):
+    """With write_threads > 1, DCP writes files on threads of its own too. One that fails ends with
+    Python's traceback on stderr, and DCP neither sees it nor fails: its files would be missing
+    from a checkpoint that commits. Their exceptions are kept here instead, for the save to fail
+    with them (one line, like any failed save). When DCP's own part fails first, it returns
+    without waiting for its threads: they are waited for here."""
+    previous = threading.excepthook
+
+    def dcp_writer(thread) -> bool:
+        return thread is not None and "_write_files_from_queue" in (thread.name or "")
+
+    def keep(args) -> None:
+        if dcp_writer(args.thread):
+            lost.append(args.exc_value)
+        else:
+            previous(args)
+    threading.excepthook = keep
+    try:
+        yield
+    finally:
+        for thread in threading.enumerate():
+            if dcp_writer(thread) and thread is not threading.current_thread():
+                thread.join()
+        threading.excepthook = previous
 
 
 def _test_delay() -> None:
