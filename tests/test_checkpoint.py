@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -376,6 +377,11 @@ def test_async_save_writes_the_state_of_its_step_while_training_goes_on(tmp_path
     saver = ck.Checkpointer(tmp_path, async_save=True)
     assert saver.save(2, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader) is None
     train_steps(model, optimizer, scheduler, loader, 2)    # changes every weight while the write waits
+    # The writer thread may not have made its folder yet when two tiny steps are done (it raced
+    # them, and lost when the process was warm): wait for it; the commit is a second after.
+    deadline = time.monotonic() + 0.5
+    while not (tmp_path / ".tmp_step_2").is_dir() and time.monotonic() < deadline:
+        time.sleep(0.005)
     assert (tmp_path / ".tmp_step_2").is_dir() and ck.find_latest(tmp_path) is None   # not yet
     assert saver.wait() == tmp_path / "step_2" and saver.last_saved == tmp_path / "step_2"
     saver.close()
