@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.checkpoint_bench import checkpoint_bytes, disk, rate
+from trainer.checkpoint import list_checkpoints, read_meta
 
 
 def parse_args(argv=None):
@@ -53,10 +54,8 @@ def train_records(run: Path) -> list[dict]:
 def saves(run: Path) -> list[dict]:
     """The run's committed checkpoints, oldest first."""
     found = []
-    for path in sorted((run / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1])):
-        if not (path / "meta.json").is_file() or not (path / "checksums.json").is_file():
-            continue
-        meta = json.loads((path / "meta.json").read_text())
+    for path in list_checkpoints(run / "checkpoints"):
+        meta = read_meta(path)
         nbytes = checkpoint_bytes(path)
         found.append({"path": str(path), "step": meta["step"], "async": meta.get("async"), "bytes": nbytes,
                       "start": meta["time"], "stall_s": meta.get("stall_s"), "write_s": meta["save_s"],
@@ -83,7 +82,7 @@ def cost(records: list[dict], save: dict, pace: float) -> dict:
 def summarise(run: Path, every: int, warmup: int) -> dict:
     records, found = train_records(run), saves(run)
     if not found:
-        raise SystemExit(f"{run}: no committed checkpoint (checkpoints/step_*/meta.json)")
+        raise SystemExit(f"{run}: no committed checkpoint (checkpoints/step_*/COMPLETE)")
     first = found[0]["step"]
     before = [r["step_time_s"] for r in records if warmup < r["step"] <= first]
     if not before:
