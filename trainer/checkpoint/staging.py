@@ -129,17 +129,15 @@ class Stager:
         nbytes = _nbytes(like)
         if like.device.type != "cuda" or nbytes == 0 or not self._can_pin:
             return torch.empty(like.shape, dtype=like.dtype)
-        region = self._regions.get(key)
-        if region is not None and len(region) == nbytes:
-            del self._regions[key]
-            tensor = torch.frombuffer(region, dtype=like.dtype, count=like.numel()).view(like.shape)
-            pointer = self._pinned.pop(key, None)
-            if pointer is not None:      # registered ahead by the reserve thread
-                self._registered.append(pointer)
-                return tensor
-        else:
-            region = mmap.mmap(-1, nbytes)
-            tensor = torch.frombuffer(region, dtype=like.dtype, count=like.numel()).view(like.shape)
+        region, pointer = self._regions.pop(key, None), self._pinned.pop(key, None)
+        if region is None or len(region) != nbytes:   # not reserved, or for another shape
+            if pointer is not None:
+                torch.cuda.cudart().cudaHostUnregister(pointer)
+            region, pointer = mmap.mmap(-1, nbytes), None
+        tensor = torch.frombuffer(region, dtype=like.dtype, count=like.numel()).view(like.shape)
+        if pointer is not None:      # registered ahead by the reserve thread
+            self._registered.append(pointer)
+            return tensor
         code = int(torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), nbytes, _PORTABLE))
         if code != 0:
             self._can_pin = False
