@@ -9,7 +9,7 @@
 #   ckpt8b     llama3_8b checkpoints as a user's run makes them: `inv train.pretrain --compile --kernels`,
 #              bf16 on fp32 weights, one asynchronous save of the 96 GB state at step CKPT_AT (default 80)
 #              of 2 x CKPT_AT (the disk holds one), every step logged, once per checkpoint.write_threads
-#              in CKPT_THREADS (default 1); then benchmarks.checkpoint_run: the pause, the background
+#              in CKPT_THREADS (default 4, as the setting); then benchmarks.checkpoint_run: the pause, the background
 #              write, what the steps beside it lost, and after the last run a dd of the same bytes.
 # Output in $OUT (default ./out): two_gpu.txt, nccl_tests_*.txt, allreduce_*.json, train8b.json, ckpt8b_w*.json.
 # Carried: .whl/anvil (invoke, tabulate, nvidia-ml-py), .whl/titan (as in fp8_fused_gpu.sh) and
@@ -54,7 +54,7 @@ if [[ " $PARTS " == *" train8b "* ]]; then
 fi
 if [[ " $PARTS " == *" ckpt8b "* ]]; then
     echo "== llama3_8b checkpoints through inv train.pretrain, two GPUs"; df -h /tmp | tail -1
-    threads=(${CKPT_THREADS:-1}); last=${threads[-1]}
+    threads=(${CKPT_THREADS:-4}); last=${threads[-1]}
     for n in "${threads[@]}"; do
         echo "-- checkpoint.write_threads=$n"
         timeout ${CKPT_TIMEOUT:-300} $INV train.pretrain --config configs/llama3_8b.yaml --compile --kernels \
