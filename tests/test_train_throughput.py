@@ -12,15 +12,18 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_variant_names():
     assert tt.parse_variant("compile_kernels_fp32_fp8") == {
         "family": "anvil", "base": "compile_kernels", "compile": True, "kernels": True,
-        "params": "fp32", "fp8": "tensorwise", "fp8_fused": True}
+        "params": "fp32", "fp8": "tensorwise", "fp8_fused": True, "f8act": False}
+    assert tt.parse_variant("compile_kernels_fp32_fp8_f8act")["f8act"] is True   # float8 saved activations
+    assert tt.parse_variant("compile_f8act")["f8act"] is True
     assert tt.parse_variant("compile_kernels_fp8ref")["fp8_fused"] is False   # torchao's casts: the reference
     assert tt.parse_variant("titan_eager_fp8rw")["fp8"] == "rowwise"
     assert tt.parse_variant("titan_compile")["family"] == "titan"
     assert tt.parse_variant("hf_liger")["family"] == "hf"
     assert tt.parse_variant("kernels") == {"family": "anvil", "base": "kernels", "compile": False,
                                            "kernels": True, "params": "bf16", "fp8": "off",
-                                           "fp8_fused": True}
-    for bad in ("kernels_fp8_fp32", "titan", "compile_kernels_bf16", "kernels_fp8_fp8rw", "titan_compile_fp8ref"):
+                                           "fp8_fused": True, "f8act": False}
+    for bad in ("kernels_fp8_fp32", "titan", "compile_kernels_bf16", "kernels_fp8_fp8rw", "titan_compile_fp8ref",
+                "kernels_f8act", "titan_compile_f8act", "compile_f8act_fp8"):
         with pytest.raises(ValueError):
             tt.parse_variant(bad)
 

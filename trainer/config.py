@@ -122,6 +122,8 @@ class TrainSection:
     activation_checkpoint: Literal["none", "selective", "selective_lean", "full"] = "none"
     compile: bool = False
     skip_guards: bool = True       # compile: once a step compiled nothing, skip dynamo's guard checks (guards.py)
+    float8_activations: bool = False       # compile: saved activations kept in float8 (saved_activations.py)
+    float8_activations_min_mib: float = 100.0   # ... those of at least this size
     kernels: bool = False
 
 
@@ -424,6 +426,9 @@ def _check_values(cfg: TrainConfig, src: str) -> None:
     need(t.log_interval > 0, "train.log_interval", "a positive integer")
     need(t.val_interval >= 0, "train.val_interval", "an integer >= 0 (0 = only at the end)")
     need(t.val_batches >= 0, "train.val_batches", "an integer >= 0 (0 disables validation)")
+    need(not t.float8_activations or t.compile, "train.float8_activations",
+         "false unless train.compile is true (the float8 storage is a torch.compile pass; or pass --compile)")
+    need(t.float8_activations_min_mib > 0, "train.float8_activations_min_mib", "a positive number of MiB")
     need(cfg.parallel.timeout_minutes > 0, "parallel.timeout_minutes", "a positive integer")
     c = cfg.checkpoint
     need(c.interval >= 0, "checkpoint.interval", "an integer >= 0 (0 = only at the end)")

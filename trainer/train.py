@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from trainer import distributed, fp8, health, metrics, optim
+from trainer import distributed, fp8, health, metrics, optim, saved_activations
 from trainer.config import SYNTHETIC, TrainConfig
 from trainer.errors import UserError
 from trainer.files import write_json_atomic
@@ -179,6 +179,7 @@ def build_model(cfg: TrainConfig, info: distributed.DistInfo, log):
         log.info(model.fp8_state.describe())
     for layer in model.model.layers:
         layer.activation_checkpoint = cfg.train.activation_checkpoint
+    saved_activations.configure(cfg.train.float8_activations, cfg.train.float8_activations_min_mib, info.device)
     if cfg.train.compile:
         for layer in model.model.layers:
             layer.compile()  # in place: parameter names keep no _orig_mod prefix
@@ -386,6 +387,8 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
             if step == first_step + 1 and cfg.train.compile:
                 log.info(f"step {step}: compiled and ran in {time.perf_counter() - interval_start:.1f} s "
                          "(torch.compile); the steps after it run compiled")
+                if cfg.train.float8_activations:
+                    log.info(saved_activations.describe(cfg.train.float8_activations_min_mib))
             watchdog.beat(step)
             tokens_seen += step_tokens * info.world_size
             interval_tokens += step_tokens * info.world_size

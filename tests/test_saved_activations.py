@@ -1,0 +1,92 @@
+"""train.float8_activations: saved activations kept in float8 between forward and backward
+(trainer/saved_activations.py), on CPU through Inductor."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+import pytest
+import torch
+
+from trainer import saved_activations
+from trainer.config import ConfigError, load
+
+TINY = ["model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2", "model.ffn_dim=160",
+        "data.seq_len=64", "data.batch_size=4", "train.val_batches=0", "checkpoint.interval=0",
+        "schedule.warmup_steps=2", "logging.progress=false", "logging.tensorboard=false", "logging.gpu_stats=false"]
+
+
+def _mlp(x, w1, w2):
+    h = x @ w1           # saved for backward: silu(h) * h needs it
+    return (torch.nn.functional.silu(h) * h) @ w2
+
+
+def _grad_errors(compiled: bool) -> list[float]:
+    """Relative error of each gradient of _mlp (compiled or not) against eager, in bf16."""
+    torch.manual_seed(0)
+    inputs = [torch.randn(256, 128), torch.randn(128, 512), torch.randn(512, 64)]
+    inputs = [t.to(torch.bfloat16).requires_grad_() for t in inputs]
+
+    def grads(fn):
+        for t in inputs:
+            t.grad = None
+        fn(*inputs).float().square().mean().backward()
+        return [t.grad.float().clone() for t in inputs]
+
+    reference = grads(_mlp)
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(force_disable_caches=True):
+        got = grads(torch.compile(_mlp) if compiled else _mlp)
+    return [float((a - b).norm() / a.norm()) for a, b in zip(reference, got)]
+
+
+@pytest.fixture
+def float8_storage():
+    yield lambda on, mib: saved_activations.configure(on, mib)
+    saved_activations.configure(False, 100)
+    torch._dynamo.reset()
+
+
+def test_the_saved_activation_comes_back_at_float8_precision(float8_storage):
+    float8_storage(False, 100)
+    plain = _grad_errors(compiled=True)
+    assert max(plain) < 0.01          # Inductor against eager, bf16 both: rounding only
+
+    before = saved_activations.graphs_stored()
+    float8_storage(True, 0.1)         # h is 256 x 512 bf16 = 0.25 MiB
+    stored = _grad_errors(compiled=True)
+    assert saved_activations.graphs_stored() == before + 1
+    # e4m3 keeps 3 mantissa bits: gradients that read h are off by a few percent, no more
+    assert all(0.005 < e < 0.08 for e in stored), stored
+    assert all(s > 3 * p for s, p in zip(stored, plain))
+
+    float8_storage(True, 1.0)         # above h's size: nothing is stored in float8
+    before = saved_activations.graphs_stored()
+    assert max(_grad_errors(compiled=True)) < 0.01
+    assert saved_activations.graphs_stored() == before
+
+
+def test_it_needs_compile_and_a_positive_size():
+    with pytest.raises(ConfigError, match=r"train\.float8_activations: .*train\.compile"):
+        load(None, ["train.float8_activations=true"])
+    with pytest.raises(ConfigError, match=r"train\.float8_activations_min_mib: .*positive"):
+        load(None, ["train.compile=true", "train.float8_activations=true", "train.float8_activations_min_mib=0"])
+    cfg = load(None, ["train.compile=true", "train.float8_activations=true"])
+    assert cfg.train.float8_activations and cfg.train.float8_activations_min_mib == 100
+
+
+def test_a_compiled_run_says_what_it_stored_in_float8(tmp_path, dataset, inv_bin):
+    sets = [f"data.path={dataset}", *TINY, "train.steps=3", "train.log_interval=1",
+            "train.float8_activations=true", "train.float8_activations_min_mib=0.01"]
+    env = {**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1",
+           "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
+    proc = subprocess.run([str(inv_bin), "train.pretrain", "--compile", *[a for s in sets for a in ("--set", s)]],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    said = re.search(r"float8 activations: (\d+) compiled graph\(s\) keep their saved activations of 0\.01 MiB "
+                     r"or more in float8", proc.stderr)
+    assert said and int(said.group(1)) >= 2, proc.stderr[-3000:]   # the decoder block's graph, at least
+    losses = [float(x) for x in re.findall(r"step \d/3 \| loss ([\d.]+)", proc.stderr)]
+    assert len(losses) == 3 and all(0 < x < 20 for x in losses)

@@ -1,0 +1,61 @@
+"""Saved activations kept in float8 between forward and backward (`train.float8_activations`).
+
+Much of a training step's memory is the activations that forward keeps for
+backward: in a Llama layer, the outputs of the gate and up projections are
+the largest (tokens x ffn_dim each). Under torch.compile, PyTorch's
+partitioner can store each saved floating-point activation of at least a set
+size as float8 with one scale per row (the row's amax maps onto the format's
+largest value) and turn it back into its own dtype where backward first reads it
+(torch._functorch.partitioners, `activation_quantization_aten_pass` among
+Inductor's `post_grad_fusion_options`). Half the bytes of bf16 (a quarter of fp32);
+the price is a pass that writes the float8 copy in forward, one that reads it
+in backward, and e4m3's 3 mantissa bits in the values backward sees. Rows
+are scaled on their own, so one outlier costs only its row's precision.
+
+It works with every activation-checkpoint mode: what a mode keeps is what
+gets stored, and recomputed tensors never are. It needs `train.compile`.
+The float8 format is the forward one of trainer.fp8.float8_dtypes (e4m3fn;
+e4m3fnuz on MI300-class GPUs, not run on AMD).
+"""
+from __future__ import annotations
+
+import torch
+
+PASS = "activation_quantization_aten_pass"   # the partitioner's key in post_grad_fusion_options
+COUNTER = "activation_quantization_fwd_aten_pass"   # counted once per forward graph it changed
+
+
+def configure(enabled: bool, min_mib: float, device: torch.device | None = None) -> None:
+    """Turn the partitioner's float8 storage on (activations of min_mib MiB or more) or off, for the
+    graphs compiled from now on in this process."""
+    from torch._inductor import config
+
+    options = config.post_grad_fusion_options
+    if not enabled:
+        options.pop(PASS, None)
+        return
+    from trainer.fp8 import float8_dtypes
+
+    options[PASS] = {
+        "quant_type": str(float8_dtypes(device)[0]),   # "torch.float8_e4m3fn"
+        "size_in_mb": float(min_mib),
+        "use_scaling": True,                            # one fp32 scale per row
+        "allowed_dtypes": "torch.bfloat16;torch.float16;torch.float32",
+    }
+
+
+def graphs_stored() -> int:
+    """How many compiled forward graphs of this process store activations in float8."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"][COUNTER])
+
+
+def describe(min_mib: float) -> str:
+    """The log line after the first step: what the setting did."""
+    n = graphs_stored()
+    if n:
+        return (f"float8 activations: {n} compiled graph(s) keep their saved activations of {min_mib:g} MiB "
+                "or more in float8 (row scales) until backward")
+    return (f"float8 activations: no saved activation reached {min_mib:g} MiB, all stay as computed "
+            "(lower train.float8_activations_min_mib to store smaller ones)")
