@@ -76,10 +76,10 @@ def _trainer_rms_norm_float8_forward(self, x: torch.Tensor) -> torch.Tensor:
     return rms_norm_float8(x, self.weight.to(x.dtype), self.eps, self._anvil_float8_target)
 
 
-def _swiglu_float8_for(target, grad_target):
+def _swiglu_float8_for(target, grad_target, stash):
     from kernels.swiglu import swiglu_float8
 
-    return lambda gate, up: swiglu_float8(gate, up, target, grad_target)
+    return lambda gate, up: swiglu_float8(gate, up, target, grad_target, stash)
 
 
 def _shared_target(*linears):
@@ -90,10 +90,11 @@ def _shared_target(*linears):
     return targets.pop() if len(targets) == 1 else None
 
 
-def patch_float8_inputs(model: nn.Module) -> list[str]:
+def patch_float8_inputs(model: nn.Module, stash: bool = False) -> list[str]:
     """After torchao's float8 conversion of a patched trainer Llama: each decoder layer's two RMSNorms
     and its SwiGLU write their Float8Linear consumers' input as float8 themselves, and SwiGLU's
-    backward the output gradients of gate and up (kernels/float8.py).
+    backward the output gradients of gate and up (kernels/float8.py). `stash`: SwiGLU also keeps gate
+    and up for its backward in float8 (kernels.swiglu's stash; the MLP's `stashes` says so).
 
     A site is left as it is unless every linear it feeds is a tensorwise Float8Linear of one config
     (rowwise scales, an unconverted layer). Returns what was patched, one entry per site.
@@ -115,8 +116,11 @@ def patch_float8_inputs(model: nn.Module) -> list[str]:
             grad_target = _shared_target(mlp.gate_proj, mlp.up_proj)
             if grad_target is not None and grad_target.grad_dtype is None:
                 grad_target = None
-            mlp.act_fn = _swiglu_float8_for(target, grad_target)
+            mlp.act_fn = _swiglu_float8_for(target, grad_target, stash)
+            mlp.stashes = stash
             done.append("swiglu_float8")
+            if stash:
+                done.append("swiglu_float8_stash")
             if grad_target is not None:
                 done.append("swiglu_float8_grads")
     return done

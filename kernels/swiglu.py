@@ -49,8 +49,9 @@ def _swiglu_amax_kernel(G, U, AMAX, n, V_DTYPE: tl.constexpr, BLOCK: tl.constexp
 
 @triton.jit
 def _swiglu_float8_kernel(
-    G, U, AMAX, Q, SCALE, n, V_DTYPE: tl.constexpr, BLOCK: tl.constexpr,
+    G, U, AMAX, Q, SCALE, QG, QU, STASH_SCALES, n, V_DTYPE: tl.constexpr, BLOCK: tl.constexpr,
     FP8_MAX: tl.constexpr, FP8_MIN_NORMAL: tl.constexpr, FP8_MANTISSA: tl.constexpr, ROUND_IN_KERNEL: tl.constexpr,
+    STASH: tl.constexpr,
 ):
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -63,15 +64,47 @@ def _swiglu_float8_kernel(
              .to(Q.dtype.element_ty), mask=mask)
     if pid == 0:
         tl.store(SCALE, scale)
+    if STASH:   # gate and up for backward, in the same float8 format, one scale per block of BLOCK
+        n_blocks = tl.cdiv(n, BLOCK)
+        _stash(g, QG + offs, STASH_SCALES + pid, mask, FP8_MAX, FP8_MIN_NORMAL, FP8_MANTISSA, ROUND_IN_KERNEL)
+        _stash(u, QU + offs, STASH_SCALES + n_blocks + pid, mask, FP8_MAX, FP8_MIN_NORMAL, FP8_MANTISSA,
+               ROUND_IN_KERNEL)
 
 
 @triton.jit
-def _swiglu_bwd_kernel(DOUT, G, U, DG, DU, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+def _stash(v, Q_PTRS, SCALE_PTR, mask, FP8_MAX: tl.constexpr, FP8_MIN_NORMAL: tl.constexpr,
+           FP8_MANTISSA: tl.constexpr, ROUND_IN_KERNEL: tl.constexpr):
+    """v (fp32, a block in registers) as float8 scaled by its own block's |max|; the scale to SCALE_PTR."""
+    scale = FP8_MAX / tl.maximum(tl.max(tl.abs(v), axis=0), 1e-12)
+    tl.store(Q_PTRS, float8.to_float8_grid(v, scale, FP8_MAX, FP8_MIN_NORMAL, FP8_MANTISSA, ROUND_IN_KERNEL)
+             .to(Q_PTRS.dtype.element_ty), mask=mask)
+    tl.store(SCALE_PTR, scale)
+
+
+@triton.jit
+def _unstash(Q_PTRS, SCALE_PTR, mask):
+    """A stashed block back in fp32."""
+    return tl.load(Q_PTRS, mask=mask, other=0.0).to(tl.float32) / tl.load(SCALE_PTR)
+
+
+@triton.jit
+def _gate_up(G, U, STASH_SCALES, offs, block, n, mask, BLOCK: tl.constexpr, STASH: tl.constexpr):
+    """gate and up of block `block` in fp32: loaded, or restored from the stash (G, U its float8 data)."""
+    if STASH:
+        n_blocks = tl.cdiv(n, BLOCK)
+        return (_unstash(G + offs, STASH_SCALES + block, mask),
+                _unstash(U + offs, STASH_SCALES + n_blocks + block, mask))
+    return (tl.load(G + offs, mask=mask, other=0.0).to(tl.float32),
+            tl.load(U + offs, mask=mask, other=0.0).to(tl.float32))
+
+
+@triton.jit
+def _swiglu_bwd_kernel(DOUT, G, U, STASH_SCALES, DG, DU, n, BLOCK: tl.constexpr, STASH: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     dout = tl.load(DOUT + offs, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(U + offs, mask=mask, other=0.0).to(tl.float32)
+    g, u = _gate_up(G, U, STASH_SCALES, offs, pid, n, mask, BLOCK, STASH)
     dg, du = _silu_mul_grads(dout, g, u)
     tl.store(DU + offs, du.to(DU.dtype.element_ty), mask=mask)
     tl.store(DG + offs, dg.to(DG.dtype.element_ty), mask=mask)
@@ -86,42 +119,44 @@ def _silu_mul_grads(dout, g, u):
 
 
 @triton.jit
-def _swiglu_bwd_amax_kernel(DOUT, G, U, AMAX_G, AMAX_U, n, BLOCK: tl.constexpr):
-    """Persistent: max |d gate| and max |d up| (rounded as the plain backward's outputs) into AMAX_G, AMAX_U."""
+def _swiglu_bwd_amax_kernel(DOUT, G, U, STASH_SCALES, AMAX_G, AMAX_U, n, V_DTYPE: tl.constexpr,
+                            BLOCK: tl.constexpr, STASH: tl.constexpr):
+    """Persistent: max |d gate| and max |d up| (rounded as the plain backward's outputs, V_DTYPE) into
+    AMAX_G, AMAX_U."""
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
     amax_g = tl.zeros([BLOCK], dtype=tl.float32)
     amax_u = tl.zeros([BLOCK], dtype=tl.float32)
     for i in range(0, tl.cdiv(tl.cdiv(n, BLOCK) - pid, n_programs)):
-        offs = (pid + i * n_programs).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        block = pid + i * n_programs
+        offs = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
         dout = tl.load(DOUT + offs, mask=mask, other=0.0).to(tl.float32)
-        g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
-        u = tl.load(U + offs, mask=mask, other=0.0).to(tl.float32)
+        g, u = _gate_up(G, U, STASH_SCALES, offs, block, n, mask, BLOCK, STASH)
         dg, du = _silu_mul_grads(dout, g, u)
-        amax_g = tl.maximum(amax_g, tl.abs(dg.to(G.dtype.element_ty).to(tl.float32)))
-        amax_u = tl.maximum(amax_u, tl.abs(du.to(G.dtype.element_ty).to(tl.float32)))
+        amax_g = tl.maximum(amax_g, tl.abs(dg.to(V_DTYPE).to(tl.float32)))
+        amax_u = tl.maximum(amax_u, tl.abs(du.to(V_DTYPE).to(tl.float32)))
     tl.atomic_max(AMAX_G, tl.max(amax_g, axis=0), sem="relaxed")
     tl.atomic_max(AMAX_U, tl.max(amax_u, axis=0), sem="relaxed")
 
 
 @triton.jit
 def _swiglu_bwd_float8_kernel(
-    DOUT, G, U, AMAX_G, AMAX_U, QG, QU, SCALE_G, SCALE_U, n, BLOCK: tl.constexpr,
-    FP8_MAX: tl.constexpr, FP8_MIN_NORMAL: tl.constexpr, FP8_MANTISSA: tl.constexpr, ROUND_IN_KERNEL: tl.constexpr,
+    DOUT, G, U, STASH_SCALES, AMAX_G, AMAX_U, QG, QU, SCALE_G, SCALE_U, n, V_DTYPE: tl.constexpr,
+    BLOCK: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MIN_NORMAL: tl.constexpr, FP8_MANTISSA: tl.constexpr,
+    ROUND_IN_KERNEL: tl.constexpr, STASH: tl.constexpr,
 ):
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     dout = tl.load(DOUT + offs, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(U + offs, mask=mask, other=0.0).to(tl.float32)
+    g, u = _gate_up(G, U, STASH_SCALES, offs, pid, n, mask, BLOCK, STASH)
     dg, du = _silu_mul_grads(dout, g, u)
     scale_g = float8.scale_of(AMAX_G, FP8_MAX)
     scale_u = float8.scale_of(AMAX_U, FP8_MAX)
-    tl.store(QG + offs, float8.to_float8_grid(dg.to(G.dtype.element_ty), scale_g, FP8_MAX, FP8_MIN_NORMAL,
+    tl.store(QG + offs, float8.to_float8_grid(dg.to(V_DTYPE), scale_g, FP8_MAX, FP8_MIN_NORMAL,
                                               FP8_MANTISSA, ROUND_IN_KERNEL).to(QG.dtype.element_ty), mask=mask)
-    tl.store(QU + offs, float8.to_float8_grid(du.to(G.dtype.element_ty), scale_u, FP8_MAX, FP8_MIN_NORMAL,
+    tl.store(QU + offs, float8.to_float8_grid(du.to(V_DTYPE), scale_u, FP8_MAX, FP8_MIN_NORMAL,
                                               FP8_MANTISSA, ROUND_IN_KERNEL).to(QU.dtype.element_ty), mask=mask)
     if pid == 0:
         tl.store(SCALE_G, scale_g)
@@ -148,40 +183,63 @@ def _forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _backward(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _stash_block(n: int, block: int, stash_scales: torch.Tensor | None) -> None:
+    """A stash is read with the block size it was written with (one device, one kernel config)."""
+    if stash_scales is not None and stash_scales.numel() != 2 * triton.cdiv(n, block):
+        raise RuntimeError(f"swiglu: a stash of {stash_scales.numel()} scales does not match {n} elements in "
+                           f"blocks of {block}")
+
+
+def _or(t: torch.Tensor | None, other: torch.Tensor) -> torch.Tensor:
+    return other if t is None else t   # a pointer the kernel leaves unread (STASH off)
+
+
+def _backward(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
+              stash_scales: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d gate, d up) in dout's dtype. With `stash_scales`, gate and up are the forward's float8 stash."""
     dout, gate, up = dout.contiguous(), gate.contiguous(), up.contiguous()
-    d_gate = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-    d_up = torch.empty(up.shape, dtype=up.dtype, device=up.device)
+    d_gate = torch.empty(gate.shape, dtype=dout.dtype, device=gate.device)
+    d_up = torch.empty(up.shape, dtype=dout.dtype, device=up.device)
     n = gate.numel()
     if n:
         block, warps = arch.elementwise_config(arch.detect(gate.device))
-        _swiglu_bwd_kernel[_grid(n, block)](dout, gate, up, d_gate, d_up, n, BLOCK=block, num_warps=warps)
+        _stash_block(n, block, stash_scales)
+        _swiglu_bwd_kernel[_grid(n, block)](dout, gate, up, _or(stash_scales, dout), d_gate, d_up, n, BLOCK=block,
+                                            STASH=stash_scales is not None, num_warps=warps)
     return d_gate, d_up
 
 
-def _forward_float8(gate: torch.Tensor, up: torch.Tensor, fp8_dtype: torch.dtype,
-                    value_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(silu(gate) * up as float8, its float32 scale []); rounded to the input dtype, then value_dtype."""
+def _forward_float8(gate: torch.Tensor, up: torch.Tensor, fp8_dtype: torch.dtype, value_dtype: torch.dtype,
+                    stash: bool = False) -> tuple[torch.Tensor, ...]:
+    """(silu(gate) * up as float8, its float32 scale []); rounded to the input dtype, then value_dtype.
+    With `stash`, also gate and up in fp8_dtype for the backward, each block of the kernel's BLOCK
+    elements scaled by its own |max| (fp32 scales [2, blocks]: gate's, then up's), written by the
+    same pass that reads them: (q, scale, gate8, up8, stash_scales)."""
     gate, up = gate.contiguous(), up.contiguous()
     q = torch.empty(gate.shape, dtype=fp8_dtype, device=gate.device)
     amax, scale = float8.amax_and_scale(gate.device)
-    n = gate.numel()
-    if n == 0:
-        scale.fill_(torch.finfo(fp8_dtype).max / float8.EPS)
-        return q, scale
     a = arch.detect(gate.device)
     block, warps = arch.elementwise_config(a)
+    n = gate.numel()
+    stashed = ((torch.empty(gate.shape, dtype=fp8_dtype, device=gate.device),
+                torch.empty(gate.shape, dtype=fp8_dtype, device=gate.device),
+                torch.empty(2, triton.cdiv(n, block), dtype=torch.float32, device=gate.device)) if stash else ())
+    if n == 0:
+        scale.fill_(torch.finfo(fp8_dtype).max / float8.EPS)
+        return (q, scale, *stashed)
     v = float8.to_triton(value_dtype)
     _swiglu_amax_kernel[(arch.persistent_grid(a, triton.cdiv(n, block)),)](
         gate, up, amax, n, V_DTYPE=v, BLOCK=block, num_warps=warps)
-    _swiglu_float8_kernel[_grid(n, block)](gate, up, amax, q, scale, n, V_DTYPE=v, BLOCK=block, num_warps=warps,
-                                           **float8.constants(fp8_dtype))
-    return q, scale
+    qg, qu, stash_scales = stashed or (q, q, scale)   # unread pointers without STASH
+    _swiglu_float8_kernel[_grid(n, block)](gate, up, amax, q, scale, qg, qu, stash_scales, n, V_DTYPE=v,
+                                           BLOCK=block, STASH=stash, num_warps=warps, **float8.constants(fp8_dtype))
+    return (q, scale, *stashed)
 
 
-def _backward_float8(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, fp8_dtype: torch.dtype
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(d gate, d up as float8, their float32 scales [2]); each rounded to gate's dtype before scaling."""
+def _backward_float8(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, fp8_dtype: torch.dtype,
+                     stash_scales: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(d gate, d up as float8, their float32 scales [2]); each rounded to dout's dtype before scaling.
+    With `stash_scales`, gate and up are the forward's float8 stash."""
     dout, gate, up = dout.contiguous(), gate.contiguous(), up.contiguous()
     qg = torch.empty(gate.shape, dtype=fp8_dtype, device=gate.device)
     qu = torch.empty(gate.shape, dtype=fp8_dtype, device=gate.device)
@@ -194,11 +252,14 @@ def _backward_float8(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, f
         return qg, qu, scales
     a = arch.detect(gate.device)
     block, warps = arch.elementwise_config(a)
+    _stash_block(n, block, stash_scales)
+    stash, v = stash_scales is not None, float8.to_triton(dout.dtype)
+    stash_scales = _or(stash_scales, dout)
     _swiglu_bwd_amax_kernel[(arch.persistent_grid(a, triton.cdiv(n, block)),)](
-        dout, gate, up, amax_g, amax_u, n, BLOCK=block, num_warps=warps)
+        dout, gate, up, stash_scales, amax_g, amax_u, n, V_DTYPE=v, BLOCK=block, STASH=stash, num_warps=warps)
     _swiglu_bwd_float8_kernel[_grid(n, block)](
-        dout, gate, up, amax_g, amax_u, qg, qu, scale_g, scale_u, n, BLOCK=block, num_warps=warps,
-        **float8.constants(fp8_dtype))
+        dout, gate, up, stash_scales, amax_g, amax_u, qg, qu, scale_g, scale_u, n, V_DTYPE=v, BLOCK=block,
+        STASH=stash, num_warps=warps, **float8.constants(fp8_dtype))
     return qg, qu, scales
 
 
@@ -274,37 +335,92 @@ def _(dout, gate, up, fp8_dtype):
             gate.new_empty((2,), dtype=torch.float32))
 
 
+# The stash: the forward keeps gate and up for the backward as float8, block-scaled, instead of the
+# 16-bit tensors (train.float8_activations, the MLP's share of it). An op whose name ends in
+# "_stash_fwd" returns saved activations in compact form: selective checkpointing keeps its outputs and
+# lets the tensors it stashed be recomputed (trainer.model), which under torch.compile means dropped.
+
+@torch.library.custom_op("anvil::swiglu_float8_stash_fwd", mutates_args=())
+def swiglu_float8_stash_fwd_op(gate: torch.Tensor, up: torch.Tensor, fp8_dtype: torch.dtype,
+                               value_dtype: torch.dtype
+                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _forward_float8(gate, up, fp8_dtype, value_dtype, stash=True)
+
+
+@swiglu_float8_stash_fwd_op.register_fake
+def _(gate, up, fp8_dtype, value_dtype):
+    _check(gate, up)
+    block, _ = arch.elementwise_config(arch.detect(gate.device))
+    blocks = triton.cdiv(gate.numel(), block)
+    return (gate.new_empty(gate.shape, dtype=fp8_dtype), gate.new_empty((), dtype=torch.float32),
+            gate.new_empty(gate.shape, dtype=fp8_dtype), gate.new_empty(gate.shape, dtype=fp8_dtype),
+            gate.new_empty((2, blocks), dtype=torch.float32))
+
+
+@torch.library.custom_op("anvil::swiglu_float8_stash_bwd", mutates_args=())
+def swiglu_float8_stash_bwd_op(dout: torch.Tensor, gate8: torch.Tensor, up8: torch.Tensor,
+                               stash_scales: torch.Tensor, fp8_dtype: torch.dtype
+                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward_float8(dout, gate8, up8, fp8_dtype, stash_scales)
+
+
+@swiglu_float8_stash_bwd_op.register_fake
+def _(dout, gate8, up8, stash_scales, fp8_dtype):
+    return (gate8.new_empty(gate8.shape, dtype=fp8_dtype), gate8.new_empty(gate8.shape, dtype=fp8_dtype),
+            gate8.new_empty((2,), dtype=torch.float32))
+
+
+@torch.library.custom_op("anvil::swiglu_stash_bwd", mutates_args=())
+def swiglu_stash_bwd_op(dout: torch.Tensor, gate8: torch.Tensor, up8: torch.Tensor, stash_scales: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    return _backward(dout, gate8, up8, stash_scales)
+
+
+@swiglu_stash_bwd_op.register_fake
+def _(dout, gate8, up8, stash_scales):
+    return torch.empty_like(dout), torch.empty_like(dout)
+
+
 @torch._dynamo.allow_in_graph   # like torchao's float8 matmul: AOTAutograd traces the subclass it returns
 class _SwiGLUFloat8Function(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, gate, up, target, grad_target):
-        q, scale = torch.ops.anvil.swiglu_float8_fwd(gate, up, target.dtype, float8.value_dtype(gate.dtype))
-        ctx.save_for_backward(gate, up)
-        ctx.grad_target = grad_target
+    def forward(ctx, gate, up, target, grad_target, stash):
+        value_dtype = float8.value_dtype(gate.dtype)
+        if stash:
+            q, scale, *stashed = torch.ops.anvil.swiglu_float8_stash_fwd(gate, up, target.dtype, value_dtype)
+            ctx.save_for_backward(*stashed)
+        else:
+            q, scale = torch.ops.anvil.swiglu_float8_fwd(gate, up, target.dtype, value_dtype)
+            ctx.save_for_backward(gate, up)
+        ctx.grad_target, ctx.stash, ctx.dtype = grad_target, stash, gate.dtype
         return float8.as_gemm_input(q, scale, gate.dtype, target)
 
     @staticmethod
     def backward(ctx, dout):
-        gate, up = ctx.saved_tensors
+        saved = ctx.saved_tensors
         t = ctx.grad_target
         if t is None:
-            d_gate, d_up = torch.ops.anvil.swiglu_bwd(dout, gate, up)
-            return d_gate, d_up, None, None
-        qg, qu, scales = torch.ops.anvil.swiglu_float8_bwd(dout, gate, up, t.grad_dtype)
-        return (float8.as_gemm_input(qg, scales[0], gate.dtype, t, gradient=True),
-                float8.as_gemm_input(qu, scales[1], gate.dtype, t, gradient=True), None, None)
+            d_gate, d_up = (torch.ops.anvil.swiglu_stash_bwd(dout, *saved) if ctx.stash
+                            else torch.ops.anvil.swiglu_bwd(dout, *saved))
+            return d_gate, d_up, None, None, None
+        qg, qu, scales = (torch.ops.anvil.swiglu_float8_stash_bwd(dout, *saved, t.grad_dtype) if ctx.stash
+                          else torch.ops.anvil.swiglu_float8_bwd(dout, *saved, t.grad_dtype))
+        return (float8.as_gemm_input(qg, scales[0], ctx.dtype, t, gradient=True),
+                float8.as_gemm_input(qu, scales[1], ctx.dtype, t, gradient=True), None, None, None)
 
 
 def swiglu_float8(gate: torch.Tensor, up: torch.Tensor, target: float8.Float8Target,
-                  grad_target: float8.Float8Target | None = None) -> torch.Tensor:
+                  grad_target: float8.Float8Target | None = None, stash: bool = False) -> torch.Tensor:
     """swiglu(gate, up) as the float8 input of a tensorwise Float8Linear (kernels/float8.py).
 
     `grad_target`: the Float8Target of the layers that made gate and up (it needs a grad_dtype); the
-    backward then hands them their output gradients as float8 too, instead of bf16."""
+    backward then hands them their output gradients as float8 too, instead of bf16.
+    `stash`: keep gate and up for the backward as float8 with one scale per block (the stash, above),
+    written in the pass that reads them anyway: half their memory, e4m3's precision in the backward."""
     _check(gate, up)
     if grad_target is not None and grad_target.grad_dtype is None:
         raise ValueError("swiglu_float8: grad_target has no tensorwise gradient cast (grad_dtype is None)")
-    return _SwiGLUFloat8Function.apply(gate, up, target, grad_target)
+    return _SwiGLUFloat8Function.apply(gate, up, target, grad_target, stash)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -89,6 +89,44 @@ def test_swiglu_backward_float8_is_torchaos_cast_of_its_gradients(grad_dtype, sh
         assert torch.equal(q.view(torch.uint8), ref._data.view(torch.uint8))
 
 
+@pytest.mark.parametrize("shape,outlier", [((3, 50, 96), None), ((4, 1000), 300.0), ((1, 7), None)])
+def test_the_stash_keeps_gate_and_up_as_block_scaled_float8(shape, outlier):
+    """train.float8_activations: the forward also writes gate and up as e4m3, each block of the kernel's
+    grid scaled by its own |max|; the output is unchanged, and the backward from the stash is the
+    backward of the values the stash holds."""
+    import triton
+
+    from kernels import arch
+    from kernels.swiglu import _backward, _backward_float8, _forward_float8
+
+    gate, up = sample(shape, torch.bfloat16, seed=2), sample(shape, torch.bfloat16, outlier, seed=3)
+    dout = sample(shape, torch.bfloat16, seed=4)
+    e4m3 = torch.float8_e4m3fn
+    plain = _forward_float8(gate, up, e4m3, torch.bfloat16)
+    q, scale, qg, qu, scales = _forward_float8(gate, up, e4m3, torch.bfloat16, stash=True)
+    assert torch.equal(q.view(torch.uint8), plain[0].view(torch.uint8)) and torch.equal(scale, plain[1])
+    block, _ = arch.elementwise_config(arch.detect(gate.device))
+    n = gate.numel()
+    assert scales.shape == (2, triton.cdiv(n, block)) and qg.dtype == qu.dtype == e4m3
+    restored = []
+    for v, stash, s in ((gate, qg, scales[0]), (up, qu, scales[1])):
+        flat = torch.nn.functional.pad(v.float().reshape(-1), (0, s.numel() * block - n)).view(-1, block)
+        amax = flat.abs().amax(dim=1)
+        assert torch.allclose(s, 448.0 / amax, rtol=1e-6)       # the block's |max| lands on e4m3's largest
+        want = (flat * s[:, None]).clamp(-448, 448).to(e4m3).reshape(-1)[:n]
+        assert torch.equal(stash.reshape(-1).view(torch.uint8), want.view(torch.uint8))
+        back = (stash.float().reshape(-1) / s.repeat_interleave(block)[:n]).view(shape)
+        assert ((back - v.float()).abs() <= v.float().abs() / 16 + amax.max() / 448 * 2 ** -9).all()
+        restored.append(back)
+    for got, want in zip(_backward(dout, qg, qu, scales), _backward(dout, *restored)):
+        assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+    for got, want in zip(_backward_float8(dout, qg, qu, torch.float8_e5m2, scales),
+                         _backward_float8(dout, *restored, torch.float8_e5m2)):
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    with pytest.raises(RuntimeError, match="does not match"):
+        _backward(dout, qg, qu, scales[:, :-1])
+
+
 def test_all_zero_and_empty_inputs_give_torchaos_scale():
     target = Float8Target(torch.float8_e4m3fn, EMULATED)
     zeros = torch.zeros(4, 64, dtype=torch.bfloat16, device=DEVICE)
@@ -140,13 +178,13 @@ def deterministic():
 SMALL = ["data.path=synthetic", "model.n_layers=2"]
 
 
-def _tiny_fp8_model(fuse: bool, recipe="tensorwise"):
+def _tiny_fp8_model(fuse: bool, recipe="tensorwise", stash=False):
     cfg = load(None, SMALL)
     torch.manual_seed(0)
     model = Transformer(cfg.model).to(torch.bfloat16).to(DEVICE)
     model.model.rotary_emb.reset_parameters()
     patch(model)
-    state = fp8.convert(model, recipe, emulate=True, fuse_inputs=fuse)
+    state = fp8.convert(model, recipe, emulate=True, fuse_inputs=fuse, stash=stash)
     return cfg, model, state
 
 
@@ -199,6 +237,42 @@ def test_under_torch_compile_the_fused_inputs_train_as_torchaos_casts(determinis
     assert losses[0] == losses[1]
     for (name, a), b in zip(fused.named_parameters(), plain.parameters()):
         assert torch.equal(a.grad, b.grad), name
+
+
+def test_with_the_stash_selective_checkpointing_keeps_float8_instead_of_gate_and_up(deterministic):
+    """Compiled layers under `selective`: with the stash, backward holds gate and up only as float8
+    (the bf16 projections are neither kept nor recomputed), and training follows the plain run within
+    e4m3's precision."""
+    cfg, stashed, state = _tiny_fp8_model(True, stash=True)
+    _, plain, _ = _tiny_fp8_model(True)
+    n, ffn = cfg.model.n_layers, cfg.model.ffn_dim
+    assert state.fused_inputs.count("swiglu_float8_stash") == n and "keeps gate and up in float8" in state.describe()
+    assert all(layer.mlp.stashes for layer in stashed.model.layers)
+    for layer in [*stashed.model.layers, *plain.model.layers]:
+        layer.activation_checkpoint = "selective"
+        layer.compile()
+    tokens = torch.randint(0, cfg.model.vocab_size, (2, 32), generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    kept, losses, grads = [], [], []
+    for model in (stashed, plain):
+        wide: dict = {}
+
+        def pack(t, wide=wide):
+            if t.dim() and t.shape[-1] == ffn and t.numel() == 2 * 32 * ffn:     # a tokens x ffn_dim activation
+                wide[t.dtype] = wide.get(t.dtype, 0) + 1
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = model(tokens, tokens)
+        loss.backward()
+        kept.append(wide)
+        losses.append(loss.item())
+        grads.append([p.grad.float() for p in model.parameters()])
+    assert kept[0].get(torch.bfloat16, 0) == 0 and kept[0].get(torch.float8_e4m3fn, 0) >= 2 * n, kept[0]
+    assert kept[1].get(torch.bfloat16, 0) >= 2 * n, kept[1]       # plain selective keeps gate and up
+    assert abs(losses[0] - losses[1]) < 1e-6 * abs(losses[1]) + 1e-3   # forward values are the same
+    # e4m3 keeps 3 mantissa bits of gate and up; through two random layers the weight gradients move by
+    # up to 10% (layer 0's k_proj on an H200); a wrong scale or block would move them by their size
+    for (name, _), a, b in zip(stashed.named_parameters(), *grads):
+        assert (a - b).norm() <= 0.2 * b.norm() + 1e-6, name
 
 
 def test_under_fsdp2_with_float8_all_gather_the_fused_inputs_train_the_same():

@@ -147,6 +147,7 @@ class Fp8State:
     def describe(self) -> str:
         kept = ", ".join(self.kept) if self.kept else "none"
         grads = " (and its gradients)" if "swiglu_float8_grads" in self.fused_inputs else ""
+        grads += "; SwiGLU keeps gate and up in float8" if "swiglu_float8_stash" in self.fused_inputs else ""
         fused = (f"; float8 inputs written by the kernels: {self.fused_inputs.count('rms_norm_float8')} RMSNorm, "
                  f"{self.fused_inputs.count('swiglu_float8')} SwiGLU{grads}" if self.fused_inputs else "")
         return (f"fp8 {self.recipe} ({self.dtypes[0]}/{self.dtypes[1]}): {len(self.converted)} Linear "
@@ -155,14 +156,15 @@ class Fp8State:
 
 
 def convert(model: nn.Module, recipe: str, fsdp: bool = False, device: torch.device | None = None,
-            compile: bool = False, emulate: bool = False, fuse_inputs: bool = False,
+            compile: bool = False, emulate: bool = False, fuse_inputs: bool = False, stash: bool = False,
             module_filter: Callable[[nn.Module, str], bool] = convert_filter) -> Fp8State:
     """Swap the model's eligible nn.Linear for torchao Float8Linear, in place.
 
     `fuse_inputs` (a model patched with our kernels, tensorwise): RMSNorm and
     SwiGLU then write their Float8Linear's input as float8 with its scale
     (kernels.patch_float8_inputs), instead of torchao casting their output in
-    passes of its own. `emulate` (tests on CPU only; the trainer never sets it)
+    passes of its own; with `stash` (train.float8_activations), SwiGLU also keeps
+    gate and up for its backward in float8. `emulate` (tests on CPU only; the trainer never sets it)
     runs the float8 casts with high-precision matmuls, torchao's emulation mode."""
     from torchao.float8 import convert_to_float8_training
 
@@ -179,7 +181,7 @@ def convert(model: nn.Module, recipe: str, fsdp: bool = False, device: torch.dev
     fused = []
     if fuse_inputs and recipe == "tensorwise":   # rowwise: torchao casts again along the other axis anyway
         from kernels.patch import patch_float8_inputs
-        fused = patch_float8_inputs(model)
+        fused = patch_float8_inputs(model, stash=stash)
     e4m3 = config.cast_config_input.target_dtype
     e5m2 = config.cast_config_grad_output.target_dtype
     return Fp8State(recipe, chosen, _compress(kept), bool(config.enable_fsdp_float8_all_gather),

@@ -138,6 +138,7 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
         self.down_proj = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
         self.act_fn = silu_mul  # kernel hook
+        self.stashes = False    # act_fn keeps gate and up for backward in compact form (kernels.patch)
 
     def forward(self, x):
         return self.down_proj(self.act_fn(self.gate_proj(x), self.up_proj(x)))
@@ -147,6 +148,8 @@ def _selective_policy(recomputed: frozenset, counts: dict, ctx, op, *args, **kwa
     """Selective activation checkpointing: keep matmul and attention outputs, recompute the rest,
     and recompute the layer's matmuls whose 1-based forward position is in `recomputed`."""
     from torch.utils.checkpoint import CheckpointPolicy
+    if _stashes(op):
+        return CheckpointPolicy.MUST_SAVE
     if op not in _SAVE_OPS:
         return CheckpointPolicy.PREFER_RECOMPUTE
     if op in _MATMUL_OPS:
@@ -171,6 +174,13 @@ _SAVE_OPS = _MATMUL_OPS | {
     torch.ops.aten._scaled_dot_product_cudnn_attention.default,
 }
 
+def _stashes(op) -> bool:
+    """A kernel op that returns saved activations in compact form (kernels.swiglu's stash: gate and up
+    in float8): keeping its outputs is what lets the tensors it stashed be recomputed, which under
+    torch.compile means not kept at all (nothing in backward reads them)."""
+    return getattr(op, "namespace", None) == "anvil" and getattr(op, "_opname", "").endswith("_stash_fwd")
+
+
 # A decoder layer's matmuls in forward order: 1 q, 2 k, 3 v, 4 o, 5 gate, 6 up, 7 down. What each
 # selective mode recomputes in backward rather than keeps. down's output (7) only feeds the residual
 # add, whose backward needs nothing: keeping it is memory for nothing, and the recompute stops
@@ -178,6 +188,7 @@ _SAVE_OPS = _MATMUL_OPS | {
 # selective_lean also recomputes every second matmul (k, o, up: torchtitan's "op" policy), for
 # about half the activation memory of `selective` at the price of those three matmuls again.
 RECOMPUTED_MATMULS = {"selective": frozenset({7}), "selective_lean": frozenset({2, 4, 6, 7})}
+STASHED_MATMULS = frozenset({5, 6})   # gate, up: what an MLP that stashes them keeps instead (MLP.stashes)
 
 
 class DecoderLayer(nn.Module):
@@ -200,7 +211,10 @@ class DecoderLayer(nn.Module):
         from torch.utils.checkpoint import checkpoint
         kwargs = {}
         if self.activation_checkpoint in RECOMPUTED_MATMULS:
-            kwargs["context_fn"] = partial(_selective_context, RECOMPUTED_MATMULS[self.activation_checkpoint])
+            recomputed = RECOMPUTED_MATMULS[self.activation_checkpoint]
+            if self.mlp.stashes:
+                recomputed = recomputed | STASHED_MATMULS
+            kwargs["context_fn"] = partial(_selective_context, recomputed)
         return checkpoint(self._forward, x, cos, sin, use_reentrant=False, **kwargs)
 
 

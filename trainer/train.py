@@ -175,7 +175,8 @@ def build_model(cfg: TrainConfig, info: distributed.DistInfo, log):
     if fp8.enabled(cfg):
         model.fp8_state = fp8.convert(model, cfg.precision.fp8, fsdp=use_fsdp, device=info.device,
                                       compile=cfg.train.compile,
-                                      fuse_inputs=cfg.train.kernels and cfg.precision.fp8_fused)
+                                      fuse_inputs=cfg.train.kernels and cfg.precision.fp8_fused,
+                                      stash=cfg.train.float8_activations)
         log.info(model.fp8_state.describe())
     for layer in model.model.layers:
         layer.activation_checkpoint = cfg.train.activation_checkpoint
