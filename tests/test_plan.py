@@ -422,3 +422,34 @@ def test_pretrain_dry_run_prints_the_warning():
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "WARNING: the memory plan says this run will not fit: it needs about 87" in proc.stderr
+
+
+def test_float8_activations_count_gate_and_up_in_one_byte():
+    """train.float8_activations: SwiGLU's stash (FP8 tensorwise, fused inputs) keeps gate, up and its
+    output in float8 in every mode but full; without it the partitioner stores gate and up in float8
+    (plus a row scale) once they reach the size, and nothing below it."""
+    base = ["train.compile=true", "train.kernels=true", "precision.params=bf16", "data.batch_size=1",
+            "data.seq_len=8192"]
+    on = ["train.float8_activations=true"]
+    m = cfg_of("llama3_8b").model
+    F = m.ffn_dim
+
+    def per_token(*sets, mode="selective"):
+        cfg = cfg_of("llama3_8b", *base, *sets)
+        dt = planner.dtypes(cfg, 1)
+        fp8 = planner.fp8_layout(cfg, dt)
+        f8 = planner.float8_acts(cfg, dt, fp8, cfg.data.batch_size * cfg.data.seq_len)
+        return planner.layer_activation_bytes(m, cfg.data.seq_len, mode, dt, True, fp8, f8)
+
+    fp8 = ["precision.fp8=tensorwise"]
+    assert per_token(*fp8) - per_token(*fp8, *on) == 4 * F - 3 * F                  # gate + up bf16 -> stash
+    assert per_token(*fp8, mode="selective_lean") - per_token(*fp8, *on, mode="selective_lean") == 2 * F - 3 * F
+    assert per_token(*fp8, mode="full") == per_token(*fp8, *on, mode="full")
+    assert per_token(*fp8, "precision.fp8_fused=false") - per_token(*fp8, "precision.fp8_fused=false", *on) \
+        == 2 * (2 * F - (F + 4))                                                    # the partitioner's rows
+    assert per_token() - per_token(*on) == 2 * (2 * F - (F + 4))                     # bf16, no FP8
+    assert per_token(mode="none") - per_token(*on, mode="none") == 2 * (2 * F - (F + 4))
+    assert per_token("data.seq_len=1024") == per_token("data.seq_len=1024", *on)     # 28 MiB: under 100
+    plan = planner.make_plan(cfg_of("llama3_8b", *base, *fp8, *on))
+    assert any(n.startswith("train.float8_activations: gate and up counted in float8") for n in plan.notes)
+    assert plan.memory.peak_bytes < planner.make_plan(cfg_of("llama3_8b", *base, *fp8)).memory.peak_bytes

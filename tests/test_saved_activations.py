@@ -90,3 +90,10 @@ def test_a_compiled_run_says_what_it_stored_in_float8(tmp_path, dataset, inv_bin
     assert said and int(said.group(1)) >= 2, proc.stderr[-3000:]   # the decoder block's graph, at least
     losses = [float(x) for x in re.findall(r"step \d/3 \| loss ([\d.]+)", proc.stderr)]
     assert len(losses) == 3 and all(0 < x < 20 for x in losses)
+
+
+def test_the_log_line_names_the_swiglu_stash_apart():
+    line = saved_activations.describe(100, stashed_layers=32)
+    assert line.startswith("float8 activations: 32 SwiGLU(s) keep gate and up in float8 themselves; ")
+    assert "other saved activation" in line or "other saved activations" in line
+    assert "SwiGLU" not in saved_activations.describe(100)

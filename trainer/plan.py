@@ -45,6 +45,13 @@ Saved for backward, per decoder layer and token (bytes):
       nothing else needs: attention's and the MLP's normed inputs (D each, however many casts
       autocast made) and SwiGLU's output (F). Checkpointed modes keep what they kept.
 
+    train.float8_activations (under torch.compile): with FP8 tensorwise and the fused inputs, SwiGLU
+      keeps gate and up as float8 (F each) plus its float8 output (F), in every mode but full: 3F in
+      place of what the mode kept of the MLP (selective then recomputes neither projection). Otherwise
+      gate and up are stored in float8 with a 4-byte scale per row where a whole tensor (N c F
+      bytes) reaches train.float8_activations_min_mib: F + 4 each. Smaller saved tensors of that size
+      (q, o, the layer input) go the same way; the plan counts them whole, an upper bound.
+
 The no-checkpointing formula is exact against autograd's saved tensors on CPU (test_plan.py
 counts them with saved_tensors_hooks, bf16 weights and fp32 weights under autocast).
 Checkpointing adds, during each layer's backward, the recomputed rest of that one layer.
@@ -254,20 +261,40 @@ def fp8_layout(cfg: TrainConfig, dt: Dtypes) -> Fp8 | None:
                dt.fsdp and recipe == "tensorwise")
 
 
+@dataclass(frozen=True)
+class Float8Acts:
+    """What train.float8_activations changes in the plan (trainer/saved_activations.py)."""
+
+    stash: bool            # SwiGLU keeps gate and up in float8 itself (FP8 tensorwise, fused inputs)
+    wide: bool             # else: gate and up (N x F each) reach the size the partitioner stores
+
+
+def float8_acts(cfg: TrainConfig, dt: Dtypes, fp8: Fp8 | None, n_tokens: int) -> Float8Acts | None:
+    """The Float8Acts of cfg at n_tokens a micro-batch, or None with the setting off."""
+    t = cfg.train
+    if not (t.float8_activations and t.compile):
+        return None
+    stash = bool(t.kernels and cfg.precision.fp8_fused and fp8 and fp8.recipe == "tensorwise"
+                 and fp8.mlp_in and fp8.down)
+    return Float8Acts(stash, n_tokens * dt.c * cfg.model.ffn_dim >= t.float8_activations_min_mib * 2 ** 20)
+
+
 def layer_activation_bytes(m: ModelConfig, seq_len: int, mode: str, dt: Dtypes,
-                           kernels: bool = False, fp8: Fp8 | None = None) -> int:
+                           kernels: bool = False, fp8: Fp8 | None = None, f8: Float8Acts | None = None) -> int:
     """Bytes one decoder layer keeps for backward per token (the module docstring's table)."""
     D, F, H = m.dim, m.ffn_dim, m.n_heads
     Dkv = m.n_kv_heads * m.head_dim
     c, r = dt.c, dt.r
     flash = c == 2
+    gate_up = (F + 4) if f8 and f8.wide and not f8.stash else c * F    # gate's or up's bytes when kept
     if mode == "full":
         return r * D
     if mode in ("selective", "selective_lean"):
         attn = c * D + 4 * H if flash else 0      # the math kernel's ops are not in _SAVE_OPS
+        mlp = 3 * F if f8 and f8.stash else (2 if mode == "selective" else 1) * gate_up
         if mode == "selective":
-            return r * D + c * (2 * D + 2 * Dkv) + attn + 2 * c * F
-        return r * D + c * (D + Dkv) + attn + c * F
+            return r * D + c * (2 * D + 2 * Dkv) + attn + mlp
+        return r * D + c * (D + Dkv) + attn + mlp
     if mode != "none":
         raise PlanError(f"activation checkpointing {mode!r}: expected one of {', '.join(AC_MODES)}")
     norms = 2 * (r * D + 4) if kernels else 2 * (4 * D + r * D + 4)
@@ -277,7 +304,7 @@ def layer_activation_bytes(m: ModelConfig, seq_len: int, mode: str, dt: Dtypes,
         attn = 2 * c * D + 2 * c * Dkv + 4 * H
     else:
         attn = 4 * c * D + c * H * seq_len
-    mlp = (3 if kernels else 4) * c * F
+    mlp = (3 if kernels else 4) * c * F - 2 * (c * F - gate_up)
     if fp8 and fp8.compiled:
         # Inductor's partitioner keeps a Float8Linear's input as its float8 cast (one byte), once per
         # input the linears share, where nothing else needs the 16-bit tensor: the normed inputs of
@@ -285,6 +312,8 @@ def layer_activation_bytes(m: ModelConfig, seq_len: int, mode: str, dt: Dtypes,
         attn_in = D if fp8.attn_in else attn_in
         mlp_in = D if fp8.mlp_in else mlp_in
         mlp -= (c - 1) * F if fp8.down else 0
+    if f8 and f8.stash:
+        mlp = 3 * F     # gate and up in float8 (the stash), SwiGLU's output in float8 for down
     return norms + attn_in + mlp_in + attn + mlp
 
 
@@ -397,8 +426,9 @@ def memory(cfg: TrainConfig, world: int, device: Device, batch_size: int | None 
     optim = Term("optimizer", f"optimizer: AdamW exp_avg + exp_avg_sq ({pname}{share})", 2 * p * local)
 
     # Activations and the loss.
-    per_token_layer = layer_activation_bytes(m, T, mode, dt, kernels, fp8)
-    none_layer = layer_activation_bytes(m, T, "none", dt, kernels, fp8)
+    f8 = float8_acts(cfg, dt, fp8, N)
+    per_token_layer = layer_activation_bytes(m, T, mode, dt, kernels, fp8, f8)
+    none_layer = layer_activation_bytes(m, T, "none", dt, kernels, fp8, f8)
     acts = L * N * per_token_layer
     act_term = Term("activations", f"activations ({L} layers, checkpointing {mode})", acts,
                     f"{per_token_layer:,} B per token per layer x {N:,} tokens")
@@ -646,6 +676,11 @@ class Plan:
         if self.cfg.train.compile:
             notes.append("torch.compile: planned as eager, an upper bound (Inductor fuses the loss "
                          "upcast and recomputes cheap ops)")
+        if self.cfg.train.float8_activations:
+            notes.append("train.float8_activations: gate and up counted in float8 (SwiGLU's stash with FP8 "
+                         "and the fused inputs, else where they reach "
+                         f"{self.cfg.train.float8_activations_min_mib:g} MiB); smaller saved tensors of "
+                         "that size counted whole, an upper bound")
         if fp8:
             notes.append(f"precision.fp8 {fp8.recipe}: "
                          + ("weights all-gathered in float8; " if fp8.gather else "")

@@ -14,6 +14,10 @@ are scaled on their own, so one outlier costs only its row's precision.
 
 It works with every activation-checkpoint mode: what a mode keeps is what
 gets stored, and recomputed tensors never are. It needs `train.compile`.
+With FP8 and the fused inputs (kernels.swiglu's stash), SwiGLU does the
+MLP's share itself, cheaper: it writes gate and up as float8 in the pass that
+reads them anyway, and its backward reads them back, so only what else is
+kept goes through the partitioner.
 The float8 format is the forward one of trainer.fp8.float8_dtypes (e4m3fn;
 e4m3fnuz on MI300-class GPUs, not run on AMD).
 """
@@ -51,11 +55,14 @@ def graphs_stored() -> int:
     return int(counters["inductor"][COUNTER])
 
 
-def describe(min_mib: float) -> str:
-    """The log line after the first step: what the setting did."""
+def describe(min_mib: float, stashed_layers: int = 0) -> str:
+    """The log line after the first step: what the setting did. `stashed_layers`: decoder layers whose
+    SwiGLU keeps gate and up in float8 itself (kernels.swiglu's stash, FP8 with the fused inputs)."""
     n = graphs_stored()
+    mlp = f"{stashed_layers} SwiGLU(s) keep gate and up in float8 themselves; " if stashed_layers else ""
+    other = "other " if stashed_layers else ""
     if n:
-        return (f"float8 activations: {n} compiled graph(s) keep their saved activations of {min_mib:g} MiB "
-                "or more in float8 (row scales) until backward")
-    return (f"float8 activations: no saved activation reached {min_mib:g} MiB, all stay as computed "
-            "(lower train.float8_activations_min_mib to store smaller ones)")
+        return (f"float8 activations: {mlp}{n} compiled graph(s) keep their {other}saved activations of "
+                f"{min_mib:g} MiB or more in float8 (row scales) until backward")
+    return (f"float8 activations: {mlp}no {other}saved activation reached {min_mib:g} MiB, those stay as "
+            "computed (train.float8_activations_min_mib sets the size)")

@@ -389,7 +389,8 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
                 log.info(f"step {step}: compiled and ran in {time.perf_counter() - interval_start:.1f} s "
                          "(torch.compile); the steps after it run compiled")
                 if cfg.train.float8_activations:
-                    log.info(saved_activations.describe(cfg.train.float8_activations_min_mib))
+                    stashed = model.fp8_state.fused_inputs.count("swiglu_float8_stash") if model.fp8_state else 0
+                    log.info(saved_activations.describe(cfg.train.float8_activations_min_mib, stashed))
             watchdog.beat(step)
             tokens_seen += step_tokens * info.world_size
             interval_tokens += step_tokens * info.world_size
