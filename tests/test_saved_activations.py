@@ -67,6 +67,26 @@ def test_the_saved_activation_comes_back_at_float8_precision(float8_storage):
     assert saved_activations.graphs_stored() == before
 
 
+def test_weights_kept_for_backward_stay_as_they_are(float8_storage):
+    """Backward keeps w's transpose for x's gradient: a view of a graph input, not an activation. It
+    reaches the size, and stays 16-bit (the partitioner's own check skips only inputs kept as is)."""
+    def linear(x, w):
+        return torch.nn.functional.silu(x @ w)
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 128).to(torch.bfloat16).requires_grad_()
+    w = torch.randn(128, 1024).to(torch.bfloat16).requires_grad_()   # 0.25 MiB; x @ w 16 KiB
+    eager = torch.autograd.grad(linear(x, w).float().sum(), (x, w))
+    float8_storage(True, 0.2)
+    before = saved_activations.graphs_stored()
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(force_disable_caches=True):
+        compiled = torch.autograd.grad(torch.compile(linear)(x, w).float().sum(), (x, w))
+    assert saved_activations.graphs_stored() == before
+    for a, b in zip(eager, compiled):
+        assert float((a.float() - b.float()).norm() / a.float().norm()) < 0.01
+
+
 def test_it_needs_compile_and_a_positive_size():
     with pytest.raises(ConfigError, match=r"train\.float8_activations: .*train\.compile"):
         load(None, ["train.float8_activations=true"])

@@ -13,7 +13,9 @@ in backward, and e4m3's 3 mantissa bits in the values backward sees. Rows
 are scaled on their own, so one outlier costs only its row's precision.
 
 It works with every activation-checkpoint mode: what a mode keeps is what
-gets stored, and recomputed tensors never are. It needs `train.compile`.
+gets stored, and recomputed tensors never are. Weights are not activations:
+a saved value that is a graph input seen through views or casts (a weight's
+transpose, its autocast copy) stays as it is (_is_weight). It needs `train.compile`.
 With FP8 and the fused inputs (kernels.swiglu's stash), SwiGLU does the
 MLP's share itself, cheaper: it writes gate and up as float8 in the pass that
 reads them anyway, and its backward reads them back, so only what else is
@@ -29,6 +31,38 @@ PASS = "activation_quantization_aten_pass"   # the partitioner's key in post_gra
 COUNTER = "activation_quantization_fwd_aten_pass"   # counted once per forward graph it changed
 
 
+def _is_weight(node) -> bool:
+    """A saved value that is a graph input seen through views or casts: a weight (its transpose, its
+    autocast copy) or the block's input. The partitioner's own check skips only inputs kept as they
+    are; quantizing a weight's transposed view would round the weights the backward multiplies by."""
+    import torch.fx
+
+    seen = node
+    while isinstance(seen, torch.fx.Node) and seen.op == "call_function" and seen.args:
+        if not (getattr(seen.target, "is_view", False) or seen.target in _CASTS):
+            return False
+        seen = seen.args[0]
+    return isinstance(seen, torch.fx.Node) and seen.op == "placeholder"
+
+
+_CASTS = {torch.ops.prims.convert_element_type.default, torch.ops.aten._to_copy.default}
+
+
+def _guard_weights() -> None:
+    """Wrap the partitioner's size check once so that it passes over weights (_is_weight)."""
+    from torch._functorch import partitioners
+
+    check = getattr(partitioners, "should_quantize", None)
+    if check is None or getattr(check, "anvil_guard", False):
+        return
+
+    def should_quantize(node) -> bool:
+        return not _is_weight(node) and check(node)
+
+    should_quantize.anvil_guard = True
+    partitioners.should_quantize = should_quantize
+
+
 def configure(enabled: bool, min_mib: float, device: torch.device | None = None) -> None:
     """Turn the partitioner's float8 storage on (activations of min_mib MiB or more) or off, for the
     graphs compiled from now on in this process."""
@@ -40,6 +74,7 @@ def configure(enabled: bool, min_mib: float, device: torch.device | None = None)
         return
     from trainer.fp8 import float8_dtypes
 
+    _guard_weights()
     options[PASS] = {
         "quant_type": str(float8_dtypes(device)[0]),   # "torch.float8_e4m3fn"
         "size_in_mb": float(min_mib),
