@@ -196,10 +196,12 @@ def _or(t: torch.Tensor | None, other: torch.Tensor) -> torch.Tensor:
 
 def _backward(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
               stash_scales: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(d gate, d up) in dout's dtype. With `stash_scales`, gate and up are the forward's float8 stash."""
+    """(d gate, d up) in gate's dtype. With `stash_scales`, gate and up are the forward's float8 stash, and
+    the gradients take dout's dtype (the forward's output dtype, gate's)."""
     dout, gate, up = dout.contiguous(), gate.contiguous(), up.contiguous()
-    d_gate = torch.empty(gate.shape, dtype=dout.dtype, device=gate.device)
-    d_up = torch.empty(up.shape, dtype=dout.dtype, device=up.device)
+    dtype = gate.dtype if stash_scales is None else dout.dtype
+    d_gate = torch.empty(gate.shape, dtype=dtype, device=gate.device)
+    d_up = torch.empty(up.shape, dtype=dtype, device=up.device)
     n = gate.numel()
     if n:
         block, warps = arch.elementwise_config(arch.detect(gate.device))
@@ -329,10 +331,15 @@ def swiglu_float8_bwd_op(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tenso
     return _backward_float8(dout, gate, up, fp8_dtype)
 
 
-@swiglu_float8_bwd_op.register_fake
-def _(dout, gate, up, fp8_dtype):
+def _float8_grads_like(gate: torch.Tensor, fp8_dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """What the float8 backward returns, for the fake registrations: d gate, d up, their scales [2]."""
     return (gate.new_empty(gate.shape, dtype=fp8_dtype), gate.new_empty(gate.shape, dtype=fp8_dtype),
             gate.new_empty((2,), dtype=torch.float32))
+
+
+@swiglu_float8_bwd_op.register_fake
+def _(dout, gate, up, fp8_dtype):
+    return _float8_grads_like(gate, fp8_dtype)
 
 
 # The stash: the forward keeps gate and up for the backward as float8, block-scaled, instead of the
@@ -366,8 +373,7 @@ def swiglu_float8_stash_bwd_op(dout: torch.Tensor, gate8: torch.Tensor, up8: tor
 
 @swiglu_float8_stash_bwd_op.register_fake
 def _(dout, gate8, up8, stash_scales, fp8_dtype):
-    return (gate8.new_empty(gate8.shape, dtype=fp8_dtype), gate8.new_empty(gate8.shape, dtype=fp8_dtype),
-            gate8.new_empty((2,), dtype=torch.float32))
+    return _float8_grads_like(gate8, fp8_dtype)
 
 
 @torch.library.custom_op("anvil::swiglu_stash_bwd", mutates_args=())
@@ -378,7 +384,7 @@ def swiglu_stash_bwd_op(dout: torch.Tensor, gate8: torch.Tensor, up8: torch.Tens
 
 @swiglu_stash_bwd_op.register_fake
 def _(dout, gate8, up8, stash_scales):
-    return torch.empty_like(dout), torch.empty_like(dout)
+    return dout.new_empty(gate8.shape), dout.new_empty(gate8.shape)
 
 
 @torch._dynamo.allow_in_graph   # like torchao's float8 matmul: AOTAutograd traces the subclass it returns
@@ -416,10 +422,12 @@ def swiglu_float8(gate: torch.Tensor, up: torch.Tensor, target: float8.Float8Tar
     `grad_target`: the Float8Target of the layers that made gate and up (it needs a grad_dtype); the
     backward then hands them their output gradients as float8 too, instead of bf16.
     `stash`: keep gate and up for the backward as float8 with one scale per block (the stash, above),
-    written in the pass that reads them anyway: half their memory, e4m3's precision in the backward."""
+    written in the pass that reads them anyway: half their memory, e4m3's precision in the backward.
+    Where no backward will run (no grad mode, inputs without grad) nothing is stashed."""
     _check(gate, up)
     if grad_target is not None and grad_target.grad_dtype is None:
         raise ValueError("swiglu_float8: grad_target has no tensorwise gradient cast (grad_dtype is None)")
+    stash = stash and torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad)
     return _SwiGLUFloat8Function.apply(gate, up, target, grad_target, stash)
 
 

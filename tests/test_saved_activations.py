@@ -115,5 +115,30 @@ def test_a_compiled_run_says_what_it_stored_in_float8(tmp_path, dataset, inv_bin
 def test_the_log_line_names_the_swiglu_stash_apart():
     line = saved_activations.describe(100, stashed_layers=32)
     assert line.startswith("float8 activations: 32 SwiGLU(s) keep gate and up in float8 themselves; ")
-    assert "other saved activation" in line or "other saved activations" in line
+    assert "other saved activation" in line
     assert "SwiGLU" not in saved_activations.describe(100)
+
+
+def test_swiglu_stashes_only_where_it_keeps_less():
+    """The stash (gate, up and SwiGLU's output in float8) under none and selective, with the fused FP8
+    inputs; selective_lean keeps gate alone and full nothing, so there the stash would cost, not save."""
+    from trainer.fp8 import stashes
+
+    fused = ["train.compile=true", "train.kernels=true", "precision.fp8=tensorwise", "train.float8_activations=true"]
+    for mode in ("none", "selective"):
+        assert stashes(load(None, [*fused, f"train.activation_checkpoint={mode}"]))
+    for extra in ("train.activation_checkpoint=selective_lean", "train.activation_checkpoint=full",
+                  "precision.fp8=rowwise", "precision.fp8_fused=false", "train.kernels=false",
+                  "train.float8_activations=false", "precision.fp8=off"):
+        assert not stashes(load(None, [*fused, extra])), extra
+
+
+def test_a_gpu_without_float8_is_refused_in_one_message(monkeypatch):
+    from trainer import fp8
+
+    saved_activations.check_device(torch.device("cpu"))        # the CPU casts in software
+    monkeypatch.setattr(fp8, "gpu_unsupported_reason", lambda device: "NVIDIA A100 is sm_80")
+    with pytest.raises(fp8.Fp8Error, match=r"train\.float8_activations .* NVIDIA A100 is sm_80\. Set "
+                                           r"train\.float8_activations=false"):
+        saved_activations.check_device(torch.device("cuda", 0))
+    assert fp8.Fp8Error.exit_code == 2

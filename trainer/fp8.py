@@ -51,6 +51,20 @@ def enabled(cfg) -> bool:
     return cfg.precision.fp8 != "off"
 
 
+STASH_MODES = ("none", "selective")   # where SwiGLU's float8 stash keeps less than the mode would
+
+
+def stashes(cfg, mode: str | None = None) -> bool:
+    """Whether SwiGLU keeps gate and up in float8 itself (kernels.swiglu's stash): train.float8_activations
+    with the fused FP8 inputs (tensorwise, --kernels, precision.fp8_fused) and a checkpointing mode
+    (cfg's, or `mode`) where that keeps less. `selective_lean` keeps gate alone (2 bytes an element, the
+    partitioner's float8 copy 1): the stash's gate, up and output (3) would be more; `full` keeps no MLP
+    tensor at all."""
+    return bool(cfg.train.float8_activations and cfg.train.kernels and cfg.precision.fp8_fused
+                and cfg.precision.fp8 == "tensorwise"
+                and (mode or cfg.train.activation_checkpoint) in STASH_MODES)
+
+
 def check_supported(cfg, device: torch.device) -> None:
     """Raise Fp8Error unless precision.fp8 can run on `device` (no-op when fp8 is off)."""
     recipe = cfg.precision.fp8

@@ -45,12 +45,13 @@ Saved for backward, per decoder layer and token (bytes):
       nothing else needs: attention's and the MLP's normed inputs (D each, however many casts
       autocast made) and SwiGLU's output (F). Checkpointed modes keep what they kept.
 
-    train.float8_activations (under torch.compile): with FP8 tensorwise and the fused inputs, SwiGLU
-      keeps gate and up as float8 (F each) plus its float8 output (F), in every mode but full: 3F in
-      place of what the mode kept of the MLP (selective then recomputes neither projection). Otherwise
-      gate and up are stored in float8 with a 4-byte scale per row where a whole tensor (N c F
-      bytes) reaches train.float8_activations_min_mib: F + 4 each. Smaller saved tensors of that size
-      (q, o, the layer input) go the same way; the plan counts them whole, an upper bound.
+    train.float8_activations (under torch.compile): with FP8 tensorwise and the fused inputs, under
+      none or selective (trainer.fp8.stashes), SwiGLU keeps gate and up as float8 (F each) plus its
+      float8 output (F): 3F in place of what the mode kept of the MLP (selective then recomputes
+      neither projection). Otherwise gate and up, where kept, are stored in float8 with a 4-byte
+      scale per row once a whole tensor (N c F bytes) reaches train.float8_activations_min_mib:
+      F + 4 each. Other saved tensors of that size (q, o) go the same way and are counted whole, an
+      upper bound; the layer input, a graph input, is never stored in float8.
 
 The no-checkpointing formula is exact against autograd's saved tensors on CPU (test_plan.py
 counts them with saved_tensors_hooks, bf16 weights and fp32 weights under autocast).
@@ -265,7 +266,8 @@ def fp8_layout(cfg: TrainConfig, dt: Dtypes) -> Fp8 | None:
 class Float8Acts:
     """What train.float8_activations changes in the plan (trainer/saved_activations.py)."""
 
-    stash: bool            # SwiGLU keeps gate and up in float8 itself (FP8 tensorwise, fused inputs)
+    stash: bool            # SwiGLU can keep gate and up in float8 itself (FP8 tensorwise, fused inputs),
+                           # which it does under the modes of trainer.fp8.STASH_MODES
     wide: bool             # else: gate and up (N x F each) reach the size the partitioner stores
 
 
@@ -274,8 +276,8 @@ def float8_acts(cfg: TrainConfig, dt: Dtypes, fp8: Fp8 | None, n_tokens: int) ->
     t = cfg.train
     if not (t.float8_activations and t.compile):
         return None
-    stash = bool(t.kernels and cfg.precision.fp8_fused and fp8 and fp8.recipe == "tensorwise"
-                 and fp8.mlp_in and fp8.down)
+    from trainer.fp8 import stashes
+    stash = bool(stashes(cfg, mode="none") and fp8 and fp8.mlp_in and fp8.down)
     return Float8Acts(stash, n_tokens * dt.c * cfg.model.ffn_dim >= t.float8_activations_min_mib * 2 ** 20)
 
 
@@ -286,12 +288,14 @@ def layer_activation_bytes(m: ModelConfig, seq_len: int, mode: str, dt: Dtypes,
     Dkv = m.n_kv_heads * m.head_dim
     c, r = dt.c, dt.r
     flash = c == 2
-    gate_up = (F + 4) if f8 and f8.wide and not f8.stash else c * F    # gate's or up's bytes when kept
+    from trainer.fp8 import STASH_MODES
+    stash = bool(f8 and f8.stash and mode in STASH_MODES)
+    gate_up = (F + 4) if f8 and f8.wide and not stash else c * F      # gate's or up's bytes when kept
     if mode == "full":
         return r * D
     if mode in ("selective", "selective_lean"):
         attn = c * D + 4 * H if flash else 0      # the math kernel's ops are not in _SAVE_OPS
-        mlp = 3 * F if f8 and f8.stash else (2 if mode == "selective" else 1) * gate_up
+        mlp = 3 * F if stash else (2 if mode == "selective" else 1) * gate_up
         if mode == "selective":
             return r * D + c * (2 * D + 2 * Dkv) + attn + mlp
         return r * D + c * (D + Dkv) + attn + mlp
@@ -312,7 +316,7 @@ def layer_activation_bytes(m: ModelConfig, seq_len: int, mode: str, dt: Dtypes,
         attn_in = D if fp8.attn_in else attn_in
         mlp_in = D if fp8.mlp_in else mlp_in
         mlp -= (c - 1) * F if fp8.down else 0
-    if f8 and f8.stash:
+    if stash:
         mlp = 3 * F     # gate and up in float8 (the stash), SwiGLU's output in float8 for down
     return norms + attn_in + mlp_in + attn + mlp
 

@@ -63,6 +63,19 @@ def _guard_weights() -> None:
     partitioners.should_quantize = should_quantize
 
 
+def check_device(device: torch.device) -> None:
+    """Raise Fp8Error where the float8 casts cannot run: a GPU without FP8 support (Triton's e4m3 needs
+    sm_89+ or gfx942/gfx950). The CPU casts in software (the tests)."""
+    if device.type != "cuda":
+        return
+    from trainer.fp8 import Fp8Error, gpu_unsupported_reason
+
+    reason = gpu_unsupported_reason(device)
+    if reason:
+        raise Fp8Error(f"train.float8_activations stores activations in float8, which this GPU cannot "
+                       f"cast: {reason}. Set train.float8_activations=false")
+
+
 def configure(enabled: bool, min_mib: float, device: torch.device | None = None) -> None:
     """Turn the partitioner's float8 storage on (activations of min_mib MiB or more) or off, for the
     graphs compiled from now on in this process."""

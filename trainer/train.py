@@ -176,10 +176,15 @@ def build_model(cfg: TrainConfig, info: distributed.DistInfo, log):
         model.fp8_state = fp8.convert(model, cfg.precision.fp8, fsdp=use_fsdp, device=info.device,
                                       compile=cfg.train.compile,
                                       fuse_inputs=cfg.train.kernels and cfg.precision.fp8_fused,
-                                      stash=cfg.train.float8_activations)
+                                      stash=fp8.stashes(cfg))
         log.info(model.fp8_state.describe())
     for layer in model.model.layers:
         layer.activation_checkpoint = cfg.train.activation_checkpoint
+    if cfg.train.float8_activations:
+        saved_activations.check_device(info.device)   # float8 casts: a GPU with FP8 (or the CPU)
+        if cfg.train.activation_checkpoint == "full":
+            log.warning("train.float8_activations with activation_checkpoint full: nothing to store, full "
+                        "keeps only each layer's input (a graph input, left as it is)")
     saved_activations.configure(cfg.train.float8_activations, cfg.train.float8_activations_min_mib, info.device)
     if cfg.train.compile:
         for layer in model.model.layers:
