@@ -123,7 +123,7 @@ class TrainSection:
     compile: bool = False
     skip_guards: bool = True       # compile: once a step compiled nothing, skip dynamo's guard checks (guards.py)
     float8_activations: bool = False       # compile: saved activations kept in float8 (saved_activations.py)
-    float8_activations_min_mib: float = 100.0   # ... those of at least this size
+    float8_activations_min_mib: float = 100.0   # ... those of at least this size (not SwiGLU's stash)
     kernels: bool = False
 
 
