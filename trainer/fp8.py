@@ -54,15 +54,18 @@ def enabled(cfg) -> bool:
 STASH_MODES = ("none", "selective")   # where SwiGLU's float8 stash keeps less than the mode would
 
 
-def stashes(cfg, mode: str | None = None) -> bool:
-    """Whether SwiGLU keeps gate and up in float8 itself (kernels.swiglu's stash): train.float8_activations
-    with the fused FP8 inputs (tensorwise, --kernels, precision.fp8_fused) and a checkpointing mode
-    (cfg's, or `mode`) where that keeps less. `selective_lean` keeps gate alone (2 bytes an element, the
-    partitioner's float8 copy 1): the stash's gate, up and output (3) would be more; `full` keeps no MLP
-    tensor at all."""
+def stash_fits(cfg) -> bool:
+    """Whether SwiGLU can keep gate and up in float8 itself (kernels.swiglu's stash): train.float8_activations
+    with the fused FP8 inputs (tensorwise, --kernels, precision.fp8_fused), whatever the checkpointing."""
     return bool(cfg.train.float8_activations and cfg.train.kernels and cfg.precision.fp8_fused
-                and cfg.precision.fp8 == "tensorwise"
-                and (mode or cfg.train.activation_checkpoint) in STASH_MODES)
+                and cfg.precision.fp8 == "tensorwise")
+
+
+def stashes(cfg) -> bool:
+    """Whether it does: stash_fits and a checkpointing mode where the stash keeps less. `selective_lean`
+    keeps gate alone (2 bytes an element, the partitioner's float8 copy 1): the stash's gate, up and
+    output (3) would be more; `full` keeps no MLP tensor at all."""
+    return stash_fits(cfg) and cfg.train.activation_checkpoint in STASH_MODES
 
 
 def check_supported(cfg, device: torch.device) -> None:

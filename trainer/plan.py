@@ -274,10 +274,10 @@ class Float8Acts:
 def float8_acts(cfg: TrainConfig, dt: Dtypes, fp8: Fp8 | None, n_tokens: int) -> Float8Acts | None:
     """The Float8Acts of cfg at n_tokens a micro-batch, or None with the setting off."""
     t = cfg.train
-    if not (t.float8_activations and t.compile):
+    if not t.float8_activations:
         return None
-    from trainer.fp8 import stashes
-    stash = bool(stashes(cfg, mode="none") and fp8 and fp8.mlp_in and fp8.down)
+    from trainer.fp8 import stash_fits
+    stash = bool(stash_fits(cfg) and fp8 and fp8.mlp_in and fp8.down)
     return Float8Acts(stash, n_tokens * dt.c * cfg.model.ffn_dim >= t.float8_activations_min_mib * 2 ** 20)
 
 
