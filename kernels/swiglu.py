@@ -49,36 +49,54 @@ def _swiglu_amax_kernel(G, U, AMAX, n, V_DTYPE: tl.constexpr, BLOCK: tl.constexp
 
 @triton.jit
 def _swiglu_float8_kernel(
-    G, U, AMAX, Q, SCALE, QG, QU, STASH_SCALES, n, V_DTYPE: tl.constexpr, BLOCK: tl.constexpr,
+    G, U, STASH_SCALES, AMAX, Q, SCALE, n, H_DTYPE: tl.constexpr, V_DTYPE: tl.constexpr, BLOCK: tl.constexpr,
     FP8_MAX: tl.constexpr, FP8_MIN_NORMAL: tl.constexpr, FP8_MANTISSA: tl.constexpr, ROUND_IN_KERNEL: tl.constexpr,
     STASH: tl.constexpr,
 ):
+    """The cast pass. With STASH, G and U are the stash (below): float8, one fp32 scale per block."""
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(U + offs, mask=mask, other=0.0).to(tl.float32)
-    h = _silu_mul(g, u).to(G.dtype.element_ty).to(V_DTYPE)
+    g, u = _gate_up(G, U, STASH_SCALES, offs, pid, n, mask, BLOCK, STASH)
+    h = _silu_mul(g, u).to(H_DTYPE).to(V_DTYPE)
     scale = float8.scale_of(AMAX, FP8_MAX)
     tl.store(Q + offs, float8.to_float8_grid(h, scale, FP8_MAX, FP8_MIN_NORMAL, FP8_MANTISSA, ROUND_IN_KERNEL)
              .to(Q.dtype.element_ty), mask=mask)
     if pid == 0:
         tl.store(SCALE, scale)
-    if STASH:   # gate and up for backward, in the same float8 format, one scale per block of BLOCK
-        n_blocks = tl.cdiv(n, BLOCK)
-        _stash(g, QG + offs, STASH_SCALES + pid, mask, FP8_MAX, FP8_MIN_NORMAL, FP8_MANTISSA, ROUND_IN_KERNEL)
-        _stash(u, QU + offs, STASH_SCALES + n_blocks + pid, mask, FP8_MAX, FP8_MIN_NORMAL, FP8_MANTISSA,
-               ROUND_IN_KERNEL)
+
+
+# --- the stash: gate and up kept for the backward in float8, one scale per block of BLOCK ----------
+
+@triton.jit
+def _swiglu_stash_kernel(G, U, QG, QU, STASH_SCALES, AMAX, n, V_DTYPE: tl.constexpr, BLOCK: tl.constexpr,
+                         FP8_MAX: tl.constexpr, FP8_MIN_NORMAL: tl.constexpr, FP8_MANTISSA: tl.constexpr,
+                         ROUND_IN_KERNEL: tl.constexpr):
+    """gate and up stashed, and the |max| of the output their stashed values give folded into AMAX (the
+    cast pass's, from the stash, which then needs no amax pass of its own)."""
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    n_blocks = tl.cdiv(n, BLOCK)
+    g = _stash(tl.load(G + offs, mask=mask, other=0.0).to(tl.float32), QG + offs, STASH_SCALES + pid, mask,
+               FP8_MAX, FP8_MIN_NORMAL, FP8_MANTISSA, ROUND_IN_KERNEL)
+    u = _stash(tl.load(U + offs, mask=mask, other=0.0).to(tl.float32), QU + offs, STASH_SCALES + n_blocks + pid,
+               mask, FP8_MAX, FP8_MIN_NORMAL, FP8_MANTISSA, ROUND_IN_KERNEL)
+    h = _silu_mul(g, u).to(G.dtype.element_ty).to(V_DTYPE).to(tl.float32)
+    tl.atomic_max(AMAX, tl.max(tl.abs(h), axis=0), sem="relaxed")   # masked lanes: 0
 
 
 @triton.jit
 def _stash(v, Q_PTRS, SCALE_PTR, mask, FP8_MAX: tl.constexpr, FP8_MIN_NORMAL: tl.constexpr,
            FP8_MANTISSA: tl.constexpr, ROUND_IN_KERNEL: tl.constexpr):
-    """v (fp32, a block in registers) as float8 scaled by its own block's |max|; the scale to SCALE_PTR."""
+    """v (fp32, a block in registers) as float8 scaled by its own block's |max|, to Q_PTRS, the scale to
+    SCALE_PTR; returns what _unstash will read back."""
     scale = FP8_MAX / tl.maximum(tl.max(tl.abs(v), axis=0), 1e-12)
-    tl.store(Q_PTRS, float8.to_float8_grid(v, scale, FP8_MAX, FP8_MIN_NORMAL, FP8_MANTISSA, ROUND_IN_KERNEL)
-             .to(Q_PTRS.dtype.element_ty), mask=mask)
+    q = float8.to_float8_grid(v, scale, FP8_MAX, FP8_MIN_NORMAL, FP8_MANTISSA, ROUND_IN_KERNEL
+                              ).to(Q_PTRS.dtype.element_ty)
+    tl.store(Q_PTRS, q, mask=mask)
     tl.store(SCALE_PTR, scale)
+    return q.to(tl.float32) / scale   # masked lanes: 0
 
 
 @triton.jit
@@ -211,31 +229,52 @@ def _backward(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
     return d_gate, d_up
 
 
+def _stash_gate_up(gate: torch.Tensor, up: torch.Tensor, fp8_dtype: torch.dtype, value_dtype: torch.dtype
+                   ) -> tuple[torch.Tensor, ...]:
+    """The stash: gate and up in fp8_dtype, each block of the kernel's BLOCK elements scaled by its own
+    |max|, and the amax of the output its values give (as _forward_float8 rounds it): (gate8, up8, fp32
+    scales [2, blocks] gate's then up's, fp32 amax []). One pass, 4 bytes read and 2 written per
+    element in bf16."""
+    gate, up = gate.contiguous(), up.contiguous()
+    n = gate.numel()
+    block, warps = arch.elementwise_config(arch.detect(gate.device))
+    qg = torch.empty(gate.shape, dtype=fp8_dtype, device=gate.device)
+    qu = torch.empty(gate.shape, dtype=fp8_dtype, device=gate.device)
+    scales = torch.empty(2, triton.cdiv(n, block), dtype=torch.float32, device=gate.device)
+    amax = torch.zeros((), dtype=torch.float32, device=gate.device)
+    if n:
+        _swiglu_stash_kernel[_grid(n, block)](gate, up, qg, qu, scales, amax, n, BLOCK=block, num_warps=warps,
+                                              V_DTYPE=float8.to_triton(value_dtype), **float8.constants(fp8_dtype))
+    return qg, qu, scales, amax
+
+
 def _forward_float8(gate: torch.Tensor, up: torch.Tensor, fp8_dtype: torch.dtype, value_dtype: torch.dtype,
-                    stash: bool = False) -> tuple[torch.Tensor, ...]:
+                    stash: tuple[torch.Tensor, torch.Tensor] | None = None, dtype: torch.dtype | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """(silu(gate) * up as float8, its float32 scale []); rounded to the input dtype, then value_dtype.
-    With `stash`, also gate and up in fp8_dtype for the backward, each block of the kernel's BLOCK
-    elements scaled by its own |max| (fp32 scales [2, blocks]: gate's, then up's), written by the
-    same pass that reads them: (q, scale, gate8, up8, stash_scales)."""
+    With `stash` (its block scales and amax), gate and up are a stash (_stash_gate_up) of tensors of
+    `dtype`, the values are those of what it holds, and only the cast pass runs."""
     gate, up = gate.contiguous(), up.contiguous()
     q = torch.empty(gate.shape, dtype=fp8_dtype, device=gate.device)
     amax, scale = float8.amax_and_scale(gate.device)
-    a = arch.detect(gate.device)
-    block, warps = arch.elementwise_config(a)
     n = gate.numel()
-    stashed = ((torch.empty(gate.shape, dtype=fp8_dtype, device=gate.device),
-                torch.empty(gate.shape, dtype=fp8_dtype, device=gate.device),
-                torch.empty(2, triton.cdiv(n, block), dtype=torch.float32, device=gate.device)) if stash else ())
     if n == 0:
         scale.fill_(torch.finfo(fp8_dtype).max / float8.EPS)
-        return (q, scale, *stashed)
+        return q, scale
+    a = arch.detect(gate.device)
+    block, warps = arch.elementwise_config(a)
     v = float8.to_triton(value_dtype)
-    _swiglu_amax_kernel[(arch.persistent_grid(a, triton.cdiv(n, block)),)](
-        gate, up, amax, n, V_DTYPE=v, BLOCK=block, num_warps=warps)
-    qg, qu, stash_scales = stashed or (q, q, scale)   # unread pointers without STASH
-    _swiglu_float8_kernel[_grid(n, block)](gate, up, amax, q, scale, qg, qu, stash_scales, n, V_DTYPE=v,
-                                           BLOCK=block, STASH=stash, num_warps=warps, **float8.constants(fp8_dtype))
-    return (q, scale, *stashed)
+    if stash is None:
+        _swiglu_amax_kernel[(arch.persistent_grid(a, triton.cdiv(n, block)),)](
+            gate, up, amax, n, V_DTYPE=v, BLOCK=block, num_warps=warps)
+        stash_scales = scale    # an unread pointer
+    else:
+        stash_scales, amax = stash
+        _stash_block(n, block, stash_scales)
+    _swiglu_float8_kernel[_grid(n, block)](gate, up, stash_scales, amax, q, scale, n,
+                                           H_DTYPE=float8.to_triton(dtype or gate.dtype), V_DTYPE=v, BLOCK=block,
+                                           STASH=stash is not None, num_warps=warps, **float8.constants(fp8_dtype))
+    return q, scale
 
 
 def _backward_float8(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, fp8_dtype: torch.dtype,
@@ -343,25 +382,39 @@ def _(dout, gate, up, fp8_dtype):
 
 
 # The stash: the forward keeps gate and up for the backward as float8, block-scaled, instead of the
-# 16-bit tensors (train.float8_activations, the MLP's share of it). An op whose name ends in
-# "_stash_fwd" returns saved activations in compact form: selective checkpointing keeps its outputs and
-# lets the tensors it stashed be recomputed (trainer.model), which under torch.compile means dropped.
+# 16-bit tensors (train.float8_activations, the MLP's share of it), and computes its output from what the
+# stash holds, so that the output can be rebuilt from it in backward rather than kept. An op whose name
+# ends in "_stash_fwd" returns saved activations in compact form: selective checkpointing keeps its
+# outputs and recomputes the rest (trainer.model): the projections it was made from (under
+# torch.compile: dropped, nothing in backward reads them) and the float8 output down_proj's backward
+# reads (swiglu_float8_from_stash again: one pass, 2 bytes read and 1 written per element, for the byte
+# not kept). The stash op also returns that output's amax, so from_stash needs no amax pass.
 
 @torch.library.custom_op("anvil::swiglu_float8_stash_fwd", mutates_args=())
-def swiglu_float8_stash_fwd_op(gate: torch.Tensor, up: torch.Tensor, fp8_dtype: torch.dtype,
-                               value_dtype: torch.dtype
-                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _forward_float8(gate, up, fp8_dtype, value_dtype, stash=True)
+def swiglu_float8_stash_fwd_op(gate: torch.Tensor, up: torch.Tensor, fp8_dtype: torch.dtype, value_dtype: torch.dtype
+                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _stash_gate_up(gate, up, fp8_dtype, value_dtype)
 
 
 @swiglu_float8_stash_fwd_op.register_fake
 def _(gate, up, fp8_dtype, value_dtype):
     _check(gate, up)
     block, _ = arch.elementwise_config(arch.detect(gate.device))
-    blocks = triton.cdiv(gate.numel(), block)
-    return (gate.new_empty(gate.shape, dtype=fp8_dtype), gate.new_empty((), dtype=torch.float32),
-            gate.new_empty(gate.shape, dtype=fp8_dtype), gate.new_empty(gate.shape, dtype=fp8_dtype),
-            gate.new_empty((2, blocks), dtype=torch.float32))
+    return (gate.new_empty(gate.shape, dtype=fp8_dtype), gate.new_empty(gate.shape, dtype=fp8_dtype),
+            gate.new_empty((2, triton.cdiv(gate.numel(), block)), dtype=torch.float32),
+            gate.new_empty((), dtype=torch.float32))
+
+
+@torch.library.custom_op("anvil::swiglu_float8_from_stash", mutates_args=())
+def swiglu_float8_from_stash_op(gate8: torch.Tensor, up8: torch.Tensor, stash_scales: torch.Tensor,
+                                amax: torch.Tensor, fp8_dtype: torch.dtype, value_dtype: torch.dtype,
+                                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    return _forward_float8(gate8, up8, fp8_dtype, value_dtype, (stash_scales, amax), dtype)
+
+
+@swiglu_float8_from_stash_op.register_fake
+def _(gate8, up8, stash_scales, amax, fp8_dtype, value_dtype, dtype):
+    return gate8.new_empty(gate8.shape, dtype=fp8_dtype), gate8.new_empty((), dtype=torch.float32)
 
 
 @torch.library.custom_op("anvil::swiglu_float8_stash_bwd", mutates_args=())
@@ -393,7 +446,8 @@ class _SwiGLUFloat8Function(torch.autograd.Function):
     def forward(ctx, gate, up, target, grad_target, stash):
         value_dtype = float8.value_dtype(gate.dtype)
         if stash:
-            q, scale, *stashed = torch.ops.anvil.swiglu_float8_stash_fwd(gate, up, target.dtype, value_dtype)
+            *stashed, amax = torch.ops.anvil.swiglu_float8_stash_fwd(gate, up, target.dtype, value_dtype)
+            q, scale = torch.ops.anvil.swiglu_float8_from_stash(*stashed, amax, target.dtype, value_dtype, gate.dtype)
             ctx.save_for_backward(*stashed)
         else:
             q, scale = torch.ops.anvil.swiglu_float8_fwd(gate, up, target.dtype, value_dtype)
@@ -421,8 +475,9 @@ def swiglu_float8(gate: torch.Tensor, up: torch.Tensor, target: float8.Float8Tar
 
     `grad_target`: the Float8Target of the layers that made gate and up (it needs a grad_dtype); the
     backward then hands them their output gradients as float8 too, instead of bf16.
-    `stash`: keep gate and up for the backward as float8 with one scale per block (the stash, above),
-    written in the pass that reads them anyway: half their memory, e4m3's precision in the backward.
+    `stash`: keep gate and up for the backward as float8 with one scale per block (the stash, above)
+    and compute the output from them: half their memory, and the output need not be kept, at e4m3's
+    precision for gate and up.
     Where no backward will run (no grad mode, inputs without grad) nothing is stashed."""
     _check(gate, up)
     if grad_target is not None and grad_target.grad_dtype is None:

@@ -63,8 +63,8 @@ def stash_fits(cfg) -> bool:
 
 def stashes(cfg) -> bool:
     """Whether it does: stash_fits and a checkpointing mode where the stash keeps less. `selective_lean`
-    keeps gate alone (2 bytes an element, the partitioner's float8 copy 1): the stash's gate, up and
-    output (3) would be more; `full` keeps no MLP tensor at all."""
+    keeps gate alone (2 bytes an element, the partitioner's float8 copy 1): the stash's gate and up
+    (2) would be more; `full` keeps no MLP tensor at all."""
     return stash_fits(cfg) and cfg.train.activation_checkpoint in STASH_MODES
 
 

@@ -46,12 +46,14 @@ Saved for backward, per decoder layer and token (bytes):
       autocast made) and SwiGLU's output (F). Checkpointed modes keep what they kept.
 
     train.float8_activations (under torch.compile): with FP8 tensorwise and the fused inputs, under
-      none or selective (trainer.fp8.stashes), SwiGLU keeps gate and up as float8 (F each) plus its
-      float8 output (F): 3F in place of what the mode kept of the MLP (selective then recomputes
-      neither projection). Otherwise gate and up, where kept, are stored in float8 with a 4-byte
-      scale per row once a whole tensor (N c F bytes) reaches train.float8_activations_min_mib:
-      F + 4 each. Other saved tensors of that size (q, o) go the same way and are counted whole, an
-      upper bound; the layer input, a graph input, is never stored in float8.
+      none or selective (trainer.fp8.stashes), SwiGLU keeps gate and up as float8 (F each) in place
+      of what the mode kept of the MLP. Under selective that is all (2F): neither projection is
+      recomputed, and SwiGLU's float8 output, which down's backward reads, is rebuilt from the
+      stash; under none the partitioner keeps that output too (3F). Otherwise gate and up, where
+      kept, are stored in float8 with a 4-byte scale per row once a whole tensor (N c F bytes)
+      reaches train.float8_activations_min_mib: F + 4 each. Other saved tensors of that size (q, o)
+      go the same way and are counted whole, an upper bound; the layer input, a graph input, is
+      never stored in float8.
 
 The no-checkpointing formula is exact against autograd's saved tensors on CPU (test_plan.py
 counts them with saved_tensors_hooks, bf16 weights and fp32 weights under autocast).
@@ -295,7 +297,7 @@ def layer_activation_bytes(m: ModelConfig, seq_len: int, mode: str, dt: Dtypes,
         return r * D
     if mode in ("selective", "selective_lean"):
         attn = c * D + 4 * H if flash else 0      # the math kernel's ops are not in _SAVE_OPS
-        mlp = 3 * F if stash else (2 if mode == "selective" else 1) * gate_up
+        mlp = 2 * F if stash else (2 if mode == "selective" else 1) * gate_up   # stash: SwiGLU's output rebuilt
         if mode == "selective":
             return r * D + c * (2 * D + 2 * Dkv) + attn + mlp
         return r * D + c * (D + Dkv) + attn + mlp
