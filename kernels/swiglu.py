@@ -96,13 +96,14 @@ def _stash(v, Q_PTRS, SCALE_PTR, mask, FP8_MAX: tl.constexpr, FP8_MIN_NORMAL: tl
                               ).to(Q_PTRS.dtype.element_ty)
     tl.store(Q_PTRS, q, mask=mask)
     tl.store(SCALE_PTR, scale)
-    return q.to(tl.float32) / scale   # masked lanes: 0
+    return q.to(tl.float32) * tl.math.div_rn(1.0, scale)   # as _unstash reads it; masked lanes: 0
 
 
 @triton.jit
 def _unstash(Q_PTRS, SCALE_PTR, mask):
-    """A stashed block back in fp32."""
-    return tl.load(Q_PTRS, mask=mask, other=0.0).to(tl.float32) / tl.load(SCALE_PTR)
+    """A stashed block back in fp32: times the block's 1 / scale, rounded to nearest (a GPU's `/` may be
+    approximate), so that every kernel and torch's `data.float() * (1 / scale)` read the same values."""
+    return tl.load(Q_PTRS, mask=mask, other=0.0).to(tl.float32) * tl.math.div_rn(1.0, tl.load(SCALE_PTR))
 
 
 @triton.jit
@@ -254,6 +255,8 @@ def _forward_float8(gate: torch.Tensor, up: torch.Tensor, fp8_dtype: torch.dtype
     """(silu(gate) * up as float8, its float32 scale []); rounded to the input dtype, then value_dtype.
     With `stash` (its block scales and amax), gate and up are a stash (_stash_gate_up) of tensors of
     `dtype`, the values are those of what it holds, and only the cast pass runs."""
+    if stash is not None and dtype is None:
+        raise ValueError("swiglu: a stash needs the dtype gate and up had")
     gate, up = gate.contiguous(), up.contiguous()
     q = torch.empty(gate.shape, dtype=fp8_dtype, device=gate.device)
     amax, scale = float8.amax_and_scale(gate.device)

@@ -112,7 +112,7 @@ def test_the_stash_keeps_gate_and_up_as_block_scaled_float8(shape, outlier):
         assert torch.allclose(s, 448.0 / amax, rtol=1e-6)       # the block's |max| lands on e4m3's largest
         want = (flat * s[:, None]).clamp(-448, 448).to(e4m3).reshape(-1)[:n]
         assert torch.equal(stash.reshape(-1).view(torch.uint8), want.view(torch.uint8))
-        back = (stash.float().reshape(-1) / s.repeat_interleave(block)[:n]).view(shape)
+        back = (stash.float().reshape(-1) * (1 / s).repeat_interleave(block)[:n]).view(shape)
         assert ((back - v.float()).abs() <= v.float().abs() / 16 + amax.max() / 448 * 2 ** -9).all()
         restored.append(back)
     # the output: the float8 SwiGLU (torchao's cast, test above) of the restored fp32 values, in bf16
@@ -134,6 +134,8 @@ def test_the_stash_keeps_gate_and_up_as_block_scaled_float8(shape, outlier):
         _backward(dout, qg, qu, scales[:, :-1])
     with pytest.raises(RuntimeError, match="does not match"):
         _forward_float8(qg, qu, e4m3, torch.bfloat16, (scales[:, :-1], amax_h), torch.bfloat16)
+    with pytest.raises(ValueError, match="needs the dtype"):
+        _forward_float8(qg, qu, e4m3, torch.bfloat16, (scales, amax_h))
 
 
 def test_nothing_is_stashed_where_no_backward_runs_and_empty_inputs_stash_nothing(monkeypatch):
