@@ -10,6 +10,9 @@ kernel does it instead, in two passes over its own inputs:
    what the backward needs;
 2. compute them again, scale, saturate and store float8.
 
+(SwiGLU with its stash, train.float8_activations, folds the amax in the pass
+that writes the stash, and the cast pass reads the stash: kernels/swiglu.py.)
+
 The high-precision output is never written or read back: in bf16, a norm
 moves 5 bytes per element instead of 9, SwiGLU 9 instead of 11 (its backward
 14 instead of 20). The result is torchao's Float8TrainingTensor,

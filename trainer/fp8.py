@@ -63,8 +63,8 @@ def stash_fits(cfg) -> bool:
 
 def stashes(cfg) -> bool:
     """Whether it does: stash_fits and a checkpointing mode where the stash keeps less. `selective_lean`
-    keeps gate alone (2 bytes an element, the partitioner's float8 copy 1): the stash's gate and up
-    (2) would be more; `full` keeps no MLP tensor at all."""
+    keeps gate alone (2 bytes an element, 1 as the partitioner's float8 copy once it reaches the size):
+    the stash's gate and up (2) would keep as much or more; `full` keeps no MLP tensor at all."""
     return stash_fits(cfg) and cfg.train.activation_checkpoint in STASH_MODES
 
 

@@ -177,7 +177,8 @@ _SAVE_OPS = _MATMUL_OPS | {
 def _stashes(op) -> bool:
     """A kernel op that returns saved activations in compact form (kernels.swiglu's stash: gate and up
     in float8): keeping its outputs is what lets the tensors it stashed be recomputed, which under
-    torch.compile means not kept at all (nothing in backward reads them)."""
+    torch.compile means not kept at all (nothing in backward reads them); what is made from the stash
+    (SwiGLU's float8 output, which down reads) is recomputed from it like any other op."""
     return getattr(op, "namespace", None) == "anvil" and getattr(op, "_opname", "").endswith("_stash_fwd")
 
 
