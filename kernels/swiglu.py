@@ -32,6 +32,13 @@ def _silu_mul(g, u):
 # --- float8 output (kernels/float8.py): an amax pass, then a cast pass ------------------------------
 
 @triton.jit
+def _cast_input(g, u, H_DTYPE: tl.constexpr, V_DTYPE: tl.constexpr):
+    """silu(g) * u as the float8 cast sees it: rounded to the output's dtype (H_DTYPE), then to the
+    dtype torchao's cast would take (V_DTYPE). The amax and the cast must agree on it bit for bit."""
+    return _silu_mul(g, u).to(H_DTYPE).to(V_DTYPE)
+
+
+@triton.jit
 def _swiglu_amax_kernel(G, U, AMAX, n, V_DTYPE: tl.constexpr, BLOCK: tl.constexpr):
     """Persistent: max |silu(g) * u| (rounded as the plain kernel's output) folded into AMAX."""
     pid = tl.program_id(0)
@@ -42,7 +49,7 @@ def _swiglu_amax_kernel(G, U, AMAX, n, V_DTYPE: tl.constexpr, BLOCK: tl.constexp
         mask = offs < n
         g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
         u = tl.load(U + offs, mask=mask, other=0.0).to(tl.float32)
-        h = _silu_mul(g, u).to(G.dtype.element_ty).to(V_DTYPE).to(tl.float32)
+        h = _cast_input(g, u, G.dtype.element_ty, V_DTYPE).to(tl.float32)
         amax = tl.maximum(amax, tl.abs(h))   # masked lanes are silu(0) * 0 = 0
     tl.atomic_max(AMAX, tl.max(amax, axis=0), sem="relaxed")
 
@@ -58,7 +65,7 @@ def _swiglu_float8_kernel(
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     g, u = _gate_up(G, U, STASH_SCALES, offs, pid, n, mask, BLOCK, STASH)
-    h = _silu_mul(g, u).to(H_DTYPE).to(V_DTYPE)
+    h = _cast_input(g, u, H_DTYPE, V_DTYPE)
     scale = float8.scale_of(AMAX, FP8_MAX)
     tl.store(Q + offs, float8.to_float8_grid(h, scale, FP8_MAX, FP8_MIN_NORMAL, FP8_MANTISSA, ROUND_IN_KERNEL)
              .to(Q.dtype.element_ty), mask=mask)
@@ -82,7 +89,7 @@ def _swiglu_stash_kernel(G, U, QG, QU, STASH_SCALES, AMAX, n, V_DTYPE: tl.conste
                FP8_MAX, FP8_MIN_NORMAL, FP8_MANTISSA, ROUND_IN_KERNEL)
     u = _stash(tl.load(U + offs, mask=mask, other=0.0).to(tl.float32), QU + offs, STASH_SCALES + n_blocks + pid,
                mask, FP8_MAX, FP8_MIN_NORMAL, FP8_MANTISSA, ROUND_IN_KERNEL)
-    h = _silu_mul(g, u).to(G.dtype.element_ty).to(V_DTYPE).to(tl.float32)
+    h = _cast_input(g, u, G.dtype.element_ty, V_DTYPE).to(tl.float32)
     tl.atomic_max(AMAX, tl.max(tl.abs(h), axis=0), sem="relaxed")   # masked lanes: 0
 
 
@@ -96,14 +103,20 @@ def _stash(v, Q_PTRS, SCALE_PTR, mask, FP8_MAX: tl.constexpr, FP8_MIN_NORMAL: tl
                               ).to(Q_PTRS.dtype.element_ty)
     tl.store(Q_PTRS, q, mask=mask)
     tl.store(SCALE_PTR, scale)
-    return q.to(tl.float32) * tl.math.div_rn(1.0, scale)   # as _unstash reads it; masked lanes: 0
+    return _dequantize(q, scale)   # masked lanes: 0
 
 
 @triton.jit
 def _unstash(Q_PTRS, SCALE_PTR, mask):
-    """A stashed block back in fp32: times the block's 1 / scale, rounded to nearest (a GPU's `/` may be
+    """A stashed block back in fp32."""
+    return _dequantize(tl.load(Q_PTRS, mask=mask, other=0.0), tl.load(SCALE_PTR))
+
+
+@triton.jit
+def _dequantize(q, scale):
+    """Stashed values in fp32: times the block's 1 / scale, rounded to nearest (a GPU's `/` may be
     approximate), so that every kernel and torch's `data.float() * (1 / scale)` read the same values."""
-    return tl.load(Q_PTRS, mask=mask, other=0.0).to(tl.float32) * tl.math.div_rn(1.0, tl.load(SCALE_PTR))
+    return q.to(tl.float32) * tl.math.div_rn(1.0, scale)
 
 
 @triton.jit
