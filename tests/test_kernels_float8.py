@@ -275,17 +275,19 @@ def test_under_torch_compile_the_fused_inputs_train_as_torchaos_casts(determinis
         assert torch.equal(a.grad, b.grad), name
 
 
-def test_with_the_stash_selective_checkpointing_keeps_float8_instead_of_gate_and_up(deterministic):
-    """Compiled layers under `selective`: with the stash, backward holds gate and up only as float8
-    (the bf16 projections are neither kept nor recomputed, SwiGLU's output is rebuilt from the stash),
-    and training follows the plain run within e4m3's precision."""
+@pytest.mark.parametrize("mode", ["selective", "none"])
+def test_with_the_stash_compiled_layers_keep_float8_instead_of_gate_and_up(deterministic, mode):
+    """Compiled layers under `selective` and `none`: with the stash, backward holds gate and up only as
+    float8 (the bf16 projections are neither kept nor recomputed, SwiGLU's output is rebuilt from the
+    stash: under `none` through the MLP's rebuild region), and training follows the plain run within
+    e4m3's precision."""
     cfg, stashed, state = _tiny_fp8_model(True, stash=True)
     _, plain, _ = _tiny_fp8_model(True)
     n, ffn = cfg.model.n_layers, cfg.model.ffn_dim
     assert state.fused_inputs.count("swiglu_float8_stash") == n and "keeps gate and up in float8" in state.describe()
     assert all(layer.mlp.stashes for layer in stashed.model.layers)
     for layer in [*stashed.model.layers, *plain.model.layers]:
-        layer.activation_checkpoint = "selective"
+        layer.activation_checkpoint = mode
         layer.compile()
     tokens = torch.randint(0, cfg.model.vocab_size, (2, 32), generator=torch.Generator().manual_seed(3)).to(DEVICE)
     kept, losses, grads = [], [], []
@@ -304,7 +306,7 @@ def test_with_the_stash_selective_checkpointing_keeps_float8_instead_of_gate_and
         grads.append([p.grad.float() for p in model.parameters()])
     # the stash's gate and up, not SwiGLU's float8 output (rebuilt from the stash for down's backward)
     assert kept[0] == {torch.float8_e4m3fn: 2 * n}, kept[0]
-    assert kept[1].get(torch.bfloat16, 0) >= 2 * n, kept[1]       # plain selective keeps gate and up
+    assert kept[1].get(torch.bfloat16, 0) >= 2 * n, kept[1]       # plain layers keep gate and up
     assert abs(losses[0] - losses[1]) < 1e-3 * abs(losses[1])     # the forward's SwiGLU reads the stash too
     # e4m3 keeps 3 mantissa bits of gate and up; through two random layers the weight gradients move by
     # up to 10% (layer 0's k_proj on an H200); a wrong scale or block would move them by their size

@@ -120,7 +120,7 @@ def test_the_log_line_names_the_swiglu_stash_apart():
 
 
 def test_swiglu_stashes_only_where_it_keeps_less():
-    """The stash (gate and up in float8; SwiGLU's output too under none) under none and selective, with
+    """The stash (gate and up in float8, SwiGLU's output rebuilt from them) under none and selective, with
     the fused FP8 inputs; selective_lean keeps gate alone and full nothing, so there the stash would cost,
     not save."""
     from trainer.fp8 import stashes

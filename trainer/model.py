@@ -140,8 +140,20 @@ class MLP(nn.Module):
         self.act_fn = silu_mul  # kernel hook
         self.stashes = False    # act_fn keeps gate and up for backward in compact form (kernels.patch)
 
-    def forward(self, x):
-        return self.down_proj(self.act_fn(self.gate_proj(x), self.up_proj(x)))
+    def forward(self, x, rebuild: bool = False):
+        """`rebuild` (DecoderLayer asks under `none`): where SwiGLU stashes and the layer is compiled,
+        run SwiGLU and down in a checkpoint region that keeps the stash alone, so that backward rebuilds
+        SwiGLU's float8 output from it (one cast pass) instead of keeping it: Inductor's partitioner
+        never recomputes a custom op on its own. Eager checkpointing would keep gate and up instead."""
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        if rebuild and self.stashes and torch.compiler.is_compiling() and torch.is_grad_enabled():
+            from torch.utils.checkpoint import checkpoint
+            return checkpoint(self._down, gate, up, use_reentrant=False,
+                              context_fn=partial(_selective_context, REBUILT_IN_MLP))
+        return self._down(gate, up)
+
+    def _down(self, gate, up):
+        return self.down_proj(self.act_fn(gate, up))
 
 
 def _selective_policy(recomputed: frozenset, counts: dict, ctx, op, *args, **kwargs):
@@ -190,6 +202,7 @@ def _stashes(op) -> bool:
 # about half the activation memory of `selective` at the price of those three matmuls again.
 RECOMPUTED_MATMULS = {"selective": frozenset({7}), "selective_lean": frozenset({2, 4, 6, 7})}
 STASHED_MATMULS = frozenset({5, 6})   # gate, up: what an MLP that stashes them keeps instead (MLP.stashes)
+REBUILT_IN_MLP = frozenset({1})       # MLP's rebuild region holds one matmul, down: its output feeds no backward
 
 
 class DecoderLayer(nn.Module):
@@ -202,13 +215,13 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
         self.activation_checkpoint = "none"  # none | selective | selective_lean | full; set by the trainer
 
-    def _forward(self, x, cos, sin):
+    def _forward(self, x, cos, sin, rebuild: bool = False):
         h = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        return h + self.mlp(self.post_attention_layernorm(h), rebuild)
 
     def forward(self, x, cos, sin):
         if self.activation_checkpoint == "none" or not torch.is_grad_enabled():
-            return self._forward(x, cos, sin)
+            return self._forward(x, cos, sin, rebuild=True)
         from torch.utils.checkpoint import checkpoint
         kwargs = {}
         if self.activation_checkpoint in RECOMPUTED_MATMULS:

@@ -47,9 +47,9 @@ Saved for backward, per decoder layer and token (bytes):
 
     train.float8_activations (under torch.compile): with FP8 tensorwise and the fused inputs, under
       none or selective (trainer.fp8.stashes), SwiGLU keeps gate and up as float8 (F each) in place
-      of what the mode kept of the MLP. Under selective that is all (2F): neither projection is
-      recomputed, and SwiGLU's float8 output, which down's backward reads, is rebuilt from the
-      stash; under none the partitioner keeps that output too (3F). Otherwise gate and up, where
+      of what the mode kept of the MLP, and that is all (2F): neither projection is recomputed, and
+      SwiGLU's float8 output, which down's backward reads, is rebuilt from the stash (under none
+      through the MLP's own checkpoint region, trainer.model.MLP). Otherwise gate and up, where
       kept, are stored in float8 with a 4-byte scale per row once a whole tensor (N c F bytes)
       reaches train.float8_activations_min_mib: F + 4 each. Other saved tensors of that size (q, o)
       go the same way and are counted whole, an upper bound; the layer input, a graph input, is
@@ -319,7 +319,7 @@ def layer_activation_bytes(m: ModelConfig, seq_len: int, mode: str, dt: Dtypes,
         mlp_in = D if fp8.mlp_in else mlp_in
         mlp -= (c - 1) * F if fp8.down else 0
     if stash:
-        mlp = 3 * F     # gate and up in float8 (the stash), SwiGLU's output in float8 for down
+        mlp = 2 * F     # gate and up in float8 (the stash); SwiGLU's output for down rebuilt from it
     return norms + attn_in + mlp_in + attn + mlp
 
 
