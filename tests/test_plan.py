@@ -454,6 +454,12 @@ def test_float8_activations_count_gate_and_up_in_one_byte():
     assert per_token() - per_token(*on) == 2 * (2 * F - (F + 4))                     # bf16, no FP8
     assert per_token(mode="none") - per_token(*on, mode="none") == 2 * (2 * F - (F + 4))
     assert per_token("data.seq_len=1024") == per_token("data.seq_len=1024", *on)     # 28 MiB: under 100
+    # the output the stash rebuilds is live during each layer's backward, whatever the mode
+    def layer_bwd(*sets, mode):
+        cfg = cfg_of("llama3_8b", *base, *fp8, *sets, f"train.activation_checkpoint={mode}")
+        return {t.key: t.bytes for t in memory(cfg, 1, H200).peak.terms}["layer_bwd"]
+    assert layer_bwd(*on, mode="none") - layer_bwd(mode="none") == 8192 * F
+    assert layer_bwd(*on, mode="selective") == layer_bwd(mode="selective")   # rebuilt from gate and up either way
     plan = planner.make_plan(cfg_of("llama3_8b", *base, *fp8, *on))
     assert any(n.startswith("train.float8_activations: gate and up counted in float8") for n in plan.notes)
     assert plan.memory.peak_bytes < planner.make_plan(cfg_of("llama3_8b", *base, *fp8)).memory.peak_bytes

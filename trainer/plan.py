@@ -57,7 +57,8 @@ Saved for backward, per decoder layer and token (bytes):
 
 The no-checkpointing formula is exact against autograd's saved tensors on CPU (test_plan.py
 counts them with saved_tensors_hooks, bf16 weights and fp32 weights under autocast).
-Checkpointing adds, during each layer's backward, the recomputed rest of that one layer.
+Checkpointing adds, during each layer's backward, the recomputed rest of that one layer; with the
+stash, SwiGLU's float8 output (F) is rebuilt there under none too.
 
 Around the layers: the final norm and the LM head's input (4D + rD + 4 + cD per token; fused:
 rD + 4); the loss. Eager `linear_cross_entropy` makes c*V logits, a fp32 copy and fp32
@@ -283,6 +284,12 @@ def float8_acts(cfg: TrainConfig, dt: Dtypes, fp8: Fp8 | None, n_tokens: int) ->
     return Float8Acts(stash, n_tokens * dt.c * cfg.model.ffn_dim >= t.float8_activations_min_mib * 2 ** 20)
 
 
+def _stash_on(f8: Float8Acts | None, mode: str) -> bool:
+    """Whether SwiGLU keeps gate and up as its own float8 stash under this checkpointing mode."""
+    from trainer.fp8 import STASH_MODES
+    return bool(f8 and f8.stash and mode in STASH_MODES)
+
+
 def layer_activation_bytes(m: ModelConfig, seq_len: int, mode: str, dt: Dtypes,
                            kernels: bool = False, fp8: Fp8 | None = None, f8: Float8Acts | None = None) -> int:
     """Bytes one decoder layer keeps for backward per token (the module docstring's table)."""
@@ -290,8 +297,7 @@ def layer_activation_bytes(m: ModelConfig, seq_len: int, mode: str, dt: Dtypes,
     Dkv = m.n_kv_heads * m.head_dim
     c, r = dt.c, dt.r
     flash = c == 2
-    from trainer.fp8 import STASH_MODES
-    stash = bool(f8 and f8.stash and mode in STASH_MODES)
+    stash = _stash_on(f8, mode)
     gate_up = (F + 4) if f8 and f8.wide and not stash else c * F      # gate's or up's bytes when kept
     if mode == "full":
         return r * D
@@ -459,6 +465,8 @@ def memory(cfg: TrainConfig, world: int, device: Device, batch_size: int | None 
         loss_bwd = Term("loss", "loss: logits (backward)", 12 * N * V,
                         f"log-probs + 2 fp32 gradients, 12 B x {N:,} tokens x {V:,} vocab")
     recompute = (none_layer - per_token_layer) * N
+    if _stash_on(f8, mode):
+        recompute += N * m.ffn_dim     # SwiGLU's float8 output, rebuilt from the stash under none too
     transient = N * (3 * c * m.ffn_dim + 2 * c * D)
     # Eager float8 casts (torchao: x.float() * scale, then a clamp) hold two fp32 copies of the
     # tensor they cast; the largest is a gradient of the widest converted output. Inductor fuses them.

@@ -18,9 +18,10 @@ a saved value that is a graph input seen through views or casts (a weight's
 transpose, its autocast copy) stays as it is (_is_weight). It needs `train.compile`.
 With FP8 and the fused inputs (kernels.swiglu's stash), SwiGLU does the
 MLP's share itself, cheaper: it writes gate and up as float8 in the pass that
-reads them anyway, computes its output from those values (so that `selective`
-rebuilds the output in backward rather than keeping it) and its backward reads
-them back; only what else is kept goes through the partitioner.
+reads them anyway, computes its output from those values (so that backward
+rebuilds the output rather than keeping it: under `selective`, and under `none`
+through the MLP's own region) and its backward reads them back; only what else
+is kept goes through the partitioner.
 The float8 format is the forward one of trainer.fp8.float8_dtypes (e4m3fn;
 e4m3fnuz on MI300-class GPUs, not run on AMD).
 """
