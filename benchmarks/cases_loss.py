@@ -7,7 +7,8 @@
 Shapes are the Llama-3 vocabulary (128256) at 8192 tokens. Eager and compile run
 the loss as transformers does (logits upcast to fp32 before F.cross_entropy).
 Floors: CE reads the logits once and writes their gradient once (2 x N x V x 2 B);
-LM head + CE is three N x H x V GEMMs (6 N H V FLOPs).
+LM head + CE is three N x H x V GEMMs (6 N H V FLOPs). "float8 head" runs two of
+them in FP8 (precision.fp8_lm_head).
 """
 from __future__ import annotations
 
@@ -120,13 +121,23 @@ def _flce_anvil(state, chunk=None):
     return lambda: fused_linear_cross_entropy(x, w, t, chunk_size=chunk).backward()
 
 
+def _flce_anvil_float8(state):
+    """precision.fp8_lm_head: logits and hidden-gradient GEMMs in float8 (e4m3), per-row scales."""
+    import torch
+    from kernels.fused_linear_cross_entropy import fused_linear_cross_entropy
+    x, w, t = state["x"], state["w"], state["target"]
+    return lambda: fused_linear_cross_entropy(x, w, t, float8=torch.float8_e4m3fn).backward()
+
+
 def flce_case(n=N_TOKENS, h=HIDDEN, v=VOCAB, anvil=_flce_anvil, label="") -> Case:
     return Case(op="flce", shape=f"{n}x{h}->{v}{label}", setup=_flce_setup(n, h, v),
                 providers={"anvil": anvil, "eager": _flce_eager, "compile": _flce_compile, "liger": _flce_liger},
                 flops=6 * n * h * v, grad_to_none=lambda s: [s["x"], s["w"]])
 
 
-CASES = [ce_case(), flce_case()]
+# The second LM head case is the same shape with Anvil's float8 head (its anvil row; the others repeat
+# the bf16 anchors in the same run). Not a like-for-like kernel: its hidden gradient carries float8 error.
+CASES = [ce_case(), flce_case(), flce_case(anvil=_flce_anvil_float8, label=" float8 head")]
 
 
 # (mode, block, warps[, one_exp]); H200 2026-11-22 before ONE_EXP: row B2048w4 1.74 ms, two_pass B8192w16

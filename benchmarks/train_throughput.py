@@ -31,7 +31,7 @@ columns of BENCHMARKS.md).
 
 Variant names:
   hf, hf_liger
-  Anvil:      {eager|compile|kernels|compile_kernels}[_fp32][_fp8|_fp8rw|_fp8ref][_f8act]
+  Anvil:      {eager|compile|kernels|compile_kernels}[_fp32][_fp8|_fp8rw|_fp8ref][_f8head][_f8act]
   torchtitan: titan_{eager|compile}[_fp32][_fp8|_fp8rw]
 _fp32: fp32 master weights (+ bf16 autocast, or FSDP2's bf16 mixed precision)
 instead of bf16 weights; _fp8 / _fp8rw: FP8 linear layers, torchao float8
@@ -40,6 +40,8 @@ with float8 all-gather and precomputed scales under FSDP for tensorwise; the
 output head stays bf16 in both). With --kernels and tensorwise, RMSNorm and
 SwiGLU write the FP8 linears' inputs as float8 themselves; _fp8ref is the same
 run with torchao casting them (precision.fp8_fused=false), the reference path.
+_f8head (Anvil --kernels with FP8): the LM head's logits and hidden-gradient GEMMs
+in float8 inside the fused loss (precision.fp8_lm_head).
 _f8act (compiled Anvil variants): saved activations of 100 MiB or more kept in
 float8 until backward (train.float8_activations).
 
@@ -119,28 +121,31 @@ def parse_variant(name: str) -> dict:
     kernels: True, params: fp32, fp8: tensorwise}; ValueError for an unknown name."""
     if name in ("hf", "hf_liger"):
         return {"family": "hf", "base": name, "compile": False, "kernels": name == "hf_liger",
-                "params": "bf16", "fp8": "off", "fp8_fused": True, "f8act": False}
+                "params": "bf16", "fp8": "off", "fp8_fused": True, "f8act": False, "f8head": False}
     bases = sorted(ANVIL_BASES + TITAN_BASES, key=len, reverse=True)
     base = next((b for b in bases if name == b or name.startswith(b + "_")), None)
     if base is None:
         raise ValueError(f"unknown variant {name!r}")
-    params, fp8, fused, f8act = "bf16", "off", True, False
+    params, fp8, fused, f8act, f8head = "bf16", "off", True, False, False
     family = "titan" if base.startswith("titan_") else "anvil"
     for token in filter(None, name[len(base):].split("_")):
         if f8act:
             raise ValueError(f"variant {name!r}: _f8act comes last")
         if token == "f8act" and family == "anvil" and "compile" in base:
             f8act = True
+        elif token == "f8head" and not f8head and fp8 != "off" and base.endswith("kernels"):
+            f8head = True
         elif token == "fp32" and params == "bf16" and fp8 == "off":
             params = "fp32"
-        elif token in FP8_SUFFIXES and fp8 == "off" and not (token == "fp8ref" and family == "titan"):
+        elif token in FP8_SUFFIXES and fp8 == "off" and not f8head and not (token == "fp8ref" and family == "titan"):
             fp8, fused = FP8_SUFFIXES[token], token != "fp8ref"
         else:
             raise ValueError(f"variant {name!r}: unexpected suffix {token!r} "
                              "(allowed, in this order: _fp32, then _fp8, _fp8rw or, Anvil only, _fp8ref, then, "
-                             "compiled Anvil only, _f8act)")
+                             "Anvil --kernels with FP8 only, _f8head, then, compiled Anvil only, _f8act)")
     return {"family": family, "base": base, "compile": "compile" in base,
-            "kernels": base.endswith("kernels"), "params": params, "fp8": fp8, "fp8_fused": fused, "f8act": f8act}
+            "kernels": base.endswith("kernels"), "params": params, "fp8": fp8, "fp8_fused": fused, "f8act": f8act,
+            "f8head": f8head}
 
 
 def flops_for_shape(cfg) -> tuple[int, int]:
@@ -269,6 +274,8 @@ def anvil_argv(args, variant: str, run_dir: Path, steps: int | None = None) -> l
         sets.append("precision.fp8_fused=false")
     if spec["f8act"]:
         sets.append("train.float8_activations=true")
+    if spec["f8head"]:
+        sets.append("precision.fp8_lm_head=true")
     argv = [*_launcher(args), "-m", "trainer", "--config", args.config, "--run-dir", str(run_dir)]
     for item in sets:
         argv += ["--set", item]

@@ -33,6 +33,9 @@ The same holds backwards: SwiGLU's backward produces the output gradients of
 gate and up, which their Float8Linear casts to e5m2 (an amax pass, a cast
 pass) before both of its backward GEMMs. With a gradient target, SwiGLU's
 backward writes them as e5m2 itself, each with its own scale.
+
+`cast_rowwise` serves the LM head in float8 (kernels/fused_linear_cross_entropy.py): one scale per
+row, any source strides, the operands and scales torch._scaled_mm takes.
 """
 
 from __future__ import annotations
@@ -145,3 +148,49 @@ def to_float8_grid(v, scale, FP8_MAX: tl.constexpr, FP8_MIN_NORMAL: tl.constexpr
         small = (tl.abs(s) + magic) - magic
         s = tl.where(tl.abs(s) < FP8_MIN_NORMAL, tl.where(s < 0, -small, small), normal)
     return s
+
+
+# --------------------------------------------------------------------------- rowwise casts (the LM head)
+
+_ROW_TILE, _COL_TILE = 32, 128
+
+
+@triton.jit
+def _cast_rows_kernel(X, stride_r, stride_c, AMAX, OUT, INV_SCALE, n_rows, n_cols, BR: tl.constexpr,
+                      BC: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MIN_NORMAL: tl.constexpr,
+                      FP8_MANTISSA: tl.constexpr, ROUND_IN_KERNEL: tl.constexpr):
+    """One [BR, BC] tile: x * (FP8_MAX / row amax) to float8, stored row-major whatever X's strides
+    (a transposed X is read down its columns and written across its rows)."""
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    cols = tl.program_id(1) * BC + tl.arange(0, BC)
+    row_ok = rows < n_rows
+    mask = row_ok[:, None] & (cols[None, :] < n_cols)
+    amax = tl.load(AMAX + rows, mask=row_ok, other=1.0).to(tl.float64)
+    scale = (FP8_MAX / tl.maximum(amax, 1e-12)).to(tl.float32)   # scale_of's rule, a row at a time
+    x = tl.load(X + rows[:, None].to(tl.int64) * stride_r + cols[None, :].to(tl.int64) * stride_c, mask=mask,
+                other=0.0)
+    s = to_float8_grid(x, scale[:, None], FP8_MAX, FP8_MIN_NORMAL, FP8_MANTISSA, ROUND_IN_KERNEL)
+    tl.store(OUT + rows[:, None].to(tl.int64) * n_cols + cols[None, :], s.to(OUT.dtype.element_ty), mask=mask)
+    if tl.program_id(1) == 0:
+        tl.store(INV_SCALE + rows, (1.0 / scale.to(tl.float64)).to(tl.float32), mask=row_ok)   # rounded once
+
+
+def cast_rowwise(x: torch.Tensor, dtype: torch.dtype, amax: torch.Tensor | None = None,
+                 out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [R, C] (any strides) -> (float8 [R, C] row-major, fp32 [R, 1] inverse scales): each row scaled so
+    its |max| lands on the format's max, torchao's rowwise rule (amax_to_scale, per row). These are the
+    operand and the scale `torch._scaled_mm` takes, for x as its left operand, or x.t() as its right.
+
+    amax [R]: the rows' |max| when the caller knows it (the cross-entropy gradient's follows from the
+    loss); values over it saturate. Else one reduction pass measures it. out: a float8 buffer to fill.
+    """
+    n_rows, n_cols = x.shape
+    if amax is None:
+        amax = torch.linalg.vector_norm(x, float("inf"), dim=1)
+    out = torch.empty(n_rows, n_cols, device=x.device, dtype=dtype) if out is None else out
+    inv_scale = torch.empty(n_rows, 1, device=x.device, dtype=torch.float32)
+    if x.numel():
+        grid = (triton.cdiv(n_rows, _ROW_TILE), triton.cdiv(n_cols, _COL_TILE))
+        _cast_rows_kernel[grid](x, x.stride(0), x.stride(1), amax, out, inv_scale, n_rows, n_cols,
+                                BR=_ROW_TILE, BC=_COL_TILE, num_warps=4, **constants(dtype))
+    return out, inv_scale

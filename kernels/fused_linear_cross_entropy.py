@@ -7,6 +7,9 @@ Per chunk of C tokens (all in forward, as Liger does):
     gW      += grad_c^T @ x_c         cuBLAS addmm (fp32 accumulate inside, bf16 sum across chunks)
 Backward only scales gx and gW by the incoming gradient (no traffic when it is 1.0).
 
+`float8=` runs the first two GEMMs on FP8 tensor cores, operands cast per row (_Float8Head); gW
+stays in bf16, as torchao's recipe that keeps the weight gradient in high precision does.
+
 Memory above the inputs: grad_hidden + grad_weight (what any method returns) + the C x V chunk.
 The chunk trades speed for memory: the gW update reads and writes all of gW once per chunk,
 so small chunks make it memory-bound. `chunk_size=None` takes the size that keeps the chunk
@@ -16,11 +19,13 @@ benchmarks/cases_loss.py for the measured trade-off, `python -m benchmarks.ce_fl
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 import torch
 
 from kernels import arch
 from kernels.cross_entropy import launch_ce, scale_grad
+from kernels.float8 import cast_rowwise
 
 # Chunk = this x next_pow2(N / ceil(V/H)) tokens (1 is Liger's choice: chunk buffer ~ the hidden states' size).
 # Measured on an H200 at 8192 x 4096 -> 128256 bf16: x1 (256) 53.7 ms, 1.10 GiB; x2 (512) 46.9 ms, 1.16 GiB;
@@ -40,7 +45,7 @@ def default_chunk(n_tokens: int, hidden: int, vocab: int) -> int:
 
 
 def _flce(hidden, weight, target, normalizer, ignore_index, z_loss, label_smoothing, scale_by_norm, chunk,
-          need_gx, need_gw):
+          need_gx, need_gw, float8=None):
     n, _ = hidden.shape
     vocab = weight.shape[0]
     row_loss = torch.empty(n, device=hidden.device, dtype=torch.float32)
@@ -49,15 +54,23 @@ def _flce(hidden, weight, target, normalizer, ignore_index, z_loss, label_smooth
                                                               weight.new_empty(0))
     grads = need_gx or need_gw
     buf = torch.empty(min(chunk, n), vocab, device=hidden.device, dtype=hidden.dtype) if n else None
+    head = _Float8Head(hidden, weight, need_gx, float8, min(chunk, n)) if float8 is not None and n else None
     for c0 in range(0, n, chunk):
         c1 = min(n, c0 + chunk)
         x_c = hidden[c0:c1]
         logits = buf[: c1 - c0]
-        torch.mm(x_c, weight.t(), out=logits)
+        if head:
+            head.logits(c0, c1, logits)
+        else:
+            torch.mm(x_c, weight.t(), out=logits)
         launch_ce(logits, target[c0:c1], logits if grads else None, row_loss[c0:c1],
                   normalizer if scale_by_norm else None, ignore_index, z_loss, label_smoothing)
         if need_gx:
-            torch.mm(logits, weight, out=gx[c0:c1])
+            if head:
+                head.grad_hidden(logits, row_loss[c0:c1], normalizer if scale_by_norm else None,
+                                 z_loss == 0.0 and label_smoothing == 0.0, gx[c0:c1])
+            else:
+                torch.mm(logits, weight, out=gx[c0:c1])
         if need_gw:
             if c0 == 0:
                 torch.mm(logits.t(), x_c, out=gw)
@@ -66,17 +79,50 @@ def _flce(hidden, weight, target, normalizer, ignore_index, z_loss, label_smooth
     return row_loss, gx, gw
 
 
+class _Float8Head:
+    """The head's float8 operands for one call, cast once: hidden and weight per row (the logits GEMM
+    reduces over H), the weight per column (the hidden-gradient GEMM reduces over V), and a buffer for
+    each chunk's gradient over the logits, cast per row.
+
+    The gradient's row |max| needs no pass of its own: a row is (softmax - onehot(target)) / n, whose
+    largest entry in size is the target's, 1 - p_target = -expm1(-row loss), since the other
+    probabilities sum to it (with z-loss or label smoothing it is measured instead)."""
+
+    def __init__(self, hidden, weight, need_gx, dtype, chunk):
+        self.dtype, self.out_dtype = dtype, hidden.dtype
+        self.x, self.x_scale = cast_rowwise(hidden, dtype)
+        self.w, self.w_scale = cast_rowwise(weight, dtype)
+        if need_gx:
+            self.w_t, self.w_t_scale = cast_rowwise(weight.t(), dtype)
+            self.grad = torch.empty(chunk, weight.shape[0], device=hidden.device, dtype=dtype)
+
+    def logits(self, c0, c1, out):
+        # forward GEMM with fast accumulation, as torchao's float8 forward does
+        torch._scaled_mm(self.x[c0:c1], self.w.t(), self.x_scale[c0:c1], self.w_scale.t(),
+                         out_dtype=self.out_dtype, use_fast_accum=True, out=out)
+
+    def grad_hidden(self, grad, row_loss, normalizer, exact_amax, out):
+        amax = None
+        if exact_amax:
+            amax = -torch.expm1(-row_loss)
+            if normalizer is not None:
+                amax = amax / normalizer
+        g, g_scale = cast_rowwise(grad, self.dtype, amax, out=self.grad[: grad.shape[0]])
+        torch._scaled_mm(g, self.w_t.t(), g_scale, self.w_t_scale.t(), out_dtype=self.out_dtype, out=out)
+
+
 @torch.library.custom_op("anvil::fused_linear_cross_entropy_fwd", mutates_args=())
 def _flce_fwd(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, normalizer: torch.Tensor,
               ignore_index: int, z_loss: float, label_smoothing: float, scale_by_norm: bool, chunk: int,
-              need_gx: bool, need_gw: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              need_gx: bool, need_gw: bool, float8: Optional[torch.dtype]
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _flce(hidden, weight, target, normalizer, ignore_index, z_loss, label_smoothing, scale_by_norm,
-                 chunk, need_gx, need_gw)
+                 chunk, need_gx, need_gw, float8)
 
 
 @_flce_fwd.register_fake
 def _(hidden, weight, target, normalizer, ignore_index, z_loss, label_smoothing, scale_by_norm, chunk,
-      need_gx, need_gw):
+      need_gx, need_gw, float8):
     return (hidden.new_empty(hidden.shape[0], dtype=torch.float32),
             torch.empty_like(hidden) if need_gx else hidden.new_empty(0),
             torch.empty_like(weight) if need_gw else weight.new_empty(0))
@@ -85,10 +131,10 @@ def _(hidden, weight, target, normalizer, ignore_index, z_loss, label_smoothing,
 class _FusedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, target, normalizer, ignore_index, z_loss, label_smoothing, reduction, chunk,
-                need_gx, need_gw):
+                need_gx, need_gw, float8):
         row_loss, gx, gw = torch.ops.anvil.fused_linear_cross_entropy_fwd(
             hidden, weight, target, normalizer, ignore_index, z_loss, label_smoothing, reduction == "mean", chunk,
-            need_gx, need_gw)
+            need_gx, need_gw, float8)
         ctx.save_for_backward(gx, gw)
         ctx.needs = (need_gx, need_gw)
         total = row_loss.sum()
@@ -100,15 +146,19 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         need_gx, need_gw = ctx.needs
         gx = scale_grad(gx, grad_loss) if need_gx else None
         gw = scale_grad(gw, grad_loss) if need_gw else None
-        return gx, gw, None, None, None, None, None, None, None, None, None
+        return gx, gw, None, None, None, None, None, None, None, None, None, None
 
 
 def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                                ignore_index: int = -100, reduction: str = "mean", z_loss: float = 0.0,
                                label_smoothing: float = 0.0, num_items: torch.Tensor | int | None = None,
-                               chunk_size: int | None = None, loss_dtype: torch.dtype | None = None
-                               ) -> torch.Tensor:
+                               chunk_size: int | None = None, loss_dtype: torch.dtype | None = None,
+                               float8: torch.dtype | None = None) -> torch.Tensor:
     """cross_entropy(hidden @ weight.T, target) without the full logits.
+
+    float8 (an e4m3 dtype): the logits and hidden-gradient GEMMs take float8 operands with one scale
+    per row (torch._scaled_mm); the weight gradient stays in hidden's dtype. H and V must be multiples
+    of 16. On a GPU it needs rowwise-scaled FP8 GEMMs (sm_90+, MI300+).
 
     The loss is computed in fp32 and returned in loss_dtype (default: hidden's dtype, as
     F.cross_entropy on those logits would; pass torch.float32 for training logs).
@@ -126,6 +176,9 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targe
                          f"shape {tuple(hidden.shape[:-1])}")
     if hidden.dtype != weight.dtype:
         raise TypeError(f"fused_linear_cross_entropy: hidden {hidden.dtype} and weight {weight.dtype} differ")
+    if float8 is not None and (weight.shape[0] % 16 or weight.shape[1] % 16):
+        raise ValueError(f"fused_linear_cross_entropy: float8 needs weight dimensions that are multiples of 16, "
+                         f"got {tuple(weight.shape)}")
     hidden2d = hidden.reshape(-1, hidden.shape[-1]).contiguous()
     weight = weight.contiguous()
     target1d = target.reshape(-1).contiguous()
@@ -137,5 +190,5 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targe
     grad_on = torch.is_grad_enabled()
     need_gx, need_gw = grad_on and hidden.requires_grad, grad_on and weight.requires_grad
     loss = _FusedLinearCrossEntropy.apply(hidden2d, weight, target1d, normalizer, ignore_index, float(z_loss),
-                                          float(label_smoothing), reduction, int(chunk), need_gx, need_gw)
+                                          float(label_smoothing), reduction, int(chunk), need_gx, need_gw, float8)
     return loss.to(loss_dtype or hidden.dtype)

@@ -21,6 +21,7 @@ model, before activation checkpointing, torch.compile and DDP/FSDP wrapping.
 
 from __future__ import annotations
 
+import functools
 import types
 
 import torch
@@ -38,12 +39,14 @@ def _trainer_rms_norm_forward(self, x: torch.Tensor) -> torch.Tensor:
     return rms_norm(x, self.weight.to(x.dtype), self.eps)
 
 
-def _trainer_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def _trainer_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                  float8: torch.dtype | None = None) -> torch.Tensor:
     from kernels.fused_linear_cross_entropy import fused_linear_cross_entropy
 
     # The sum of thousands of token losses must stay fp32: returned in bf16 it is
     # quantized to steps of 1/16 at loss ~12, and the logged curve goes flat.
-    return fused_linear_cross_entropy(hidden, weight, labels, reduction="sum", loss_dtype=torch.float32)
+    return fused_linear_cross_entropy(hidden, weight, labels, reduction="sum", loss_dtype=torch.float32,
+                                      float8=float8)
 
 
 def _is_trainer_llama(model: nn.Module) -> bool:
@@ -124,6 +127,15 @@ def patch_float8_inputs(model: nn.Module, stash: bool = False) -> list[str]:
             if grad_target is not None:
                 done.append("swiglu_float8_grads")
     return done
+
+
+def patch_float8_lm_head(model: nn.Module, dtype: torch.dtype) -> list[str]:
+    """After kernels.patch of a trainer Llama: its fused loss runs the LM head's logits and hidden-gradient
+    GEMMs with `dtype` (e4m3) operands, per-row scales. Returns ["lm_head_float8"]."""
+    if not _is_trainer_llama(model) or getattr(model.loss_fn, "__wrapped__", model.loss_fn) is not _trainer_loss:
+        raise TypeError("kernels.patch_float8_lm_head: needs a trainer.model.Transformer patched by kernels.patch")
+    model.loss_fn = functools.update_wrapper(functools.partial(_trainer_loss, float8=dtype), _trainer_loss)
+    return ["lm_head_float8"]
 
 
 # --- transformers' LlamaForCausalLM -------------------------------------------------------------

@@ -97,6 +97,25 @@ def test_rocm_float8_types_follow_torchao(monkeypatch):
     assert fp8.float8_dtypes() == (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
+@pytest.mark.parametrize("sets, why", [
+    (["train.kernels=true"], "needs precision.fp8"),
+    (["precision.fp8=tensorwise"], "needs --kernels"),
+    (["precision.fp8=tensorwise", "train.kernels=true", "model.vocab_size=500"], "divisible by 16, got 500"),
+])
+def test_the_float8_head_is_refused_where_it_cannot_run(sets, why):
+    with pytest.raises(fp8.Fp8Error, match=why):
+        fp8.check_supported(tiny("precision.fp8_lm_head=true", *sets), torch.device("cuda", 0))
+
+
+def test_the_float8_head_needs_rowwise_scaled_gemms(monkeypatch):
+    cfg = tiny("precision.fp8_lm_head=true", "precision.fp8=tensorwise", "train.kernels=true")
+    fake_props(monkeypatch, name="NVIDIA L40S", major=8, minor=9)    # FP8, but no per-row scales
+    with pytest.raises(fp8.Fp8Error, match="L40S is sm_89; per-row FP8 GEMM scales need sm_90"):
+        fp8.check_supported(cfg, torch.device("cuda", 0))
+    fake_props(monkeypatch, name="NVIDIA H100", major=9, minor=0)
+    assert fp8.lm_head_unsupported_reason(torch.device("cuda", 0)) is None
+
+
 def test_the_trainer_stops_on_cpu_with_exit_2(tmp_path):
     cfg = tiny("precision.fp8=tensorwise", "train.steps=2", "train.device=cpu")
     with pytest.raises(fp8.Fp8Error):
@@ -152,6 +171,28 @@ def test_convert_the_tiny_model(recipe):
     assert torch.isfinite(loss) and abs(loss.item() - ref_loss.item()) / ref_loss.item() < 0.02
     grad = model.model.layers[0].mlp.down_proj.weight.grad
     assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0
+
+
+@needs_torchao
+def test_convert_with_the_float8_head():
+    """precision.fp8_lm_head: the patched model's fused loss runs the head in float8 (the CPU runs
+    torch._scaled_mm too), within float8's error of the bf16 head, and the log says so."""
+    import kernels
+    cfg = tiny()
+    torch.manual_seed(0)
+    model = kernels.patch(Transformer(cfg.model)).to(torch.bfloat16)
+    ref = kernels.patch(Transformer(cfg.model)).to(torch.bfloat16)
+    ref.load_state_dict(model.state_dict())
+    state = fp8.convert(model, "tensorwise", emulate=True, lm_head=True)
+    assert "lm_head_float8" in state.fused_inputs and "LM head's logits" in state.describe()
+    x = torch.randint(0, cfg.model.vocab_size, (2, 64))
+    loss, ref_loss = model(x, x), ref(x, x)
+    assert loss.item() != ref_loss.item()                 # the head did run in float8
+    assert abs(loss.item() - ref_loss.item()) / ref_loss.item() < 0.02
+    loss.backward()
+    assert torch.isfinite(model.model.embed_tokens.weight.grad).all()
+    with pytest.raises(TypeError, match="patched by kernels.patch"):
+        fp8.convert(Transformer(cfg.model), "tensorwise", emulate=True, lm_head=True)
 
 
 @needs_torchao

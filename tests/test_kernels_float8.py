@@ -163,6 +163,30 @@ def test_nothing_is_stashed_where_no_backward_runs_and_empty_inputs_stash_nothin
     assert d_gate.shape == d_up.shape == (0, 64) and d_gate.dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("transposed", [False, True])
+def test_cast_rowwise_is_torchaos_rowwise_cast(fp8_dtype, transposed):
+    """The float8 LM head's casts (kernels.float8.cast_rowwise): torchao's per-row cast, bit for bit,
+    from a row-major or a transposed view (the weight read down its columns); the scale handed back
+    is the one torch._scaled_mm multiplies by, 1 / torchao's."""
+    from torchao.float8.config import ScalingGranularity
+    from kernels.float8 import cast_rowwise
+    torch.manual_seed(0)
+    x = (torch.randn(70, 300, device=DEVICE) * torch.logspace(-3, 3, 70, device=DEVICE)[:, None])
+    x[3] = 0.0   # an all-zero row: the amax floor
+    x = x.to(torch.bfloat16)
+    if transposed:
+        x = x.t().contiguous().t()
+    got, inv = cast_rowwise(x, fp8_dtype)
+    ref = hp_tensor_to_float8_dynamic(x, fp8_dtype, EMULATED, gemm_input_role=GemmInputRole.INPUT,
+                                      scaling_granularity=ScalingGranularity.AXISWISE, axiswise_dim=-1)
+    assert got.is_contiguous() and inv.shape == (70, 1)
+    assert torch.equal(inv, ref._scale.reciprocal())
+    assert torch.equal(got.view(torch.uint8), ref._data.view(torch.uint8))
+    low, _ = cast_rowwise(x, fp8_dtype, amax=x.float().abs().amax(1) / 2)   # a given amax: beyond it, saturate
+    assert low.float().abs().max() == torch.finfo(fp8_dtype).max
+
+
 def test_all_zero_and_empty_inputs_give_torchaos_scale():
     target = Float8Target(torch.float8_e4m3fn, EMULATED)
     zeros = torch.zeros(4, 64, dtype=torch.bfloat16, device=DEVICE)

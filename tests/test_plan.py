@@ -198,6 +198,11 @@ MEASURED = [
     ("llama3_1b", 1, H100, ["precision.params=fp32", "train.compile=true", "precision.fp8=tensorwise"], 33.254),
     ("llama3_1b", 1, H100, ["precision.params=bf16", "train.compile=true", "precision.fp8=tensorwise",
                             "train.activation_checkpoint=selective"], 20.837),
+    # one H200, 2026-11-29, benchmarks.train_throughput compile_kernels_fp8_f8head[_f8act]: the float8 LM head
+    ("llama3_1b", 1, H200, ["precision.params=bf16", "train.compile=true", "precision.fp8=tensorwise",
+                            "precision.fp8_lm_head=true"], 24.442),
+    ("llama3_1b", 1, H200, ["precision.params=bf16", "train.compile=true", "precision.fp8=tensorwise",
+                            "precision.fp8_lm_head=true", "train.float8_activations=true"], 18.445),
     # two H200s, FSDP2, fp32 master weights, --compile --kernels (after the FSDP2 groups change)
     ("llama3_8b", 2, H200, ["train.compile=true"], 72.7),
     ("llama3_8b", 2, H200, ["train.compile=true", "train.activation_checkpoint=selective_lean"], 63.49),

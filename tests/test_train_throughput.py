@@ -12,8 +12,10 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_variant_names():
     assert tt.parse_variant("compile_kernels_fp32_fp8") == {
         "family": "anvil", "base": "compile_kernels", "compile": True, "kernels": True,
-        "params": "fp32", "fp8": "tensorwise", "fp8_fused": True, "f8act": False}
+        "params": "fp32", "fp8": "tensorwise", "fp8_fused": True, "f8act": False, "f8head": False}
     assert tt.parse_variant("compile_kernels_fp32_fp8_f8act")["f8act"] is True   # float8 saved activations
+    both = tt.parse_variant("compile_kernels_fp8_f8head_f8act")   # and the LM head in float8
+    assert both["f8head"] is True and both["f8act"] is True
     assert tt.parse_variant("compile_f8act")["f8act"] is True
     assert tt.parse_variant("compile_kernels_fp8ref")["fp8_fused"] is False   # torchao's casts: the reference
     assert tt.parse_variant("titan_eager_fp8rw")["fp8"] == "rowwise"
@@ -21,9 +23,11 @@ def test_variant_names():
     assert tt.parse_variant("hf_liger")["family"] == "hf"
     assert tt.parse_variant("kernels") == {"family": "anvil", "base": "kernels", "compile": False,
                                            "kernels": True, "params": "bf16", "fp8": "off",
-                                           "fp8_fused": True, "f8act": False}
+                                           "fp8_fused": True, "f8act": False, "f8head": False}
     for bad in ("kernels_fp8_fp32", "titan", "compile_kernels_bf16", "kernels_fp8_fp8rw", "titan_compile_fp8ref",
-                "kernels_f8act", "titan_compile_f8act", "compile_f8act_fp8"):
+                "kernels_f8act", "titan_compile_f8act", "compile_f8act_fp8", "compile_kernels_f8head",
+                "compile_fp8_f8head", "titan_compile_fp8_f8head", "compile_kernels_fp8_f8act_f8head",
+                "compile_kernels_f8head_fp8"):
         with pytest.raises(ValueError):
             tt.parse_variant(bad)
 
@@ -32,6 +36,7 @@ def test_each_anvil_variant_has_its_torchtitan_twin():
     assert tt.titan_counterpart("kernels") == "titan_eager"
     assert tt.titan_counterpart("compile_kernels_fp32_fp8") == "titan_compile_fp32_fp8"
     assert tt.titan_counterpart("compile_fp8rw") == "titan_compile_fp8rw"
+    assert tt.titan_counterpart("compile_kernels_fp8_f8head") == "titan_compile_fp8"
     assert tt.titan_counterpart("titan_compile") is None and tt.titan_counterpart("hf_liger") is None
 
 
@@ -49,7 +54,9 @@ def test_anvil_command_line():
     assert "precision.fp8" not in " ".join(one)   # off: the config's default, not a YAML `off` (false)
     ref = " ".join(tt.anvil_argv(args, "compile_kernels_fp8ref", Path("/tmp/r")))
     assert "precision.fp8=tensorwise" in ref and "precision.fp8_fused=false" in ref
-    assert "fp8_fused" not in joined
+    assert "fp8_fused" not in joined and "fp8_lm_head" not in joined
+    head = " ".join(tt.anvil_argv(args, "compile_kernels_fp8_f8head", Path("/tmp/r")))
+    assert "precision.fp8=tensorwise" in head and "precision.fp8_lm_head=true" in head
 
 
 def test_torchtitan_command_line_follows_anvils_config():

@@ -143,6 +143,8 @@ class PrecisionConfig:
     fp8: Literal["off", "tensorwise", "rowwise"] = "off"  # FP8 linear layers (torchao float8), GPU only
     fp8_fused: bool = True   # with --kernels and tensorwise: RMSNorm and SwiGLU write the FP8 linears'
     #                          float8 inputs themselves; false: torchao casts their outputs (the reference)
+    fp8_lm_head: bool = False   # with fp8 and --kernels: the fused loss runs the LM head's logits and hidden-
+    #                          gradient GEMMs in float8, per-row scales (its weight gradient stays bf16)
 
 
 @dataclass

@@ -9,7 +9,9 @@ the optimizer stay in their own precision. Left in bf16 by the filter rule
 (`convert_filter`): the LM head (`lm_head`, whose logits feed the loss, and
 which the fused loss kernel reads directly), and any Linear whose
 in/out features are not multiples of 16 (the FP8 GEMMs need 16-aligned
-dimensions).
+dimensions). `precision.fp8_lm_head` (with --kernels) runs the head's logits
+and hidden-gradient GEMMs in float8 inside the fused loss instead, per-row
+scales (needs sm_90+ / MI300+).
 
 Order (torchtitan's): build -> kernels.patch -> **convert** -> activation
 checkpointing -> torch.compile -> FSDP2. With FSDP2 and `tensorwise`, the
@@ -71,6 +73,8 @@ def stashes(cfg) -> bool:
 def check_supported(cfg, device: torch.device) -> None:
     """Raise Fp8Error unless precision.fp8 can run on `device` (no-op when fp8 is off)."""
     recipe = cfg.precision.fp8
+    if cfg.precision.fp8_lm_head:
+        _check_lm_head(cfg)
     if recipe == "off":
         return
     if recipe not in RECIPES:
@@ -84,12 +88,35 @@ def check_supported(cfg, device: torch.device) -> None:
     why = gpu_unsupported_reason(device)
     if why:
         raise Fp8Error(f"{NEEDS_GPU}; {why}. Set precision.fp8=off")
+    why = lm_head_unsupported_reason(device) if cfg.precision.fp8_lm_head else None
+    if why:
+        raise Fp8Error(f"precision.fp8_lm_head: {why}. Set precision.fp8_lm_head=false")
     try:
         import torchao.float8  # noqa: F401
     except ImportError as exc:
         raise Fp8Error(f"precision.fp8={recipe} uses torchao's float8 training, which is not "
                        f"importable here ({exc}); `pip install 'anvil[fp8]'` (torchao>=0.17 for "
                        "torch 2.11) or set precision.fp8=off") from None
+
+
+def _check_lm_head(cfg) -> None:
+    """precision.fp8_lm_head: the fused loss's float8 GEMMs, beside FP8 linears, on 16-aligned shapes."""
+    if cfg.precision.fp8 == "off":
+        raise Fp8Error("precision.fp8_lm_head needs precision.fp8 (tensorwise or rowwise) as well")
+    if not cfg.train.kernels:
+        raise Fp8Error("precision.fp8_lm_head runs in the fused loss: it needs --kernels (train.kernels=true)")
+    m = cfg.model
+    if m.vocab_size % ALIGN or m.dim % ALIGN:
+        raise Fp8Error(f"precision.fp8_lm_head: the head's FP8 GEMMs need vocab_size and dim divisible by "
+                       f"{ALIGN}, got {m.vocab_size} and {m.dim}")
+
+
+def lm_head_unsupported_reason(device: torch.device) -> str | None:
+    """None when the GPU runs rowwise-scaled FP8 GEMMs (torch._scaled_mm with per-row scales)."""
+    props = torch.cuda.get_device_properties(device)
+    if torch.version.hip or (props.major, props.minor) >= (9, 0):
+        return None
+    return f"{props.name} is sm_{props.major}{props.minor}; per-row FP8 GEMM scales need sm_90+"
 
 
 def gpu_unsupported_reason(device: torch.device) -> str | None:
@@ -167,21 +194,24 @@ class Fp8State:
         grads += "; SwiGLU keeps gate and up in float8" if "swiglu_float8_stash" in self.fused_inputs else ""
         fused = (f"; float8 inputs written by the kernels: {self.fused_inputs.count('rms_norm_float8')} RMSNorm, "
                  f"{self.fused_inputs.count('swiglu_float8')} SwiGLU{grads}" if self.fused_inputs else "")
+        head = ("; the LM head's logits and hidden-gradient GEMMs in float8 (per-row scales, fused loss)"
+                if "lm_head_float8" in self.fused_inputs else "")
         return (f"fp8 {self.recipe} ({self.dtypes[0]}/{self.dtypes[1]}): {len(self.converted)} Linear "
                 f"layers converted, left unconverted: {kept}; FSDP float8 all-gather "
-                f"{'on' if self.fsdp_float8_all_gather else 'off'}{fused}")
+                f"{'on' if self.fsdp_float8_all_gather else 'off'}{fused}{head}")
 
 
 def convert(model: nn.Module, recipe: str, fsdp: bool = False, device: torch.device | None = None,
             compile: bool = False, emulate: bool = False, fuse_inputs: bool = False, stash: bool = False,
-            module_filter: Callable[[nn.Module, str], bool] = convert_filter) -> Fp8State:
+            lm_head: bool = False, module_filter: Callable[[nn.Module, str], bool] = convert_filter) -> Fp8State:
     """Swap the model's eligible nn.Linear for torchao Float8Linear, in place.
 
     `fuse_inputs` (a model patched with our kernels, tensorwise): RMSNorm and
     SwiGLU then write their Float8Linear's input as float8 with its scale
     (kernels.patch_float8_inputs), instead of torchao casting their output in
     passes of its own; with `stash` (train.float8_activations), SwiGLU also keeps
-    gate and up for its backward in float8. `emulate` (tests on CPU only; the trainer never sets it)
+    gate and up for its backward in float8. `lm_head` (precision.fp8_lm_head, a patched model): the fused
+    loss runs the head's GEMMs in float8 (kernels.patch_float8_lm_head). `emulate` (tests on CPU only; the trainer never sets it)
     runs the float8 casts with high-precision matmuls, torchao's emulation mode."""
     from torchao.float8 import convert_to_float8_training
 
@@ -200,6 +230,9 @@ def convert(model: nn.Module, recipe: str, fsdp: bool = False, device: torch.dev
         from kernels.patch import patch_float8_inputs
         fused = patch_float8_inputs(model, stash=stash)
     e4m3 = config.cast_config_input.target_dtype
+    if lm_head:
+        from kernels.patch import patch_float8_lm_head
+        fused += patch_float8_lm_head(model, e4m3)
     e5m2 = config.cast_config_grad_output.target_dtype
     return Fp8State(recipe, chosen, _compress(kept), bool(config.enable_fsdp_float8_all_gather),
                     (str(e4m3).removeprefix("torch.float8_"), str(e5m2).removeprefix("torch.float8_")), fused)

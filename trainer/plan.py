@@ -66,7 +66,8 @@ log-probs (kept): (c + 8) * V * N bytes in forward; its backward holds the log-p
 gradient and the log-softmax gradient, 12 * V * N: the largest single item of a Llama 3 run
 at long sequences. With train.kernels the fused linear cross-entropy never makes the logits:
 a chunk of C x V (kernels.fused_linear_cross_entropy.default_chunk) plus the gradients of the
-hidden states (cDN) and of the head (cVD), computed in forward.
+hidden states (cDN) and of the head (cVD), computed in forward; precision.fp8_lm_head adds their
+float8 operands, a byte each: DN + 2VD + CV.
 
 State: weights p, gradients p and AdamW's exp_avg + exp_avg_sq 2p per parameter (torch's
 AdamW keeps its moments in the parameter's dtype: fp32 with fp32 weights, bf16 with
@@ -451,9 +452,13 @@ def memory(cfg: TrainConfig, world: int, device: Device, batch_size: int | None 
             notes.append(why)
         gx, gw = c * N * D, c * V * D
         head_cast = c * N * D if dt.casts else 0
+        # precision.fp8_lm_head: hidden, the weight twice (per row, per column) and a chunk's gradient
+        # in float8, one byte each, for the length of the loss
+        head_f8 = N * D + 2 * V * D + min(chunk, N) * V if fp8 and cfg.precision.fp8_lm_head else 0
         loss_fwd = Term("loss", "loss: fused linear cross-entropy (forward)",
-                        c * min(chunk, N) * V + gx + gw + head_cast,
-                        f"chunk {min(chunk, N):,} x {V:,} + grad of hidden and head")
+                        c * min(chunk, N) * V + gx + gw + head_cast + head_f8,
+                        f"chunk {min(chunk, N):,} x {V:,} + grad of hidden and head"
+                        + (" + float8 operands of the head" if head_f8 else ""))
         loss_bwd = Term("loss", "loss: fused linear cross-entropy (backward)",
                         gx + gw + (p * V * D if (p != c and not dt.fsdp) else 0),
                         "grad of hidden and head, computed in forward")

@@ -176,7 +176,7 @@ def build_model(cfg: TrainConfig, info: distributed.DistInfo, log):
         model.fp8_state = fp8.convert(model, cfg.precision.fp8, fsdp=use_fsdp, device=info.device,
                                       compile=cfg.train.compile,
                                       fuse_inputs=cfg.train.kernels and cfg.precision.fp8_fused,
-                                      stash=fp8.stashes(cfg))
+                                      stash=fp8.stashes(cfg), lm_head=cfg.precision.fp8_lm_head)
         log.info(model.fp8_state.describe())
     for layer in model.model.layers:
         layer.activation_checkpoint = cfg.train.activation_checkpoint
