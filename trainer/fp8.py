@@ -211,8 +211,8 @@ def convert(model: nn.Module, recipe: str, fsdp: bool = False, device: torch.dev
     (kernels.patch_float8_inputs), instead of torchao casting their output in
     passes of its own; with `stash` (train.float8_activations), SwiGLU also keeps
     gate and up for its backward in float8. `lm_head` (precision.fp8_lm_head, a patched model): the fused
-    loss runs the head's GEMMs in float8 (kernels.patch_float8_lm_head). `emulate` (tests on CPU only; the trainer never sets it)
-    runs the float8 casts with high-precision matmuls, torchao's emulation mode."""
+    loss runs the head's GEMMs in float8 (kernels.patch_float8_lm_head). `emulate` (tests on CPU only;
+    the trainer never sets it) runs the float8 casts with high-precision matmuls, torchao's emulation mode."""
     from torchao.float8 import convert_to_float8_training
 
     linears = {fqn: m for fqn, m in model.named_modules() if isinstance(m, nn.Linear)}
