@@ -199,3 +199,38 @@ def test_compiled_steps_skip_guards_once_nothing_compiles_with_the_same_losses(t
     with pytest.raises(RuntimeError, match="skip_guard_eval_unsafe"), skip.step():
         f(torch.ones(3, dtype=torch.float64))
     assert GuardSkip(False).step().__class__.__name__ == "nullcontext"
+
+
+def test_a_nan_loss_stops_the_run_before_that_steps_checkpoint(tmp_path, dataset, monkeypatch):
+    """Losses are read a step late (metrics.DeferredScalars), but a checkpoint is never written from
+    weights whose step's loss was NaN: the pending reading is taken before every save."""
+    import math
+
+    from trainer.model import Transformer
+    forward, calls = Transformer.forward, []
+
+    def nan_at_step_3(self, *args, **kwargs):
+        loss = forward(self, *args, **kwargs)
+        calls.append(1)
+        return loss * math.nan if self.training and len(calls) == 3 else loss
+    monkeypatch.setattr(Transformer, "forward", nan_at_step_3)
+    cfg = load(DEFAULT_CONFIG, ["data.path=" + str(dataset), *SHORT, "train.steps=6", "train.log_interval=1",
+                                "train.val_batches=0", "checkpoint.interval=3"])
+    with pytest.raises(train.TrainError, match="loss is NaN at step 3"):
+        train.run(cfg, tmp_path / "run")
+    logged = records(tmp_path / "run")
+    assert [r["step"] for r in logged] == [1, 2, 3] and logged[-1]["loss"] != logged[-1]["loss"]
+    assert not (tmp_path / "run" / "checkpoints" / "step_3").exists()
+
+
+def test_deferred_readings_come_back_in_order_with_their_context():
+    import torch
+
+    from trainer.metrics import DeferredScalars
+    readings = DeferredScalars(torch.device("cpu"))
+    assert readings.take() is None
+    readings.put([torch.tensor(2.5), torch.tensor([0.25])], step=7)
+    assert readings.pending
+    with pytest.raises(AssertionError):
+        readings.put([torch.tensor(1.0)], step=8)    # one at a time: take the first
+    assert readings.take() == ([2.5, 0.25], {"step": 7}) and not readings.pending

@@ -356,6 +356,21 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
     if profiler is not None:
         profiler.step_done(step)    # a window from step 1 (or one a resumed run starts inside) starts here
     guard_skip = GuardSkip(cfg.train.compile and cfg.train.skip_guards)
+    readings = metrics.DeferredScalars(info.device)
+    pin = info.device.type == "cuda"
+
+    def log_reading(reading, started: float) -> float:
+        """One log line from a DeferredScalars reading (None: nothing pending); the next interval's start."""
+        if reading is None:
+            return started
+        (mean_loss, gnorm), at = reading
+        met.train_step(at["step"], loss=mean_loss, lr=at["lr"], grad_norm=gnorm, tokens=at["tokens"],
+                       interval_tokens=at["interval_tokens"], interval_steps=at["interval_steps"],
+                       interval_s=time.perf_counter() - started, by_source=at["by_source"])
+        if mean_loss != mean_loss:  # NaN: stop rather than burn GPU hours
+            raise TrainError(f"loss is NaN at step {at['step']}; lower optim.lr or check the data")
+        return time.perf_counter()
+
     if cfg.train.compile:
         log.info(f"step {step + 1} compiles the model (torch.compile) before it trains: minutes for a large "
                  "model, once")
@@ -370,6 +385,8 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
             with guard_skip.step():
                 for i, (x, y) in enumerate(micro):
                     last = i == accum - 1
+                    if pin:   # a pageable copy may wait for the stream; the host runs a step ahead of it
+                        x, y = x.pin_memory(), y.pin_memory()
                     x = x.to(info.device, non_blocking=True)
                     y = y.to(info.device, non_blocking=True)
                     if fsdp:
@@ -406,23 +423,24 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
             if step == first_step + 1 and cfg.checkpoint.interval:
                 checkpointer.prepare(model, optimizer)   # staging memory faulted in on a thread, ahead of the first save
 
+            # The previous log step's loss and grad norm: its kernels ran while this step's were queued.
+            interval_start = log_reading(readings.take(), interval_start)
             if step % cfg.train.log_interval == 0 or step == cfg.train.steps:
-                mean_loss = distributed.all_reduce_mean(loss_sum / step_tokens, info).item()
-                gnorm = grad_norm.item()
-                now = time.perf_counter()
-                met.train_step(step, loss=mean_loss, lr=lr, grad_norm=gnorm, tokens=tokens_seen,
-                               interval_tokens=interval_tokens, interval_steps=interval_steps,
-                               interval_s=now - interval_start, by_source=loader.tokens_by_source())
-                if mean_loss != mean_loss:  # NaN: stop rather than burn GPU hours
-                    raise TrainError(f"loss is NaN at step {step}; lower optim.lr or check the data")
-                interval_start, interval_tokens, interval_steps = time.perf_counter(), 0, 0
+                readings.put([distributed.all_reduce_mean(loss_sum / step_tokens, info), grad_norm],
+                             step=step, lr=lr, tokens=tokens_seen, interval_tokens=interval_tokens,
+                             interval_steps=interval_steps, by_source=loader.tokens_by_source())
+                interval_tokens, interval_steps = 0, 0
+            if step == cfg.train.steps:
+                interval_start = log_reading(readings.take(), interval_start)
 
             if (cfg.train.val_interval and cfg.train.val_batches and step < cfg.train.steps
                     and step % cfg.train.val_interval == 0):
+                interval_start = log_reading(readings.take(), interval_start)   # logs stay in step order
                 with watchdog.busy("validation"):
                     met.val_step(step, *evaluate(model, cfg, info, autocast))
                 interval_start = time.perf_counter()  # eval time is not training time
             if stopper.should_stop(step):
+                interval_start = log_reading(readings.take(), interval_start)   # (a NaN raises before the save)
                 if stopper.failed:
                     with watchdog.busy("checkpoint"):
                         checkpointer.wait()   # raises the background write's error (CheckpointWriteError)
@@ -431,6 +449,7 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
                 status = stopper.status
                 break
             if cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0 and step < cfg.train.steps:
+                log_reading(readings.take(), interval_start)   # a NaN raises before the save
                 save(step)
                 interval_start = time.perf_counter()
             straggler.step(step)  # every health.straggler_interval steps: compare ranks (collective)

@@ -152,8 +152,9 @@ def _idle_action(bd: dict, run: RunSettings) -> str:
         return ("the GPU waits for the next batch: Anvil's loader reads memory-mapped shards in the training "
                 "process (no worker processes), so put the dataset on a local or faster file system")
     if cause == "sync":
-        return ("host syncs (the loss is read back every train.log_interval steps): a larger train.log_interval "
-                "lets the host run ahead")
+        return ("host syncs: something reads a GPU value on the host (.item(), .cpu(), printing a tensor) and "
+                "waits for the whole queue; the loop reads its loss a step late and never does, so look for the "
+                "caller in the trace's host events (a hook, a callback, custom code)")
     if cause == "optimizer":
         return ("the optimizer step launches many small kernels: --kernels (TritonAdamW, one kernel per parameter)"
                 if not run.kernels else "the optimizer step's launches: a larger data.batch_size spreads them "
