@@ -203,6 +203,10 @@ MEASURED = [
                             "precision.fp8_lm_head=true"], 24.442),
     ("llama3_1b", 1, H200, ["precision.params=bf16", "train.compile=true", "precision.fp8=tensorwise",
                             "precision.fp8_lm_head=true", "train.float8_activations=true"], 18.445),
+    ("llama3_8b", 1, H200, ["precision.params=bf16", "train.compile=true", "precision.fp8=tensorwise",
+                            "precision.fp8_lm_head=true"], 70.52),
+    ("llama3_8b", 1, H200, ["precision.params=bf16", "train.compile=true", "precision.fp8=tensorwise",
+                            "precision.fp8_lm_head=true", "train.float8_activations=true"], 63.53),
     # two H200s, FSDP2, fp32 master weights, --compile --kernels (after the FSDP2 groups change)
     ("llama3_8b", 2, H200, ["train.compile=true"], 72.7),
     ("llama3_8b", 2, H200, ["train.compile=true", "train.activation_checkpoint=selective_lean"], 63.49),
