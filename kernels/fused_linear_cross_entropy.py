@@ -187,6 +187,8 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targe
     else:
         normalizer = torch.as_tensor(num_items, device=hidden.device).to(torch.float32)
     chunk = chunk_size or default_chunk(hidden2d.shape[0], weight.shape[1], weight.shape[0])
+    if float8 is not None:   # each chunk's slice of the row scales must start 16-byte aligned (cuBLASLt)
+        chunk = -(-chunk // 16) * 16
     grad_on = torch.is_grad_enabled()
     need_gx, need_gw = grad_on and hidden.requires_grad, grad_on and weight.requires_grad
     loss = _FusedLinearCrossEntropy.apply(hidden2d, weight, target1d, normalizer, ignore_index, float(z_loss),

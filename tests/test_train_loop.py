@@ -234,3 +234,21 @@ def test_deferred_readings_come_back_in_order_with_their_context():
     with pytest.raises(AssertionError):
         readings.put([torch.tensor(1.0)], step=8)    # one at a time: take the first
     assert readings.take() == ([2.5, 0.25], {"step": 7}) and not readings.pending
+
+
+def test_a_step_that_fails_still_leaves_the_previous_steps_line(tmp_path, dataset, monkeypatch):
+    """The line of step 2 is written while step 3 runs; step 3 failing must not lose it."""
+    from trainer.model import Transformer
+    forward, calls = Transformer.forward, []
+
+    def fail_at_step_3(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("a failure in step 3")
+        return forward(self, *args, **kwargs)
+    monkeypatch.setattr(Transformer, "forward", fail_at_step_3)
+    cfg = load(DEFAULT_CONFIG, ["data.path=" + str(dataset), *SHORT, "train.steps=6", "train.log_interval=1",
+                                "train.val_batches=0"])
+    with pytest.raises(RuntimeError, match="a failure in step 3"):
+        train.run(cfg, tmp_path / "run")
+    assert [r["step"] for r in records(tmp_path / "run")] == [1, 2]

@@ -50,7 +50,8 @@ class DeferredScalars:
     def put(self, values: list[torch.Tensor], **context) -> None:
         """Queue these 0-d tensors' reading; `context` comes back with them from take()."""
         assert self._pending is None, "take() the pending reading first"
-        stacked = torch.stack([v.detach().float().reshape(()) for v in values])
+        device = values[0].device   # (a grad norm over no gradients is a CPU tensor)
+        stacked = torch.stack([v.detach().float().reshape(()).to(device) for v in values])
         event = None
         if self.cuda:
             host = torch.empty(stacked.shape, dtype=torch.float32, pin_memory=True)
@@ -202,13 +203,14 @@ class Metrics:
 
     def train_step(self, step: int, *, loss: float, lr: float, grad_norm: float, tokens: int,
                    interval_tokens: int, interval_steps: int, interval_s: float,
-                   by_source: dict[str, int] | None = None) -> dict:
+                   by_source: dict[str, int] | None = None, at: float | None = None) -> dict:
         """Record one log interval (interval_tokens over all ranks, interval_s wall seconds); a blend's
-        tokens so far from each source (by_source) as tokens/<name>."""
+        tokens so far from each source (by_source) as tokens/<name>; `at`: the step's wall time when it
+        is logged later (default now)."""
         tps = interval_tokens / interval_s if interval_s > 0 else 0.0
         tps_device = tps / self.world_size
         tflops = self.flops_per_token * tps_device / 1e12
-        record = {"kind": "train", "step": step, "time": time.time(), "loss": loss, "lr": lr,
+        record = {"kind": "train", "step": step, "time": time.time() if at is None else at, "loss": loss, "lr": lr,
                   "grad_norm": grad_norm, "tokens": tokens, "tokens_per_s": tps,
                   "tokens_per_s_per_device": tps_device,
                   "step_time_s": interval_s / max(1, interval_steps),

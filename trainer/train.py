@@ -366,7 +366,7 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
         (mean_loss, gnorm), at = reading
         met.train_step(at["step"], loss=mean_loss, lr=at["lr"], grad_norm=gnorm, tokens=at["tokens"],
                        interval_tokens=at["interval_tokens"], interval_steps=at["interval_steps"],
-                       interval_s=time.perf_counter() - started, by_source=at["by_source"])
+                       interval_s=time.perf_counter() - started, by_source=at["by_source"], at=at["time"])
         if mean_loss != mean_loss:  # NaN: stop rather than burn GPU hours
             raise TrainError(f"loss is NaN at step {at['step']}; lower optim.lr or check the data")
         return time.perf_counter()
@@ -428,7 +428,8 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
             if step % cfg.train.log_interval == 0 or step == cfg.train.steps:
                 readings.put([distributed.all_reduce_mean(loss_sum / step_tokens, info), grad_norm],
                              step=step, lr=lr, tokens=tokens_seen, interval_tokens=interval_tokens,
-                             interval_steps=interval_steps, by_source=loader.tokens_by_source())
+                             interval_steps=interval_steps, by_source=loader.tokens_by_source(),
+                             time=time.time())
                 interval_tokens, interval_steps = 0, 0
             if step == cfg.train.steps:
                 interval_start = log_reading(readings.take(), interval_start)
@@ -462,6 +463,12 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
                 save(step, wait=True)
         with watchdog.busy("checkpoint"):
             checkpointer.wait()   # an interval save still writing (save_final off)
+    except BaseException:
+        try:   # a step that failed after a log step: that step's line is still written
+            log_reading(readings.take(), interval_start)
+        except Exception:
+            pass
+        raise
     finally:
         checkpointer.close()      # after an error: lets a write in flight finish
         watchdog.stop()
