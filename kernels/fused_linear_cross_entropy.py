@@ -37,6 +37,9 @@ from kernels.float8 import cast_rowwise
 # larger chunks gain 2-3% for 0.25-0.75 GiB, and one chunk for the whole batch changed nothing in training.
 # ANVIL_FLCE_CHUNK_FACTOR overrides it (1 = Liger's memory footprint).
 _CHUNK_FACTOR = int(os.environ.get("ANVIL_FLCE_CHUNK_FACTOR") or 4)
+# float8: torch._scaled_mm's operands need H and V divisible by 16, and each chunk's slice of the row
+# scales 16-byte aligned (cuBLASLt), so chunks are whole multiples of 16 rows
+_FLOAT8_ALIGN = 16
 
 
 def default_chunk(n_tokens: int, hidden: int, vocab: int) -> int:
@@ -53,6 +56,7 @@ def _flce(hidden, weight, target, normalizer, ignore_index, z_loss, label_smooth
     gw = torch.zeros_like(weight) if need_gw and n == 0 else (torch.empty_like(weight) if need_gw else
                                                               weight.new_empty(0))
     grads = need_gx or need_gw
+    norm = normalizer if scale_by_norm else None
     buf = torch.empty(min(chunk, n), vocab, device=hidden.device, dtype=hidden.dtype) if n else None
     head = _Float8Head(hidden, weight, need_gx, float8, min(chunk, n)) if float8 is not None and n else None
     for c0 in range(0, n, chunk):
@@ -63,12 +67,11 @@ def _flce(hidden, weight, target, normalizer, ignore_index, z_loss, label_smooth
             head.logits(c0, c1, logits)
         else:
             torch.mm(x_c, weight.t(), out=logits)
-        launch_ce(logits, target[c0:c1], logits if grads else None, row_loss[c0:c1],
-                  normalizer if scale_by_norm else None, ignore_index, z_loss, label_smoothing)
+        launch_ce(logits, target[c0:c1], logits if grads else None, row_loss[c0:c1], norm, ignore_index, z_loss,
+                  label_smoothing)
         if need_gx:
             if head:
-                head.grad_hidden(logits, row_loss[c0:c1], normalizer if scale_by_norm else None,
-                                 z_loss == 0.0 and label_smoothing == 0.0, gx[c0:c1])
+                head.grad_hidden(logits, row_loss[c0:c1], norm, z_loss == 0.0 and label_smoothing == 0.0, gx[c0:c1])
             else:
                 torch.mm(logits, weight, out=gx[c0:c1])
         if need_gw:
@@ -176,9 +179,9 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targe
                          f"shape {tuple(hidden.shape[:-1])}")
     if hidden.dtype != weight.dtype:
         raise TypeError(f"fused_linear_cross_entropy: hidden {hidden.dtype} and weight {weight.dtype} differ")
-    if float8 is not None and (weight.shape[0] % 16 or weight.shape[1] % 16):
-        raise ValueError(f"fused_linear_cross_entropy: float8 needs weight dimensions that are multiples of 16, "
-                         f"got {tuple(weight.shape)}")
+    if float8 is not None and (weight.shape[0] % _FLOAT8_ALIGN or weight.shape[1] % _FLOAT8_ALIGN):
+        raise ValueError(f"fused_linear_cross_entropy: float8 needs weight dimensions that are multiples of "
+                         f"{_FLOAT8_ALIGN}, got {tuple(weight.shape)}")
     hidden2d = hidden.reshape(-1, hidden.shape[-1]).contiguous()
     weight = weight.contiguous()
     target1d = target.reshape(-1).contiguous()
@@ -187,8 +190,8 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targe
     else:
         normalizer = torch.as_tensor(num_items, device=hidden.device).to(torch.float32)
     chunk = chunk_size or default_chunk(hidden2d.shape[0], weight.shape[1], weight.shape[0])
-    if float8 is not None:   # each chunk's slice of the row scales must start 16-byte aligned (cuBLASLt)
-        chunk = -(-chunk // 16) * 16
+    if float8 is not None:
+        chunk = -(-chunk // _FLOAT8_ALIGN) * _FLOAT8_ALIGN
     grad_on = torch.is_grad_enabled()
     need_gx, need_gw = grad_on and hidden.requires_grad, grad_on and weight.requires_grad
     loss = _FusedLinearCrossEntropy.apply(hidden2d, weight, target1d, normalizer, ignore_index, float(z_loss),
