@@ -55,6 +55,7 @@ import triton
 import triton.language as tl
 
 from kernels import arch
+from kernels.float8 import constants as float8_constants, to_float8_grid
 
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -156,13 +157,33 @@ def _lse_groups(x_row, n_cols, BLOCK: tl.constexpr, GROUP: tl.constexpr, POLICY:
 
 
 @triton.jit
+def _float8_scale(amax, FP8_MAX: tl.constexpr):
+    """kernels.float8's rowwise rule: FP8_MAX / max(amax, 1e-12) in float64, rounded to float32."""
+    return (FP8_MAX / tl.maximum(amax.to(tl.float64), 1e-12)).to(tl.float32)
+
+
+@triton.jit
+def _float8_inverse_scale(amax, FP8_MAX: tl.constexpr):
+    """1 / _float8_scale, from the rounded scale in float64 (what torch._scaled_mm multiplies by)."""
+    return (1.0 / _float8_scale(amax, FP8_MAX).to(tl.float64)).to(tl.float32)
+
+
+@triton.jit
 def _ce_one_row(
     row, X, stride_x, T, G, stride_g, LOSS, NORM, n_cols, ignore_index, z_loss, smoothing,
     COMPUTE_GRAD: tl.constexpr, SCALE_BY_NORM: tl.constexpr, HAS_Z: tl.constexpr,
     HAS_SMOOTHING: tl.constexpr, BLOCK: tl.constexpr, ONE_EXP: tl.constexpr, EVICT_HINTS: tl.constexpr,
     GROUP: tl.constexpr = 1, STREAM_STORES: tl.constexpr = False,
+    G8=None, stride_g8=0, G8_INV=None, FLOAT8_GRAD: tl.constexpr = False, FP8_MAX: tl.constexpr = 448.0,
+    FP8_MIN_NORMAL: tl.constexpr = 2.0 ** -6, FP8_MANTISSA: tl.constexpr = 3, ROUND_IN_KERNEL: tl.constexpr = False,
 ):
     """Row `row`'s loss into LOSS[row]; with COMPUTE_GRAD its gradient into G (G may be X).
+
+    FLOAT8_GRAD (no z-loss, no smoothing): the gradient is also stored as float8 into G8, scaled per
+    row so its |max| lands on FP8_MAX, the inverse scale into G8_INV[row] (kernels.float8.cast_rowwise's
+    rule and rounding, applied to the stored G values). The row's |max| is its target entry's,
+    (1 - p_target) / n, since the other entries p_j / n sum to it; it is computed before pass 2 as
+    pass 2 computes that entry, so no pass measures it.
 
     GROUP 1: pass 1 is _lse_lanes (with ONE_EXP); GROUP > 1: _lse_groups.
     EVICT_HINTS: pass 1 loads evict_last (keep the row in L2 for pass 2), pass 2 loads
@@ -181,6 +202,11 @@ def _ce_one_row(
         if COMPUTE_GRAD:
             for start in range(0, n_cols, BLOCK):
                 tl.store(g_row + start + cols, tl.zeros([BLOCK], G.dtype.element_ty), mask=start + cols < n_cols)
+                if FLOAT8_GRAD:
+                    tl.store(G8 + row * stride_g8 + start + cols, tl.zeros([BLOCK], G8.dtype.element_ty),
+                             mask=start + cols < n_cols)
+            if FLOAT8_GRAD:
+                tl.store(G8_INV + row, _float8_inverse_scale(tl.cast(0.0, tl.float32), FP8_MAX))
     else:
         keep: tl.constexpr = "evict_last" if EVICT_HINTS else ""
         drop: tl.constexpr = "evict_first" if EVICT_HINTS else ""
@@ -195,6 +221,12 @@ def _ce_one_row(
         if COMPUTE_GRAD:
             p_scale, target_term, uniform_term = _grad_scales(NORM, lse, n_cols, smoothing, z_loss, SCALE_BY_NORM,
                                                                HAS_SMOOTHING, HAS_Z)
+            f8_scale = 1.0
+            if FLOAT8_GRAD:
+                # the target entry as pass 2 computes and stores it: the row's largest in size
+                g_target = (tl.exp(x_target - lse) * p_scale - target_term).to(G.dtype.element_ty).to(tl.float32)
+                f8_scale = _float8_scale(tl.abs(g_target), FP8_MAX)
+                tl.store(G8_INV + row, _float8_inverse_scale(tl.abs(g_target), FP8_MAX))
             n_blocks = tl.cdiv(n_cols, BLOCK)
             # Pass 2, last block first: those are the freshest in L2.
             for i in range(0, n_blocks):
@@ -203,8 +235,12 @@ def _ce_one_row(
                 g = tl.exp(x - lse) * p_scale
                 if HAS_SMOOTHING:
                     g -= uniform_term
-                g = tl.where(offs == target, g - target_term, g)
-                tl.store(g_row + offs, g.to(G.dtype.element_ty), mask=offs < n_cols, cache_modifier=store_hint)
+                g = tl.where(offs == target, g - target_term, g).to(G.dtype.element_ty)
+                tl.store(g_row + offs, g, mask=offs < n_cols, cache_modifier=store_hint)
+                if FLOAT8_GRAD:
+                    g8 = to_float8_grid(g, f8_scale, FP8_MAX, FP8_MIN_NORMAL, FP8_MANTISSA, ROUND_IN_KERNEL)
+                    tl.store(G8 + row * stride_g8 + offs, g8.to(G8.dtype.element_ty), mask=offs < n_cols,
+                             cache_modifier=store_hint)
 
 
 @triton.jit
@@ -213,10 +249,13 @@ def ce_row_kernel(
     COMPUTE_GRAD: tl.constexpr, SCALE_BY_NORM: tl.constexpr, HAS_Z: tl.constexpr,
     HAS_SMOOTHING: tl.constexpr, BLOCK: tl.constexpr, ONE_EXP: tl.constexpr = True,
     EVICT_HINTS: tl.constexpr = False,
+    G8=None, stride_g8=0, G8_INV=None, FLOAT8_GRAD: tl.constexpr = False, FP8_MAX: tl.constexpr = 448.0,
+    FP8_MIN_NORMAL: tl.constexpr = 2.0 ** -6, FP8_MANTISSA: tl.constexpr = 3, ROUND_IN_KERNEL: tl.constexpr = False,
 ):
     """One program per row (grid = n_rows); see _ce_one_row."""
     _ce_one_row(tl.program_id(0), X, stride_x, T, G, stride_g, LOSS, NORM, n_cols, ignore_index, z_loss, smoothing,
-                COMPUTE_GRAD, SCALE_BY_NORM, HAS_Z, HAS_SMOOTHING, BLOCK, ONE_EXP, EVICT_HINTS)
+                COMPUTE_GRAD, SCALE_BY_NORM, HAS_Z, HAS_SMOOTHING, BLOCK, ONE_EXP, EVICT_HINTS, 1, False,
+                G8, stride_g8, G8_INV, FLOAT8_GRAD, FP8_MAX, FP8_MIN_NORMAL, FP8_MANTISSA, ROUND_IN_KERNEL)
 
 
 @triton.jit
@@ -225,6 +264,8 @@ def ce_row_persistent_kernel(
     COMPUTE_GRAD: tl.constexpr, SCALE_BY_NORM: tl.constexpr, HAS_Z: tl.constexpr,
     HAS_SMOOTHING: tl.constexpr, BLOCK: tl.constexpr, ONE_EXP: tl.constexpr = False,
     EVICT_HINTS: tl.constexpr = True, GROUP: tl.constexpr = 1, STREAM_STORES: tl.constexpr = False,
+    G8=None, stride_g8=0, G8_INV=None, FLOAT8_GRAD: tl.constexpr = False, FP8_MAX: tl.constexpr = 448.0,
+    FP8_MIN_NORMAL: tl.constexpr = 2.0 ** -6, FP8_MANTISSA: tl.constexpr = 3, ROUND_IN_KERNEL: tl.constexpr = False,
 ):
     """A few programs an SM, each looping over rows pid, pid + grid, ...; see _ce_one_row.
 
@@ -236,7 +277,8 @@ def ce_row_persistent_kernel(
     for row in range(tl.program_id(0), n_rows, n_programs):
         _ce_one_row(row, X, stride_x, T, G, stride_g, LOSS, NORM, n_cols, ignore_index, z_loss, smoothing,
                     COMPUTE_GRAD, SCALE_BY_NORM, HAS_Z, HAS_SMOOTHING, BLOCK, ONE_EXP, EVICT_HINTS, GROUP,
-                    STREAM_STORES)
+                    STREAM_STORES, G8, stride_g8, G8_INV, FLOAT8_GRAD, FP8_MAX, FP8_MIN_NORMAL, FP8_MANTISSA,
+                    ROUND_IN_KERNEL)
 
 
 @triton.jit
@@ -485,9 +527,19 @@ def split_plan(n_cols: int) -> tuple[int, int]:
     return triton.cdiv(n_cols, block), block
 
 
+def float8_grad_fusable(device: torch.device, n_cols: int, z_loss: float, label_smoothing: float) -> bool:
+    """Whether launch_ce can also write the gradient as float8 (float8_grad=): the row and persistent
+    kernels do, without z-loss or label smoothing (where the target entry is the row's |max|)."""
+    return z_loss == 0.0 and label_smoothing == 0.0 and ce_mode(device, n_cols) in ("row", "persistent")
+
+
 def launch_ce(logits2d: torch.Tensor, target: torch.Tensor, grad: torch.Tensor | None, row_loss: torch.Tensor,
-              normalizer: torch.Tensor | None, ignore_index: int, z_loss: float, label_smoothing: float) -> None:
-    """Loss rows and (grad not None) the gradient of a [N, V] view (unit stride in V). grad may be logits2d."""
+              normalizer: torch.Tensor | None, ignore_index: int, z_loss: float, label_smoothing: float,
+              float8_grad: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """Loss rows and (grad not None) the gradient of a [N, V] view (unit stride in V). grad may be logits2d.
+
+    float8_grad (values [N, V] float8, unit stride in V; inverse scales [N, 1] fp32): also the gradient
+    cast per row as kernels.float8.cast_rowwise would cast the stored grad (see float8_grad_fusable)."""
     n_rows, n_cols = logits2d.shape
     if n_rows == 0:
         return
@@ -496,6 +548,12 @@ def launch_ce(logits2d: torch.Tensor, target: torch.Tensor, grad: torch.Tensor |
                  HAS_SMOOTHING=label_smoothing != 0.0)
     norm = normalizer if normalizer is not None else row_loss
     mode = ce_mode(logits2d.device, n_cols)
+    if float8_grad is not None:
+        if grad is None or not float8_grad_fusable(logits2d.device, n_cols, z_loss, label_smoothing):
+            raise ValueError("cross_entropy: float8_grad needs the gradient, no z-loss or label smoothing, "
+                             f"and the row or persistent path (mode {mode!r})")
+        g8, g8_inv = float8_grad
+        flags.update(G8=g8, stride_g8=g8.stride(0), G8_INV=g8_inv, FLOAT8_GRAD=True, **float8_constants(g8.dtype))
     if mode == "row":
         b, w = ce_config(logits2d.device, n_cols)
         ce_row_kernel[(n_rows,)](

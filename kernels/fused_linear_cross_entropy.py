@@ -7,8 +7,10 @@ Per chunk of C tokens (all in forward, as Liger does):
     gW      += grad_c^T @ x_c         cuBLAS addmm (fp32 accumulate inside, bf16 sum across chunks)
 Backward only scales gx and gW by the incoming gradient (no traffic when it is 1.0).
 
-`float8=` runs the first two GEMMs on FP8 tensor cores, operands cast per row (_Float8Head); gW
-stays in bf16, as torchao's recipe that keeps the weight gradient in high precision does.
+`float8=` runs the first two GEMMs on FP8 tensor cores, operands cast per row (_Float8Head; the
+cross-entropy kernel writes grad_c's float8 copy as it stores grad_c); gW stays in bf16, as
+torchao's recipe that keeps the weight gradient in high precision does (torch._scaled_mm cannot
+accumulate into gW, so a float8 gW would cost a read and a write of gW a chunk).
 
 Memory above the inputs: grad_hidden + grad_weight (what any method returns) + the C x V chunk.
 The chunk trades speed for memory: the gW update reads and writes all of gW once per chunk,
@@ -24,7 +26,7 @@ from typing import Optional
 import torch
 
 from kernels import arch
-from kernels.cross_entropy import launch_ce, scale_grad
+from kernels.cross_entropy import float8_grad_fusable, launch_ce, scale_grad
 from kernels.float8 import cast_rowwise
 
 # Chunk = this x next_pow2(N / ceil(V/H)) tokens (1 is Liger's choice: chunk buffer ~ the hidden states' size).
@@ -40,6 +42,8 @@ _CHUNK_FACTOR = int(os.environ.get("ANVIL_FLCE_CHUNK_FACTOR") or 4)
 # float8: torch._scaled_mm's operands need H and V divisible by 16, and each chunk's slice of the row
 # scales 16-byte aligned (cuBLASLt), so chunks are whole multiples of 16 rows
 _FLOAT8_ALIGN = 16
+# float8: the cross-entropy kernel writes the float8 gradient as it stores the bf16 one (0: a cast pass)
+_FUSED_GRAD_CAST = os.environ.get("ANVIL_FLCE_FUSED_CAST", "1") != "0"
 
 
 def default_chunk(n_tokens: int, hidden: int, vocab: int) -> int:
@@ -58,7 +62,8 @@ def _flce(hidden, weight, target, normalizer, ignore_index, z_loss, label_smooth
     grads = need_gx or need_gw
     norm = normalizer if scale_by_norm else None
     buf = torch.empty(min(chunk, n), vocab, device=hidden.device, dtype=hidden.dtype) if n else None
-    head = _Float8Head(hidden, weight, need_gx, float8, min(chunk, n)) if float8 is not None and n else None
+    head = (_Float8Head(hidden, weight, need_gx, float8, min(chunk, n), z_loss, label_smoothing)
+            if float8 is not None and n else None)
     for c0 in range(0, n, chunk):
         c1 = min(n, c0 + chunk)
         x_c = hidden[c0:c1]
@@ -68,10 +73,10 @@ def _flce(hidden, weight, target, normalizer, ignore_index, z_loss, label_smooth
         else:
             torch.mm(x_c, weight.t(), out=logits)
         launch_ce(logits, target[c0:c1], logits if grads else None, row_loss[c0:c1], norm, ignore_index, z_loss,
-                  label_smoothing)
+                  label_smoothing, float8_grad=head.fused_grad(c1 - c0) if head else None)
         if need_gx:
             if head:
-                head.grad_hidden(logits, row_loss[c0:c1], norm, z_loss == 0.0 and label_smoothing == 0.0, gx[c0:c1])
+                head.grad_hidden(logits, row_loss[c0:c1], norm, gx[c0:c1])
             else:
                 torch.mm(logits, weight, out=gx[c0:c1])
         if need_gw:
@@ -89,28 +94,43 @@ class _Float8Head:
 
     The gradient's row |max| needs no pass of its own: a row is (softmax - onehot(target)) / n, whose
     largest entry in size is the target's, 1 - p_target = -expm1(-row loss), since the other
-    probabilities sum to it (with z-loss or label smoothing it is measured instead)."""
+    probabilities sum to it (with z-loss or label smoothing it is measured instead). Where the
+    cross-entropy kernel can (float8_grad_fusable), it writes the float8 gradient itself as it stores
+    the bf16 one, scaled by that entry, and the gradient is never read back to be cast
+    (ANVIL_FLCE_FUSED_CAST=0 casts in a pass of its own, for comparison)."""
 
-    def __init__(self, hidden, weight, need_gx, dtype, chunk):
+    def __init__(self, hidden, weight, need_gx, dtype, chunk, z_loss, label_smoothing):
         self.dtype, self.out_dtype = dtype, hidden.dtype
+        self.exact_amax = z_loss == 0.0 and label_smoothing == 0.0
+        self.fused = (need_gx and _FUSED_GRAD_CAST
+                      and float8_grad_fusable(hidden.device, weight.shape[0], z_loss, label_smoothing))
         self.x, self.x_scale = cast_rowwise(hidden, dtype)
         self.w, self.w_scale = cast_rowwise(weight, dtype)
         if need_gx:
             self.w_t, self.w_t_scale = cast_rowwise(weight.t(), dtype)
             self.grad = torch.empty(chunk, weight.shape[0], device=hidden.device, dtype=dtype)
+            self.grad_scale = torch.empty(chunk, 1, device=hidden.device, dtype=torch.float32)
+
+    def fused_grad(self, rows):
+        """The (float8 values, inverse scales) for the cross-entropy kernel to fill, or None."""
+        return (self.grad[:rows], self.grad_scale[:rows]) if self.fused else None
 
     def logits(self, c0, c1, out):
         # forward GEMM with fast accumulation, as torchao's float8 forward does
         torch._scaled_mm(self.x[c0:c1], self.w.t(), self.x_scale[c0:c1], self.w_scale.t(),
                          out_dtype=self.out_dtype, use_fast_accum=True, out=out)
 
-    def grad_hidden(self, grad, row_loss, normalizer, exact_amax, out):
-        amax = None
-        if exact_amax:
-            amax = -torch.expm1(-row_loss)
-            if normalizer is not None:
-                amax = amax / normalizer
-        g, g_scale = cast_rowwise(grad, self.dtype, amax, out=self.grad[: grad.shape[0]])
+    def grad_hidden(self, grad, row_loss, normalizer, out):
+        rows = grad.shape[0]
+        if self.fused:
+            g, g_scale = self.grad[:rows], self.grad_scale[:rows]
+        else:
+            amax = None
+            if self.exact_amax:
+                amax = -torch.expm1(-row_loss)
+                if normalizer is not None:
+                    amax = amax / normalizer
+            g, g_scale = cast_rowwise(grad, self.dtype, amax, out=self.grad[:rows])
         torch._scaled_mm(g, self.w_t.t(), g_scale, self.w_t_scale.t(), out_dtype=self.out_dtype, out=out)
 
 

@@ -171,6 +171,56 @@ def test_float8_head_row_scale_is_the_target_term():
     assert torch.allclose(-torch.expm1(-row_loss) / norm, measured, rtol=1e-5, atol=0)
 
 
+@pytest.mark.parametrize("mode", ["row", "persistent"])
+@pytest.mark.parametrize("f8", [torch.float8_e4m3fn, torch.float8_e4m3fnuz])
+def test_cross_entropy_writes_the_float8_gradient_as_the_cast_would(monkeypatch, mode, f8):
+    """The kernel's float8 gradient and row scales are cast_rowwise's of the bf16 gradient it stores, bit
+    for bit (its scale comes from the target entry, which is the measured |max|); ignored rows are zeros."""
+    import importlib
+    ce = importlib.import_module("kernels.cross_entropy")   # the package exports a function of that name
+    from kernels.cross_entropy import launch_ce
+    from kernels.float8 import cast_rowwise
+    if GPU and (f8 is torch.float8_e4m3fnuz or mode == "persistent" and ce.arch.detect(DEV).name != "sm_90"):
+        pytest.skip("fnuz float8 is MI300's; the persistent path is sm_90's")
+    monkeypatch.setattr(ce, "_CE_MODE", mode)
+    torch.manual_seed(2)
+    rows, vocab = 40, 3000
+    logits = (torch.randn(rows, vocab, device=DEV) * torch.linspace(0.1, 12, rows, device=DEV)[:, None])
+    logits = logits.to(torch.bfloat16)
+    target = torch.randint(0, vocab, (rows,), device=DEV)
+    target[::5] = -100
+    target[1] = logits[1].float().argmax()   # a confident row
+    grad, row_loss = torch.empty_like(logits), torch.empty(rows, device=DEV)
+    g8, g8_inv = torch.empty(rows, vocab, device=DEV, dtype=f8), torch.empty(rows, 1, device=DEV)
+    launch_ce(logits, target, grad, row_loss, torch.tensor(32.0, device=DEV), -100, 0.0, 0.0, float8_grad=(g8, g8_inv))
+    ref, ref_inv = cast_rowwise(grad, f8)
+    assert torch.equal(g8.view(torch.uint8), ref.view(torch.uint8))
+    assert torch.equal(g8_inv[target != -100], ref_inv[target != -100])
+    assert not g8[::5].float().any() and g8_inv.isfinite().all()
+    with pytest.raises(ValueError, match="no z-loss"):
+        launch_ce(logits, target, grad, row_loss, None, -100, 1e-4, 0.0, float8_grad=(g8, g8_inv))
+
+
+def test_float8_head_fused_cast_matches_the_cast_pass(monkeypatch):
+    """The float8 head with the cross-entropy kernel writing the float8 gradient gives the gradients of
+    the separate cast pass (scales from the stored target entry vs expm1 of the loss: a float8 ulp apart)."""
+    import importlib
+    flce = importlib.import_module("kernels.fused_linear_cross_entropy")
+    if GPU and flce.arch.detect(DEV).name != "sm_90":
+        pytest.skip("the float8 head needs sm_90 here")
+    x, w, t = make(37, 32, 1008, torch.bfloat16)
+    grads = []
+    for fused in (True, False):
+        monkeypatch.setattr(flce, "_FUSED_GRAD_CAST", fused)
+        xa, wa = x.clone().requires_grad_(), w.clone().requires_grad_()
+        loss = fused_linear_cross_entropy(xa, wa, t, chunk_size=16, float8=torch.float8_e4m3fn)
+        loss.backward()
+        grads.append((loss.detach(), xa.grad, wa.grad))
+    (l1, gx1, gw1), (l2, gx2, gw2) = grads
+    assert torch.equal(l1, l2) and torch.equal(gw1, gw2)
+    assert 0 < rel_err(gx1, gx2) < 2e-2 or torch.equal(gx1, gx2)
+
+
 def test_float8_head_needs_aligned_weight():
     x, w, t = make(8, 16, 1000, torch.bfloat16)
     with pytest.raises(ValueError, match="multiples of 16"):
