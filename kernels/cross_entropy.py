@@ -55,7 +55,7 @@ import triton
 import triton.language as tl
 
 from kernels import arch
-from kernels.float8 import constants as float8_constants, to_float8_grid
+from kernels.float8 import constants as float8_constants, inverse_of, scale_from_amax, to_float8_grid
 
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -157,18 +157,6 @@ def _lse_groups(x_row, n_cols, BLOCK: tl.constexpr, GROUP: tl.constexpr, POLICY:
 
 
 @triton.jit
-def _float8_scale(amax, FP8_MAX: tl.constexpr):
-    """kernels.float8's rowwise rule: FP8_MAX / max(amax, 1e-12) in float64, rounded to float32."""
-    return (FP8_MAX / tl.maximum(amax.to(tl.float64), 1e-12)).to(tl.float32)
-
-
-@triton.jit
-def _float8_inverse_scale(amax, FP8_MAX: tl.constexpr):
-    """1 / _float8_scale, from the rounded scale in float64 (what torch._scaled_mm multiplies by)."""
-    return (1.0 / _float8_scale(amax, FP8_MAX).to(tl.float64)).to(tl.float32)
-
-
-@triton.jit
 def _ce_one_row(
     row, X, stride_x, T, G, stride_g, LOSS, NORM, n_cols, ignore_index, z_loss, smoothing,
     COMPUTE_GRAD: tl.constexpr, SCALE_BY_NORM: tl.constexpr, HAS_Z: tl.constexpr,
@@ -206,7 +194,7 @@ def _ce_one_row(
                     tl.store(G8 + row * stride_g8 + start + cols, tl.zeros([BLOCK], G8.dtype.element_ty),
                              mask=start + cols < n_cols)
             if FLOAT8_GRAD:
-                tl.store(G8_INV + row, _float8_inverse_scale(tl.cast(0.0, tl.float32), FP8_MAX))
+                tl.store(G8_INV + row, inverse_of(scale_from_amax(tl.cast(0.0, tl.float32), FP8_MAX)))
     else:
         keep: tl.constexpr = "evict_last" if EVICT_HINTS else ""
         drop: tl.constexpr = "evict_first" if EVICT_HINTS else ""
@@ -225,8 +213,8 @@ def _ce_one_row(
             if FLOAT8_GRAD:
                 # the target entry as pass 2 computes and stores it: the row's largest in size
                 g_target = (tl.exp(x_target - lse) * p_scale - target_term).to(G.dtype.element_ty).to(tl.float32)
-                f8_scale = _float8_scale(tl.abs(g_target), FP8_MAX)
-                tl.store(G8_INV + row, _float8_inverse_scale(tl.abs(g_target), FP8_MAX))
+                f8_scale = scale_from_amax(tl.abs(g_target), FP8_MAX)
+                tl.store(G8_INV + row, inverse_of(f8_scale))
             n_blocks = tl.cdiv(n_cols, BLOCK)
             # Pass 2, last block first: those are the freshest in L2.
             for i in range(0, n_blocks):

@@ -112,10 +112,21 @@ def amax_and_scale(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @triton.jit
+def scale_from_amax(amax, FP8_MAX: tl.constexpr):
+    """torchao's amax_to_scale: FP8_MAX / max(amax, EPS) in float64, rounded to float32 (any shape)."""
+    return (FP8_MAX / tl.maximum(amax.to(tl.float64), 1e-12)).to(tl.float32)
+
+
+@triton.jit
+def inverse_of(scale):
+    """1 / scale in float64, rounded to float32: the rowwise inverse scale torch._scaled_mm multiplies by."""
+    return (1.0 / scale.to(tl.float64)).to(tl.float32)
+
+
+@triton.jit
 def scale_of(AMAX, FP8_MAX: tl.constexpr):
-    """torchao's amax_to_scale: FP8_MAX / max(amax, EPS) in float64, rounded to float32."""
-    amax = tl.load(AMAX).to(tl.float64)
-    return (FP8_MAX / tl.maximum(amax, 1e-12)).to(tl.float32)
+    """scale_from_amax of the fp32 amax at AMAX."""
+    return scale_from_amax(tl.load(AMAX), FP8_MAX)
 
 
 # Triton's interpreter rounds float8 casts half-up and drops the carry out of the mantissa (31.7
@@ -165,14 +176,13 @@ def _cast_rows_kernel(X, stride_r, stride_c, AMAX, OUT, INV_SCALE, n_rows, n_col
     cols = tl.program_id(1) * BC + tl.arange(0, BC)
     row_ok = rows < n_rows
     mask = row_ok[:, None] & (cols[None, :] < n_cols)
-    amax = tl.load(AMAX + rows, mask=row_ok, other=1.0).to(tl.float64)
-    scale = (FP8_MAX / tl.maximum(amax, 1e-12)).to(tl.float32)   # scale_of's rule, a row at a time
+    scale = scale_from_amax(tl.load(AMAX + rows, mask=row_ok, other=1.0), FP8_MAX)
     x = tl.load(X + rows[:, None].to(tl.int64) * stride_r + cols[None, :].to(tl.int64) * stride_c, mask=mask,
                 other=0.0)
     s = to_float8_grid(x, scale[:, None], FP8_MAX, FP8_MIN_NORMAL, FP8_MANTISSA, ROUND_IN_KERNEL)
     tl.store(OUT + rows[:, None].to(tl.int64) * n_cols + cols[None, :], s.to(OUT.dtype.element_ty), mask=mask)
     if tl.program_id(1) == 0:
-        tl.store(INV_SCALE + rows, (1.0 / scale.to(tl.float64)).to(tl.float32), mask=row_ok)   # rounded once
+        tl.store(INV_SCALE + rows, inverse_of(scale), mask=row_ok)
 
 
 def cast_rowwise(x: torch.Tensor, dtype: torch.dtype, amax: torch.Tensor | None = None,
