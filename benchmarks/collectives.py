@@ -30,6 +30,7 @@ import time
 from trainer.files import write_atomic
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+DTYPES = {"bf16": "bfloat16", "fp32": "float32"}   # torch attribute names, resolved when torch is imported
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
@@ -77,7 +78,7 @@ def _run_op(op, dist, buf, chunks, out):
 
 
 def measure(op: str, sizes: list[int], warmup: int = 5, iters: int = 20, repeats: int = 5,
-            graph: bool = False) -> list[dict]:
+            graph: bool = False, dtype: str = "") -> list[dict]:
     """Per size: `warmup` calls, then `repeats` loops of `iters` calls back to back.
 
     Each loop is timed as a whole and divided by `iters`, and a loop's time is
@@ -94,6 +95,8 @@ def measure(op: str, sizes: list[int], warmup: int = 5, iters: int = 20, repeats
     kernels, without the host's cost of a call (the Python call, the process
     group's bookkeeping), which back-to-back eager calls hide only where a call
     moves data for longer than the host needs to launch the next one.
+
+    dtype: "bf16" or "fp32"; by default bf16 on GPUs (what training reduces) and fp32 under gloo.
     """
     import torch
     import torch.distributed as dist
@@ -105,7 +108,7 @@ def measure(op: str, sizes: list[int], warmup: int = 5, iters: int = 20, repeats
     if graph and not gpu:
         raise ValueError("graph=True needs GPUs under NCCL/RCCL: CUDA graphs capture device work only")
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if gpu else torch.device("cpu")
-    dtype = torch.bfloat16 if gpu else torch.float32
+    dtype = getattr(torch, DTYPES[dtype]) if dtype else (torch.bfloat16 if gpu else torch.float32)
     rows = []
     for size in sizes:
         numel = max(world, size // torch.tensor([], dtype=dtype).element_size())
@@ -122,6 +125,7 @@ def measure(op: str, sizes: list[int], warmup: int = 5, iters: int = 20, repeats
         nbytes = numel * buf.element_size()
         algbw = nbytes / t / 1e9
         rows.append({"op": op, "bytes": nbytes, "ranks": world, "launch": "graph" if graph else "eager",
+                     "dtype": str(dtype).removeprefix("torch."),
                      "time_us": t * 1e6,
                      "algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(op, world)})
     return rows
@@ -160,6 +164,12 @@ def _timed_loop(op, dist, buf, chunk, out, iters: int, device, graph=None) -> fl
     dist.barrier()
     if gpu:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        # Line the ranks up on the device, not the host: the processes leave the barrier tens of
+        # microseconds apart, and a rank that starts its clock first would count the wait for the
+        # other inside its first call (20% of a 20-call loop of 1 MiB all-reduces on two H200s).
+        # This collective is queued ahead of the clock and ends on every GPU at once, so the loop
+        # behind it starts together wherever the hosts are.
+        dist.all_reduce(torch.zeros(1, device=device))
         start.record()
         if graph is not None:
             graph.replay()
@@ -219,6 +229,8 @@ def main(argv=None) -> int:
     p.add_argument("--eager", action="store_true",
                    help="on GPUs, time eager calls (a training loop's cost per call) instead of replays of "
                         "a CUDA graph of each loop (nccl-tests -G, the fabric's figure)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="",
+                   help="element type (default: bf16 on GPUs, fp32 under gloo); nccl-tests' -d float is fp32")
     p.add_argument("--json", action="store_true")
     p.add_argument("--out", help="rank 0 also writes the JSON report to this file (atomically)")
     a = p.parse_args(argv)
@@ -233,7 +245,8 @@ def main(argv=None) -> int:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group(backend)
     try:
-        rows = measure(a.op, sizes, a.warmup, a.iters, a.repeats, graph=backend == "nccl" and not a.eager)
+        rows = measure(a.op, sizes, a.warmup, a.iters, a.repeats, graph=backend == "nccl" and not a.eager,
+                       dtype=a.dtype)
     except GraphCaptureError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

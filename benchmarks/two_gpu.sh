@@ -1,9 +1,10 @@
 #!/bin/bash
 # On a machine with two GPUs of one host and torch, but no Anvil environment (the lent H200 pairs): the
 # two-GPU figures of BENCHMARKS.md, each against its anchor in the same call. PARTS picks, in this order:
-#   allreduce  nccl-tests' all_reduce_perf (-g 2, 1 MiB to 1 GiB) against `inv bench.allreduce` over the same
-#              sizes (with --eager: one Python call per collective; then its default on GPUs, CUDA-graph
-#              replays of each loop), nccl-tests run again last to see the machine's drift;
+#   allreduce  nccl-tests' all_reduce_perf (-g 2, bf16, 1 MiB to 1 GiB; eager and -G) against
+#              `inv bench.allreduce` over the same sizes (with --eager: one Python call per collective;
+#              then its default on GPUs, CUDA-graph replays of each loop), nccl-tests run again last to
+#              see the machine's drift;
 #   train8b    llama3_8b FSDP2, batch 1 x 8192 per GPU, fp32 master weights: benchmarks.train_throughput
 #              over VARIANTS (default: torchtitan and Anvil, FP8 tensorwise);
 #   ckpt8b     llama3_8b checkpoints as a user's run makes them: `inv train.pretrain --compile --kernels`,
@@ -11,7 +12,8 @@
 #              of 2 x CKPT_AT (the disk holds one), every step logged, once per checkpoint.write_threads
 #              in CKPT_THREADS (default 4, as the setting); then benchmarks.checkpoint_run: the pause, the background
 #              write, what the steps beside it lost, and after the last run a dd of the same bytes.
-# Output in $OUT (default ./out): two_gpu.txt, nccl_tests_*.txt, allreduce_*.json, train8b.json, ckpt8b_w*.json.
+# Output in $OUT (default ./out): two_gpu.txt, nccl_tests_*.txt (nccl_tests_graph_*: -G), allreduce_*.json,
+# train8b.json, ckpt8b_w*.json.
 # Carried: .whl/anvil (invoke, tabulate, nvidia-ml-py), .whl/titan (as in fp8_fused_gpu.sh) and
 # .nccl-tests (NVIDIA/nccl-tests' source; build/all_reduce_perf if built beforehand, else built here with
 # the machine's nvcc against the NCCL that torch ships).
@@ -34,7 +36,11 @@ nccl_tests() {   # the anchor: nccl-tests against the NCCL library torch loads
         make -s -j16 -C .nccl-tests/src "$PWD/.nccl-tests/build/all_reduce_perf" BUILDDIR="$PWD/.nccl-tests/build" \
             NCCL_HOME="$(dirname "$nccl")" NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" >/dev/null || return 1
     fi
-    .nccl-tests/build/all_reduce_perf -b 1M -e 1G -f 2 -g 2 -n 20 -w 5 | tee "$OUT/nccl_tests_$1.txt"
+    # bf16, the element type bench.allreduce reduces on GPUs; then nccl-tests' own CUDA-graph mode (-G), the
+    # mechanism of bench.allreduce's default (graph-captured NCCL kernels are up to 10% slower at 2-4 MiB)
+    local perf=".nccl-tests/build/all_reduce_perf -b 1M -e 1G -f 2 -g 2 -n 20 -w 5 -d bfloat16"
+    $perf | tee "$OUT/nccl_tests_$1.txt"
+    $perf -G 1 | tee "$OUT/nccl_tests_graph_$1.txt"
 }
 SIZES=1M,2M,4M,8M,16M,32M,64M,128M,256M,512M,1G
 if [[ " $PARTS " == *" allreduce "* ]]; then

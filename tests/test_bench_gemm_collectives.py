@@ -42,7 +42,7 @@ def test_collective_under_torchrun_checks_values_and_reports_busbw(op):
     out = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
          "-m", "benchmarks.collectives", "--op", op, "--sizes", "64K,256K", "--iters", "2",
-         "--warmup", "1", "--json"],
+         "--warmup", "1", "--json"] + (["--dtype", "bf16"] if op == "all_reduce" else []),
         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "Warning" not in out.stderr, out.stderr[-2000:]     # (torch >= 2.12 renamed the *_tensor collectives)
@@ -52,6 +52,7 @@ def test_collective_under_torchrun_checks_values_and_reports_busbw(op):
     assert [r["bytes"] for r in rows] == [64 << 10, 256 << 10]
     for r in rows:
         assert r["ranks"] == 2
+        assert r["dtype"] == ("bfloat16" if op == "all_reduce" else "float32")   # gloo's default is fp32
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * bus_factor(op, 2))
 
 
