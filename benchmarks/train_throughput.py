@@ -31,7 +31,7 @@ columns of BENCHMARKS.md).
 
 Variant names:
   hf, hf_liger
-  Anvil:      {eager|compile|kernels|compile_kernels}[_fp32][_fp8|_fp8rw|_fp8ref][_f8head][_f8act]
+  Anvil:      {eager|compile|kernels|compile_kernels}[_fp32][_fp8|_fp8rw|_fp8ref][_f8head][_f8act[<MiB>]]
   torchtitan: titan_{eager|compile}[_fp32][_fp8|_fp8rw]
 _fp32: fp32 master weights (+ bf16 autocast, or FSDP2's bf16 mixed precision)
 instead of bf16 weights; _fp8 / _fp8rw: FP8 linear layers, torchao float8
@@ -43,7 +43,8 @@ run with torchao casting them (precision.fp8_fused=false), the reference path.
 _f8head (Anvil --kernels with FP8): the LM head's logits and hidden-gradient GEMMs
 in float8 inside the fused loss (precision.fp8_lm_head).
 _f8act (compiled Anvil variants): saved activations of 100 MiB or more kept in
-float8 until backward (train.float8_activations).
+float8 until backward (train.float8_activations); _f8act<N>, those of N MiB or more
+(train.float8_activations_min_mib=N), e.g. _f8act32.
 
 --quality trains each variant on a real prepared dataset (--data) for --steps
 and compares every loss curve with the first variant's: final and mean loss
@@ -131,8 +132,10 @@ def parse_variant(name: str) -> dict:
     for token in filter(None, name[len(base):].split("_")):
         if f8act:
             raise ValueError(f"variant {name!r}: _f8act comes last")
-        if token == "f8act" and family == "anvil" and "compile" in base:
-            f8act = True
+        mib = token[len("f8act"):] if token.startswith("f8act") else None
+        if mib is not None and (mib == "" or mib.isdigit() and int(mib) > 0) and family == "anvil" \
+                and "compile" in base:
+            f8act = int(mib) if mib else True   # _f8act32: saved activations of 32 MiB or more
         elif token == "f8head" and not f8head and fp8 != "off" and base.endswith("kernels"):
             f8head = True
         elif token == "fp32" and params == "bf16" and fp8 == "off":
@@ -142,7 +145,8 @@ def parse_variant(name: str) -> dict:
         else:
             raise ValueError(f"variant {name!r}: unexpected suffix {token!r} "
                              "(allowed, in this order: _fp32, then _fp8, _fp8rw or, Anvil only, _fp8ref, then, "
-                             "Anvil --kernels with FP8 only, _f8head, then, compiled Anvil only, _f8act)")
+                             "Anvil --kernels with FP8 only, _f8head, then, compiled Anvil only, _f8act or "
+                             "_f8act<MiB>)")
     return {"family": family, "base": base, "compile": "compile" in base,
             "kernels": base.endswith("kernels"), "params": params, "fp8": fp8, "fp8_fused": fused, "f8act": f8act,
             "f8head": f8head}
@@ -274,6 +278,8 @@ def anvil_argv(args, variant: str, run_dir: Path, steps: int | None = None) -> l
         sets.append("precision.fp8_fused=false")
     if spec["f8act"]:
         sets.append("train.float8_activations=true")
+        if spec["f8act"] is not True:
+            sets.append(f"train.float8_activations_min_mib={spec['f8act']}")
     if spec["f8head"]:
         sets.append("precision.fp8_lm_head=true")
     argv = [*_launcher(args), "-m", "trainer", "--config", args.config, "--run-dir", str(run_dir)]

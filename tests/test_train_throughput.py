@@ -17,6 +17,7 @@ def test_variant_names():
     both = tt.parse_variant("compile_kernels_fp8_f8head_f8act")   # and the LM head in float8
     assert both["f8head"] is True and both["f8act"] is True
     assert tt.parse_variant("compile_f8act")["f8act"] is True
+    assert tt.parse_variant("compile_kernels_fp8_f8act32")["f8act"] == 32   # its own threshold, in MiB
     assert tt.parse_variant("compile_kernels_fp8ref")["fp8_fused"] is False   # torchao's casts: the reference
     assert tt.parse_variant("titan_eager_fp8rw")["fp8"] == "rowwise"
     assert tt.parse_variant("titan_compile")["family"] == "titan"
@@ -27,7 +28,7 @@ def test_variant_names():
     for bad in ("kernels_fp8_fp32", "titan", "compile_kernels_bf16", "kernels_fp8_fp8rw", "titan_compile_fp8ref",
                 "kernels_f8act", "titan_compile_f8act", "compile_f8act_fp8", "compile_kernels_f8head",
                 "compile_fp8_f8head", "titan_compile_fp8_f8head", "compile_kernels_fp8_f8act_f8head",
-                "compile_kernels_f8head_fp8"):
+                "compile_kernels_f8head_fp8", "compile_f8act0", "compile_f8actx", "compile_f8act32_f8act"):
         with pytest.raises(ValueError):
             tt.parse_variant(bad)
 
@@ -57,6 +58,9 @@ def test_anvil_command_line():
     assert "fp8_fused" not in joined and "fp8_lm_head" not in joined
     head = " ".join(tt.anvil_argv(args, "compile_kernels_fp8_f8head", Path("/tmp/r")))
     assert "precision.fp8=tensorwise" in head and "precision.fp8_lm_head=true" in head
+    assert "float8_activations_min_mib" not in " ".join(tt.anvil_argv(args, "compile_f8act", Path("/tmp/r")))
+    low = " ".join(tt.anvil_argv(args, "compile_f8act32", Path("/tmp/r")))
+    assert "train.float8_activations=true" in low and "train.float8_activations_min_mib=32" in low
 
 
 def test_torchtitan_command_line_follows_anvils_config():
