@@ -98,6 +98,8 @@ def _stash(v, Q_PTRS, SCALE_PTR, mask, FP8_MAX: tl.constexpr, FP8_MIN_NORMAL: tl
            FP8_MANTISSA: tl.constexpr, ROUND_IN_KERNEL: tl.constexpr):
     """v (fp32, a block in registers) as float8 scaled by its own block's |max|, to Q_PTRS, the scale to
     SCALE_PTR; returns what _unstash will read back."""
+    # The stash's own scale, read back only by _unstash: fp32 arithmetic will do. Scales a torch._scaled_mm
+    # or torchao's casts must agree with go through float8.scale_from_amax (float64, then rounded).
     scale = FP8_MAX / tl.maximum(tl.max(tl.abs(v), axis=0), 1e-12)
     q = float8.to_float8_grid(v, scale, FP8_MAX, FP8_MIN_NORMAL, FP8_MANTISSA, ROUND_IN_KERNEL
                               ).to(Q_PTRS.dtype.element_ty)
