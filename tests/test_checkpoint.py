@@ -369,7 +369,7 @@ def test_prune_keeps_the_checkpoint_just_saved(tmp_path):
 
 def test_async_save_writes_the_state_of_its_step_while_training_goes_on(tmp_path, monkeypatch):
     from trainer.checkpoint.writer import TEST_DELAY_ENV
-    monkeypatch.setenv(TEST_DELAY_ENV, "1.0")
+    monkeypatch.setenv(TEST_DELAY_ENV, "3.0")   # long enough for a busy machine (tests run two files at once)
     model, optimizer, scheduler = build()
     loader = CountingLoader()
     train_steps(model, optimizer, scheduler, loader, 2)
@@ -378,8 +378,8 @@ def test_async_save_writes_the_state_of_its_step_while_training_goes_on(tmp_path
     assert saver.save(2, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader) is None
     train_steps(model, optimizer, scheduler, loader, 2)    # changes every weight while the write waits
     # The writer thread may not have made its folder yet when two tiny steps are done (it raced
-    # them, and lost when the process was warm): wait for it; the commit is a second after.
-    deadline = time.monotonic() + 0.5
+    # them, and lost when the process was warm): wait for it; the commit is 3 s after.
+    deadline = time.monotonic() + 2.0
     while not (tmp_path / ".tmp_step_2").is_dir() and time.monotonic() < deadline:
         time.sleep(0.005)
     assert (tmp_path / ".tmp_step_2").is_dir() and ck.find_latest(tmp_path) is None   # not yet

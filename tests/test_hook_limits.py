@@ -28,7 +28,7 @@ def hook(project, phase: str, name: str, text: str):
 
 def _gone(pid: int) -> bool:
     """The process ended (gone, or a zombie that whoever adopted it has not reaped yet)."""
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 15   # returns as soon as it ends; the margin is for a busy machine
     while time.monotonic() < deadline:
         try:
             state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
