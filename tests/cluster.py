@@ -37,7 +37,8 @@ cluster (Debian's slurmctld, slurmd, slurm-client and munge):
                     cluster's hosts file bind-mounted on /etc/hosts, so node1,
                     node2, ... resolve on every node (torchrun's master address)
                     without touching the machine's /etc/hosts; job steps inherit
-                    all of it
+                    all of it; spool in /run/anvil-testnet/slurmd-N/nodeI (job
+                    steps' Unix sockets live there: a path must fit in 108 bytes)
     slurm.conf      <workdir>/slurm/slurm.conf: linuxproc/task none, no cgroups,
                     no accounting (no sacct), no --cpu-bind, short timeouts,
                     partition debug. Clients need only SLURM_CONF=<that file>
@@ -457,9 +458,18 @@ class Cluster:
     def munge_socket(self) -> str:
         return str(STATE_DIR / f"munge-{self.number}" / "munge.socket")
 
+    @property
+    def slurmd_spool(self) -> Path:
+        """The nodes' spool directories (one per node inside): job steps make their Unix sockets
+        there, whose paths may not exceed 108 bytes, so not under a test's tmp_path (pytest-xdist's
+        add a worker folder: `.../popen-gw0/test_<name>0/cluster/slurm/spool-node2/node2_1.4294967291`
+        did not fit, and the batch job failed to launch)."""
+        return STATE_DIR / f"slurmd-{self.number}"
+
     def _start_slurm(self) -> None:
-        for name in ["state"] + [f"spool-{host.name}" for host in self.hosts]:
-            Path(self._slurm_path(name)).mkdir(parents=True, exist_ok=True)
+        Path(self._slurm_path("state")).mkdir(parents=True, exist_ok=True)
+        for host in self.hosts:
+            (self.slurmd_spool / host.name).mkdir(parents=True, exist_ok=True)
         self._start_munged()
         Path(self._slurm_path("hosts")).write_text(self._hosts_file())
         Path(self.slurm_conf).write_text(self._slurm_conf_text())
@@ -556,6 +566,7 @@ class Cluster:
             if self._daemon_alive(name):
                 _stop_pid(self.daemons[name][0])
         shutil.rmtree(Path(self.munge_socket).parent, ignore_errors=True)
+        shutil.rmtree(self.slurmd_spool, ignore_errors=True)
 
     def _daemon_alive(self, name: str) -> bool:
         pid, start = (self.daemons.get(name) or [0, ""])
@@ -577,7 +588,7 @@ class Cluster:
         text = _SLURM_CONF.format(
             number=self.number, ctld_host=_short_hostname(), ctld_addr=self.bridge_address,
             ctld_port=self.slurmctld_port, slurmd_port=self.slurmd_port,
-            slurm=Path(self._slurm_path("")), socket=self.munge_socket,
+            slurm=Path(self._slurm_path("")), spool=self.slurmd_spool, socket=self.munge_socket,
             nodes=nodes)
         for key, value in self.slurm_settings.items():
             line = f"{key}={value}"
@@ -657,7 +668,7 @@ AuthInfo=socket={socket},cred_expire=10
 StateSaveLocation={slurm}/state
 SlurmctldPidFile={slurm}/slurmctld.pid
 SlurmctldLogFile={slurm}/slurmctld.log
-SlurmdSpoolDir={slurm}/spool-%n
+SlurmdSpoolDir={spool}/%n
 SlurmdPidFile={slurm}/slurmd-%n.pid
 SlurmdLogFile={slurm}/slurmd-%n.log
 SlurmctldDebug=info
