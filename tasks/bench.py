@@ -78,28 +78,31 @@ def gemm(c, M=None, N=None, K=None, dtype="bf16", iters=20, gpu="", json=False, 
                                "sizes": "Message sizes, e.g. 1M,64M,1G", "iters": "Timed repetitions per size",
                                "nproc": "Processes per node (default: one per visible GPU; 2 on a CPU, over gloo)",
                                "eager": "On GPUs, time eager calls (what a training loop pays per call) instead of "
-                                        "replays of a CUDA graph of the calls (nccl-tests -G: the fabric's figure)"})
-def allreduce(c, op="all_reduce", sizes="1M,16M,64M", iters=20, nproc=0, gpu="", eager=False, json=False,
+                                        "replays of a CUDA graph of the calls (nccl-tests -G: the fabric's figure)",
+                               "dtype": "Element type, bf16 or fp32 (default: bf16 on GPUs, fp32 on a CPU; "
+                                        "nccl-tests' default is fp32)"})
+def allreduce(c, op="all_reduce", sizes="1M,16M,64M", iters=20, nproc=0, gpu="", eager=False, dtype="", json=False,
               dry_run=False, run_options=None):
     """Collective bandwidth (nccl-tests algbw / busbw) through the configured runtime; values are checked."""
     from runtime import settings as settings_mod
     from runtime.jobs import benchmarks
 
-    benchmarks.check_collective(op, sizes, iters, nproc)
+    benchmarks.check_collective(op, sizes, iters, nproc, dtype)
     settings = settings_mod.load(c)
     runtime = benchmarks.check_runtime(run_options.runtime, settings)
 
     def body(run, env):
         # With --json the ranks' table goes to stderr: stdout is the JSON alone.
-        report = benchmarks.collective(settings, run, env, op, sizes, iters, nproc, runtime, quiet=json, eager=eager)
+        report = benchmarks.collective(settings, run, env, op, sizes, iters, nproc, runtime, quiet=json, eager=eager,
+                                       dtype=dtype)
         if json:
             print(jsonlib.dumps(report, indent=2))
         return report
     def dry(env):
-        spec = benchmarks.collective_spec(env, op, sizes, iters, nproc, "RUN_DIR/collectives.json", eager)
+        spec = benchmarks.collective_spec(env, op, sizes, iters, nproc, "RUN_DIR/collectives.json", eager, dtype)
         benchmarks.dry_run(env, spec=spec, transport=runtime.open(settings.cluster_options()))
     _execute(c, "bench.allreduce", run_options, _resolve(gpu, run_options), body,
-             extra={"op": op, "sizes": sizes, "eager": eager},
+             extra={"op": op, "sizes": sizes, "eager": eager, "dtype": dtype},
              dry=dry if dry_run else None)
 
 

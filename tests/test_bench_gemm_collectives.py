@@ -101,11 +101,12 @@ def test_inv_bench_gemm_and_allreduce_make_runs(tmp_path):
     [run] = list(runs.glob("*_bench.gemm"))
     assert json.loads((run / "gemm.json").read_text())["tflops"] == result["tflops"]
 
-    out = _inv(repo, *env_args, "bench.allreduce", "--sizes", "64K", "--iters", "2")
+    out = _inv(repo, *env_args, "bench.allreduce", "--sizes", "64K", "--iters", "2", "--dtype", "bf16")
     assert out.returncode == 0, out.stderr
     [run] = list(runs.glob("*_bench.allreduce"))
     report = json.loads((run / "collectives.json").read_text())
     assert report["results"][0]["ranks"] == 2 and report["results"][0]["bytes"] == 64 << 10
+    assert report["results"][0]["dtype"] == "bfloat16"   # --dtype reached the ranks (gloo's default: fp32)
     assert report["results"][0]["launch"] == "eager"   # gloo: no CUDA graph to replay
     assert "busbw GB/s" in out.stdout and "launch" in out.stdout
     assert json.loads((run / "metadata.json").read_text())["eager"] is False
@@ -119,6 +120,7 @@ def test_inv_bench_rejects_bad_input_in_one_line(tmp_path):
     for args, message in ((("bench.gemm", "-M", "0"), "must be positive"),
                           (("bench.gemm", "-M", "abc"), "-M: expected an integer, got 'abc'"),
                           (("bench.allreduce", "--sizes", "12Q"), "bad size"),
+                          (("bench.allreduce", "--dtype", "fp8"), "unknown --dtype 'fp8' (bf16, fp32)"),
                           (("bench.kernels",), "needs a CUDA or ROCm GPU")):
         out = _inv(repo, *env_args, *args)
         assert out.returncode != 0
@@ -142,6 +144,9 @@ def test_inv_bench_dry_run_prints_the_environment_and_command_and_starts_nothing
     eager = _inv(repo, *env_args, "bench.allreduce", "--sizes", "64K", "--eager", "--dry-run")
     assert eager.returncode == 0, eager.stderr
     assert "--iters 20 --eager --out RUN_DIR/collectives.json" in eager.stdout
+    fp32 = _inv(repo, *env_args, "bench.allreduce", "--sizes", "64K", "--dtype", "fp32", "--dry-run")
+    assert fp32.returncode == 0, fp32.stderr
+    assert "--iters 20 --dtype fp32 --out RUN_DIR/collectives.json" in fp32.stdout
     assert not (tmp_path / "runs").exists()
 
 

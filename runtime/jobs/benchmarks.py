@@ -167,11 +167,13 @@ def _stopped_by(code: int, run_dir) -> int | None:
     return code - 128 if code - 128 in STOP_SIGNALS else None
 
 
-def check_collective(op: str, sizes: str, iters: int, nproc: int) -> None:
-    from benchmarks.collectives import OPS, parse_sizes
+def check_collective(op: str, sizes: str, iters: int, nproc: int, dtype: str = "") -> None:
+    from benchmarks.collectives import DTYPES, OPS, parse_sizes
 
     if op not in OPS:
         raise UserError(f"unknown --op {op!r} ({', '.join(OPS)})")
+    if dtype and dtype not in DTYPES:
+        raise UserError(f"unknown --dtype {dtype!r} ({', '.join(sorted(DTYPES))})")
     try:
         parse_sizes(sizes)
     except ValueError as exc:
@@ -181,13 +183,13 @@ def check_collective(op: str, sizes: str, iters: int, nproc: int) -> None:
         raise UserError(f"--nproc {nproc}: expected 1 or more (0: the default)")
 
 
-def collective_spec(env, op: str, sizes: str, iters: int, nproc: int, out, eager: bool = False):
+def collective_spec(env, op: str, sizes: str, iters: int, nproc: int, out, eager: bool = False, dtype: str = ""):
     from runtime.launch import LaunchSpec
 
     procs = nproc or (None if env.machine.count else 2)  # a collective needs two ranks
     return LaunchSpec(module="benchmarks.collectives", nproc=procs, gpus=env.machine.count, vendor=env.machine.vendor,
                       args=["--op", op, "--sizes", sizes, "--iters", str(iters), *(["--eager"] if eager else []),
-                            "--out", str(out)])
+                            *(["--dtype", dtype] if dtype else []), "--out", str(out)])
 
 
 def dry_run(env, argv: list[str] | None = None, spec=None, transport=None) -> None:
@@ -201,12 +203,12 @@ def dry_run(env, argv: list[str] | None = None, spec=None, transport=None) -> No
 
 
 def collective(settings, run, env, op: str, sizes: str, iters: int, nproc: int, runtime,
-               quiet: bool = False, eager: bool = False) -> dict:
+               quiet: bool = False, eager: bool = False, dtype: str = "") -> dict:
     """benchmarks.collectives through the runtime on this node; its report with measurements.
 
     quiet: the ranks' output (rank 0's table) goes to stderr, leaving stdout to the caller's JSON."""
     out = run.path / "collectives.json"
-    spec = collective_spec(env, op, sizes, iters, nproc, out, eager)
+    spec = collective_spec(env, op, sizes, iters, nproc, out, eager, dtype)
     transport = runtime.open(settings.cluster_options())
     code = transport.launch(spec, run.env, run.path, masker=run.masker, stdout=sys.stderr if quiet else None)
     stopped = _stopped_by(code, run.path)
