@@ -37,7 +37,7 @@ nccl_tests() {   # the anchor: nccl-tests against the NCCL library torch loads
             NCCL_HOME="$(dirname "$nccl")" NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" >/dev/null || return 1
     fi
     # bf16, the element type bench.allreduce reduces on GPUs; then nccl-tests' own CUDA-graph mode (-G), the
-    # mechanism of bench.allreduce's default (graph-captured NCCL kernels are up to 10% slower at 2-4 MiB)
+    # mechanism of bench.allreduce's default (graph-captured NCCL ran 9-13% slower at 2-4 MiB)
     local perf=".nccl-tests/build/all_reduce_perf -b 1M -e 1G -f 2 -g 2 -n 20 -w 5 -d bfloat16"
     $perf | tee "$OUT/nccl_tests_$1.txt"
     $perf -G 1 | tee "$OUT/nccl_tests_graph_$1.txt"
