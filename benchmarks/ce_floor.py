@@ -131,12 +131,28 @@ def lm_head_loop(x, w, target, chunk: int, cross_entropy: bool = True):
         flce.launch_ce = real
 
 
-def lm_head_gemms(x, w, logits, gx, gw) -> None:
-    """The three GEMMs on all N x V logits at once: what any method multiplies."""
+def lm_head_gemms(x, w, logits, gx, gw, which=("logits", "gx", "gw")) -> None:
+    """The three GEMMs on all N x V logits at once: what any method multiplies (`which`: some of them)."""
     import torch
-    torch.mm(x, w.t(), out=logits)
-    torch.mm(logits, w, out=gx)
-    torch.mm(logits.t(), x, out=gw)
+    if "logits" in which:
+        torch.mm(x, w.t(), out=logits)
+    if "gx" in which:
+        torch.mm(logits, w, out=gx)
+    if "gw" in which:
+        torch.mm(logits.t(), x, out=gw)
+
+
+def lm_head_chunk_gemms(x, w, grad_chunk, gx, which: str) -> None:
+    """One of the loop's per-chunk GEMMs alone, once per chunk: "logits" (x_c @ W^T, K = H) or "gx"
+    (grad_c @ W, K = V); grad_chunk [C, V] stands in for every chunk's logits and gradient."""
+    import torch
+    chunk = grad_chunk.shape[0]
+    for c0 in range(0, x.shape[0], chunk):
+        rows = min(chunk, x.shape[0] - c0)
+        if which == "logits":
+            torch.mm(x[c0:c0 + rows], w.t(), out=grad_chunk[:rows])
+        else:
+            torch.mm(grad_chunk[:rows], w, out=gx[c0:c0 + rows])
 
 
 def lm_head_gw_updates(x, grad_chunk, gw) -> None:
@@ -152,7 +168,7 @@ def lm_head_gw_updates(x, grad_chunk, gw) -> None:
             gw.addmm_(g_c.t(), x_c)
 
 
-def measure_lm_head(rows: int, hidden: int, vocab: int) -> list[dict]:
+def measure_lm_head(rows: int, hidden: int, vocab: int, rounds: int = 1) -> list[dict]:
     import importlib
 
     import torch
@@ -168,9 +184,16 @@ def measure_lm_head(rows: int, hidden: int, vocab: int) -> list[dict]:
     default = flce.default_chunk(rows, hidden, vocab)
     chunks = sorted({default, min(2 * default, rows), min(4 * default, rows)})
     cases = [(f"three GEMMs, unchunked ({rows} x {vocab} logits kept)", lambda: lm_head_gemms(x, w, logits, gx, gw))]
+    cases += [(f"unchunked: the {name} GEMM alone", lambda k=k: lm_head_gemms(x, w, logits, gx, gw, (k,)))
+              for k, name in (("logits", "logits"), ("gx", "hidden-gradient"), ("gw", "weight-gradient"))]
     for c in chunks:
         tag = " (default)" if c == default else ""
-        cases += [(f"C = {c}{tag}: its gW updates alone ({-(-rows // c)} GEMMs, K = {c})",
+        n_chunks = -(-rows // c)
+        cases += [(f"C = {c}{tag}: its logits GEMMs alone ({n_chunks}, K = {hidden})",
+                   lambda c=c: lm_head_chunk_gemms(x, w, logits[:c], gx, "logits")),
+                  (f"C = {c}{tag}: its hidden-gradient GEMMs alone ({n_chunks}, K = {vocab})",
+                   lambda c=c: lm_head_chunk_gemms(x, w, logits[:c], gx, "gx")),
+                  (f"C = {c}{tag}: its gW updates alone ({n_chunks} GEMMs, K = {c})",
                    lambda c=c: lm_head_gw_updates(x, logits[:c], gw)),
                   (f"C = {c}{tag}: the design's GEMMs alone", lambda c=c: lm_head_loop(x, w, target, c, False)),
                   (f"C = {c}{tag}: GEMMs + cross-entropy (Anvil's forward, both gradients)",
@@ -179,9 +202,14 @@ def measure_lm_head(rows: int, hidden: int, vocab: int) -> list[dict]:
     compiled = torch.compile(lambda a, b, t: F.cross_entropy((a @ b.t()).float(), t))
     cases.append(("torch.compile F.cross_entropy(x @ w.T), forward + backward",
                   lambda: compiled(xg, wg, target).backward()))
-    return [{"what": label, "ms": round(tt.do_bench(fn, warmup=200, rep=1000, grad_to_none=[xg, wg],
-                                                    return_mode="median"), 2)}
-            for label, fn in cases]
+    # Rounds run the whole list again, so a clock that drifts during the call shows as a spread
+    # between rounds rather than as a difference between cases.
+    times = {label: [] for label, _ in cases}
+    for _ in range(rounds):
+        for label, fn in cases:
+            times[label].append(round(tt.do_bench(fn, warmup=200, rep=1000, grad_to_none=[xg, wg],
+                                                  return_mode="median"), 2))
+    return [{"what": label, "ms": ms[0] if rounds == 1 else ms} for label, ms in times.items()]
 
 
 def main(argv=None) -> int:
@@ -189,6 +217,7 @@ def main(argv=None) -> int:
     p.add_argument("--rows", type=int, default=8192)
     p.add_argument("--vocab", type=int, default=128256)
     p.add_argument("--hidden", type=int, default=None, help="measure the LM head + cross-entropy at this width")
+    p.add_argument("--rounds", type=int, default=1, help="with --hidden: time every case this many times, in turn")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     sys.path.insert(0, str(REPO))
@@ -197,7 +226,7 @@ def main(argv=None) -> int:
         print("benchmarks.ce_floor: needs a GPU", file=sys.stderr)
         return 2
     if args.hidden:
-        rows = measure_lm_head(args.rows, args.hidden, args.vocab)
+        rows = measure_lm_head(args.rows, args.hidden, args.vocab, max(1, args.rounds))
         shape = f"{args.rows} x {args.hidden} -> {args.vocab}"
     else:
         rows, shape = measure(args.rows, args.vocab), f"{args.rows} x {args.vocab}"
@@ -206,7 +235,8 @@ def main(argv=None) -> int:
     else:
         from tabulate import tabulate
         print(torch.cuda.get_device_name(), shape, "bf16")
-        print(tabulate([(r["what"], r["ms"]) for r in rows], headers=("what", "ms"), tablefmt="github"))
+        print(tabulate([(r["what"], *(r["ms"] if isinstance(r["ms"], list) else [r["ms"]])) for r in rows],
+                       headers=("what", "ms"), tablefmt="github"))
     return 0
 
 

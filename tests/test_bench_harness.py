@@ -172,3 +172,57 @@ def test_ce_floor_gw_updates_sum_every_chunk():
     ce_floor.lm_head_gw_updates(x, g, gw)  # chunks of 4, 4 and 2 rows, each with g's first rows
     expected = g.t() @ x[:4] + g.t() @ x[4:8] + g[:2].t() @ x[8:]
     torch.testing.assert_close(gw, expected)
+
+
+def test_ce_floor_chunk_gemms_cover_every_row():
+    """The per-GEMM rows of the LM-head floor: "logits" leaves the last chunk's x_c @ W^T in the chunk
+    buffer; "gx" writes grad_c @ W into every row of gx, chunks that do not divide the rows included."""
+    from benchmarks import ce_floor
+    x, w = torch.randn(10, 3, dtype=torch.float64), torch.randn(5, 3, dtype=torch.float64)
+    buf = torch.full((4, 5), float("nan"), dtype=torch.float64)
+    gx = torch.full((10, 3), float("nan"), dtype=torch.float64)
+    ce_floor.lm_head_chunk_gemms(x, w, buf, gx, "logits")  # chunks of 4, 4 and 2 rows
+    torch.testing.assert_close(buf[:2], x[8:] @ w.t())
+    torch.testing.assert_close(buf[2:], x[6:8] @ w.t())
+    ce_floor.lm_head_chunk_gemms(x, w, buf, gx, "gx")
+    expected = torch.cat([buf @ w, buf @ w, buf[:2] @ w])
+    torch.testing.assert_close(gx, expected)
+    logits, gw = torch.empty(10, 5, dtype=torch.float64), torch.full((5, 3), float("nan"), dtype=torch.float64)
+    ce_floor.lm_head_gemms(x, w, logits, gx, gw, ("logits",))
+    torch.testing.assert_close(logits, x @ w.t())
+    assert gw.isnan().all()  # only the GEMM asked for ran
+
+
+def test_flce_variants_compute_the_shipped_loop(monkeypatch):
+    """benchmarks.flce_variants times only variants that compute what the shipped loop does: its
+    Triton gW update (C tile loaded before the K loop, chunks that do not divide the vocabulary) and
+    the loop built on it give the shipped gradients, poisoned outputs and all."""
+    import importlib
+
+    from benchmarks import flce_variants as fv
+    flce = importlib.import_module("kernels.fused_linear_cross_entropy")
+    cfg = {"BV": 16, "BH": 16, "BK": 16, "GROUP": 2, "num_warps": 4, "num_stages": 1}
+    g, x = torch.randn(32, 70), torch.randn(32, 24)
+    gw = torch.full((70, 24), float("nan"))
+    fv.gw_update_triton(g, x, gw, False, cfg)
+    torch.testing.assert_close(gw, g.t() @ x, rtol=1e-4, atol=1e-4)
+    fv.gw_update_triton(g, x, gw, True, cfg)
+    torch.testing.assert_close(gw, 2 * g.t() @ x, rtol=1e-4, atol=1e-4)
+    x, w = torch.randn(48, 24), torch.randn(70, 24) * 0.2
+    target = torch.randint(0, 70, (48,))
+    shipped = flce._flce(x, w, target, torch.tensor(48.0), -100, 0.0, 0.0, True, 16, True, True)
+    ours = fv.head_loop(x, w, target, 16)
+    for a, b in zip(ours, shipped):
+        torch.testing.assert_close(a, b)
+    monkeypatch.setattr(fv, "GW_CONFIG", cfg)
+    triton_gw = fv.head_loop(x, w, target, 16, "Triton gW")
+    torch.testing.assert_close(triton_gw[2], shipped[2], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(triton_gw[1], shipped[1])
+
+
+def test_flce_variants_without_a_gpu_says_so():
+    if torch.cuda.is_available():
+        pytest.skip("has a GPU")
+    out = subprocess.run([sys.executable, "-m", "benchmarks.flce_variants"], cwd=ROOT, capture_output=True,
+                         text=True)
+    assert out.returncode == 2 and "needs a GPU" in out.stderr
