@@ -1,0 +1,192 @@
+"""The LM head + cross-entropy loop against the variants that were tried to close its gap to torch.compile.
+
+    python -m benchmarks.flce_variants [--rows 8192] [--hidden 4096] [--vocab 128256] [--rounds 3] [--json]
+
+At 8192 x 4096 -> 128256 with chunks of 1024 tokens (1.29 GiB), the loop's GEMMs alone cost about
+2 ms more than the same GEMMs unchunked, almost all of it in the eight weight-gradient updates: each
+reads all of gW (1 GiB, bf16) as its C operand (`python -m benchmarks.ce_floor --hidden 4096`). The
+variants here attack that cost without a larger chunk buffer:
+
+- side stream: each chunk's hidden-gradient GEMM (few output tiles, K = V) runs on a second stream
+  beside the weight-gradient update (many tiles, K = C), so one could fill the SMs the other leaves
+  idle and hide the update's C reads;
+- cuBLASLt: the updates through torch's cuBLASLt backend instead of cuBLAS;
+- Triton gW: the update as a Triton GEMM that loads its C tile before the K loop and accumulates
+  onto it, so the read overlaps the loop instead of following it.
+
+Every variant runs the same GEMMs and cross-entropy kernel on the same chunk buffer (its memory is the
+shipped loop's) and is checked against the shipped loop before it is timed. The cases run in turn,
+`--rounds` times, so a GPU clock that drifts over the call shows as a spread between rounds.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+import triton
+import triton.language as tl
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@triton.jit
+def gw_update_kernel(G, X, W, K, V, H, stride_g, stride_x, stride_w, ACCUM: tl.constexpr, BV: tl.constexpr,
+                     BH: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
+    """W[V, H] (+)= G[K, V]^T @ X[K, H]; ACCUM loads W's tile before the K loop and accumulates onto it.
+    K must be a multiple of BK (chunks are)."""
+    pid = tl.program_id(0)
+    n_v, n_h = tl.cdiv(V, BV), tl.cdiv(H, BH)
+    first = (pid // (GROUP * n_h)) * GROUP  # grouped order: GROUP rows of tiles share their X tiles in L2
+    size = min(n_v - first, GROUP)
+    pv = first + (pid % (GROUP * n_h)) % size
+    ph = (pid % (GROUP * n_h)) // size
+    ov, oh, ok = pv * BV + tl.arange(0, BV), ph * BH + tl.arange(0, BH), tl.arange(0, BK)
+    w_ptrs = W + ov[:, None].to(tl.int64) * stride_w + oh[None, :]
+    mask = (ov[:, None] < V) & (oh[None, :] < H)
+    if ACCUM:
+        acc = tl.load(w_ptrs, mask=mask, other=0.0).to(tl.float32)
+    else:
+        acc = tl.zeros((BV, BH), tl.float32)
+    g_ptrs = G + ok[:, None] * stride_g + ov[None, :]
+    x_ptrs = X + ok[:, None] * stride_x + oh[None, :]
+    for _ in range(0, K, BK):
+        acc = tl.dot(tl.trans(tl.load(g_ptrs, mask=ov[None, :] < V, other=0.0)), tl.load(x_ptrs), acc)
+        g_ptrs += BK * stride_g
+        x_ptrs += BK * stride_x
+    tl.store(w_ptrs, acc.to(W.dtype.element_ty), mask=mask)
+
+
+# The best of the three tried on an H100 (128x256x64 with 3 stages, and 128x128x64 with 4, were slower).
+GW_CONFIG = {"BV": 128, "BH": 256, "BK": 64, "GROUP": 8, "num_warps": 8, "num_stages": 4}
+
+
+def gw_update_triton(grad, x, gw, accumulate: bool, config: dict | None = None) -> None:
+    cfg = dict(config or GW_CONFIG)
+    k, v = grad.shape
+    h = x.shape[1]
+    grid = (triton.cdiv(v, cfg["BV"]) * triton.cdiv(h, cfg["BH"]),)
+    gw_update_kernel[grid](grad, x, gw, k, v, h, grad.stride(0), x.stride(0), gw.stride(0), ACCUM=accumulate, **cfg)
+
+
+@contextlib.contextmanager
+def blas_library(name: str | None):
+    import torch
+    if name is None:
+        yield
+        return
+    previous = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library(name)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(previous)
+
+
+def head_loop(x, w, target, chunk: int, variant: str = "shipped", side=None):
+    """kernels.fused_linear_cross_entropy's loop (bf16, both gradients), or one of the variants."""
+    import torch
+
+    from kernels.cross_entropy import launch_ce
+    n, vocab = x.shape[0], w.shape[0]
+    norm = torch.tensor(float(n), device=x.device)
+    row_loss, gx, gw = torch.empty(n, device=x.device), torch.empty_like(x), torch.empty_like(w)
+    buf = torch.empty(min(chunk, n), vocab, device=x.device, dtype=x.dtype)
+    main = torch.cuda.current_stream() if variant == "side stream" else None
+    for c0 in range(0, n, chunk):
+        c1 = min(n, c0 + chunk)
+        x_c, logits = x[c0:c1], buf[: c1 - c0]
+        torch.mm(x_c, w.t(), out=logits)
+        launch_ce(logits, target[c0:c1], logits, row_loss[c0:c1], norm, -100, 0.0, 0.0)
+        if main is not None:
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                torch.mm(logits, w, out=gx[c0:c1])
+        else:
+            torch.mm(logits, w, out=gx[c0:c1])
+        if variant == "Triton gW":
+            gw_update_triton(logits, x_c, gw, c0 > 0)
+        else:
+            with blas_library("cublaslt" if variant == "cuBLASLt gW" else None):
+                torch.mm(logits.t(), x_c, out=gw) if c0 == 0 else gw.addmm_(logits.t(), x_c)
+        if main is not None:
+            main.wait_stream(side)  # the next chunk's logits overwrite what the side stream reads
+    return row_loss, gx, gw
+
+
+VARIANTS = ("shipped", "side stream", "cuBLASLt gW", "Triton gW")
+
+
+def measure(rows: int, hidden: int, vocab: int, rounds: int) -> dict:
+    import torch
+    import torch.nn.functional as F
+    import triton.testing as tt
+
+    from kernels.fused_linear_cross_entropy import default_chunk
+    torch.manual_seed(0)
+    x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16) * 0.02
+    target = torch.randint(0, vocab, (rows,), device="cuda")
+    chunk = default_chunk(rows, hidden, vocab)
+    side = torch.cuda.Stream()
+    reference = head_loop(x, w, target, chunk)
+    cases, differences = [], {}
+    for variant in VARIANTS:
+        out = head_loop(x, w, target, chunk, variant, side)
+        differences[variant] = max(((a.float() - b.float()).norm() / b.float().norm()).item()
+                                   for a, b in zip(out, reference))
+        cases.append((variant, lambda v=variant: head_loop(x, w, target, chunk, v, side)))
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    compiled = torch.compile(lambda a, b, t: F.cross_entropy((a @ b.t()).float(), t))
+    cases.append(("torch.compile", lambda: compiled(xg, wg, target).backward()))
+    times = {label: [] for label, _ in cases}
+    for _ in range(rounds):
+        for label, fn in cases:
+            times[label].append(round(tt.do_bench(fn, warmup=100, rep=500, grad_to_none=[xg, wg],
+                                                  return_mode="median"), 2))
+    peaks = {}
+    for label, fn in cases:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        peaks[label] = round((torch.cuda.max_memory_allocated() - base) / 2**30, 2)
+        xg.grad = wg.grad = None
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "shape": f"{rows} x {hidden} -> {vocab}", "chunk": chunk,
+            "rows": [{"what": label, "ms": times[label], "peak_gib": peaks[label],
+                      "rel_diff_vs_shipped": differences.get(label)} for label, _ in cases]}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, default=8192)
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--vocab", type=int, default=128256)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    sys.path.insert(0, str(REPO))
+    import torch
+    if not torch.cuda.is_available():
+        print("benchmarks.flce_variants: needs a GPU", file=sys.stderr)
+        return 2
+    report = measure(args.rows, args.hidden, args.vocab, max(1, args.rounds))
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    from tabulate import tabulate
+    print(report["device"], f"torch {report['torch']} triton {report['triton']}", report["shape"],
+          f"bf16, chunk {report['chunk']}")
+    table = [(r["what"], *r["ms"], r["peak_gib"],
+              "" if r["rel_diff_vs_shipped"] is None else f"{r['rel_diff_vs_shipped']:.1e}") for r in report["rows"]]
+    headers = ("what", *(f"round {i + 1} ms" for i in range(args.rounds)), "peak GiB", "diff vs shipped")
+    print(tabulate(table, headers=headers, tablefmt="github"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
