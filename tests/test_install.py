@@ -93,3 +93,40 @@ def test_bootstrap_bad_input_is_one_clear_message(repo):
     bad_option = run([repo / "bootstrap", "--frobnicate"], repo)
     assert bad_option.returncode == 2
     assert "unknown option(s): --frobnicate" in bad_option.stderr
+
+
+def test_bootstrap_removes_hugging_faces_kernels_package(repo):
+    """Hugging Face's `kernels` distribution (transformers 5.25+ requires it) has the import name of
+    Anvil's kernels/; a rerun of ./bootstrap takes one out of .venv and says why. The stand-in is a
+    distribution of that name holding a `kernels` module file, which pip uninstalls like any other."""
+    if not (repo / ".venv" / ".anvil-bootstrap.json").exists():
+        pytest.skip(".venv was not made by ./bootstrap")
+    python = repo / ".venv/bin/python"
+    site = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], repo).stdout.strip()
+    if not site.startswith(str(repo / ".venv")):
+        pytest.skip(".venv installs into the system's site-packages")
+    dist = os.path.join(site, "kernels-0.0.0.dist-info")
+    os.makedirs(dist)
+    files = {"METADATA": "Metadata-Version: 2.1\nName: kernels\nVersion: 0.0.0\n", "INSTALLER": "pip\n"}
+    for name, text in files.items():
+        with open(os.path.join(dist, name), "w") as fh:
+            fh.write(text)
+    stand_in = os.path.join(site, "kernels_hub_stand_in.py")
+    with open(stand_in, "w") as fh:
+        fh.write("")
+    record = [f"kernels-0.0.0.dist-info/{n},," for n in (*files, "RECORD")] + ["kernels_hub_stand_in.py,,"]
+    with open(os.path.join(dist, "RECORD"), "w") as fh:
+        fh.write("\n".join(record) + "\n")
+    try:
+        again = run([repo / "bootstrap"], repo, timeout=120)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "removed Hugging Face's `kernels` package from .venv" in again.stdout
+        assert not os.path.exists(dist) and not os.path.exists(stand_in)
+        check = run([python, "-c", "import kernels; print(kernels.ANVIL_KERNELS)"], repo)
+        assert check.stdout.strip() == "True", check.stderr
+    finally:
+        for path in (stand_in, *(os.path.join(dist, n) for n in (*files, "RECORD"))):
+            if os.path.exists(path):
+                os.remove(path)
+        if os.path.isdir(dist):
+            os.rmdir(dist)
