@@ -17,6 +17,8 @@ The chunk trades speed for memory: the gW update reads and writes all of gW once
 so small chunks make it memory-bound. `chunk_size=None` takes the size that keeps the chunk
 buffer at about `4 x` the hidden states' bytes (_CHUNK_FACTOR) (see
 benchmarks/cases_loss.py for the measured trade-off, `python -m benchmarks.ce_floor --hidden H` for the floor).
+Tried against the updates' re-reads of gW and slower on an H100 (benchmarks/flce_variants.py): the hidden-gradient
+GEMM on a second stream beside the update, cuBLASLt for the updates, and a Triton update that loads C early.
 """
 from __future__ import annotations
 
