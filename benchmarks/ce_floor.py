@@ -173,7 +173,6 @@ def measure_lm_head(rows: int, hidden: int, vocab: int, rounds: int = 1) -> list
 
     import torch
     import torch.nn.functional as F
-    import triton.testing as tt
     flce = importlib.import_module("kernels.fused_linear_cross_entropy")
     torch.manual_seed(0)
     x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
@@ -202,14 +201,20 @@ def measure_lm_head(rows: int, hidden: int, vocab: int, rounds: int = 1) -> list
     compiled = torch.compile(lambda a, b, t: F.cross_entropy((a @ b.t()).float(), t))
     cases.append(("torch.compile F.cross_entropy(x @ w.T), forward + backward",
                   lambda: compiled(xg, wg, target).backward()))
-    # Rounds run the whole list again, so a clock that drifts during the call shows as a spread
-    # between rounds rather than as a difference between cases.
+    times = time_in_rounds(cases, rounds, [xg, wg], warmup=200, rep=1000)
+    return [{"what": label, "ms": ms[0] if rounds == 1 else ms} for label, ms in times.items()]
+
+
+def time_in_rounds(cases, rounds: int, grad_to_none: list, warmup: int, rep: int) -> dict[str, list[float]]:
+    """do_bench medians (ms) of each (label, fn), the whole list run `rounds` times in turn, so a clock
+    that drifts during the call shows as a spread between rounds rather than as a difference between cases."""
+    import triton.testing as tt
     times = {label: [] for label, _ in cases}
     for _ in range(rounds):
         for label, fn in cases:
-            times[label].append(round(tt.do_bench(fn, warmup=200, rep=1000, grad_to_none=[xg, wg],
+            times[label].append(round(tt.do_bench(fn, warmup=warmup, rep=rep, grad_to_none=grad_to_none,
                                                   return_mode="median"), 2))
-    return [{"what": label, "ms": ms[0] if rounds == 1 else ms} for label, ms in times.items()]
+    return times
 
 
 def main(argv=None) -> int:
