@@ -235,11 +235,12 @@ def deterministic():
 
 
 # Two layers: enough to count sites per layer; the interpreter makes every layer cost seconds.
+# The compiled tests take one: the layers share one compiled graph, so a second adds time, not cases.
 SMALL = ["data.path=synthetic", "model.n_layers=2"]
 
 
-def _tiny_fp8_model(fuse: bool, recipe="tensorwise", stash=False):
-    cfg = load(None, SMALL)
+def _tiny_fp8_model(fuse: bool, recipe="tensorwise", stash=False, layers=2):
+    cfg = load(None, [*SMALL, f"model.n_layers={layers}"])
     torch.manual_seed(0)
     model = Transformer(cfg.model).to(torch.bfloat16).to(DEVICE)
     model.model.rotary_emb.reset_parameters()
@@ -284,8 +285,8 @@ def test_the_final_norm_and_rowwise_layers_keep_torchaos_casts():
 def test_under_torch_compile_the_fused_inputs_train_as_torchaos_casts(deterministic):
     """The decoder layers compiled (Inductor on the CPU; our kernels stay custom ops): the same loss
     and gradients, bit for bit, as compiled layers with torchao's casts."""
-    cfg, fused, _ = _tiny_fp8_model(True)
-    _, plain, _ = _tiny_fp8_model(False)
+    cfg, fused, _ = _tiny_fp8_model(True, layers=1)
+    _, plain, _ = _tiny_fp8_model(False, layers=1)
     for layer in [*fused.model.layers, *plain.model.layers]:
         layer.compile()
     tokens = torch.randint(0, cfg.model.vocab_size, (2, 32), generator=torch.Generator().manual_seed(3)).to(DEVICE)
@@ -305,8 +306,8 @@ def test_with_the_stash_compiled_layers_keep_float8_instead_of_gate_and_up(deter
     float8 (the bf16 projections are neither kept nor recomputed, SwiGLU's output is rebuilt from the
     stash: under `none` through the MLP's rebuild region), and training follows the plain run within
     e4m3's precision."""
-    cfg, stashed, state = _tiny_fp8_model(True, stash=True)
-    _, plain, _ = _tiny_fp8_model(True)
+    cfg, stashed, state = _tiny_fp8_model(True, stash=True, layers=1)
+    _, plain, _ = _tiny_fp8_model(True, layers=1)
     n, ffn = cfg.model.n_layers, cfg.model.ffn_dim
     assert state.fused_inputs.count("swiglu_float8_stash") == n and "keeps gate and up in float8" in state.describe()
     assert all(layer.mlp.stashes for layer in stashed.model.layers)
@@ -332,7 +333,7 @@ def test_with_the_stash_compiled_layers_keep_float8_instead_of_gate_and_up(deter
     assert kept[0] == {torch.float8_e4m3fn: 2 * n}, kept[0]
     assert kept[1].get(torch.bfloat16, 0) >= 2 * n, kept[1]       # plain layers keep gate and up
     assert abs(losses[0] - losses[1]) < 1e-3 * abs(losses[1])     # the forward's SwiGLU reads the stash too
-    # e4m3 keeps 3 mantissa bits of gate and up; through two random layers the weight gradients move by
+    # e4m3 keeps 3 mantissa bits of gate and up; through random layers the weight gradients move by
     # up to 10% (layer 0's k_proj on an H200); a wrong scale or block would move them by their size
     for (name, _), a, b in zip(stashed.named_parameters(), *grads):
         assert (a - b).norm() <= 0.2 * b.norm() + 1e-6, name

@@ -310,6 +310,10 @@ NOISY_RATIO = 0.4
 # test suite running (one CI run of many): the all-fast test asks for no more than what tells the
 # slowed host (2-8%) apart.
 ALL_FAST_RATIO = 0.15
+# The slowed tests measure 256 KiB: a slowed pair's launch runs 53 calls (3 warm-up, 5 timed loops of 10)
+# at the shaper's 6 MB/s, about 12 s at 1 MiB against 2 s for a healthy pair; at 256 KiB the slowed pair
+# still measures a few % of the median and its launches cost a quarter of that.
+SLOWED_SIZE = "256K"
 
 
 @pytest.fixture(scope="module")
@@ -376,8 +380,8 @@ def test_screen_over_ssh_names_the_slowed_host(comm_cluster, repo, tmp_path, cap
     try:
         t0 = time.monotonic()
         with pytest.raises(RunFailed) as failed:
-            comm.run_comm_check(_context(comm_cluster, repo, tmp_path / "runs"), hosts, None, "1M", 10, timeout=60,
-                                ratio=NOISY_RATIO)
+            comm.run_comm_check(_context(comm_cluster, repo, tmp_path / "runs"), hosts, None, SLOWED_SIZE, 10,
+                                timeout=60, ratio=NOISY_RATIO)
         seconds = time.monotonic() - t0
     finally:
         comm_cluster.slow_link(slow, None)
@@ -437,7 +441,7 @@ def test_screen_in_a_slurm_allocation_names_the_slowed_node(slurm_prerequisites,
         "from runtime.preflight.comm import run_comm_check\n"
         f"c = Context(config=Config(overrides={{'anvil': {{'runs_dir': {str(tmp_path / 'runs')!r}}}}}))\n"
         "try:\n"
-        f"    run_comm_check(c, None, Runtime.parse('slurm'), '1M', 10, timeout=60, ratio={NOISY_RATIO})\n"
+        f"    run_comm_check(c, None, Runtime.parse('slurm'), {SLOWED_SIZE!r}, 10, timeout=60, ratio={NOISY_RATIO})\n"
         "except Exception as exc:\n"
         "    print('raised', type(exc).__name__, getattr(exc, 'exit_code', None))\n")
     with Cluster.start(tmp_path / "cluster", n_hosts=3, n_down=0, slurm=True) as cluster:

@@ -144,7 +144,8 @@ def second_dataset(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("strategy, data", [("ddp", "one dataset"), ("fsdp", "one dataset"), ("ddp", "a blend")])
+# DDP with one dataset is in neither row: the blend row runs DDP, and its sources resume as one dataset does
+@pytest.mark.parametrize("strategy, data", [("fsdp", "one dataset"), ("ddp", "a blend")])
 def test_sigkill_during_a_background_write_then_resume_auto_reproduces_the_loss_curve(tmp_path, dataset, second_dataset,
                                                                                        strategy, data):
     steps = ["train.steps=24", "checkpoint.interval=4", "checkpoint.keep_last=2", f"parallel.strategy={strategy}"]
