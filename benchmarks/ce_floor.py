@@ -2,6 +2,7 @@
 
     python -m benchmarks.ce_floor [--rows 8192] [--vocab 128256] [--json]
     python -m benchmarks.ce_floor --hidden 4096      # the LM head + cross-entropy instead
+    python -m benchmarks.ce_floor --hidden 4096 --rounds 3 --kernels   # in turn, 3 times; which kernels run
 
 The persistent cross-entropy (kernels/cross_entropy.py) reads each row of bf16 logits from
 HBM once (walk 1), re-reads it from L2 (walk 2, last block first) and writes the gradient
@@ -17,8 +18,10 @@ With --hidden H, the LM head + cross-entropy (kernels/fused_linear_cross_entropy
 of C tokens it runs three cuBLAS GEMMs and the cross-entropy kernel in between. Its floor is the
 same loop with the cross-entropy call taken out (the GEMMs then see logits where the gradient would
 be: same shapes and kernels). Beside it: the three GEMMs unchunked (all N x V logits kept, the
-matmul floor of any method at this shape), the real loop at each C, and torch.compile's
-F.cross_entropy(x @ w.T) forward + backward, the anchor, in the same process.
+matmul floor of any method at this shape), each GEMM of the loop alone (the logits GEMMs also into a
+V x C chunk: cuBLAS picks its kernel by orientation), the real loop at each C, and torch.compile's
+F.cross_entropy(x @ w.T) forward + backward, the anchor, in the same process. --kernels names the GPU
+kernels each case launches (torch.profiler, one call after the timing).
 """
 from __future__ import annotations
 
@@ -143,14 +146,17 @@ def lm_head_gemms(x, w, logits, gx, gw, which=("logits", "gx", "gw")) -> None:
 
 
 def lm_head_chunk_gemms(x, w, grad_chunk, gx, which: str) -> None:
-    """One of the loop's per-chunk GEMMs alone, once per chunk: "logits" (x_c @ W^T, K = H) or "gx"
-    (grad_c @ W, K = V); grad_chunk [C, V] stands in for every chunk's logits and gradient."""
+    """One of the loop's per-chunk GEMMs alone, once per chunk: "logits" (x_c @ W^T, K = H), "logits V x C"
+    (W @ x_c^T: the same product in the other orientation, into the same memory) or "gx" (grad_c @ W,
+    K = V); grad_chunk [C, V] stands in for every chunk's logits and gradient."""
     import torch
-    chunk = grad_chunk.shape[0]
+    chunk, vocab = grad_chunk.shape
     for c0 in range(0, x.shape[0], chunk):
         rows = min(chunk, x.shape[0] - c0)
         if which == "logits":
             torch.mm(x[c0:c0 + rows], w.t(), out=grad_chunk[:rows])
+        elif which == "logits V x C":
+            torch.mm(w, x[c0:c0 + rows].t(), out=grad_chunk.view(-1)[: vocab * rows].view(vocab, rows))
         else:
             torch.mm(grad_chunk[:rows], w, out=gx[c0:c0 + rows])
 
@@ -168,7 +174,7 @@ def lm_head_gw_updates(x, grad_chunk, gw) -> None:
             gw.addmm_(g_c.t(), x_c)
 
 
-def measure_lm_head(rows: int, hidden: int, vocab: int, rounds: int = 1) -> list[dict]:
+def measure_lm_head(rows: int, hidden: int, vocab: int, rounds: int = 1, kernels: bool = False) -> list[dict]:
     import importlib
 
     import torch
@@ -190,6 +196,8 @@ def measure_lm_head(rows: int, hidden: int, vocab: int, rounds: int = 1) -> list
         n_chunks = -(-rows // c)
         cases += [(f"C = {c}{tag}: its logits GEMMs alone ({n_chunks}, K = {hidden})",
                    lambda c=c: lm_head_chunk_gemms(x, w, logits[:c], gx, "logits")),
+                  (f"C = {c}{tag}: its logits GEMMs into a V x C chunk (the other orientation)",
+                   lambda c=c: lm_head_chunk_gemms(x, w, logits[:c], gx, "logits V x C")),
                   (f"C = {c}{tag}: its hidden-gradient GEMMs alone ({n_chunks}, K = {vocab})",
                    lambda c=c: lm_head_chunk_gemms(x, w, logits[:c], gx, "gx")),
                   (f"C = {c}{tag}: its gW updates alone ({n_chunks} GEMMs, K = {c})",
@@ -202,7 +210,12 @@ def measure_lm_head(rows: int, hidden: int, vocab: int, rounds: int = 1) -> list
     cases.append(("torch.compile F.cross_entropy(x @ w.T), forward + backward",
                   lambda: compiled(xg, wg, target).backward()))
     times = time_in_rounds(cases, rounds, [xg, wg], warmup=200, rep=1000)
-    return [{"what": label, "ms": ms[0] if rounds == 1 else ms} for label, ms in times.items()]
+    names = {}
+    if kernels:
+        from benchmarks.kernels import gpu_kernels
+        names = {label: gpu_kernels(fn) for label, fn in cases}
+    return [{"what": label, "ms": ms[0] if rounds == 1 else ms, **({"kernels": names[label]} if kernels else {})}
+            for label, ms in times.items()]
 
 
 def time_in_rounds(cases, rounds: int, grad_to_none: list, warmup: int, rep: int) -> dict[str, list[float]]:
@@ -223,6 +236,7 @@ def main(argv=None) -> int:
     p.add_argument("--vocab", type=int, default=128256)
     p.add_argument("--hidden", type=int, default=None, help="measure the LM head + cross-entropy at this width")
     p.add_argument("--rounds", type=int, default=1, help="with --hidden: time every case this many times, in turn")
+    p.add_argument("--kernels", action="store_true", help="with --hidden: name the GPU kernels each case launches")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     sys.path.insert(0, str(REPO))
@@ -231,18 +245,27 @@ def main(argv=None) -> int:
         print("benchmarks.ce_floor: needs a GPU", file=sys.stderr)
         return 2
     if args.hidden:
-        rows = measure_lm_head(args.rows, args.hidden, args.vocab, max(1, args.rounds))
+        rows = measure_lm_head(args.rows, args.hidden, args.vocab, max(1, args.rounds), args.kernels)
         shape = f"{args.rows} x {args.hidden} -> {args.vocab}"
     else:
         rows, shape = measure(args.rows, args.vocab), f"{args.rows} x {args.vocab}"
     if args.json:
         print(json.dumps({"device": torch.cuda.get_device_name(), "shape": shape, "rows": rows}, indent=2))
     else:
-        from tabulate import tabulate
         print(torch.cuda.get_device_name(), shape, "bf16")
-        print(tabulate([(r["what"], *(r["ms"] if isinstance(r["ms"], list) else [r["ms"]])) for r in rows],
-                       headers=("what", "ms"), tablefmt="github"))
+        print(render(rows))
     return 0
+
+
+def render(rows: list[dict]) -> str:
+    """The rows as a table, a column per round, then each case's kernels where they were asked for."""
+    from tabulate import tabulate
+    table = [(r["what"], *(r["ms"] if isinstance(r["ms"], list) else [r["ms"]])) for r in rows]
+    timed = len(table[0]) - 1
+    headers = ("what", *(["ms"] if timed == 1 else [f"round {i + 1} ms" for i in range(timed)]))
+    lines = [tabulate(table, headers=headers, tablefmt="github")]
+    lines += [f"{r['what']}: {', '.join(r['kernels'])}" for r in rows if "kernels" in r]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -107,6 +107,20 @@ def peak_memory_gib(fn: Callable[[], None], device, grad_to_none: list) -> float
     return (torch.cuda.max_memory_allocated() - base) / 2**30
 
 
+def gpu_kernels(fn: Callable[[], None]) -> list[str]:
+    """The names of the GPU kernels one fn() launches, each once, in first-launch order (memsets left out):
+    which cuBLAS or Triton kernel a call really gets."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    fn()                                   # warm: autotuning and first-call set-up are not the call
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    return list(dict.fromkeys(n for n in names if not n.startswith("Memset")))
+
+
 def measure_ceilings(device, quick: bool = False) -> Ceilings:
     """Copy bandwidth and matmul rate of this device, measured now."""
     import torch

@@ -19,6 +19,8 @@ buffer at about `4 x` the hidden states' bytes (_CHUNK_FACTOR) (see
 benchmarks/cases_loss.py for the measured trade-off, `python -m benchmarks.ce_floor --hidden H` for the floor).
 Tried against the updates' re-reads of gW and slower on an H100 (benchmarks/flce_variants.py): the hidden-gradient
 GEMM on a second stream beside the update, cuBLASLt for the updates, and a Triton update that loads C early.
+In a V x C chunk cuBLAS picks a faster logits kernel (`ce_floor --kernels`), but there a token's logits are
+strided by C, and the cross-entropy kernel walks each row contiguously, the second time from L2.
 """
 from __future__ import annotations
 

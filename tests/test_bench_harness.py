@@ -165,6 +165,17 @@ def test_ce_floor_lm_head_loop_without_cross_entropy_is_the_gemms_alone():
     torch.testing.assert_close(gw, (big @ small.t()).t() @ big)
 
 
+def test_ce_floor_table_has_a_column_per_round_and_names_the_kernels():
+    from benchmarks import ce_floor
+    one = ce_floor.render([{"what": "a", "ms": 1.5}, {"what": "b", "ms": 2.0}])
+    assert [h.strip() for h in one.splitlines()[0].split("|")[1:-1]] == ["what", "ms"] and len(one.splitlines()) == 4
+    rounds = ce_floor.render([{"what": "gemm", "ms": [1.0, 1.25, 1.5], "kernels": ["nvjet_x", "ce_row"]}])
+    header, _, row, kernels = rounds.splitlines()
+    assert [h.strip() for h in header.split("|")[1:-1]] == ["what", "round 1 ms", "round 2 ms", "round 3 ms"]
+    assert [c.strip() for c in row.split("|")[1:-1]] == ["gemm", "1", "1.25", "1.5"]
+    assert kernels == "gemm: nvjet_x, ce_row"
+
+
 def test_ce_floor_gw_updates_sum_every_chunk():
     from benchmarks import ce_floor
     x, g = torch.randn(10, 3, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64)
@@ -176,7 +187,8 @@ def test_ce_floor_gw_updates_sum_every_chunk():
 
 def test_ce_floor_chunk_gemms_cover_every_row():
     """The per-GEMM rows of the LM-head floor: "logits" leaves the last chunk's x_c @ W^T in the chunk
-    buffer; "gx" writes grad_c @ W into every row of gx, chunks that do not divide the rows included."""
+    buffer; "gx" writes grad_c @ W into every row of gx, chunks that do not divide the rows included;
+    "logits V x C" writes W @ x_c^T into the chunk buffer's memory, [V, rows] contiguous."""
     from benchmarks import ce_floor
     x, w = torch.randn(10, 3, dtype=torch.float64), torch.randn(5, 3, dtype=torch.float64)
     buf = torch.full((4, 5), float("nan"), dtype=torch.float64)
@@ -187,6 +199,10 @@ def test_ce_floor_chunk_gemms_cover_every_row():
     ce_floor.lm_head_chunk_gemms(x, w, buf, gx, "gx")
     expected = torch.cat([buf @ w, buf @ w, buf[:2] @ w])
     torch.testing.assert_close(gx, expected)
+    buf.fill_(float("nan"))
+    ce_floor.lm_head_chunk_gemms(x, w, buf, gx, "logits V x C")  # the same products, transposed, same memory
+    torch.testing.assert_close(buf.view(-1)[:10].view(5, 2), w @ x[8:].t())
+    torch.testing.assert_close(buf.view(-1)[10:], (w @ x[4:8].t()).reshape(-1)[10:])
     logits, gw = torch.empty(10, 5, dtype=torch.float64), torch.full((5, 3), float("nan"), dtype=torch.float64)
     ce_floor.lm_head_gemms(x, w, logits, gx, gw, ("logits",))
     torch.testing.assert_close(logits, x @ w.t())
