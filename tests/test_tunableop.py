@@ -144,7 +144,7 @@ def test_without_tunableop_nothing_is_recorded(tmp_path):
 @pytest.mark.slow
 def test_train_pretrain_tune_gemm_records_the_file_and_its_replay_uses_it(tmp_path, dataset):
     env = {**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs"), "ANVIL_CACHE_DIR": str(tmp_path / "cache")}
-    args = ["train.pretrain", "--tune-gemm", "--gpu", "H200", "--set", f"data.path={dataset}", "--set",
+    args = ["train.pretrain", "--tune-gemm", "--gpu", "H200", "--nproc", "2", "--set", f"data.path={dataset}", "--set",
             "data.seq_len=32", "--set", "model.n_layers=1", "--set", "train.steps=2", "--set", "train.val_interval=0",
             "--set", "checkpoint.save_final=false", "--env", "OMP_NUM_THREADS=1"]
     proc = subprocess.run([str(INV), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
