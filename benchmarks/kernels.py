@@ -108,8 +108,8 @@ def peak_memory_gib(fn: Callable[[], None], device, grad_to_none: list) -> float
 
 
 def gpu_kernels(fn: Callable[[], None]) -> list[str]:
-    """The names of the GPU kernels one fn() launches, each once, in first-launch order (memsets left out):
-    which cuBLAS or Triton kernel a call really gets."""
+    """The names of the GPU kernels one fn() launches, each once, in first-launch order (memsets and
+    copies left out): which cuBLAS or Triton kernel a call really gets."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     fn()                                   # warm: autotuning and first-call set-up are not the call
@@ -118,7 +118,7 @@ def gpu_kernels(fn: Callable[[], None]) -> list[str]:
         fn()
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
-    return list(dict.fromkeys(n for n in names if not n.startswith("Memset")))
+    return list(dict.fromkeys(n for n in names if not n.startswith(("Memset", "Memcpy"))))
 
 
 def measure_ceilings(device, quick: bool = False) -> Ceilings:
