@@ -375,7 +375,5 @@ def test_ctrl_c_of_a_run_in_an_allocation_checkpoints_on_every_node(slurm_cluste
     assert "CANCELLED" not in err and "Traceback" not in err
     # The allocation ends with salloc; its job may show CG (completing) for a few seconds while the
     # nodes' slurmd report back, longer on a loaded machine: it must leave the queue, not linger.
-    deadline = time.monotonic() + 60
-    while (queue := slurm_cluster.slurm_run("squeue", "-h").stdout.strip()) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not queue, f"the allocation stayed in the queue for 60 s: {queue}"
+    _wait_for(lambda: not slurm_cluster.slurm_run("squeue", "-h").stdout.strip(), 60,
+              "the allocation to leave the queue")
