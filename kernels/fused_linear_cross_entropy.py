@@ -4,7 +4,7 @@ Per chunk of C tokens (all in forward, as Liger does):
     logits_c = x_c @ W^T              cuBLAS, into one reused [C, V] buffer
     launch_ce in place                loss rows, and the gradient over logits_c, scaled by 1/n
     gx_c     = grad_c @ W             cuBLAS, straight into grad_hidden[c]
-    gW      += grad_c^T @ x_c         cuBLAS addmm (fp32 accumulate inside, bf16 sum across chunks)
+    gW      += grad_c^T @ x_c         cuBLASLt, tuned (kernels/cublaslt.py); fp32 inside, bf16 across chunks
 Backward only scales gx and gW by the incoming gradient (no traffic when it is 1.0).
 
 `float8=` runs the first two GEMMs on FP8 tensor cores, operands cast per row (_Float8Head; the
@@ -17,8 +17,10 @@ The chunk trades speed for memory: the gW update reads and writes all of gW once
 so small chunks make it memory-bound. `chunk_size=None` takes the size that keeps the chunk
 buffer at about `4 x` the hidden states' bytes (_CHUNK_FACTOR) (see
 benchmarks/cases_loss.py for the measured trade-off, `python -m benchmarks.ce_floor --hidden H` for the floor).
-Tried against the updates' re-reads of gW and slower on an H100 (benchmarks/flce_variants.py): the hidden-gradient
-GEMM on a second stream beside the update, cuBLASLt for the updates, and a Triton update that loads C early.
+The updates' re-reads of gW are what a small chunk adds; cuBLASLt's ping-pong kernel hides most of them
+where torch.mm's cooperative one does not (kernels/cublaslt.py picks it by timing). Tried and slower on an
+H100 (benchmarks/flce_variants.py): the hidden-gradient GEMM on a second stream beside the update, torch's
+cuBLASLt backend (its heuristic's first choice), and a Triton update that loads C early.
 In a V x C chunk cuBLAS picks a faster logits kernel (`ce_floor --kernels`), but there a token's logits are
 strided by C, and the cross-entropy kernel walks each row contiguously, the second time from L2.
 """
@@ -29,7 +31,7 @@ from typing import Optional
 
 import torch
 
-from kernels import arch
+from kernels import arch, cublaslt
 from kernels.cross_entropy import float8_grad_fusable, launch_ce, scale_grad
 from kernels.float8 import cast_rowwise
 
@@ -84,10 +86,7 @@ def _flce(hidden, weight, target, normalizer, ignore_index, z_loss, label_smooth
             else:
                 torch.mm(logits, weight, out=gx[c0:c1])
         if need_gw:
-            if c0 == 0:
-                torch.mm(logits.t(), x_c, out=gw)
-            else:
-                gw.addmm_(logits.t(), x_c)
+            cublaslt.mm(logits.t(), x_c, gw, accumulate=c0 > 0)
     return row_loss, gx, gw
 
 

@@ -1,0 +1,96 @@
+"""kernels.cublaslt: the row-major to column-major mapping (emulated on CPU), the torch.mm fallback, and
+on a GPU every heuristic candidate and the tuned mm against torch.mm."""
+import pytest
+import torch
+
+from kernels import cublaslt
+
+GPU = torch.cuda.is_available()
+
+
+def view(t: torch.Tensor, transposed: bool) -> torch.Tensor:
+    """t as given, or the same values as a transposed view of a contiguous tensor."""
+    return t.t().contiguous().t() if transposed else t
+
+
+def as_column_major(t: torch.Tensor, rows: int, cols: int, ld: int) -> torch.Tensor:
+    """The [rows, cols] column-major matrix with leading dimension ld that t's memory holds."""
+    base = t.as_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,), 0)
+    return base.as_strided((rows, cols), (1, ld), t.storage_offset())
+
+
+@pytest.mark.parametrize("a_t", [False, True])
+@pytest.mark.parametrize("b_t", [False, True])
+def test_column_major_problem_computes_the_row_major_product(a_t, b_t):
+    """What cuBLASLt computes from column_major's description (op(A) @ op(B) into D, column-major) is a @ b."""
+    torch.manual_seed(0)
+    m, k, n = 5, 7, 3
+    a, b = view(torch.randn(m, k, dtype=torch.float64), a_t), view(torch.randn(k, n, dtype=torch.float64), b_t)
+    out = torch.empty(m, n, dtype=torch.float64)
+    p = cublaslt.column_major(a, b, out)
+
+    def factor(t, rows, cols, ld, op):
+        mat = as_column_major(t, rows, cols, ld)
+        return mat.t() if op == cublaslt._OP_T else mat
+    A, B = factor(b, *p["A"]), factor(a, *p["B"])
+    assert A.shape == (p["m"], p["k"]) and B.shape == (p["k"], p["n"])
+    as_column_major(out, *p["D"]).copy_(A @ B)
+    torch.testing.assert_close(out, a @ b)
+
+
+def test_column_major_refuses_operands_without_a_unit_stride():
+    a = torch.randn(4, 8)[:, ::2]
+    with pytest.raises(cublaslt.LtError, match="unit stride"):
+        cublaslt.column_major(a, torch.randn(4, 3), torch.empty(4, 3))
+
+
+def test_signature_tells_apart_addresses_of_lesser_alignment():
+    """A kernel chosen for 256-byte aligned operands refuses a less aligned one: such a call is another signature."""
+    t = torch.empty(4 * 64 + 1, dtype=torch.bfloat16)
+    aligned, shifted = t[:256].view(4, 64), t[1:257].view(4, 64)
+    out = torch.empty(4, 4, dtype=torch.bfloat16)
+    assert cublaslt._alignment(shifted) == 2 and cublaslt._alignment(aligned) >= 16
+    assert cublaslt.signature(aligned, aligned.t(), out) != cublaslt.signature(shifted, shifted.t(), out)
+
+
+@pytest.mark.skipif(GPU, reason="the fallback path: without CUDA")
+def test_mm_without_cuda_is_torch_mm_and_addmm():
+    torch.manual_seed(0)
+    a, b = torch.randn(6, 4).to(torch.bfloat16), torch.randn(4, 5).to(torch.bfloat16)
+    out = torch.empty(6, 5, dtype=torch.bfloat16)
+    cublaslt.mm(a.t().contiguous().t(), b, out)
+    assert torch.equal(out, a @ b)
+    cublaslt.mm(a, b, out, accumulate=True)
+    assert torch.equal(out, (a @ b) + (a @ b))
+    assert not cublaslt.available() and cublaslt.choices() == {}
+
+
+@pytest.mark.skipif(not GPU, reason="needs CUDA")
+def test_every_candidate_and_the_tuned_mm_match_torch_on_the_weight_gradient_shape():
+    """gW [V, H] (+)= grad^T @ x, grad [C, V] row-major: each candidate the heuristic offers, and mm."""
+    torch.manual_seed(0)
+    c, h, v = 256, 512, 5003
+    grad = torch.randn(c, v, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(c, h, device="cuda", dtype=torch.bfloat16)
+    ref = grad.t().float() @ x.float()
+    out = torch.empty(v, h, device="cuda", dtype=torch.bfloat16)
+    plan = cublaslt.Matmul(grad.t(), x, out)
+    candidates = plan.candidates(16)
+    assert candidates
+    for algo in candidates:
+        out.fill_(float("nan"))
+        plan(grad.t(), x, out, algo)
+        torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-1)
+        plan(grad.t(), x, out, algo, beta=1.0)
+        torch.testing.assert_close(out.float(), 2 * ref, rtol=2e-2, atol=4e-1)
+    out.fill_(float("nan"))
+    cublaslt.mm(grad.t(), x, out)
+    torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-1)
+    cublaslt.mm(grad.t(), x, out, accumulate=True)
+    torch.testing.assert_close(out.float(), 2 * ref, rtol=2e-2, atol=4e-1)
+    assert f"{v}x{c} @ {c}x{h} -> {v}x{h} bfloat16" in cublaslt.choices()
+    # operands at addresses 2 bytes apart from aligned ones: tuned (or torch.mm) for their own alignment
+    x_odd = torch.empty(c * h + 1, device="cuda", dtype=torch.bfloat16)[1:].view(c, h).copy_(x)
+    out.fill_(float("nan"))
+    cublaslt.mm(grad.t(), x_odd, out)
+    torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-1)
