@@ -161,14 +161,19 @@ def lm_head_chunk_gemms(x, w, grad_chunk, gx, which: str) -> None:
             torch.mm(grad_chunk[:rows], w, out=gx[c0:c0 + rows])
 
 
-def lm_head_gw_updates(x, grad_chunk, gw) -> None:
+def lm_head_gw_updates(x, grad_chunk, gw, tuned: bool = False) -> None:
     """The loop's weight-gradient updates alone: one GEMM per chunk with K = the chunk's tokens, each
-    reading and writing all of gW (grad_chunk [C, V] stands in for every chunk's gradient)."""
+    reading and writing all of gW (grad_chunk [C, V] stands in for every chunk's gradient); through
+    torch.mm / addmm_, or with `tuned` through kernels.cublaslt.mm as the loop runs them."""
     import torch
+
+    from kernels import cublaslt
     chunk = grad_chunk.shape[0]
     for c0 in range(0, x.shape[0], chunk):
         x_c, g_c = x[c0:c0 + chunk], grad_chunk[: min(chunk, x.shape[0] - c0)]
-        if c0 == 0:
+        if tuned:
+            cublaslt.mm(g_c.t(), x_c, gw, accumulate=c0 > 0)
+        elif c0 == 0:
             torch.mm(g_c.t(), x_c, out=gw)
         else:
             gw.addmm_(g_c.t(), x_c)
@@ -200,8 +205,10 @@ def measure_lm_head(rows: int, hidden: int, vocab: int, rounds: int = 1, kernels
                    lambda c=c: lm_head_chunk_gemms(x, w, logits[:c], gx, "logits V x C")),
                   (f"C = {c}{tag}: its hidden-gradient GEMMs alone ({n_chunks}, K = {vocab})",
                    lambda c=c: lm_head_chunk_gemms(x, w, logits[:c], gx, "gx")),
-                  (f"C = {c}{tag}: its gW updates alone ({n_chunks} GEMMs, K = {c})",
+                  (f"C = {c}{tag}: its gW updates alone ({n_chunks} GEMMs, K = {c}), torch.mm",
                    lambda c=c: lm_head_gw_updates(x, logits[:c], gw)),
+                  (f"C = {c}{tag}: its gW updates alone, tuned cuBLASLt (as the loop runs them)",
+                   lambda c=c: lm_head_gw_updates(x, logits[:c], gw, tuned=True)),
                   (f"C = {c}{tag}: the design's GEMMs alone", lambda c=c: lm_head_loop(x, w, target, c, False)),
                   (f"C = {c}{tag}: GEMMs + cross-entropy (Anvil's forward, both gradients)",
                    lambda c=c: lm_head_loop(x, w, target, c))]

@@ -5,12 +5,19 @@
 At 8192 x 4096 -> 128256 with chunks of 1024 tokens (1.29 GiB), the loop's GEMMs alone cost about
 2 ms more than the same GEMMs unchunked, almost all of it in the eight weight-gradient updates: each
 reads all of gW (1 GiB, bf16) as its C operand (`python -m benchmarks.ce_floor --hidden 4096`). The
-variants here attack that cost without a larger chunk buffer:
+shipped loop runs them through kernels/cublaslt.py, which picks cuBLASLt's fastest candidate by timing
+(a ping-pong kernel, whose epilogue overlaps the other warp group's main loop, on an H100). The
+variants here attack the same cost without a larger chunk buffer:
 
+- torch.mm gW: the updates through torch.mm / addmm_ (cuBLAS's one heuristic pick), the loop as it
+  was before kernels/cublaslt.py;
 - side stream: each chunk's hidden-gradient GEMM (few output tiles, K = V) runs on a second stream
   beside the weight-gradient update (many tiles, K = C), so one could fill the SMs the other leaves
   idle and hide the update's C reads;
-- cuBLASLt: the updates through torch's cuBLASLt backend instead of cuBLAS;
+- torch's cuBLASLt: the updates through torch's cuBLASLt backend (its heuristic's first choice);
+- tuned logits / tuned all: the logits GEMMs (and the hidden-gradient GEMMs) through
+  kernels/cublaslt.py too: tuned alone, cuBLASLt has faster candidates for them than torch.mm's, and
+  these rows say whether that holds inside the loop, beside the cross-entropy kernel;
 - Triton gW: the update as a Triton GEMM that loads its C tile before the K loop and accumulates
   onto it, so the read overlaps the loop instead of following it.
 
@@ -87,10 +94,11 @@ def blas_library(name: str | None):
 
 
 def head_loop(x, w, target, chunk: int, variant: str | None = None, side=None):
-    """A copy of kernels.fused_linear_cross_entropy's loop (bf16, both gradients), or one of the VARIANTS
-    built on it."""
+    """kernels.fused_linear_cross_entropy's loop (bf16, both gradients) with its gW updates through
+    torch.mm, or one of the VARIANTS built on it."""
     import torch
 
+    from kernels import cublaslt
     from kernels.cross_entropy import launch_ce
     n, vocab = x.shape[0], w.shape[0]
     norm = torch.tensor(float(n), device=x.device)
@@ -100,9 +108,12 @@ def head_loop(x, w, target, chunk: int, variant: str | None = None, side=None):
     for c0 in range(0, n, chunk):
         c1 = min(n, c0 + chunk)
         x_c, logits = x[c0:c1], buf[: c1 - c0]
-        torch.mm(x_c, w.t(), out=logits)
+        tuned = variant in ("tuned logits", "tuned all")
+        cublaslt.mm(x_c, w.t(), logits) if tuned else torch.mm(x_c, w.t(), out=logits)
         launch_ce(logits, target[c0:c1], logits, row_loss[c0:c1], norm, -100, 0.0, 0.0)
-        if main is not None:
+        if variant == "tuned all":
+            cublaslt.mm(logits, w, gx[c0:c1])
+        elif main is not None:
             side.wait_stream(main)
             with torch.cuda.stream(side):
                 torch.mm(logits, w, out=gx[c0:c1])
@@ -110,15 +121,17 @@ def head_loop(x, w, target, chunk: int, variant: str | None = None, side=None):
             torch.mm(logits, w, out=gx[c0:c1])
         if variant == "Triton gW":
             gw_update_triton(logits, x_c, gw, c0 > 0)
+        elif tuned:
+            cublaslt.mm(logits.t(), x_c, gw, accumulate=c0 > 0)
         else:
-            with blas_library("cublaslt" if variant == "cuBLASLt gW" else None):
+            with blas_library("cublaslt" if variant == "torch's cuBLASLt gW" else None):
                 torch.mm(logits.t(), x_c, out=gw) if c0 == 0 else gw.addmm_(logits.t(), x_c)
         if main is not None:
             main.wait_stream(side)  # the next chunk's logits overwrite what the side stream reads
     return row_loss, gx, gw
 
 
-VARIANTS = ("side stream", "cuBLASLt gW", "Triton gW")
+VARIANTS = ("torch.mm gW", "side stream", "torch's cuBLASLt gW", "tuned logits", "tuned all", "Triton gW")
 
 
 def measure(rows: int, hidden: int, vocab: int, rounds: int) -> dict:
@@ -146,8 +159,10 @@ def measure(rows: int, hidden: int, vocab: int, rounds: int) -> dict:
     cases.append(("torch.compile", lambda: compiled(xg, wg, target).backward()))
     times = time_in_rounds(cases, rounds, [xg, wg], warmup=100, rep=500)
     peaks = {label: round(peak_memory_gib(fn, x.device, [xg, wg]), 2) for label, fn in cases}
+    from kernels import cublaslt
     return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "shape": f"{rows} x {hidden} -> {vocab}", "chunk": chunk,
+            "cublaslt": [{"signature": k, "chosen": v} for k, v in cublaslt.choices().items()],
             "rows": [{"what": label, "ms": times[label], "peak_gib": peaks[label],
                       "rel_diff_vs_shipped": differences.get(label)} for label, _ in cases]}
 
@@ -176,6 +191,8 @@ def main(argv=None) -> int:
               "" if r["rel_diff_vs_shipped"] is None else f"{r['rel_diff_vs_shipped']:.1e}") for r in report["rows"]]
     headers = ("what", *(f"round {i + 1} ms" for i in range(args.rounds)), "peak GiB", "diff vs shipped")
     print(tabulate(table, headers=headers, tablefmt="github"))
+    for c in report["cublaslt"]:
+        print("cuBLASLt choice:", c["chosen"] or "torch.mm", "for", c["signature"])
     return 0
 
 
