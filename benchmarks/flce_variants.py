@@ -1,6 +1,7 @@
 """The LM head + cross-entropy loop against the variants that were tried to close its gap to torch.compile.
 
     python -m benchmarks.flce_variants [--rows 8192] [--hidden 4096] [--vocab 128256] [--rounds 3] [--json]
+    python -m benchmarks.flce_variants --logits-candidates --rounds 10   # each cuBLASLt logits kernel in the loop
 
 At 8192 x 4096 -> 128256 with chunks of 1024 tokens (1.29 GiB), the loop's GEMMs alone cost about
 2 ms more than the same GEMMs unchunked, almost all of it in the eight weight-gradient updates: each
@@ -18,6 +19,9 @@ variants here attack the same cost without a larger chunk buffer:
 - tuned logits / tuned all: the logits GEMMs (and the hidden-gradient GEMMs) through
   kernels/cublaslt.py too: tuned alone, cuBLASLt has faster candidates for them than torch.mm's, and
   these rows say whether that holds inside the loop, beside the cross-entropy kernel;
+- with --logits-candidates, a row per candidate cuBLASLt's heuristic offers for the logits GEMM, each
+  run in the shipped loop (tuned updates): the candidate that is fastest alone is not the one that is
+  fastest beside the cross-entropy kernel and the updates;
 - Triton gW: the update as a Triton GEMM that loads its C tile before the K loop and accumulates
   onto it, so the read overlaps the loop instead of following it.
 
@@ -93,9 +97,10 @@ def blas_library(name: str | None):
         torch.backends.cuda.preferred_blas_library(previous)
 
 
-def head_loop(x, w, target, chunk: int, variant: str | None = None, side=None):
+def head_loop(x, w, target, chunk: int, variant: str | None = None, side=None, logits_algo=None):
     """kernels.fused_linear_cross_entropy's loop (bf16, both gradients) with its gW updates through
-    torch.mm, or one of the VARIANTS built on it."""
+    torch.mm, or one of the VARIANTS built on it; logits_algo (a cublaslt.Matmul for a whole chunk and one
+    of its candidates): the shipped loop with its logits GEMMs through that candidate."""
     import torch
 
     from kernels import cublaslt
@@ -108,8 +113,13 @@ def head_loop(x, w, target, chunk: int, variant: str | None = None, side=None):
     for c0 in range(0, n, chunk):
         c1 = min(n, c0 + chunk)
         x_c, logits = x[c0:c1], buf[: c1 - c0]
-        tuned = variant in ("tuned logits", "tuned all")
-        cublaslt.mm(x_c, w.t(), logits) if tuned else torch.mm(x_c, w.t(), out=logits)
+        tuned = variant in ("tuned logits", "tuned all") or logits_algo is not None
+        if logits_algo is not None and c1 - c0 == chunk:
+            logits_algo[0](x_c, w.t(), logits, logits_algo[1])
+        elif tuned and logits_algo is None:
+            cublaslt.mm(x_c, w.t(), logits)
+        else:
+            torch.mm(x_c, w.t(), out=logits)
         launch_ce(logits, target[c0:c1], logits, row_loss[c0:c1], norm, -100, 0.0, 0.0)
         if variant == "tuned all":
             cublaslt.mm(logits, w, gx[c0:c1])
@@ -134,12 +144,13 @@ def head_loop(x, w, target, chunk: int, variant: str | None = None, side=None):
 VARIANTS = ("torch.mm gW", "side stream", "torch's cuBLASLt gW", "tuned logits", "tuned all", "Triton gW")
 
 
-def measure(rows: int, hidden: int, vocab: int, rounds: int) -> dict:
+def measure(rows: int, hidden: int, vocab: int, rounds: int, logits_candidates: bool = False) -> dict:
     import torch
     import torch.nn.functional as F
 
     from benchmarks.ce_floor import lm_head_loop, time_in_rounds
     from benchmarks.kernels import peak_memory_gib
+    from kernels import cublaslt
     from kernels.fused_linear_cross_entropy import default_chunk
     torch.manual_seed(0)
     x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
@@ -154,12 +165,20 @@ def measure(rows: int, hidden: int, vocab: int, rounds: int) -> dict:
         differences[variant] = max(((a.float() - b.float()).norm() / b.float().norm()).item()
                                    for a, b in zip(out, reference))
         cases.append((variant, lambda v=variant: head_loop(x, w, target, chunk, v, side)))
+    if logits_candidates:
+        from benchmarks.kernels import gpu_kernels
+        buf = torch.empty(chunk, vocab, device="cuda", dtype=x.dtype)
+        plan = cublaslt.Matmul(x[:chunk], w.t(), buf)
+        for i, algo in enumerate(plan.candidates(16)):
+            name = gpu_kernels(lambda a=algo: plan(x[:chunk], w.t(), buf, a))[0]
+            label = f"logits candidate {i}: {name.removeprefix('nvjet_sm90_tst_')}"
+            cases.append((label, lambda a=algo: head_loop(x, w, target, chunk, logits_algo=(plan, a))))
+        del buf
     xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
     compiled = torch.compile(lambda a, b, t: F.cross_entropy((a @ b.t()).float(), t))
     cases.append(("torch.compile", lambda: compiled(xg, wg, target).backward()))
     times = time_in_rounds(cases, rounds, [xg, wg], warmup=100, rep=500)
     peaks = {label: round(peak_memory_gib(fn, x.device, [xg, wg]), 2) for label, fn in cases}
-    from kernels import cublaslt
     return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "shape": f"{rows} x {hidden} -> {vocab}", "chunk": chunk,
             "cublaslt": [{"signature": k, "chosen": v} for k, v in cublaslt.choices().items()],
@@ -173,6 +192,8 @@ def main(argv=None) -> int:
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--vocab", type=int, default=128256)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--logits-candidates", action="store_true",
+                   help="add a row per cuBLASLt candidate for the logits GEMM, run inside the loop")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     sys.path.insert(0, str(REPO))
@@ -180,7 +201,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("benchmarks.flce_variants: needs a GPU", file=sys.stderr)
         return 2
-    report = measure(args.rows, args.hidden, args.vocab, max(1, args.rounds))
+    report = measure(args.rows, args.hidden, args.vocab, max(1, args.rounds), args.logits_candidates)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
