@@ -12,9 +12,9 @@ variants here attack the same cost without a larger chunk buffer:
 
 - torch.mm gW: the updates through torch.mm / addmm_ (cuBLAS's one heuristic pick), the loop as it
   was before kernels/cublaslt.py;
-- side stream: each chunk's hidden-gradient GEMM (few output tiles, K = V) runs on a second stream
-  beside the weight-gradient update (many tiles, K = C), so one could fill the SMs the other leaves
-  idle and hide the update's C reads;
+- side stream (it and the next two are built on the torch.mm loop): each chunk's hidden-gradient GEMM
+  (few output tiles, K = V) runs on a second stream beside the weight-gradient update (many tiles,
+  K = C), so one could fill the SMs the other leaves idle and hide the update's C reads;
 - torch's cuBLASLt: the updates through torch's cuBLASLt backend (its heuristic's first choice);
 - tuned logits / tuned all: the logits GEMMs (and the hidden-gradient GEMMs) through
   kernels/cublaslt.py too: tuned alone, cuBLASLt has faster candidates for them than torch.mm's, and
@@ -113,10 +113,11 @@ def head_loop(x, w, target, chunk: int, variant: str | None = None, side=None, l
     for c0 in range(0, n, chunk):
         c1 = min(n, c0 + chunk)
         x_c, logits = x[c0:c1], buf[: c1 - c0]
-        tuned = variant in ("tuned logits", "tuned all") or logits_algo is not None
-        if logits_algo is not None and c1 - c0 == chunk:
-            logits_algo[0](x_c, w.t(), logits, logits_algo[1])
-        elif tuned and logits_algo is None:
+        tuned_gw = variant in ("tuned logits", "tuned all") or logits_algo is not None
+        if logits_algo is not None and c1 - c0 == chunk:   # one candidate, forced
+            plan, algo = logits_algo
+            plan(x_c, w.t(), logits, algo)
+        elif variant in ("tuned logits", "tuned all"):
             cublaslt.mm(x_c, w.t(), logits)
         else:
             torch.mm(x_c, w.t(), out=logits)
@@ -131,7 +132,7 @@ def head_loop(x, w, target, chunk: int, variant: str | None = None, side=None, l
             torch.mm(logits, w, out=gx[c0:c1])
         if variant == "Triton gW":
             gw_update_triton(logits, x_c, gw, c0 > 0)
-        elif tuned:
+        elif tuned_gw:
             cublaslt.mm(logits.t(), x_c, gw, accumulate=c0 > 0)
         else:
             with blas_library("cublaslt" if variant == "torch's cuBLASLt gW" else None):

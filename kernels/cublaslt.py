@@ -8,13 +8,15 @@ the list overlaps one warp group's epilogue with the other's main loop, about 10
 on an H100 (BENCHMARKS.md, "LM head: the weight-gradient updates through cuBLASLt").
 
 `mm(a, b, out, accumulate)` is torch.mm / addmm_ with that choice made once per signature (shapes,
-strides, dtypes, address alignment, device): the first call that overwrites `out` times the heuristic's candidates and torch.mm
-on the real operands, in turn, and keeps the fastest when it beats torch.mm by a clear margin. An
-accumulating call never tunes (a trial would add into `out` again); until its signature has been
-tuned it runs addmm_. The candidates' ranking is the heuristic's, which does not depend on beta, so
-the overwrite's winner serves the accumulating calls too. Elsewhere (CPU, ROCm, fp32, during CUDA
-graph capture, ANVIL_CUBLASLT=0) it is torch.mm / addmm_. Not tried on ROCm: hipBLASLt has the same
-heuristic API and could take the same path.
+strides, dtypes, address alignment, device). The first call that overwrites `out` tunes: its old
+contents are not needed, so it times the candidates and addmm_ accumulating into `out` (the case that
+reads C, which the choice is for), in turn on the real operands, keeps the fastest when it beats
+addmm_ by a clear margin, and then overwrites `out` with it. An accumulating call never tunes (it
+must add exactly once); until its signature has been tuned it runs addmm_. At most _MAX_SIGNATURES
+are tuned in a process (each tune waits on the GPU); later ones run torch.mm. Elsewhere (CPU, ROCm,
+fp32, another device than the current one, CUDA graph capture, deterministic algorithms,
+ANVIL_CUBLASLT=0) it is torch.mm / addmm_. Not tried on ROCm: hipBLASLt has the same heuristic API and
+could take the same path.
 
 Operands are row-major terms: out[m, n] = a[m, k] @ b[k, n] (+ out), where a and b may be transposed
 views of contiguous tensors. cuBLASLt is column-major, so the call computes out^T = b^T @ a^T, with
@@ -37,7 +39,7 @@ _DESC_TRANSA, _DESC_TRANSB = 3, 4
 _PREF_MAX_WORKSPACE_BYTES = 1
 _PREF_MIN_ALIGNMENT = (5, 6, 7, 8)  # of A, B, C and D, in bytes
 # cublasLtMatmulAlgoConfigAttributes_t: what an algorithm is, for naming it
-_CONFIG_FIELDS = (("algo", 0, ctypes.c_int32), ("tile", 1, ctypes.c_uint32), ("splitk", 2, ctypes.c_int32),
+_CONFIG_FIELDS = (("algo", 0, ctypes.c_int32), ("tile", 1, ctypes.c_uint32), ("splitk", 2, ctypes.c_uint32),
                   ("reduction", 3, ctypes.c_uint32), ("swizzle", 4, ctypes.c_uint32),
                   ("custom", 5, ctypes.c_uint32), ("stages", 6, ctypes.c_uint32),
                   ("inner", 7, ctypes.c_uint16), ("cluster", 8, ctypes.c_uint16))
@@ -46,6 +48,8 @@ WORKSPACE_BYTES = 4 << 20
 # A candidate replaces torch.mm only when it is this much faster (timing noise on a shared clock is a few %).
 MARGIN = 0.97
 _TUNE_ROUNDS = 3
+_MAX_SIGNATURES = 8
+_REDUCTION_IN_COMPUTE_TYPE = 2  # cublasLtReductionScheme_t: split-K parts summed in fp32
 _ENABLED = os.environ.get("ANVIL_CUBLASLT", "1") != "0"
 _TUNABLE_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -69,7 +73,7 @@ def available() -> bool:
         return False
     try:
         _lib()
-    except (OSError, LtError):
+    except (OSError, AttributeError, LtError):  # AttributeError: a cuBLASLt without one of the symbols
         return False
     return True
 
@@ -96,6 +100,9 @@ def _lib():
                                            ctypes.POINTER(i32)],
         "cublasLtMatmul": [vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, ctypes.POINTER(_Algo), vp, sz, vp],
         "cublasLtMatmulAlgoConfigGetAttribute": [ctypes.POINTER(_Algo), i32, vp, sz, ctypes.POINTER(sz)],
+        "cublasLtMatmulPreferenceDestroy": [vp],
+        "cublasLtMatmulDescDestroy": [vp],
+        "cublasLtMatrixLayoutDestroy": [vp],
     }
     for name, args in sigs.items():
         fn = getattr(lib, name)
@@ -181,9 +188,22 @@ class Matmul:
         results = (_Heuristic * count)()
         found = ctypes.c_int(0)
         la, lb, lc = self.layouts
-        _check(lib.cublasLtMatmulAlgoGetHeuristic(_handle(self.device), self.desc, la, lb, lc, lc, pref, count,
-                                                  results, ctypes.byref(found)), "heuristic")
+        try:
+            _check(lib.cublasLtMatmulAlgoGetHeuristic(_handle(self.device), self.desc, la, lb, lc, lc, pref, count,
+                                                      results, ctypes.byref(found)), "heuristic")
+        finally:
+            lib.cublasLtMatmulPreferenceDestroy(pref)
         return [results[i] for i in range(found.value) if results[i].state == 0]
+
+    def __del__(self):
+        try:
+            lib = _lib()
+            for lay in getattr(self, "layouts", ()):
+                lib.cublasLtMatrixLayoutDestroy(lay)
+            if getattr(self, "desc", None):
+                lib.cublasLtMatmulDescDestroy(self.desc)
+        except Exception:  # noqa: BLE001 - at interpreter exit the library may be gone already
+            pass
 
     def __call__(self, a, b, out, algo: _Heuristic, beta: float = 0.0) -> None:
         alpha_v, beta_v = ctypes.c_float(1.0), ctypes.c_float(beta)
@@ -221,8 +241,9 @@ def mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, accumulate: bool = F
     """out = a @ b, or out += a @ b with accumulate, through the algorithm tuned for this signature."""
     key = signature(a, b, out) if _tunable(a, b, out) else None
     choice = _choices.get(key)
-    if key is not None and key not in _choices and not accumulate:
-        choice = _choices[key] = _tune(a, b, out)
+    if key is not None and key not in _choices and not accumulate and len(_choices) < _MAX_SIGNATURES:
+        _choices[key] = _tune(a, b, out)        # which leaves out = a @ b
+        return
     if choice is not None:
         plan, algo = choice
         try:
@@ -244,28 +265,42 @@ def choices() -> dict[str, dict | None]:
 
 def _tunable(a, b, out) -> bool:
     return (_ENABLED and out.is_cuda and out.dtype in _TUNABLE_DTYPES and a.dtype == b.dtype == out.dtype
-            and out.dim() == 2 and out.stride(1) == 1 and not torch.cuda.is_current_stream_capturing()
+            and out.dim() == 2 and out.stride(1) == 1 and out.get_device() == torch.cuda.current_device()
+            and not torch.cuda.is_current_stream_capturing() and not torch.are_deterministic_algorithms_enabled()
             and available())
 
 
+def _reduces_like_torch(algo: _Heuristic, dtype: torch.dtype) -> bool:
+    """False for a split-K candidate that sums its parts in bf16/fp16 where torch.mm is told not to."""
+    matmul = torch.backends.cuda.matmul
+    allowed = (matmul.allow_bf16_reduced_precision_reduction if dtype == torch.bfloat16
+               else matmul.allow_fp16_reduced_precision_reduction)
+    config = describe(algo)
+    return bool(allowed) or config.get("splitk", 1) <= 1 or config.get("reduction") == _REDUCTION_IN_COMPUTE_TYPE
+
+
 def _tune(a, b, out):
-    """Time torch.mm and each candidate on the real operands (they all overwrite out with the same
-    product), `_TUNE_ROUNDS` times in turn; the fastest candidate if it beats torch.mm by MARGIN."""
+    """Time addmm_ and each candidate accumulating into out (its contents are about to be overwritten),
+    `_TUNE_ROUNDS` times in turn; the fastest candidate if it beats addmm_ by MARGIN. Leaves out = a @ b."""
     try:
         plan = Matmul(a, b, out)
-        candidates = plan.candidates(16)
+        candidates = [c for c in plan.candidates(16) if _reduces_like_torch(c, out.dtype)]
     except LtError:
         return None
-    algos = [None]                              # None: torch.mm
+    torch.mm(a, b, out=out)                     # finite values to accumulate onto
+    algos = [None]                              # None: torch's addmm_
     for algo in candidates:
         try:
-            plan(a, b, out, algo)
+            plan(a, b, out, algo, 1.0)
         except LtError:                         # a candidate the library refuses for these pointers
             continue
         algos.append(algo)
 
-    def run(algo):
-        torch.mm(a, b, out=out) if algo is None else plan(a, b, out, algo)
+    def run(algo, beta: float = 1.0):
+        if algo is None:
+            out.addmm_(a, b) if beta else torch.mm(a, b, out=out)
+        else:
+            plan(a, b, out, algo, beta)
 
     times = [[] for _ in algos]
     for _ in range(_TUNE_ROUNDS):
@@ -279,5 +314,5 @@ def _tune(a, b, out):
     median = [statistics.median(t) for t in times]
     best = min(range(len(algos)), key=median.__getitem__)
     chosen = algos[best] if median[best] <= MARGIN * median[0] else None
-    run(chosen)                                 # out holds the chosen algorithm's product
+    run(chosen, beta=0.0)                       # out holds the chosen algorithm's product
     return None if chosen is None else (plan, chosen)

@@ -53,6 +53,73 @@ def test_signature_tells_apart_addresses_of_lesser_alignment():
     assert cublaslt.signature(aligned, aligned.t(), out) != cublaslt.signature(shifted, shifted.t(), out)
 
 
+class RecordingPlan:
+    """Stands in for a tuned cuBLASLt plan: computes what cublasLtMatmul would and records each beta."""
+
+    def __init__(self, fail=False):
+        self.betas, self.fail = [], fail
+
+    def __call__(self, a, b, out, algo, beta=0.0):
+        if self.fail:
+            raise cublaslt.LtError("cuBLASLt matmul failed with status 15")
+        self.betas.append(beta)
+        out.copy_(a @ b + beta * out)
+
+
+@pytest.fixture
+def dispatch(monkeypatch):
+    """mm's dispatch on CPU: every call counts as tunable, a tune returns a RecordingPlan."""
+    tunes = []
+
+    def tune(a, b, out):
+        tunes.append(cublaslt.signature(a, b, out))
+        torch.mm(a, b, out=out)
+        return RecordingPlan(), "algo"
+    monkeypatch.setattr(cublaslt, "_choices", {})
+    monkeypatch.setattr(cublaslt, "_tunable", lambda a, b, out: True)
+    monkeypatch.setattr(cublaslt, "_tune", tune)
+    return tunes
+
+
+def test_mm_tunes_on_an_overwrite_and_then_accumulates_through_the_choice(dispatch):
+    torch.manual_seed(0)
+    a, b = torch.randn(6, 4, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64)
+    out = torch.ones(6, 5, dtype=torch.float64)
+    cublaslt.mm(a, b, out, accumulate=True)        # not tuned yet: addmm_, and no tune (it must add once)
+    torch.testing.assert_close(out, 1 + a @ b)
+    assert dispatch == []
+    cublaslt.mm(a, b, out)                          # the overwrite tunes
+    cublaslt.mm(a, b, out, accumulate=True)
+    cublaslt.mm(a, b, out)                          # tuned once per signature
+    cublaslt.mm(a, b, out, accumulate=True)
+    torch.testing.assert_close(out, 2 * (a @ b))
+    assert len(dispatch) == 1
+    plan, _ = cublaslt._choices[dispatch[0]]
+    assert plan.betas == [1.0, 0.0, 1.0]
+
+
+def test_mm_falls_back_to_torch_for_good_when_the_choice_is_refused(dispatch, monkeypatch):
+    a, b = torch.randn(3, 4, dtype=torch.float64), torch.randn(4, 2, dtype=torch.float64)
+    out = torch.empty(3, 2, dtype=torch.float64)
+    key = cublaslt.signature(a, b, out)
+    cublaslt._choices[key] = (RecordingPlan(fail=True), "algo")
+    cublaslt.mm(a, b, out)
+    torch.testing.assert_close(out, a @ b)
+    assert cublaslt._choices[key] is None
+    cublaslt.mm(a, b, out, accumulate=True)
+    torch.testing.assert_close(out, 2 * (a @ b))
+
+
+def test_mm_tunes_a_bounded_number_of_signatures(dispatch):
+    b = torch.randn(4, 2, dtype=torch.float64)
+    for rows in range(1, cublaslt._MAX_SIGNATURES + 4):
+        a = torch.randn(rows, 4, dtype=torch.float64)
+        out = torch.empty(rows, 2, dtype=torch.float64)
+        cublaslt.mm(a, b, out)
+        torch.testing.assert_close(out, a @ b)
+    assert len(dispatch) == len(cublaslt._choices) == cublaslt._MAX_SIGNATURES
+
+
 @pytest.mark.skipif(GPU, reason="the fallback path: without CUDA")
 def test_mm_without_cuda_is_torch_mm_and_addmm():
     torch.manual_seed(0)
@@ -89,6 +156,10 @@ def test_every_candidate_and_the_tuned_mm_match_torch_on_the_weight_gradient_sha
     cublaslt.mm(grad.t(), x, out, accumulate=True)
     torch.testing.assert_close(out.float(), 2 * ref, rtol=2e-2, atol=4e-1)
     assert f"{v}x{c} @ {c}x{h} -> {v}x{h} bfloat16" in cublaslt.choices()
+    # an accumulating call on a signature not tuned yet (another chunk size) adds once, through addmm_
+    part = torch.full((v, h), 1.0, device="cuda", dtype=torch.bfloat16)
+    cublaslt.mm(grad[:128].t(), x[:128], part, accumulate=True)
+    torch.testing.assert_close(part.float(), 1 + grad[:128].t().float() @ x[:128].float(), rtol=2e-2, atol=2e-1)
     # operands at addresses 2 bytes apart from aligned ones: tuned (or torch.mm) for their own alignment
     x_odd = torch.empty(c * h + 1, device="cuda", dtype=torch.bfloat16)[1:].view(c, h).copy_(x)
     out.fill_(float("nan"))
