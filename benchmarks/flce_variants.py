@@ -110,14 +110,15 @@ def head_loop(x, w, target, chunk: int, variant: str | None = None, side=None, l
     row_loss, gx, gw = torch.empty(n, device=x.device), torch.empty_like(x), torch.empty_like(w)
     buf = torch.empty(min(chunk, n), vocab, device=x.device, dtype=x.dtype)
     main = torch.cuda.current_stream() if variant == "side stream" else None
+    tuned_logits = variant in ("tuned logits", "tuned all")
+    tuned_gw = tuned_logits or logits_algo is not None
     for c0 in range(0, n, chunk):
         c1 = min(n, c0 + chunk)
         x_c, logits = x[c0:c1], buf[: c1 - c0]
-        tuned_gw = variant in ("tuned logits", "tuned all") or logits_algo is not None
         if logits_algo is not None and c1 - c0 == chunk:   # one candidate, forced
             plan, algo = logits_algo
             plan(x_c, w.t(), logits, algo)
-        elif variant in ("tuned logits", "tuned all"):
+        elif tuned_logits:
             cublaslt.mm(x_c, w.t(), logits)
         else:
             torch.mm(x_c, w.t(), out=logits)

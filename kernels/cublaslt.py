@@ -115,6 +115,11 @@ def _check(status: int, what: str) -> None:
         raise LtError(f"cuBLASLt {what} failed with status {status}")
 
 
+def _set_attribute(setter, obj, attr: int, value) -> None:
+    """One descriptor or preference attribute, `value` a ctypes scalar of the attribute's C type."""
+    _check(setter(obj, attr, ctypes.byref(value), ctypes.sizeof(value)), f"attribute {attr}")
+
+
 @functools.cache
 def _handle(device_index: int) -> ctypes.c_void_p:
     h = ctypes.c_void_p()
@@ -165,8 +170,7 @@ class Matmul:
         _check(lib.cublasLtMatmulDescCreate(ctypes.byref(self.desc), _COMPUTE_32F, _R_32F), "desc")
         (ra, ca, lda, opa), (rb, cb, ldb, opb), (rd, cd, ldd) = problem["A"], problem["B"], problem["D"]
         for attr, op in ((_DESC_TRANSA, opa), (_DESC_TRANSB, opb)):
-            v = ctypes.c_int32(op)
-            _check(lib.cublasLtMatmulDescSetAttribute(self.desc, attr, ctypes.byref(v), 4), "desc attribute")
+            _set_attribute(lib.cublasLtMatmulDescSetAttribute, self.desc, attr, ctypes.c_int32(op))
         self.layouts = []
         for dtype, rows, cols, ld in ((b.dtype, ra, ca, lda), (a.dtype, rb, cb, ldb),
                                       (out.dtype, rd, cd, ldd)):
@@ -179,12 +183,10 @@ class Matmul:
         lib = _lib()
         pref = ctypes.c_void_p()
         _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "preference")
-        ws = ctypes.c_uint64(WORKSPACE_BYTES)
-        _check(lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_MAX_WORKSPACE_BYTES, ctypes.byref(ws), 8),
-               "preference attribute")
+        set_pref = lib.cublasLtMatmulPreferenceSetAttribute
+        _set_attribute(set_pref, pref, _PREF_MAX_WORKSPACE_BYTES, ctypes.c_uint64(WORKSPACE_BYTES))
         for attr, align in zip(_PREF_MIN_ALIGNMENT, self.alignments):
-            v = ctypes.c_uint32(align)
-            _check(lib.cublasLtMatmulPreferenceSetAttribute(pref, attr, ctypes.byref(v), 4), "preference attribute")
+            _set_attribute(set_pref, pref, attr, ctypes.c_uint32(align))
         results = (_Heuristic * count)()
         found = ctypes.c_int(0)
         la, lb, lc = self.layouts
@@ -275,8 +277,10 @@ def _reduces_like_torch(algo: _Heuristic, dtype: torch.dtype) -> bool:
     matmul = torch.backends.cuda.matmul
     allowed = (matmul.allow_bf16_reduced_precision_reduction if dtype == torch.bfloat16
                else matmul.allow_fp16_reduced_precision_reduction)
+    if allowed:
+        return True
     config = describe(algo)
-    return bool(allowed) or config.get("splitk", 1) <= 1 or config.get("reduction") == _REDUCTION_IN_COMPUTE_TYPE
+    return config.get("splitk", 1) <= 1 or config.get("reduction") == _REDUCTION_IN_COMPUTE_TYPE
 
 
 def _tune(a, b, out):
