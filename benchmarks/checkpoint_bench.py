@@ -371,7 +371,7 @@ def main(argv=None) -> int:
             else:
                 result["titan_pinned" if name == "titan" else name] = value
             if args.out:   # what is measured so far, should a later part take the process down
-                from trainer.files import write_atomic
+                from core.files import write_atomic
                 write_atomic(args.out, json.dumps(result, indent=1) + "\n")
     finally:
         if bench.saver is not None:
@@ -386,7 +386,7 @@ def main(argv=None) -> int:
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:
-        from trainer.files import write_atomic
+        from core.files import write_atomic
         write_atomic(args.out, text + "\n")
     return 0
 

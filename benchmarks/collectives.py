@@ -27,7 +27,7 @@ import statistics
 import sys
 import time
 
-from trainer.files import write_atomic
+from core.files import write_atomic
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}   # torch attribute names, resolved when torch is imported
@@ -268,7 +268,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from trainer.signals import ctrl_c_once
+    from core.signals import ctrl_c_once
     ctrl_c_once()   # the agent passes on the Ctrl-C the whole group also got
     try:
         sys.exit(main())

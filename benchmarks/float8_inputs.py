@@ -16,7 +16,7 @@ import argparse
 import json
 import sys
 
-from trainer.files import write_atomic
+from core.files import write_atomic
 
 
 def _cases(rows: int, dim: int, ffn: int, e4m3, e5m2):

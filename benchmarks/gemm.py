@@ -188,6 +188,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from trainer.signals import ctrl_c_once
+    from core.signals import ctrl_c_once
     ctrl_c_once()   # inv passes on the Ctrl-C the whole group also got
     sys.exit(main())

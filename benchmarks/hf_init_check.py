@@ -82,7 +82,7 @@ def main(argv=None) -> int:
 
     from trainer import distributed, hf
     from trainer.config import load
-    from trainer.errors import UserError
+    from core.errors import UserError
     from trainer.train import autocast_context, build_model
 
     dtype = getattr(torch, args.dtype)

@@ -28,8 +28,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from trainer import files
-from trainer.errors import UserError
+from core import files
+from core.errors import UserError
 
 PROVIDERS = ("anvil", "eager", "compile", "liger")
 OPS = ("rms_norm", "rope", "swiglu", "cross_entropy", "flce")

@@ -26,7 +26,7 @@ def load_config_env(path) -> dict[str, str]:
 def _yaml_env(path: Path) -> dict[str, str]:
     import yaml
 
-    from trainer import safe_yaml
+    from core import safe_yaml
     try:
         data = safe_yaml.load(path.read_text())
     except OSError as exc:

@@ -1,5 +1,5 @@
 """The one exception type envs raises for things a user got wrong."""
-from trainer.errors import UserError
+from core.errors import UserError
 
 
 

@@ -21,7 +21,7 @@ from runtime.cluster.runtime import Runtime
 from runtime.cluster.transport import NODE_RUNS_DIR_VAR
 # Checkout root: the folder holding tasks.py (re-exported: where the program finds its tasks).
 from runtime.launch.spec import CHECKOUT  # noqa: F401
-from trainer.errors import UserError
+from core.errors import UserError
 
 DEFAULTS: dict[str, Any] = {
     "runs_dir": "runs",          # run directories go here (relative: to the project root)

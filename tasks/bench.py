@@ -10,7 +10,7 @@ import json as jsonlib
 from invoke import Collection
 
 from runtime.runs.run import run_task
-from trainer.errors import AnvilError, UserError
+from core.errors import AnvilError, UserError
 
 GPU_HELP = {"gpu": "Resolve the environment for another GPU model (default: detect)",
             "json": "Print the result as JSON",

@@ -8,7 +8,7 @@ import sys
 from invoke import Collection, task
 
 from runtime.jobs.environment import explained_var, print_warnings, resolve_on_hosts, resolved_env
-from trainer.errors import UserError
+from core.errors import UserError
 
 COMMON_HELP = {
     "gpu": "Show another machine's profile: MI300X, H100, MI250X:8 ... (default: detect; env ANVIL_GPU)",

@@ -25,7 +25,7 @@ from invoke import Collection
 
 from runtime.jobs.environment import print_warnings, resolved_env
 from runtime.runs.run import run_task
-from trainer.errors import AnvilError
+from core.errors import AnvilError
 
 HELP = {
     "gpu": "Validate the environment another GPU model's profile gives (default: this node's)",

@@ -24,7 +24,7 @@ import json as jsonlib
 from invoke import Collection, task
 
 from runtime.runs.run import run_task
-from trainer.errors import AnvilError
+from core.errors import AnvilError
 
 HELP = {
     "config": "Training config YAML (default: configs/tiny.yaml)",

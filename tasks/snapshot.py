@@ -5,7 +5,7 @@ import sys
 from invoke import Collection, task
 
 from runtime import settings as settings_mod
-from trainer.errors import AnvilError, UserError
+from core.errors import AnvilError, UserError
 
 # Errors (SettingsError, RunDirError, ReplayError: UserErrors) reach the program's executor,
 # which prints them as one line prefixed with the task's name and exits with their code.

@@ -26,7 +26,7 @@ import sys
 from invoke import Collection, task
 
 from runtime.runs.run import run_task
-from trainer.errors import UserError
+from core.errors import UserError
 
 PRETRAIN_HELP = {
     "config": "Training config YAML (default: configs/tiny.yaml)",

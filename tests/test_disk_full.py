@@ -103,7 +103,7 @@ def test_a_run_records_its_end_on_a_disk_full_to_the_last_byte(tmp_path):
     from runtime.program.cli import AnvilConfig
     from runtime.runs import rundir
     from runtime.runs.run import RunFailed, RunSpec, execute
-    from trainer.errors import AnvilError
+    from core.errors import AnvilError
 
     hooks = tmp_path / "hooks"
     hooks.mkdir()

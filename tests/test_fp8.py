@@ -10,7 +10,7 @@ from torch import nn
 
 from trainer import fp8, train
 from trainer.config import ConfigError, load
-from trainer.errors import UserError
+from core.errors import UserError
 from trainer.model import _SAVE_OPS, LMHead, Transformer
 
 try:

@@ -26,7 +26,7 @@ from runtime.launch import LaunchSpec, launch
 from runtime.runs import diagnose, outcome
 from trainer import health, ranklog
 from trainer.config import ConfigError, load
-from trainer.signals import EXIT_HUNG
+from core.signals import EXIT_HUNG
 
 REPO = Path(__file__).resolve().parents[1]
 INV = REPO / ".venv" / "bin" / "inv"
@@ -206,7 +206,7 @@ def _hang(run_dir: Path, rank: int, host: str, enqueued: int | None, pending=Fal
 def test_failure_summary_names_the_rank_the_others_wait_for(tmp_path):
     _agent(tmp_path, {"0": 4, "1": 4}, host="nodeA")
     _agent(tmp_path, {"2": 4, "3": 4}, host="nodeB", node_rank=1)
-    _hang(tmp_path, 0, "nodeA", 22, pending=True, where="dist.all_reduce(...) at trainer/signals.py:102")
+    _hang(tmp_path, 0, "nodeA", 22, pending=True, where="dist.all_reduce(...) at core/signals.py:102")
     _hang(tmp_path, 2, "nodeB", 21, where="optim.clip_grad_norm(...) at trainer/train.py:268", progress=1041.0)
     _hang(tmp_path, 3, "nodeB", 22, pending=True, progress=1039.0)
     _hang(tmp_path, 1, "nodeA", 3, when=900.0)          # left by an earlier attempt in this run directory

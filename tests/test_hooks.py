@@ -125,7 +125,7 @@ def test_patch_runs_first_and_no_hooks_skips(project, monkeypatch):
 
 
 def test_a_stop_that_names_its_status_is_not_said_twice(project):
-    from trainer.errors import AnvilError
+    from core.errors import AnvilError
 
     class Stopped(AnvilError):
         status = "interrupted"

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from trainer import safe_yaml
-from trainer.secrets import MASK, Masker
+from core import safe_yaml
+from core.secrets import MASK, Masker
 from user_input import REPO, inv, one_line_error, runs
 
 BOMB = "\n".join(["a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
@@ -24,7 +24,7 @@ def _in_subprocess(code: str, timeout: float) -> subprocess.CompletedProcess:
                                   "('x://' + 'b' * 100) * 100_000", "'postgres://u:' + 'p' * 10_000_000"],
                          ids=["long word", "long url", "many schemes", "long password"])
 def test_the_masker_reads_megabytes_in_one_pass(text):
-    done = _in_subprocess(f"from trainer.secrets import Masker\nm = Masker(['supersecretvalue', 'pw1'])\n"
+    done = _in_subprocess(f"from core.secrets import Masker\nm = Masker(['supersecretvalue', 'pw1'])\n"
                           f"out = m.text({text})\nprint(len(out))", timeout=60)
     assert done.returncode == 0, done.stderr
 

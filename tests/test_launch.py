@@ -24,7 +24,7 @@ from runtime.cluster import BadRuntime, ContainerOptions, Options, Runtime, Slur
 from runtime.cluster.slurm.srun import expand_hostlist
 from runtime.cluster.slurm.step import layout as slurm_layout
 from runtime.launch import LaunchError, LaunchSpec, launch, launch_env, visible_gpus
-from trainer.secrets import Masker
+from core.secrets import Masker
 
 
 def dry_run(runtime: str, spec: LaunchSpec, env: dict, run_dir=None, **options) -> str:
@@ -59,7 +59,7 @@ if fail_rank is not None:
 if os.environ.get("WAIT_SIGNAL"):
     while not got and time.time() < deadline:
         time.sleep(0.05)
-    # as trainer.signals does once stopping: the agent forwards the signal the group also got,
+    # as core.signals does once stopping: the agent forwards the signal the group also got,
     # and a Python handler is reset to SIG_DFL while the interpreter exits
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -299,7 +299,7 @@ def test_an_unfollowed_batch_job_records_its_own_end(tmp_path):
     import json as jsonlib
 
     from runtime.runs import jobend
-    from trainer.files import seal   # a test's edit of a sealed record, resealed as inv would write it
+    from core.files import seal   # a test's edit of a sealed record, resealed as inv would write it
 
     logs = tmp_path / "logs"
     logs.mkdir()

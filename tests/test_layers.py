@@ -1,5 +1,5 @@
 """The house rules, checked: imports point one way (tasks -> runtime -> envs/benchmarks -> trainer
--> kernels, and inside runtime: program -> jobs/preflight -> runs -> settings -> cluster -> launch),
+-> kernels -> core, the ground floor that imports nothing of Anvil's; and inside runtime: program -> jobs/preflight -> runs -> settings -> cluster -> launch),
 no two modules import each other (directly or around a loop), tasks.py finds collections by itself."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = {"tasks": 5, "runtime": 4, "envs": 3, "benchmarks": 3, "trainer": 2, "kernels": 1}
+LAYERS = {"tasks": 5, "runtime": 4, "envs": 3, "benchmarks": 3, "trainer": 2, "kernels": 1, "core": 0}
 # Inside runtime/: the inv program on top; what tasks call; the run record; the settings; where work
 # runs (every transport); what is the same under every transport.
 RUNTIME_FLOORS = {"program": 6, "jobs": 5, "preflight": 5, "report": 5, "runs": 4, "settings": 3, "cluster": 2,
@@ -145,6 +145,8 @@ def test_the_test_catches_an_upward_import(tmp_path, monkeypatch):
     for bad, text, rule, said in (
             (ROOT / "trainer" / "_layer_probe_tmp.py", "from runtime.runs import rundir\n",
              test_imports_point_down_only, "trainer/_layer_probe_tmp.py imports runtime.runs"),
+            (ROOT / "core" / "_layer_probe_tmp.py", "from kernels import rms_norm\n",
+             test_imports_point_down_only, "core/_layer_probe_tmp.py imports kernels"),
             (ROOT / "runtime" / "cluster" / "_layer_probe_tmp.py", "from runtime.runs import rundir\n",
              test_inside_runtime_imports_point_down_only,
              "runtime/cluster/_layer_probe_tmp.py imports runtime.runs (cluster -> runs)")):

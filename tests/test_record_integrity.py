@@ -1,6 +1,6 @@
 """Integrity of what Anvil reads back, through the installed inv: a run's records (metadata.json, env.json,
 machine.json, versions.json, git.json), a fan-out's nodes/fail.json and the config copies a replay passes
-on carry a checksum of their own (trainer.files.seal, runtime.runs.rundir.write_record). An edited or
+on carry a checksum of their own (core.files.seal, runtime.runs.rundir.write_record). An edited or
 damaged one is one line naming the file (a marked row in snapshot.list), never believed; a record
 written before records were sealed is read as before."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from runner_project import explain, inv, make_project, runs
 from runtime.runs import nodes
-from trainer.files import SEAL
+from core.files import SEAL
 from user_input import inv as inv_here, one_line_error
 
 
@@ -132,7 +132,7 @@ def test_jobend_keeps_the_seal_of_a_run_it_records(recorded, tmp_path):
     project, run_dir = recorded
     copy = _copy(project, run_dir, "submitted", lambda p: None)
     data = json.loads((copy / "metadata.json").read_text())
-    from trainer.files import seal
+    from core.files import seal
     data.update(status="submitted")
     (copy / "metadata.json").write_text(json.dumps(seal(data)))
     import sys

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from runtime.runs import replay
-from trainer.files import seal
+from core.files import seal
 from runner_project import explain, inv, make_project, runs
 
 

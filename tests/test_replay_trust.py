@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from runner_project import clean_env, explain, inv, make_project, runs
-from trainer.files import seal
+from core.files import seal
 from user_input import inv as inv_here, runs as runs_here
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import browser
-from trainer.files import seal
+from core.files import seal
 
 REPO = Path(__file__).resolve().parents[1]
 INV = REPO / ".venv" / "bin" / "inv"

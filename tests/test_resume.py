@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from trainer import checkpoint as ck
-from trainer.signals import EXIT_REQUEUE
+from core.signals import EXIT_REQUEUE
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

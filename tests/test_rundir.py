@@ -113,7 +113,7 @@ def test_atomic_writes_get_the_mode_open_would_give(tmp_path):
     """Not mkstemp's 0600: run directories on a shared file system are readable by the team."""
     import os
 
-    from trainer.files import write_atomic
+    from core.files import write_atomic
 
     old = os.umask(0o022)
     try:

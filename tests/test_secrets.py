@@ -1,11 +1,11 @@
-"""Secret masking (trainer/secrets.py) and the end-to-end promise: no secret under runs/."""
+"""Secret masking (core/secrets.py) and the end-to-end promise: no secret under runs/."""
 from __future__ import annotations
 
 import subprocess
 
 import pytest
 
-from trainer.secrets import MASK, Masker, is_secret_env_name, is_secret_key
+from core.secrets import MASK, Masker, is_secret_env_name, is_secret_key
 from runner_project import clean_env, explain, inv, make_project
 
 

@@ -1,4 +1,4 @@
-"""trainer.signals: a rank that stopped for a signal is not killed by the next one while it exits."""
+"""core.signals: a rank that stopped for a signal is not killed by the next one while it exits."""
 from __future__ import annotations
 
 import os
@@ -7,11 +7,11 @@ import subprocess
 import sys
 
 from process_utils import signal_until_exit
-from trainer import signals
+from core import signals
 
 CHILD = """
 import os, signal, sys, time
-from trainer import signals
+from core import signals
 stopper = signals.install()
 os.kill(os.getpid(), signal.SIGUSR2)       # the scheduler's warning
 time.sleep(0.05)

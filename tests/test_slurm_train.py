@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from cluster import trainer_pids
 from small_training import train_args, train_losses
-from trainer.files import seal
+from core.files import seal
 
 REPO = Path(__file__).resolve().parents[1]
 INV = REPO / ".venv" / "bin" / "inv"

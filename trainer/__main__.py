@@ -27,7 +27,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from trainer.signals import ctrl_c_once
+    from core.signals import ctrl_c_once
     ctrl_c_once()   # before the loop's own handler: the launcher passes on the group's Ctrl-C again
     try:
         from trainer import ranklog
@@ -65,7 +65,7 @@ def _keep_config(cfg, given: Path | None, run_dir: Path) -> None:
     import os
 
     from trainer import config
-    from trainer.files import write_atomic
+    from core.files import write_atomic
 
     inside = given is not None and Path(given).resolve().is_relative_to(Path(run_dir).resolve())
     if not inside and os.environ.get("RANK", "0") == "0":

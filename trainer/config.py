@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Literal, Optional
 
 import yaml
-from trainer import safe_yaml
-from trainer.errors import UserError
-from trainer.files import text_of
+from core import safe_yaml
+from core.errors import UserError
+from core.files import text_of
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
 SYNTHETIC = "synthetic"  # data.path value: random tokens, for throughput measurements

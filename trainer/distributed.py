@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainer.config import TrainConfig
-from trainer.errors import UserError
+from core.errors import UserError
 
 
 class DistributedError(UserError):

@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from trainer import checkpoint as ck
-from trainer.errors import UserError
-from trainer.files import file_in_the_way, make_parent, make_temp_dir, share
+from core.errors import UserError
+from core.files import file_in_the_way, make_parent, make_temp_dir, share
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32",

@@ -33,7 +33,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from trainer.errors import UserError
+from core.errors import UserError
 
 RECIPES = ("tensorwise", "rowwise")
 SKIP_FQNS = ("lm_head",)          # the output head stays in bf16

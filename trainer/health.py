@@ -52,8 +52,8 @@ import traceback
 from collections import deque
 from pathlib import Path
 
-from trainer.files import write_json_atomic
-from trainer.signals import EXIT_HUNG
+from core.files import write_json_atomic
+from core.signals import EXIT_HUNG
 
 REPO = Path(__file__).resolve().parent.parent
 FLIGHT_RECORDER_ENTRIES = "2000"   # ring size: enough for the last few steps' collectives

@@ -114,7 +114,7 @@ import math
 from dataclasses import dataclass, field
 
 from trainer.config import ModelConfig, TrainConfig
-from trainer.errors import UserError
+from core.errors import UserError
 
 GIB = 1024 ** 3
 AC_MODES = ("none", "selective", "selective_lean", "full")   # most memory first

@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 
 from trainer import metrics_log
-from trainer.errors import UserError
-from trainer.files import file_in_the_way, make_parent, write_atomic
+from core.errors import UserError
+from core.files import file_in_the_way, make_parent, write_atomic
 
 PANELS = ("Loss", "Throughput", "Memory", "Learning rate and gradient norm")
 

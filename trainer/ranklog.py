@@ -10,7 +10,7 @@ env ANVIL_LOG_RANK ("all" shows every rank). Rank, local rank and host default
 to env RANK, LOCAL_RANK and ANVIL_HOST (else the host name).
 
 Secret values found in the environment are masked in every line written
-(trainer.secrets, also stdlib only).
+(core.secrets, also stdlib only).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import socket
 import sys
 from pathlib import Path
 
-from trainer.secrets import Masker
+from core.secrets import Masker
 
 FORMAT = "[%(asctime)s][%(rank_tag)s][%(levelname)s] %(message)s"
 DATEFMT = "%Y-%m-%d %H:%M:%S"

@@ -20,8 +20,8 @@ import torch
 
 from trainer import distributed, fp8, health, metrics, optim, saved_activations
 from trainer.config import SYNTHETIC, TrainConfig
-from trainer.errors import UserError
-from trainer.files import write_json_atomic
+from core.errors import UserError
+from core.files import write_json_atomic
 from trainer.guards import GuardSkip
 from trainer.model import IGNORE_INDEX, Transformer, flops_per_token, linear_cross_entropy
 from trainer.plan import ParamCount
@@ -245,7 +245,8 @@ def _val_loss(model, loader, cfg: TrainConfig, info, autocast) -> float:
 
 def run(cfg: TrainConfig, run_dir: Path | str, resume: str | None = None, log=None) -> int:
     from trainer import ranklog
-    from trainer import checkpoint, signals
+    from core import signals
+    from trainer import checkpoint
 
     run_dir = Path(run_dir)
     started = time.time()

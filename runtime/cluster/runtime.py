@@ -14,7 +14,7 @@ from runtime.cluster import registry
 from runtime.cluster.container import Container
 from runtime.cluster.options import Options
 from runtime.cluster.transport import Transport
-from trainer.errors import UserError
+from core.errors import UserError
 
 CONTAINER = "container"
 

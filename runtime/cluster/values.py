@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from trainer.errors import UserError
+from core.errors import UserError
 
 
 class BadValue(UserError):

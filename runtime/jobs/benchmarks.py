@@ -18,7 +18,7 @@ import os
 import shlex
 import sys
 
-from trainer.errors import AnvilError, UserError
+from core.errors import AnvilError, UserError
 
 DTYPES = ("bf16", "fp16", "fp32")
 
@@ -117,7 +117,7 @@ def gemm(run, m: int, n: int | None, k: int | None, dtype: str, iters: int) -> d
     Its stderr (a long CPU run's progress) is shown as it comes and kept in RUN/logs/gemm.log."""
     from runtime.jobs import tuning
     from runtime.launch.process import open_log, run_streaming
-    from trainer.signals import STOP_SIGNALS, Interrupt
+    from core.signals import STOP_SIGNALS, Interrupt
 
     argv = gemm_argv(m, n, k, dtype, iters)
     result_text, said = io.StringIO(), _LastLine(sys.stderr)
@@ -158,7 +158,7 @@ def _stopped_by(code: int, run_dir) -> int | None:
 
     from runtime.launch.spec import EXIT_INTERRUPTED, EXIT_REQUEUE
     from runtime.runs import outcome
-    from trainer.signals import STOP_SIGNALS
+    from core.signals import STOP_SIGNALS
 
     if code in (EXIT_REQUEUE, EXIT_INTERRUPTED):
         names = [n.signal for n in outcome.read(run_dir).nodes if n.signal and hasattr(signal, n.signal)]
@@ -213,7 +213,7 @@ def collective(settings, run, env, op: str, sizes: str, iters: int, nproc: int, 
     code = transport.launch(spec, run.env, run.path, masker=run.masker, stdout=sys.stderr if quiet else None)
     stopped = _stopped_by(code, run.path)
     if stopped is not None:   # inv passed a stop signal on to the ranks, which ended on it: interrupted
-        from trainer.signals import Interrupt
+        from core.signals import Interrupt
         raise Interrupt(stopped)
     if code != 0 or not out.is_file():
         raise AnvilError(f"the benchmark exited with status {code}; see {run.path}/logs", code or 1)

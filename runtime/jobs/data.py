@@ -22,7 +22,7 @@ from runtime import settings as settings_mod
 from runtime.cluster import Runtime
 from runtime.cluster.results import Interrupted as NodesInterrupted
 from runtime.runs.options import per_node_runtime
-from trainer.errors import UserError
+from core.errors import UserError
 
 
 def where(c, runtime: str, nodes: int, hosts: str):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 import sys
 
-from trainer.errors import AnvilError, UserError
+from core.errors import AnvilError, UserError
 
 
 def resolved_env(gpu=None, site=None, config=None, env=None, tune_gemm=False):

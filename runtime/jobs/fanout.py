@@ -37,7 +37,7 @@ from runtime.cluster import Runtime, Transport
 from runtime.cluster.results import HostResult, Interrupted, checks_of, error_line, slurm_name
 from runtime.runs.nodes import node_lists_footer
 from runtime.settings import NODE_RUNTIME_VAR
-from trainer.errors import UserError
+from core.errors import UserError
 
 STATUSES = ("PASS", "WARN", "FAIL")
 DIFFERS = "≠"
@@ -302,7 +302,7 @@ def _interrupted(run, task: str, results: list[HostResult], cause: BaseException
     and shown; no node is listed as passing or failing (nodes/fail.json feeds --exclude-from, and a
     stopped node did not fail)."""
     from runtime.runs import run as run_mod
-    from trainer.signals import interrupted_by
+    from core.signals import interrupted_by
 
     what, code = interrupted_by(cause if isinstance(cause, KeyboardInterrupt) else KeyboardInterrupt())
 

@@ -19,7 +19,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from trainer.errors import AnvilError, UserError
+from core.errors import AnvilError, UserError
 
 SUMMARY = "summary.json"
 CHART = "breakdown.png"
@@ -40,7 +40,7 @@ def _rank_files(profile_dir: Path) -> dict[str, dict]:
 
 
 def _settings(run_dir: Path):
-    from trainer import safe_yaml
+    from core import safe_yaml
     from trainer.profiling.advice import RunSettings
 
     config_path = run_dir / "configs" / "train.yaml"

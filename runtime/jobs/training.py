@@ -33,8 +33,8 @@ from pathlib import Path
 
 from runtime.cluster.runtime import Runtime
 from runtime.launch.spec import EXIT_INTERRUPTED, EXIT_REQUEUE, RUN_DIR
-from trainer.errors import AnvilError, UserError
-from trainer.signals import exit_status
+from core.errors import AnvilError, UserError
+from core.signals import exit_status
 
 #: Where a run keeps the config as used (written once by its snapshot; the ranks and a replay read it).
 CONFIG_FILE = "train.yaml"
@@ -180,7 +180,7 @@ def _stopped_before_the_first_step(run_dir: Path, code: int, report) -> str | No
     ended while it started (128+N, no agent report)."""
     import signal
 
-    from trainer.signals import STOP_SIGNALS, signal_name
+    from core.signals import STOP_SIGNALS, signal_name
 
     if (run_dir / "summary.json").is_file():
         return None

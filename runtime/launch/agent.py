@@ -13,7 +13,7 @@ environment; env:// rendezvous), and what torchrun does not:
   own SignalException and exit 1, which hid all of that.
 - A signal to this process (SIGTERM, SIGUSR1/2, SIGINT, SIGHUP) is passed to
   every rank once and the agent keeps waiting: ranks finish their step and
-  checkpoint (trainer.signals). Slurm and most schedulers signal the whole
+  checkpoint (core.signals). Slurm and most schedulers signal the whole
   process group; a rank keeps the first signal it sees, so twice is harmless, and
   once every rank has ended after a signal, the agent ignores further ones. A rank that the
   signal ended before the trainer's handler was in place (before its first step) stopped:
@@ -49,8 +49,8 @@ from pathlib import Path
 import runtime.launch.tools as tools
 from runtime.launch.spec import (EXIT_INTERRUPTED, EXIT_REQUEUE, LAUNCHER_PID_VAR, NODE_LOCAL_VAR, PASSED_SIGNALS,
                                  RUN_DIR_VAR)
-from trainer.files import write_json_atomic
-from trainer.signals import EXIT_HUNG, STOP_SIGNALS, exit_status
+from core.files import write_json_atomic
+from core.signals import EXIT_HUNG, STOP_SIGNALS, exit_status
 
 
 def container_engine(environ) -> str | None:

@@ -43,7 +43,7 @@ def _pump(source: IO[bytes], sinks: list[IO], lock: threading.Lock) -> None:
 
 
 class MaskedFile:
-    """A log file that masks what is written to it (trainer.secrets.Masker)."""
+    """A log file that masks what is written to it (core.secrets.Masker)."""
 
     def __init__(self, handle, masker):
         self.handle, self.masker = handle, masker

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from trainer.errors import UserError
+from core.errors import UserError
 # The trainer's exit statuses after a signal (3: checkpointed, requeue me; 130: Ctrl-C), the
 # contract every launcher keeps.
-from trainer.signals import EXIT_INTERRUPTED, EXIT_REQUEUE  # noqa: F401 (re-exported)
+from core.signals import EXIT_INTERRUPTED, EXIT_REQUEUE  # noqa: F401 (re-exported)
 
 #: The checkout every node runs in (a shared file system, or the same path on every host).
 CHECKOUT = Path(__file__).resolve().parents[2]

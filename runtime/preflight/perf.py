@@ -22,7 +22,7 @@ from typing import Optional
 from runtime.preflight import rules
 from runtime.preflight.result import WARN, CheckResult
 from runtime.preflight.screen import devices_of, label, per_device
-from trainer.errors import AnvilError, UserError
+from core.errors import AnvilError, UserError
 
 PERF_TIMEOUT_S = 120.0
 METRICS = (("gemm_tflops", "perf.gemm", "TFLOP/s"), ("hbm_gbps", "perf.hbm_copy", "GB/s"),
@@ -191,7 +191,7 @@ def check_tolerance(tolerance) -> float:
 def check_save_path(path: str) -> None:
     """Refuse a --save-baseline FILE that could not be written, before minutes of measuring.
     Missing folders are fine (the writer makes them) when the nearest existing one takes a new file."""
-    from trainer.files import file_in_the_way
+    from core.files import file_in_the_way
 
     target = Path(path)
     if target.is_dir():
@@ -213,7 +213,7 @@ def check_save_path(path: str) -> None:
 
 def save_baseline(inp, path: str) -> dict:
     """Write this node's baseline_document to `path` (atomically); the document written."""
-    from trainer.files import write_json_atomic
+    from core.files import write_json_atomic
 
     document = baseline_document(inp)
     try:

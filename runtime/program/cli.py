@@ -22,7 +22,7 @@ for a reason:
 - `inv` alone lists the tasks. Invoke's options for commands run through
   c.run() (--dry, --echo, --pty, ...: INERT_CORE) would do nothing here, so
   they are hidden from --help and refused; `-H ''` is refused, not run here.
-- Every YAML file Invoke reads for us goes through trainer.safe_yaml, and the
+- Every YAML file Invoke reads for us goes through core.safe_yaml, and the
   settings' types are checked (-f before Invoke merges it, INVOKE_ANVIL_*
   before a task runs): one line, exit 2, never a traceback.
 
@@ -43,7 +43,7 @@ from invoke.config import AmbiguousMergeError
 from invoke.exceptions import Exit
 
 from runtime import settings as settings_mod
-from trainer.errors import AnvilError, UserError
+from core.errors import AnvilError, UserError
 
 VERSION = "0.1.0"
 SHORT_FLAGS_KEPT = ("h", "H")   # core flags no task's auto short flag may take
@@ -71,7 +71,7 @@ class AnvilConfig(Config):
 
     def _load_yaml(self, path):
         # Every YAML file Invoke reads for us (invoke.yaml, ~/.invoke.yaml, -f FILE): data of bounded size.
-        from trainer import safe_yaml
+        from core import safe_yaml
         with open(path, "rb") as handle:
             return safe_yaml.load(handle.read())
 
@@ -338,7 +338,7 @@ def _bad_value_message(tokens: list[str], exc: ValueError) -> str:
 @contextlib.contextmanager
 def _config_errors(settings_from: str = "invoke.yaml"):
     """Broken invoke.yaml / -f file / bad anvil setting: one message, exit 2, no traceback."""
-    import yaml   # PyYAML: AnvilConfig reads YAML with it (trainer.safe_yaml)
+    import yaml   # PyYAML: AnvilConfig reads YAML with it (core.safe_yaml)
     from invoke.util import yaml as invoke_yaml
     try:
         yield
@@ -358,8 +358,8 @@ def _check_runtime_file(path: Path) -> None:
     """-f FILE as Invoke will merge it: a readable YAML/JSON mapping whose `anvil` (if any) is a mapping
     of settings of the right types. Invoke itself skips a missing file silently and meets the others
     with a traceback."""
-    import yaml   # PyYAML, which trainer.safe_yaml reads with (not Invoke's vendored copy)
-    from trainer import safe_yaml
+    import yaml   # PyYAML, which core.safe_yaml reads with (not Invoke's vendored copy)
+    from core import safe_yaml
     if path.is_dir():
         raise Exit(f"-f {path}: is a directory; expected a YAML or JSON configuration file", 2)
     if not path.is_file():

@@ -1,6 +1,6 @@
 """Stop signals in the `inv` program: every task ends on them as on a Ctrl-C.
 
-SIGINT, SIGTERM, SIGHUP and SIGUSR2 raise trainer.signals.Interrupt, a KeyboardInterrupt, from the
+SIGINT, SIGTERM, SIGHUP and SIGUSR2 raise core.signals.Interrupt, a KeyboardInterrupt, from the
 program's first moment (the .pth shim's line for `inv`, runtime/program/shim.py; `main` for the
 others). Each task then cleans up as after a Ctrl-C: a run directory is recorded "interrupted"
 (runtime/runs/run.py), data.prepare stops its workers and keeps its finished parts, removes its
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-from trainer import signals
+from core import signals
 
 #: Tasks whose stop signals end them as the trainer's do (3: requeue me; 130): they train.
 TRAINING_TASKS = ("train.pretrain", "profile.train")

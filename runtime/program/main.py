@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 from runtime.program import interrupts, pipes, shim
-from trainer import signals
+from core import signals
 
 
 def main(argv=None):

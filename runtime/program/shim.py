@@ -53,7 +53,7 @@ def ensure_installed(purelib: str | None = None) -> bool:
     except OSError:
         pass
     try:
-        from trainer.files import write_atomic   # only when the line must be (re)written
+        from core.files import write_atomic   # only when the line must be (re)written
         write_atomic(path, PTH_LINE)
         return True
     except OSError:

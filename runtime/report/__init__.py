@@ -7,15 +7,15 @@ Modules: sections (what each kind of run shows: training, preflight, fan-out, co
 charts (Plotly figure specs), downsample (min/max buckets for drawing), svg (the node topology
 picture), page (the HTML: plotly.js from the plotly package, the data and styles inline).
 The page loads nothing: no network, no server; it opens from a mail attachment or a shared file
-system. Written atomically (trainer.files.write_atomic); an unwritable path is one line, exit 2.
+system. Written atomically (core.files.write_atomic); an unwritable path is one line, exit 2.
 """
 from __future__ import annotations
 
 import datetime
 from pathlib import Path
 
-from trainer.errors import UserError
-from trainer.files import file_in_the_way, write_atomic
+from core.errors import UserError
+from core.files import file_in_the_way, write_atomic
 
 
 class ReportError(UserError):

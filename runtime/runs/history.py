@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.runs import rundir
-from trainer.files import SEAL, seal_problem
+from core.files import SEAL, seal_problem
 
 
 @dataclass
@@ -45,7 +45,7 @@ def _parse_config(path: Path) -> Any:
     if path.suffix in (".yaml", ".yml"):
         import yaml
 
-        from trainer import safe_yaml
+        from core import safe_yaml
         try:
             return safe_yaml.load(text)
         except safe_yaml.YAMLTooLarge as exc:   # an edited copy: shown as what it is, never expanded

@@ -33,8 +33,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from trainer.errors import AnvilError
-from trainer.secrets import Masker
+from core.errors import AnvilError
+from core.secrets import Masker
 
 PHASES = ("pre", "post")
 HOOK_FILE = re.compile(r"^\d+_[A-Za-z0-9_.-]+\.(py|sh)$")
@@ -300,7 +300,7 @@ def _child(folder: Path) -> int:
             result = {"env_added": {k: str(v) for k, v in ctx.env.items() if before.get(k) != v}}
     except BaseException as exc:  # noqa: BLE001 - a hook may raise anything, even SystemExit
         result = {"error": f"{type(exc).__name__}: {exc}"}
-    from trainer.files import write_json_atomic
+    from core.files import write_json_atomic
     write_json_atomic(folder / "result.json", result)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from runtime.runs import diagnose, outcome, rundir
 from runtime.runs.run import end_entries
-from trainer.secrets import Masker
-from trainer.signals import EXIT_INTERRUPTED, EXIT_REQUEUE
+from core.secrets import Masker
+from core.signals import EXIT_INTERRUPTED, EXIT_REQUEUE
 
 UNFOLLOWED = ("submitted", "detached", "requeued", "resumed")
 

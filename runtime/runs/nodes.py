@@ -17,7 +17,7 @@ from typing import Mapping
 
 from runtime.cluster.results import slurm_name
 from runtime.runs import rundir
-from trainer.errors import UserError
+from core.errors import UserError
 
 FOLDER = "nodes"
 

@@ -20,7 +20,7 @@ from typing import Any, Callable
 from invoke import task as invoke_task
 
 from runtime.cluster.runtime import Runtime
-from trainer.errors import UserError
+from core.errors import UserError
 
 
 @dataclass

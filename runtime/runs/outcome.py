@@ -54,7 +54,7 @@ class Outcome:
         """3 (checkpointed, requeue me) or 130 (Ctrl-C) when every node of the attempt stopped
         cleanly that way, else 0. Under srun an agent ends a clean stop with 0 (see
         runtime.cluster.slurm.step), so this is where inv and the batch script find it."""
-        from trainer.signals import EXIT_INTERRUPTED, EXIT_REQUEUE
+        from core.signals import EXIT_INTERRUPTED, EXIT_REQUEUE
 
         nodes = [n for n in self.nodes if restart is None or n.restart == restart]
         codes = {n.exit_code for n in nodes}

@@ -41,8 +41,8 @@ from runtime.cluster.runtime import BadRuntime, Runtime
 from runtime.launch.spec import CHECKOUT
 from runtime.runs import history, rundir, snapshot, trust
 from runtime.runs.run import MACHINE_IDENTITY, REPLAY_ENV
-from trainer.secrets import MASK
-from trainer.errors import UserError
+from core.secrets import MASK
+from core.errors import UserError
 
 # Core flags that say where inv loads its tasks (name -> what), and its settings file.
 _TASK_SOURCE_FLAGS = {"-c": "the task collection", "--collection": "the task collection",

@@ -43,9 +43,9 @@ from invoke.exceptions import Exit, UnexpectedExit
 
 from runtime import settings as settings_mod
 from runtime.runs.options import PER_NODE_HELP, RUN_OPTION_HELP, RunOptions, RunSpec, patch_file, run_task  # noqa: F401,E501 (re-exported)
-from trainer import signals
-from trainer.errors import AnvilError, UserError
-from trainer.secrets import MASK, Masker
+from core import signals
+from core.errors import AnvilError, UserError
+from core.secrets import MASK, Masker
 
 
 def _lazy(name: str):
@@ -279,7 +279,7 @@ def _exit_code(exc: BaseException) -> int:
         return exc.code or 1
     if isinstance(exc, UnexpectedExit):
         return exc.result.exited or 1
-    if isinstance(exc, KeyboardInterrupt):   # Ctrl-C, or a stop signal (trainer.signals.Interrupt)
+    if isinstance(exc, KeyboardInterrupt):   # Ctrl-C, or a stop signal (core.signals.Interrupt)
         return getattr(exc, "exit_code", 130)
     if isinstance(exc, SystemExit):
         return exc.code if isinstance(exc.code, int) and exc.code else 1

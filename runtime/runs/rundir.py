@@ -19,7 +19,7 @@ Everything goes through `write_text` (temp file + os.replace), so a reader
 never sees half a file. The records a later command trusts (RECORDS: the run's
 metadata, its environment, machine, versions and git state; a fan-out's
 nodes/fail.json) are sealed with a checksum of their own content
-(trainer.files.seal): `read_record` believes one only when it matches, and reads
+(core.files.seal): `read_record` believes one only when it matches, and reads
 one written before records were sealed as it always did.
 """
 from __future__ import annotations
@@ -32,11 +32,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterator
 
-from trainer.errors import UserError
+from core.errors import UserError
 # The project's one atomic writer (temp file beside the target, fsync, rename), under the
 # names run-directory code has always used.
-from trainer.files import SEAL, seal, seal_problem
-from trainer.files import to_json, write_atomic as write_text  # noqa: F401 (re-exported)
+from core.files import SEAL, seal, seal_problem
+from core.files import to_json, write_atomic as write_text  # noqa: F401 (re-exported)
 
 TIME_FORMAT = "%Y-%m-%dT%H-%M-%S"
 METADATA = "metadata.json"

@@ -122,7 +122,7 @@ def settings_file(path: Path) -> str:
     try:
         import json
 
-        from trainer import safe_yaml
+        from core import safe_yaml
         text = path.read_text(encoding="utf-8")
         data = json.loads(text) if path.suffix == ".json" else safe_yaml.load(text)
     except Exception:  # noqa: BLE001 - unreadable: inv says why when it reads it

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Iterator
 
 from trainer.checkpoint.layout import CHECKSUMS_FILE, DCP_METADATA
-from trainer.files import write_atomic
+from core.files import write_atomic
 
 MANIFEST_FORMAT = 1
 _CHUNK = 16 << 20          # read size when verifying: large reads keep a disk streaming

@@ -8,7 +8,7 @@ import re
 import shutil
 from pathlib import Path
 
-from trainer.errors import UserError
+from core.errors import UserError
 
 FORMAT_VERSION = 2          # 2: checksums.json
 COMPLETE_MARKER = "COMPLETE"

@@ -46,7 +46,7 @@ from trainer.checkpoint.resume import find_latest
 from trainer.checkpoint.staging import Stager
 from trainer.checkpoint.state import (all_gather, broadcast_from_first, dist_on, gather_to_first, jsonable,
                                       local_bytes, model_optim_state, rank, rng_state, to_bytes, versions, world)
-from trainer.files import write_atomic
+from core.files import write_atomic
 
 TEST_DELAY_ENV = "ANVIL_TEST_CHECKPOINT_DELAY_S"
 

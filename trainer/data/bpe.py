@@ -10,8 +10,8 @@ import json
 import time
 from pathlib import Path
 
-from trainer.files import make_parent
-from trainer.signals import interrupted_by
+from core.files import make_parent
+from core.signals import interrupted_by
 
 from . import sources
 from .errors import DataError, Interrupted
@@ -40,7 +40,7 @@ def train_tokenizer(inputs: list[Path] | None, out: Path, vocab_size: int = DEFA
         tok = train_bpe(texts, vocab_size, out)
     except OSError as exc:
         raise DataError(f"--out {out}: cannot write it ({exc.strerror or exc}); it is as it was") from None
-    except KeyboardInterrupt as exc:   # Ctrl-C, or a stop signal inv turned into one (trainer.signals)
+    except KeyboardInterrupt as exc:   # Ctrl-C, or a stop signal inv turned into one (core.signals)
         what, code = interrupted_by(exc)
         raise Interrupted(f"interrupted ({what}) while training the tokenizer; nothing was written "
                           f"and {out} is as it was", code) from None

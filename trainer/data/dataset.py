@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.files import seal_problem
+from core.files import seal_problem
 
 from .errors import DataError
 

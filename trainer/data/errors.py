@@ -1,8 +1,8 @@
 """The exception types the data package raises: DataError for problems a user can fix
 (exit 2), Interrupted for a Ctrl-C (or a stop signal) that stopped a build cleanly (exit 130, or the
-signal's: trainer.signals.exit_status)."""
-from trainer.errors import AnvilError, UserError
-from trainer.signals import EXIT_INTERRUPTED
+signal's: core.signals.exit_status)."""
+from core.errors import AnvilError, UserError
+from core.signals import EXIT_INTERRUPTED
 
 
 class DataError(UserError):

@@ -5,7 +5,7 @@ import hashlib
 
 import numpy as np
 
-from trainer.files import sha256_file
+from core.files import sha256_file
 
 from .dataset import Dataset
 from .errors import DataError

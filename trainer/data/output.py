@@ -19,7 +19,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from trainer.signals import deferred
+from core.signals import deferred
 
 from .dataset import FORMAT, MANIFEST
 from .errors import DataError

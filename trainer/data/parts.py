@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.files import make_temp_dir, sha256_file, write_atomic, write_json_atomic
+from core.files import make_temp_dir, sha256_file, write_atomic, write_json_atomic
 
 PLAN = "plan.json"
 LAYOUT = 1   # bump when a part's files change meaning: older work folders are then not reused

@@ -24,8 +24,8 @@ from typing import Callable
 
 import numpy as np
 
-from trainer.files import make_temp_dir, seal
-from trainer.signals import interrupted_by
+from core.files import make_temp_dir, seal
+from core.signals import interrupted_by
 
 from . import sources, units, workers
 from .bpe import DEFAULT_BPE_VOCAB
@@ -93,7 +93,7 @@ def prepare(inputs: list[Path] | None = None, out: Path = DEFAULT_OUT, tokenizer
                         workers=workers, shard_tokens=shard_tokens, max_docs=max_docs,
                         max_tokens=max_tokens, vocab_size=vocab_size, seed=seed, pattern=pattern,
                         force=force, progress=progress, on_nodes=on_nodes)
-    except KeyboardInterrupt as exc:   # Ctrl-C, or a stop signal inv turned into one (trainer.signals)
+    except KeyboardInterrupt as exc:   # Ctrl-C, or a stop signal inv turned into one (core.signals)
         what, code = interrupted_by(exc)
         raise Interrupted(_interrupted(state, what), code) from None
 

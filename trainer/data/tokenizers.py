@@ -14,7 +14,7 @@ from typing import Iterable
 
 import numpy as np
 
-from trainer.files import sha256_file, text_of
+from core.files import sha256_file, text_of
 
 from .errors import DataError
 
@@ -191,7 +191,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, out: Path, min_frequency: i
     if vocab_size < 256 + len(SPECIAL_TOKENS):
         raise DataError(f"--vocab-size {vocab_size} is too small: a byte-level BPE needs at "
                         f"least {256 + len(SPECIAL_TOKENS)} (256 bytes + {len(SPECIAL_TOKENS)} specials)")
-    from trainer.files import write_atomic
+    from core.files import write_atomic
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

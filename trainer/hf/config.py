@@ -252,7 +252,7 @@ def _file_section(path: str | Path | None, name: str) -> dict:
 def _yaml(text: str) -> Any:
     import yaml
 
-    from trainer import safe_yaml
+    from core import safe_yaml
     try:
         return safe_yaml.load(text)
     except yaml.YAMLError:

@@ -1,5 +1,5 @@
 """The one error of the Hugging Face package: a directory that cannot be started from."""
-from trainer.errors import UserError
+from core.errors import UserError
 
 
 class InitError(UserError):

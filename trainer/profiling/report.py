@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainer.files import write_atomic
+from core.files import write_atomic
 from trainer.profiling.breakdown import row_of
 
 

@@ -216,7 +216,7 @@ def excerpt(doc: dict, start_us: float, end_us: float, by_launch: bool = False) 
 
 def write_gz(doc: dict, path: str | Path) -> Path:
     """A trace as .json.gz (deterministic: no name or time in the gzip header)."""
-    from trainer.files import write_atomic
+    from core.files import write_atomic
 
     data = gzip.compress(json.dumps(doc, separators=(",", ":")).encode(), mtime=0)
     return write_atomic(path, data)

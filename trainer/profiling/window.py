@@ -28,8 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from trainer.errors import UserError
-from trainer.files import write_atomic
+from core.errors import UserError
+from core.files import write_atomic
 
 TOP_OPS = 25
 TOOLS = ("nsys", "ncu", "rocprofv3", "rocprofv3-counters")

@@ -28,8 +28,8 @@ from runtime.cluster import values
 from runtime.cluster.slurm.control import (POLL_S, TERMINAL_STATES, _run, cancel, exit_status,
                                            job_info)
 from runtime.launch.spec import EXIT_INTERRUPTED, LaunchError
-from trainer.errors import AnvilError
-from trainer.files import write_atomic
+from core.errors import AnvilError
+from core.files import write_atomic
 
 
 def sbatch_script(step: Sequence[str], header: Sequence[str], run_dir: Path | None, workdir: str) -> str:

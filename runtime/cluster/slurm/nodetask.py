@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from runtime.cluster.transport import node_env
-from trainer.files import write_atomic, write_json_atomic
+from core.files import write_atomic, write_json_atomic
 
 
 def node_name() -> str:

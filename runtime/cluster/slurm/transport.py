@@ -39,7 +39,7 @@ from runtime.cluster.transport import Progress, Transport, Wrap
 from runtime.launch.commands import agent_command, launch_env, travelling
 from runtime.launch.process import run_logged
 from runtime.launch.spec import LaunchError, LaunchSpec, Layout, processes_per_node
-from trainer.files import write_atomic
+from core.files import write_atomic
 
 STEP_MODULE = "runtime.cluster.slurm.step"
 NODE_TASK = "runtime.cluster.slurm.nodetask"

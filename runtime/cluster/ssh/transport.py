@@ -34,7 +34,7 @@ from runtime.cluster.transport import Progress, Transport, Wrap, local_inv, node
 from runtime.launch.commands import agent_command, launch_env, travelling
 from runtime.launch.process import MaskedFile, open_log, passing_signals
 from runtime.launch.spec import EXIT_INTERRUPTED, EXIT_REQUEUE, LaunchError, LaunchSpec, Layout, processes_per_node
-from trainer.errors import UserError
+from core.errors import UserError
 
 NODE_GRACE_S = 30.0        # after one node failed: the others' SIGTERM, then this long until SIGKILL
 UNREACHABLE = 255          # a node whose command never ran (ssh's own status for that)

@@ -2,7 +2,7 @@
 failed, exit status 1)."""
 from __future__ import annotations
 
-from trainer.errors import AnvilError, UserError
+from core.errors import AnvilError, UserError
 
 
 class CommError(UserError):

@@ -26,7 +26,7 @@ from runtime.cluster.transport import Transport
 from runtime.launch.process import TIMED_OUT
 from runtime.launch.spec import LaunchSpec
 from runtime.preflight.comm.measurement import Measurement, Probe, read_result
-from trainer.files import write_json_atomic
+from core.files import write_json_atomic
 
 WARMUP = 3
 # Recomputed on each node by the agent (route to MASTER_ADDR): the interface gloo / NCCL bind.
