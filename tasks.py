@@ -5,7 +5,7 @@ tasks/ folder beside it (one module each, found by runtime.program.discover:
 a new file there is a new collection); giving this module a ``__path__`` makes
 that folder its package, so ``tasks.env`` and friends import as submodules
 whether Invoke loaded us or plain ``import tasks`` did. Site tasks: folders in
-ANVIL_TASKS_PATH.
+names.TASKS_PATH.
 """
 import os as _os
 

@@ -33,7 +33,9 @@ from pathlib import Path
 import triton
 import triton.language as tl
 
-REPO = Path(__file__).resolve().parents[1]
+from core import checkout
+
+REPO = checkout.ROOT
 
 
 @triton.jit

@@ -43,7 +43,10 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from core import checkout
+
+
+REPO = checkout.ROOT
 BLOCK = 64 << 20
 PARTS = ("disk", "anvil_sync", "anvil_async", "dcp", "train", "titan")
 

@@ -25,6 +25,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from core import names
 from benchmarks.checkpoint_bench import checkpoint_bytes, disk, rate
 from trainer.checkpoint import list_checkpoints, read_meta
 
@@ -41,10 +42,10 @@ def parse_args(argv=None):
 
 
 def train_records(run: Path) -> list[dict]:
-    if not (run / "metrics.jsonl").is_file():
+    if not (run / names.METRICS).is_file():
         raise SystemExit(f"{run}: no metrics.jsonl (not a training run directory?)")
     rows = []
-    for line in (run / "metrics.jsonl").read_text().splitlines():
+    for line in (run / names.METRICS).read_text().splitlines():
         record = json.loads(line) if line.strip() else {}
         if record.get("kind") == "train" and record.get("step_time_s"):
             rows.append(record)
@@ -54,7 +55,7 @@ def train_records(run: Path) -> list[dict]:
 def saves(run: Path) -> list[dict]:
     """The run's committed checkpoints, oldest first."""
     found = []
-    for path in list_checkpoints(run / "checkpoints"):
+    for path in list_checkpoints(run / names.CHECKPOINTS_DIR):
         meta = read_meta(path)
         nbytes = checkpoint_bytes(path)
         found.append({"path": str(path), "step": meta["step"], "async": meta.get("async"), "bytes": nbytes,
@@ -103,7 +104,7 @@ def main(argv=None) -> int:
     run = Path(args.run)
     result = summarise(run, args.every, args.warmup)
     if args.remove:
-        shutil.rmtree(run / "checkpoints", ignore_errors=True)
+        shutil.rmtree(run / names.CHECKPOINTS_DIR, ignore_errors=True)
     if args.dd:
         nbytes = result["saves"][-1]["bytes"]
         result["disk"] = disk(run, nbytes)

@@ -30,12 +30,14 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = checkout.ROOT
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 BASELINE = r'''
 import json, sys, os, pathlib
 from tokenizers import Tokenizer
+
+from core import checkout
 tok = Tokenizer.from_file(sys.argv[1])
 kind, paths = sys.argv[2], sys.argv[3:]
 tokens = 0

@@ -21,6 +21,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
+from core import names
+
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # Default M (also inv bench.gemm's): an 8192^3 bf16 product takes ~5 s on a CPU, 1024^3 ~25 ms.
 GPU_ROWS, CPU_ROWS = 8192, 1024
@@ -172,7 +174,7 @@ def main(argv=None) -> int:
         import torch
         a.M = GPU_ROWS if torch.cuda.is_available() else CPU_ROWS
     # The GPU's env profile exports its dense bf16 peak; a CPU has none, even where --gpu named a profile.
-    peak = float(os.environ.get("ANVIL_GPU_PEAK_TFLOPS") or 0) or None
+    peak = float(os.environ.get(names.GPU_PEAK_TFLOPS) or 0) or None
     try:
         r = run_gemm(a.M, a.N, a.K, a.dtype, iters=a.iters, peak_tflops=peak, progress=True)
     except KeyboardInterrupt:   # a terminal's Ctrl-C reaches the whole group: inv says it, not a traceback here

@@ -27,7 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from core import checkout
+
+
+REPO = checkout.ROOT
 TOLERANCE = {"float32": 1e-4, "low": 2e-2}   # relative difference of the mean token loss
 
 

@@ -18,7 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from core import checkout
+
+
+REPO = checkout.ROOT
 
 
 def shard_shapes(config: str, shards: int) -> list[tuple[int, ...]]:

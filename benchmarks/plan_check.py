@@ -29,14 +29,16 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from core import checkout, names
+
+REPO = checkout.ROOT
 GIB = 1024 ** 3
 ALLOC_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m benchmarks.plan_check", description=__doc__.splitlines()[0])
-    p.add_argument("--config", default=str(REPO / "configs" / "llama3_1b.yaml"))
+    p.add_argument("--config", default=str(REPO / names.CONFIGS_DIR / "llama3_1b.yaml"))
     p.add_argument("--batch", type=int, default=None, help="data.batch_size (default: the config's)")
     p.add_argument("--seq", type=int, default=None, help="data.seq_len (default: the config's)")
     p.add_argument("--ac", default="", help="checkpointing modes to run, comma-separated "
@@ -126,7 +128,7 @@ def measure(args, mode: str, fp8: str, out: Path, env: dict) -> dict:
             code = 124
     text = log_path.read_text(encoding="utf-8", errors="replace")[start:]
     records = []
-    metrics = run_dir / "metrics.jsonl"
+    metrics = run_dir / names.METRICS
     if metrics.is_file():
         records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     train = [r for r in records if r.get("kind") == "train"]

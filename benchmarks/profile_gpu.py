@@ -35,7 +35,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from core import checkout, names
+
+REPO = checkout.ROOT
 # As benchmarks.train_throughput runs Anvil's variants (anvil_argv), so that the two splits are of the same run.
 SETS = ["data.path=synthetic", "data.grad_accum=1", "train.log_interval=1",
         "train.val_batches=0", "logging.progress=false", "logging.tensorboard=false", "precision.compute=bf16",
@@ -49,7 +51,7 @@ class Parts:
         self.out, self.budget, self.runs = out, budget, runs
         self.started = time.time()
         self.report: dict = {"parts": {}, "budget_s": budget}
-        (out / "logs").mkdir(parents=True, exist_ok=True)
+        (out / names.LOGS_DIR).mkdir(parents=True, exist_ok=True)
 
     def left(self) -> float:
         return self.budget - (time.time() - self.started)
@@ -72,7 +74,7 @@ class Parts:
             code, text = 124, _text(exc.stdout)
             errors = _text(exc.stderr) + f"\n== timed out after {timeout:.0f} s"
         record.update(rc=code, wall_s=round(time.time() - t0, 1))
-        with open(self.out / "logs" / f"{part}.txt", "a") as log:
+        with open(self.out / names.LOGS_DIR / f"{part}.txt", "a") as log:
             log.write(f"\n$ {' '.join(argv)}\n{text}\n{errors}\n== exit {code} in {record['wall_s']} s\n")
         self.save()
         return code, text + ("" if code == 0 else "\n" + errors[-2000:])
@@ -102,9 +104,9 @@ def sets(*items: str) -> list[str]:
 
 
 def step_times(run_dir: Path | None) -> list[float]:
-    if run_dir is None or not (run_dir / "metrics.jsonl").is_file():
+    if run_dir is None or not (run_dir / names.METRICS).is_file():
         return []
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    records = [json.loads(line) for line in (run_dir / names.METRICS).read_text().splitlines() if line.strip()]
     train = sorted((r for r in records if r.get("kind") == "train"), key=lambda r: r["step"])
     return [round(r["step_time_s"], 4) for r in train]
 
@@ -118,10 +120,10 @@ def profile(parts: Parts, part: str, config: str, flags: list[str], limit: float
         return out
     dest = parts.out / "profiles" / part
     dest.mkdir(parents=True, exist_ok=True)
-    for name in ("summary.json", "breakdown.png", "rank0.ops.json", "rank0.breakdown.json"):
-        if (run / "profile" / name).is_file():
-            (dest / name).write_bytes((run / "profile" / name).read_bytes())
-    summary = run / "profile" / "summary.json"
+    for name in (names.PROFILE_SUMMARY, "breakdown.png", "rank0.ops.json", "rank0.breakdown.json"):
+        if (run / names.PROFILE_DIR / name).is_file():
+            (dest / name).write_bytes((run / names.PROFILE_DIR / name).read_bytes())
+    summary = run / names.PROFILE_DIR / names.PROFILE_SUMMARY
     if summary.is_file():
         rank0 = json.loads(summary.read_text())["ranks"].get("0", {})
         bd = rank0.get("breakdown", {})
@@ -142,7 +144,7 @@ def excerpt(run: Path, stem: Path) -> dict:
     from trainer.profiling import trace
     from trainer.profiling.breakdown import breakdown
 
-    doc = trace.load(run / "profile" / "rank0.trace.json")
+    doc = trace.load(run / names.PROFILE_DIR / "rank0.trace.json")
     marks = sorted(float(e["ts"]) for e in doc["traceEvents"] if e.get("name") == "anvil::next_batch")
     if not marks:
         return {"error": "no anvil::next_batch in the trace"}
@@ -163,10 +165,10 @@ def tunableop(parts: Parts, config: str, limit: float) -> dict:
     train_sets = sets(*SETS, "train.steps=6", *NO_CHECKPOINTS)
     for name, flags in (("tune_none", []), ("tune_cold", ["--tune-gemm"]), ("tune_warm", ["--tune-gemm"])):
         code, _ = parts.run("tunableop", inv("train.pretrain", "--config", config, "--kernels", *flags, "--name", name,
-                                             *train_sets), limit / 4, env={"ANVIL_CACHE_DIR": str(cache)})
+                                             *train_sets), limit / 4, env={names.CACHE_DIR: str(cache)})
         run = parts.run_dir("train.pretrain", name)
         times = step_times(run)
-        meta = json.loads((run / "metadata.json").read_text()) if run and (run / "metadata.json").is_file() else {}
+        meta = json.loads((run / names.METADATA).read_text()) if run and (run / names.METADATA).is_file() else {}
         out[name] = {"rc": code, "run": str(run) if run else None, "step_times_s": times,
                      "first_step_s": times[0] if times else None,
                      "median_steps_4_6_s": statistics.median(times[3:]) if len(times) > 3 else None,
@@ -179,7 +181,7 @@ def tunableop(parts: Parts, config: str, limit: float) -> dict:
     for name, flags in (("gemm_none", []), ("gemm_cold", ["--tune-gemm"]), ("gemm_warm", ["--tune-gemm"])):
         t0 = time.time()
         code, text = parts.run("tunableop", inv("bench.gemm", "-M", "8192", "--json", *flags), limit / 6,
-                               env={"ANVIL_CACHE_DIR": str(gemm_cache)})
+                               env={names.CACHE_DIR: str(gemm_cache)})
         result = _last_json(text)
         out[name] = {"rc": code, "wall_s": round(time.time() - t0, 1), "tflops": result.get("tflops"),
                      "median_ms": result.get("median_ms")}
@@ -211,7 +213,7 @@ def ncu(parts: Parts, config: str, source: str, limit: float) -> dict:
                                       *sets(*SETS)), limit)
     out.update(rc=code, printed=text[-4000:])
     run = parts.run_dir("profile.train", "ncu")
-    reports = sorted((run / "profile").glob("*.ncu-rep")) if run else []
+    reports = sorted((run / names.PROFILE_DIR).glob("*.ncu-rep")) if run else []
     dest = parts.out / "ncu"
     dest.mkdir(parents=True, exist_ok=True)
     for report in reports:

@@ -65,11 +65,13 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from core import checkout, names
+
+REPO = checkout.ROOT
 DEFAULT_VARIANTS = "hf_liger,titan_eager,titan_compile,eager,compile,kernels,compile_kernels"
 FIRST_MEASURED_STEP = 4
 GIB = 1024 ** 3
-ANVIL_BASES = ("eager", "compile", "kernels", "compile_kernels")
+OUR_BASES = ("eager", "compile", "kernels", "compile_kernels")
 TITAN_BASES = ("titan_eager", "titan_compile")
 FP8_SUFFIXES = {"fp8": "tensorwise", "fp8rw": "rowwise", "fp8ref": "tensorwise"}
 # Kept off on these machines whatever the caller's environment says (NVLink multicast can
@@ -79,7 +81,7 @@ SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", default=str(REPO / "configs" / "llama3_1b.yaml"))
+    p.add_argument("--config", default=str(REPO / names.CONFIGS_DIR / "llama3_1b.yaml"))
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--steps", type=int, default=12)
@@ -96,7 +98,7 @@ def parse_args(argv=None):
     p.add_argument("--sets", action="append", default=[], metavar="KEY=VALUE",
                    help="extra config overrides for Anvil's trainer (and the shape torchtitan copies)")
     p.add_argument("--peak-tflops", type=float,
-                   default=float(os.environ.get("ANVIL_GPU_PEAK_TFLOPS") or 989.0),
+                   default=float(os.environ.get(names.GPU_PEAK_TFLOPS) or 989.0),
                    help="bf16 dense peak of one GPU (MFU denominator; H100/H200 SXM: 989)")
     p.add_argument("--out", default="", help="directory for results.json and bench.log")
     p.add_argument("--run-root", default="", help="where the trainer's run dirs go (default: --out)")
@@ -123,7 +125,7 @@ def parse_variant(name: str) -> dict:
     if name in ("hf", "hf_liger"):
         return {"family": "hf", "base": name, "compile": False, "kernels": name == "hf_liger",
                 "params": "bf16", "fp8": "off", "fp8_fused": True, "f8act": False, "f8head": False}
-    bases = sorted(ANVIL_BASES + TITAN_BASES, key=len, reverse=True)
+    bases = sorted(OUR_BASES + TITAN_BASES, key=len, reverse=True)
     base = next((b for b in bases if name == b or name.startswith(b + "_")), None)
     if base is None:
         raise ValueError(f"unknown variant {name!r}")
@@ -294,20 +296,20 @@ def run_anvil(args, variant: str, out: Path, env: dict) -> dict:
     env = dict(env)
     if args.profile_steps:
         # StepProfiler counts completed steps: "a:b" records steps a .. b-1
-        env["ANVIL_PROFILE_STEPS"] = f"{args.steps + 1}:{args.steps + args.profile_steps + 1}"
+        env[names.PROFILE_STEPS] = f"{args.steps + 1}:{args.steps + args.profile_steps + 1}"
     code = _stream(anvil_argv(args, variant, run_dir), env, args.timeout, out / "bench.log", variant)
     if code != 0:
         raise RuntimeError(f"trainer exited with {code}")
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (run_dir / names.METRICS).read_text().splitlines()]
     train = sorted((r for r in records if r["kind"] == "train"), key=lambda r: r["step"])
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads((run_dir / names.SUMMARY).read_text())
     n_params, fpt = flops_for_shape(_train_cfg(args))
     result = _summarise(args, [r["step_time_s"] for r in train], [r.get("gpu_mem_gib") for r in train],
                         fpt, n_params, summary.get("world_size", args.nproc))
     result["final_loss"] = summary.get("final_loss")
-    trace = run_dir / "profile" / "rank0.trace.json"
+    trace = run_dir / names.PROFILE_DIR / "rank0.trace.json"
     if args.profile_steps and trace.is_file():
-        window = json.loads((run_dir / "profile" / "rank0.ops.json").read_text())
+        window = json.loads((run_dir / names.PROFILE_DIR / "rank0.ops.json").read_text())
         result.update(trace=str(trace), profile_wall_ms=window.get("wall_ms"))
     return result
 
@@ -631,11 +633,11 @@ def run_quality(args, out: Path, env: dict) -> dict:
         if code != 0:
             runs[variant] = {"error": f"trainer exited with {code}"}
             continue
-        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        records = [json.loads(line) for line in (run_dir / names.METRICS).read_text().splitlines()]
         losses = [r["loss"] for r in sorted((r for r in records if r["kind"] == "train"),
                                             key=lambda r: r["step"])]
         val = [r["val_loss"] for r in records if r["kind"] == "val"]
-        summary = json.loads((run_dir / "summary.json").read_text())
+        summary = json.loads((run_dir / names.SUMMARY).read_text())
         runs[variant] = {"losses": [round(x, 5) for x in losses], "val_loss": val[-1] if val else None,
                          "step_time_s": summary.get("step_time_s"), "wall_s": round(time.time() - t0, 1)}
         print(json.dumps({"variant": variant, "final_loss": losses[-1], "val_loss": runs[variant]["val_loss"]}),
@@ -778,7 +780,7 @@ def main(argv=None) -> int:
     if args.worker:
         return _worker(args, out)
     out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "ANVIL_GPU_PEAK_TFLOPS": str(args.peak_tflops), "PYTHONUNBUFFERED": "1",
+    env = {**os.environ, names.GPU_PEAK_TFLOPS: str(args.peak_tflops), "PYTHONUNBUFFERED": "1",
            **SAFE_ENV,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     if args.quality:

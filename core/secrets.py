@@ -16,6 +16,8 @@ import os
 import re
 from typing import Any, Iterable, Mapping
 
+from core import names
+
 MASK = "<masked>"
 
 # Substring match on environment variable names (case-insensitive), as in the
@@ -26,7 +28,7 @@ SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASS|AUTH|CREDENTIAL|COOKIE|SIGNATUR
 # or PASS for harmless reasons (NCCL_IB_PKEY, ...). Masked only if the name
 # carries an unambiguous secret word.
 SAFE_PREFIXES = ("NCCL_", "RCCL_", "HSA_", "HIP_", "ROCR_", "CUDA_", "SLURM_", "TORCH", "PYTORCH_",
-                 "OMP_", "MASTER_", "MIOPEN_", "ANVIL_GPU_", "TOKENIZERS_")
+                 "OMP_", "MASTER_", "MIOPEN_", names.GPU + "_", "TOKENIZERS_")
 STRONG_SECRET_NAME = re.compile(r"TOKEN(?!IZER)|SECRET|PASSWORD|PASSWD|CREDENTIAL|PRIVATE|COOKIE",
                                 re.IGNORECASE)
 

@@ -31,6 +31,8 @@ import signal
 import threading
 from contextlib import contextmanager
 
+from core import names
+
 EXIT_REQUEUE = 3
 EXIT_HUNG = 4            # no training step for health.hang_timeout_s: stacks dumped, rank ended
 EXIT_INTERRUPTED = 130
@@ -160,7 +162,7 @@ class Stopper:
 
     def __init__(self, signals=DEFAULT_SIGNALS, check_every: int | None = None):
         self.signals = [getattr(signal, s) if isinstance(s, str) else signal.Signals(s) for s in signals]
-        env_every = os.environ.get("ANVIL_SIGNAL_CHECK_EVERY")
+        env_every = os.environ.get(names.SIGNAL_CHECK_EVERY)
         self.check_every = max(1, int(check_every or env_every or 1))
         self.signum: int | None = None
         self._previous: dict[int, object] = {}

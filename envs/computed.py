@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import getpass
 
+from core import names
 from envs import netinfo
 
 
@@ -51,9 +52,9 @@ def miopen_cache_dir(ctx):
 
 
 def hostname(ctx):
-    # Under `inv -H` the fan-out names each host as the user typed it (ANVIL_HOST);
+    # Under `inv -H` the fan-out names each host as the user typed it (names.HOST);
     # keep that so log lines and hooks match the -H list, not the machine's own name.
-    return ctx.get("ANVIL_HOST") or ctx.hostname
+    return ctx.get(names.HOST) or ctx.hostname
 
 
 # ---- TunableOp (--tune-gemm): its results file, in a cache keyed by what makes the results valid
@@ -97,12 +98,12 @@ def tunableop_key(machine, build: dict) -> str | None:
 
 
 def cache_root(ctx):
-    """ANVIL_CACHE_DIR, else $XDG_CACHE_HOME/anvil, else ~/.cache/anvil (on a cluster: a home shared by the
+    """names.CACHE_DIR, else $XDG_CACHE_HOME/anvil, else ~/.cache/anvil (on a cluster: a home shared by the
     nodes, so every node reads the same results)."""
     from pathlib import Path
 
-    if ctx.get("ANVIL_CACHE_DIR"):
-        return Path(ctx.get("ANVIL_CACHE_DIR"))
+    if ctx.get(names.CACHE_DIR):
+        return Path(ctx.get(names.CACHE_DIR))
     base = ctx.get("XDG_CACHE_HOME") or str(Path(ctx.get("HOME") or Path.home()) / ".cache")
     return Path(base) / "anvil"
 

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
+from core import names
 from envs import profiles
 from envs.errors import EnvError
 from envs.machine import GpuStatus, Machine, Gpu
@@ -16,17 +17,17 @@ ROOT = Path("/")
 
 
 def detect(gpu_override: Optional[str] = None, environ=os.environ) -> Machine:
-    """This machine, or with `gpu_override` / ANVIL_GPU ("MI300X", "H100:4") another machine's profile."""
+    """This machine, or with `gpu_override` / names.GPU ("MI300X", "H100:4") another machine's profile."""
     if gpu_override:
         return synthesize(gpu_override, "--gpu")
-    if environ.get("ANVIL_GPU"):
-        return synthesize(environ["ANVIL_GPU"], "ANVIL_GPU")
+    if environ.get(names.GPU):
+        return synthesize(environ[names.GPU], names.GPU)
     return _detect_live(ROOT)
 
 
 def synthesize(name: str, source: str = "--gpu") -> Machine:
     """A Machine for a model by name ("MI300X" or "MI300X:4" for 4 GPUs); raises EnvError if unknown.
-    source: where the name was given (--gpu, ANVIL_GPU), for the message."""
+    source: where the name was given (--gpu, names.GPU), for the message."""
     count = None
     match = re.fullmatch(r"(.+):(\d+)", name.strip())
     if match:
@@ -39,7 +40,7 @@ def synthesize(name: str, source: str = "--gpu") -> Machine:
         vendor=model.vendor, model=model.name, name=model.name, arch=model.arch, count=count,
         memory_gib=model.memory_gib, runtime=model.runtime, source="override", profile=model.key,
         gpus=[Gpu(i, model.name, model.memory_gib, model.arch) for i in range(count)],
-        notes=[f"not detected: the {model.name} profile was asked for (--gpu / ANVIL_GPU)"],
+        notes=[f"not detected: the {model.name} profile was asked for (--gpu / {names.GPU})"],
     )
 
 

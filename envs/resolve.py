@@ -8,11 +8,12 @@ touched it, so `inv env.explain VAR` can show the whole story.
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, NamedTuple, Optional, Union
 
+from core import names
+from core.host import host_name
 from envs import profiles
 from envs.detect import detect
 from envs.errors import EnvError
@@ -136,7 +137,7 @@ def resolve(machine: Optional[Machine] = None, gpu: Optional[str] = None, site: 
         stack.append(tunableop.PROFILE)
 
     result = ResolvedEnv(machine, site_key, [p.label for p in stack])
-    ctx = Context(machine, environ, context.get("hostname") or socket.gethostname(), root, result.vars)
+    ctx = Context(machine, environ, context.get("hostname") or host_name(), root, result.vars)
     for profile in stack:
         for entry in profile.entries:
             if isinstance(entry, Computed):
@@ -174,7 +175,7 @@ def unknown_gpu_message(machine: Machine) -> str:
     return (f"GPU {machine.name!r} ({machine.arch or 'unknown arch'}) has no Anvil profile: only the base and "
             f"{profiles.VENDOR_PROFILES[machine.vendor].key} layers apply, no tuned settings and no peak FLOP/s. "
             f"Known models: {', '.join(profiles.known_names())}. Add envs/profiles/<model>.py, or accept it with "
-            f"--allow-unknown-gpu / ANVIL_ALLOW_UNKNOWN_GPU=1 (preflight fails otherwise).")
+            f"--allow-unknown-gpu / {names.ALLOW_UNKNOWN_GPU}=1 (preflight fails otherwise).")
 
 
 def _pick_site(site: Optional[str], environ, root: Path) -> Optional[str]:
@@ -227,7 +228,7 @@ def compute_here(names: Iterable[str], environ: Optional[Mapping[str, str]] = No
     computers = {e.name: e for profile in stack for e in profile.entries
                  if isinstance(e, Computed) and e.per_node}
     machine = Machine(vendor="cpu", model=None, name="not probed", arch=None, count=0, memory_gib=None)
-    ctx = Context(machine, environ, hostname or socket.gethostname())
+    ctx = Context(machine, environ, hostname or host_name())
     out: dict[str, str] = {}
     for name in names:
         entry = computers.get(name)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
+from core import names
+
 ComputeResult = Union[None, str, "tuple[str, str]"]
 
 
@@ -116,7 +118,7 @@ def computed(name: str, compute: Callable[..., ComputeResult], reason: str, ref:
 
 
 def model_profile(model: GpuModel, *entries: Entry) -> Profile:
-    """The model layer: ANVIL_GPU_ARCH and ANVIL_GPU_PEAK_TFLOPS from the spec, then extras."""
+    """The model layer: names.GPU_ARCH and names.GPU_PEAK_TFLOPS from the spec, then extras."""
 
     def peak(ctx) -> ComputeResult:
         reported = (ctx.machine.name or "") if ctx.machine.model == model.name else ""
@@ -126,9 +128,9 @@ def model_profile(model: GpuModel, *entries: Entry) -> Profile:
         return _fmt(model.peak_tflops)
 
     base = (
-        setting("ANVIL_GPU_ARCH", model.arch, f"{model.name} is {model.arch}; kernels and caches key on it",
+        setting(names.GPU_ARCH, model.arch, f"{model.name} is {model.arch}; kernels and caches key on it",
                 "vendor ISA/compute-capability tables (ROCm GPU specs; CUDA compute capabilities)"),
-        computed("ANVIL_GPU_PEAK_TFLOPS", peak,
+        computed(names.GPU_PEAK_TFLOPS, peak,
                  f"dense bf16 peak of one {model.name} device, the MFU denominator", model.peak_ref,
                  per_node=False),
     )

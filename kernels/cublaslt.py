@@ -15,7 +15,7 @@ addmm_ by a clear margin, and then overwrites `out` with it. An accumulating cal
 must add exactly once); until its signature has been tuned it runs addmm_. At most _MAX_SIGNATURES
 are tuned in a process (each tune waits on the GPU); later ones run torch.mm. Elsewhere (CPU, ROCm,
 fp32, another device than the current one, CUDA graph capture, deterministic algorithms,
-ANVIL_CUBLASLT=0) it is torch.mm / addmm_. Not tried on ROCm: hipBLASLt has the same heuristic API and
+names.CUBLASLT=0) it is torch.mm / addmm_. Not tried on ROCm: hipBLASLt has the same heuristic API and
 could take the same path.
 
 Operands are row-major terms: out[m, n] = a[m, k] @ b[k, n] (+ out), where a and b may be transposed
@@ -30,6 +30,8 @@ import os
 import statistics
 
 import torch
+
+from core import names
 
 _COMPUTE_32F = 68
 _R_32F, _R_16F, _R_16BF = 0, 2, 14
@@ -50,7 +52,7 @@ MARGIN = 0.97
 _TUNE_ROUNDS = 3
 _MAX_SIGNATURES = 8
 _REDUCTION_IN_COMPUTE_TYPE = 2  # cublasLtReductionScheme_t: split-K parts summed in fp32
-_ENABLED = os.environ.get("ANVIL_CUBLASLT", "1") != "0"
+_ENABLED = os.environ.get(names.CUBLASLT, "1") != "0"
 _TUNABLE_DTYPES = (torch.bfloat16, torch.float16)
 
 

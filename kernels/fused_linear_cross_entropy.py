@@ -31,6 +31,7 @@ from typing import Optional
 
 import torch
 
+from core import names
 from kernels import arch, cublaslt
 from kernels.cross_entropy import float8_grad_fusable, launch_ce, scale_grad
 from kernels.float8 import cast_rowwise
@@ -43,13 +44,13 @@ from kernels.float8 import cast_rowwise
 # Again on 2026-11-23 with the persistent cross-entropy (same shape, two calls, +-1 ms between them): C1024
 # 40.2 ms, C2048 39.0-39.4 (1.53 GiB), C4096 38.9-40.1 (2.02 GiB); torch.compile 39.9 at 3.0 GiB. x4 stays:
 # larger chunks gain 2-3% for 0.25-0.75 GiB, and one chunk for the whole batch changed nothing in training.
-# ANVIL_FLCE_CHUNK_FACTOR overrides it (1 = Liger's memory footprint).
-_CHUNK_FACTOR = int(os.environ.get("ANVIL_FLCE_CHUNK_FACTOR") or 4)
+# names.FLCE_CHUNK_FACTOR overrides it (1 = Liger's memory footprint).
+_CHUNK_FACTOR = int(os.environ.get(names.FLCE_CHUNK_FACTOR) or 4)
 # float8: torch._scaled_mm's operands need H and V divisible by 16, and each chunk's slice of the row
 # scales 16-byte aligned (cuBLASLt), so chunks are whole multiples of 16 rows
 _FLOAT8_ALIGN = 16
 # float8: the cross-entropy kernel writes the float8 gradient as it stores the bf16 one (0: a cast pass)
-_FUSED_GRAD_CAST = os.environ.get("ANVIL_FLCE_FUSED_CAST", "1") != "0"
+_FUSED_GRAD_CAST = os.environ.get(names.FLCE_FUSED_CAST, "1") != "0"
 
 
 def default_chunk(n_tokens: int, hidden: int, vocab: int) -> int:
@@ -100,7 +101,7 @@ class _Float8Head:
     probabilities sum to it (with z-loss or label smoothing it is measured instead). Where the
     cross-entropy kernel can (float8_grad_fusable), it writes the float8 gradient itself as it stores
     the bf16 one, scaled by that entry, and the gradient is never read back to be cast
-    (ANVIL_FLCE_FUSED_CAST=0 casts in a pass of its own, for comparison)."""
+    (names.FLCE_FUSED_CAST=0 casts in a pass of its own, for comparison)."""
 
     def __init__(self, hidden, weight, need_gx, dtype, chunk, z_loss, label_smoothing):
         self.dtype, self.out_dtype = dtype, hidden.dtype

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from core import names
 from runtime.cluster.options import SLURM_MODES, ContainerOptions, Options, SlurmOptions, SshOptions
 from runtime.cluster.runtime import Runtime
 from runtime.cluster.transport import NODE_RUNS_DIR_VAR
@@ -227,7 +228,7 @@ def from_mapping(values: Mapping[str, Any] | None, root: Path) -> Settings:
 #: Set by a fan-out (ssh, srun) for the task it starts on a node: where that node's run directory
 #: goes and how it runs its part. They win over every configuration level, -f FILE included, since
 #: the fan-out forwards that file too.
-NODE_RUNTIME_VAR = "ANVIL_NODE_RUNTIME"
+NODE_RUNTIME_VAR = names.NODE_RUNTIME
 NODE_OVERRIDES = {NODE_RUNS_DIR_VAR: "runs_dir", NODE_RUNTIME_VAR: "runtime"}
 #: Where inv leaves its own SSH flags (-i, -S, -t, prompts) for everything that reaches hosts over SSH.
 SSH_FLAGS = "anvil_cli_ssh_options"

@@ -9,6 +9,7 @@ import json as jsonlib
 
 from invoke import Collection
 
+from core import names
 from runtime.runs.run import run_task
 from core.errors import AnvilError, UserError
 
@@ -127,7 +128,7 @@ def kernels(c, op="all", json=False, quick=False, out="", run_options=None):
                 kb.write_atomic(out, text + "\n")
         except kb.KernelBenchError as exc:
             raise UserError(str(exc)) from None
-        run.write_json("kernels.json", report)
+        run.write_json(names.KERNELS, report)
         print(text)
         return {"op": op}
     _execute(c, "bench.kernels", run_options, _resolve("", run_options), body, extra={"op": op, "quick": quick})

@@ -7,11 +7,12 @@ import sys
 
 from invoke import Collection, task
 
+from core import names
 from runtime.jobs.environment import explained_var, print_warnings, resolve_on_hosts, resolved_env
 from core.errors import UserError
 
 COMMON_HELP = {
-    "gpu": "Show another machine's profile: MI300X, H100, MI250X:8 ... (default: detect; env ANVIL_GPU)",
+    "gpu": f"Show another machine's profile: MI300X, H100, MI250X:8 ... (default: detect; env {names.GPU})",
     "site": "Site overlay: lumi, or none (default: auto-detect)",
     "config": "Training config whose env: block is a layer",
     "env": "KEY=VALUE on top of every layer (repeatable)",

@@ -18,11 +18,11 @@ table and one JSON document.
 from __future__ import annotations
 
 import json as jsonlib
-import os
-import socket
 
 from invoke import Collection
 
+from core import names
+from core.host import this_host
 from runtime.jobs.environment import print_warnings, resolved_env
 from runtime.runs.run import run_task
 from core.errors import AnvilError
@@ -32,7 +32,7 @@ HELP = {
     "site": "Site overlay: lumi, or none (default: auto-detect)",
     "json": "Print JSON ({host, status, checks: [{name, status, value, reason, fix}]})",
     "require-gpu": "No GPU is a FAIL (default: a WARN, so CPU machines pass)",
-    "allow-unknown-gpu": "A GPU without an Anvil profile is a WARN, not a FAIL (env ANVIL_ALLOW_UNKNOWN_GPU=1)",
+    "allow-unknown-gpu": f"A GPU without an Anvil profile is a WARN, not a FAIL (env {names.ALLOW_UNKNOWN_GPU}=1)",
 }
 ALL = ("gpu", "host", "software", "network", "affinity", "topology", "screen")
 PERF_HELP = {
@@ -44,7 +44,7 @@ PERF_HELP = {
 }
 
 
-def run_preflight(c, task_name, names, gpu, site, json, require_gpu, allow_unknown_gpu, run_options,
+def run_preflight(c, task_name, check_names, gpu, site, json, require_gpu, allow_unknown_gpu, run_options,
                   inputs_extra=None, after=None):
     """Run the named checks into one table / JSON document; `after(inputs, run)` runs before the verdict."""
     import envs
@@ -55,19 +55,19 @@ def run_preflight(c, task_name, names, gpu, site, json, require_gpu, allow_unkno
     env = resolved_env(gpu, site, None, run_options.env)
     machine = envs.detect() if gpu else env.machine  # the checks look at this node, whatever --gpu says
     runs_dir = settings_mod.load(c).runs_dir
-    host = os.environ.get("ANVIL_HOST") or socket.gethostname()
+    host = this_host()
 
     def body(run):
         inputs = CheckInputs(machine, env, runs_dir, require_gpu=require_gpu, allow_unknown_gpu=allow_unknown_gpu,
                              **(inputs_extra or {}))
-        results = run_checks(names, inputs)
+        results = run_checks(check_names, inputs)
         if inputs.topology is not None:      # the map the topology check saw: inv snapshot.report draws it
-            run.write_json("topology.json", inputs.topology.to_dict())
+            run.write_json(names.TOPOLOGY, inputs.topology.to_dict())
         if after:
             after(inputs, run)
         payload = {"host": host, "status": worst(results), "checks": [r.to_dict() for r in results],
                    "machine": machine.to_dict(), "run_dir": str(run.path)}
-        run.write_json("preflight.json", payload)
+        run.write_json(names.PREFLIGHT, payload)
         if json:
             print(jsonlib.dumps(payload, indent=2))
         else:
@@ -81,7 +81,7 @@ def run_preflight(c, task_name, names, gpu, site, json, require_gpu, allow_unkno
             raise AnvilError(f"{len(failed)} check(s) FAIL: {', '.join(failed)}", 1)
         return {"status": payload["status"], "checks": len(results)}
 
-    return execute(c, run_options.spec(task_name, env=env, extra={"checks": list(names)}), body)
+    return execute(c, run_options.spec(task_name, env=env, extra={"checks": list(check_names)}), body)
 
 
 def _check_task(check_names, doc):
@@ -129,7 +129,7 @@ def perf(c, gpu="", site="", json=False, require_gpu=False, allow_unknown_gpu=Fa
     def save(inputs, run):
         if save_baseline:
             document = perf_mod.save_baseline(inputs, save_baseline)
-            run.write_json("baseline.json", document)
+            run.write_json(names.BASELINE, document)
             print(f"baseline written to {save_baseline}: " + ", ".join(f"{k} {v:.4g}"
                                                                      for k, v in document["measured"].items()))
     run_preflight(c, "preflight.perf", ("perf",), gpu, site, json, require_gpu, allow_unknown_gpu, run_options,

@@ -23,6 +23,7 @@ import json as jsonlib
 
 from invoke import Collection, task
 
+from core import names
 from runtime.runs.run import run_task
 from core.errors import AnvilError
 
@@ -62,7 +63,7 @@ def train(c, config=None, set_=None, steps="3:6", ranks="0", top=15, nproc=0, co
     from trainer.profiling import ProfileSettingsError, parse_ranks, parse_steps
     from trainer.profiling.report import advice_lines, table
 
-    # the option names the user typed, not the variables they travel in (ANVIL_PROFILE_*)
+    # the option names the user typed, not the variables they travel in (names.PROFILE_STEPS, names.PROFILE_RANKS, ...)
     try:
         _, end = parse_steps(steps)
     except ProfileSettingsError:
@@ -94,7 +95,7 @@ def train(c, config=None, set_=None, steps="3:6", ranks="0", top=15, nproc=0, co
     sets = list(set_ or []) + [f"train.steps={end - 1}", "checkpoint.interval=0", "checkpoint.save_final=false"]
     job = TrainingJob(config=config, sets=sets, nproc=nproc, compile=compile, kernels=kernels, gpu=gpu, site=site,
                       dry_run=dry_run, ranks_used=frozenset(chosen or ()), tool=tool, tune_gemm=tune_gemm)
-    window = [f"ANVIL_PROFILE_STEPS={steps}", f"ANVIL_PROFILE_RANKS={ranks}"]
+    window = [f"{names.PROFILE_STEPS}={steps}", f"{names.PROFILE_RANKS}={ranks}"]
     if tool:
         window += [f"{tools.TOOL_VAR}={tool}"] + ([f"{tools.KERNELS_VAR}={regex}"] if regex else []) \
             + ([f"{tools.ARGS_VAR}={tool_args}"] if tool_args else [])
@@ -112,7 +113,7 @@ def train(c, config=None, set_=None, steps="3:6", ranks="0", top=15, nproc=0, co
     if tool:
         _print_tool_output(run_dir, tool)
         return
-    profile_dir = run_dir / "profile"
+    profile_dir = run_dir / names.PROFILE_DIR
     reports = sorted(profile_dir.glob("rank*.ops.json"))
     if not reports:
         raise AnvilError(f"no trace was written (is rank {ranks} in this job?); see {run_dir}/logs", exit_code=1)
@@ -147,7 +148,7 @@ def _print_tool_output(run_dir, tool):
     from runtime.jobs import profiling
     from runtime.launch import tools
 
-    profile_dir = run_dir / "profile"
+    profile_dir = run_dir / names.PROFILE_DIR
     found = sorted(p for p in profile_dir.iterdir() if not p.name.endswith(".window.json")) \
         if profile_dir.is_dir() else []
     if not found:

@@ -314,10 +314,10 @@ def test_unknown_gpu_warns():
 def test_a_computed_value_that_breaks_is_a_warning_not_a_crash(monkeypatch):
     def boom(ctx):
         raise OSError("sysfs went away")
-    broken = profiles.BASE.entries + (Computed("ANVIL_BROKEN", boom, "a probe that fails", "test"),)
+    broken = profiles.BASE.entries + (Computed("BROKEN_PROBE", boom, "a probe that fails", "test"),)
     monkeypatch.setattr(profiles, "BASE", profiles.BASE.__class__("base", "base", "t", broken))
     resolved = envs.resolve(gpu="H100", site="none")
-    assert "ANVIL_BROKEN" not in resolved.vars and any("sysfs went away" in w for w in resolved.warnings)
+    assert "BROKEN_PROBE" not in resolved.vars and any("sysfs went away" in w for w in resolved.warnings)
 
 
 # ---- computed values: routes and RDMA ports -------------------------------------------------

@@ -155,7 +155,7 @@ REMOTE_CHILD = """
 import os, signal, sys, time
 got = []
 signal.signal(signal.SIGUSR2, lambda *a: got.append("USR2"))
-print("ready", os.environ["ANVIL_X"], os.environ.get("ANVIL_LAUNCHER_PID") == str(os.getppid()), flush=True)
+print("ready", os.environ["FANOUT_PROBE"], os.environ.get("ANVIL_LAUNCHER_PID") == str(os.getppid()), flush=True)
 try:
     while True:
         time.sleep(0.05)
@@ -186,7 +186,7 @@ def test_the_far_end_of_a_session_takes_its_environment_and_signals_over_stdin(s
     in inv, inv gone, the connection dropped) is SIGINT, as a terminal's Ctrl-C. It reaches the command
     also where the far end itself started with SIGINT ignored (from a script, with `&`)."""
     proc = _remote("--launcher", sigint_ignored=sigint_ignored)
-    proc.stdin.write(json.dumps({"ANVIL_X": "from-inv"}) + "\n")
+    proc.stdin.write(json.dumps({"FANOUT_PROBE": "from-inv"}) + "\n")
     proc.stdin.flush()
     assert proc.stdout.readline() == "ready from-inv True\n"     # the agent would end with this process
     proc.stdin.write("SIGUSR2\n")
@@ -200,7 +200,7 @@ def test_the_far_end_ends_a_command_past_its_timeout():
     import time
 
     proc = _remote("--timeout", "1")
-    proc.stdin.write(json.dumps({"ANVIL_X": "x"}) + "\n")
+    proc.stdin.write(json.dumps({"FANOUT_PROBE": "x"}) + "\n")
     proc.stdin.flush()
     started = time.monotonic()
     assert proc.stdout.readline() == "ready x False\n"

@@ -111,8 +111,8 @@ def test_two_hosts_train_like_one_host_and_a_replay_trains_there_again(hosts, da
     run = hosts.only_run()
     md = json.loads((run / "metadata.json").read_text())
     assert (md["status"], md["runtime"], md["hosts"], md["world_size"], md["nodes"]) == \
-        ("ok", "ssh", ["node1", "node2"], 4, 2), md
-    for rank, host in ((0, "node1"), (1, "node1"), (2, "node2"), (3, "node2")):   # each rank's host in its log
+        ("ok", "ssh", hosts.up, 4, 2), md      # each host as -H named it, not its own host name (node1, node2)
+    for rank, host in ((0, hosts.up[0]), (1, hosts.up[0]), (2, hosts.up[1]), (3, hosts.up[1])):   # and in each log
         assert f"[{host} r{rank}/l{rank % 2}]" in (run / "logs" / f"rank{rank}.log").read_text()
     launched = [line for line in (run / "logs" / "launcher.log").read_text().splitlines() if line.startswith("$ ")]
     assert len(launched) == 2 and all(f"--master-addr {hosts.up[0]} " in line for line in launched)
@@ -129,7 +129,7 @@ def test_two_hosts_train_like_one_host_and_a_replay_trains_there_again(hosts, da
     assert replay.returncode == 0, explain(replay)
     (again,) = [p for p in hosts.runs.iterdir() if p != run]
     md = json.loads((again / "metadata.json").read_text())
-    assert (md["status"], md["hosts"], md["world_size"], md["replay_of"]) == ("ok", ["node1", "node2"], 4, str(run))
+    assert (md["status"], md["hosts"], md["world_size"], md["replay_of"]) == ("ok", hosts.up, 4, str(run))
     assert train_losses(again) == train_losses(run)
 
 

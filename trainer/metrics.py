@@ -1,7 +1,7 @@
 """What a run measures and where it goes: metrics.jsonl, TensorBoard, console, summary.
 
 Per log interval (read a step late, DeferredScalars: the loop never drains the GPU's queue): loss, lr, grad norm,
-tokens/s, step time, MFU (torchtitan's FLOP count against ANVIL_GPU_PEAK_TFLOPS),
+tokens/s, step time, MFU (torchtitan's FLOP count against names.GPU_PEAK_TFLOPS),
 GPU memory and utilisation, CPU and process memory.
 """
 from __future__ import annotations
@@ -14,13 +14,14 @@ from pathlib import Path
 
 import torch
 
+from core import names
 from trainer import ranklog
 
 GIB = 1024 ** 3
 
 
 def peak_tflops_from_env() -> float | None:
-    value = os.environ.get("ANVIL_GPU_PEAK_TFLOPS", "").strip()
+    value = os.environ.get(names.GPU_PEAK_TFLOPS, "").strip()
     try:
         peak = float(value)
     except ValueError:
@@ -171,7 +172,7 @@ class Metrics:
         except ImportError:
             self._proc = None
         if is_main and run_dir is not None:
-            self._file = open(Path(run_dir) / "metrics.jsonl", "a", encoding="utf-8")
+            self._file = open(Path(run_dir) / names.METRICS, "a", encoding="utf-8")
             if tensorboard is not False:   # None: when installed, without a word when not
                 try:
                     from torch.utils.tensorboard import SummaryWriter

@@ -16,6 +16,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from core import names
+
 
 @dataclass
 class MetricsLog:
@@ -27,7 +29,7 @@ class MetricsLog:
     unfinished: bool = False                                # the last line has no newline yet (being written)
     lines: int = 0
 
-    def problems(self, name: str = "metrics.jsonl") -> list[str]:
+    def problems(self, name: str = names.METRICS) -> list[str]:
         """What could not be read, in words (empty when everything could)."""
         out = []
         damaged = [n for n in self.damaged if not (self.unfinished and n == self.lines)]

@@ -15,6 +15,7 @@ import json
 import os
 from pathlib import Path
 
+from core import names
 from trainer import metrics_log
 from core.errors import UserError
 from core.files import file_in_the_way, make_parent, write_atomic
@@ -31,7 +32,7 @@ def read_metrics(run_dir: Path) -> tuple[dict[int, dict], dict[int, dict], list[
     log) of this run directory's metrics.jsonl. Lines cut short by a kill are skipped. (A run
     resumed into a new run directory continues an earlier one's curve: runtime.runs.metrics
     reads every segment, and `inv train.plot` draws those.)"""
-    path = Path(run_dir) / "metrics.jsonl"
+    path = Path(run_dir) / names.METRICS
     if Path(run_dir).exists() and not Path(run_dir).is_dir():
         raise PlotError(f"{run_dir}: not a directory; expected a run directory (it holds metrics.jsonl)")
     if not Path(run_dir).is_dir():
@@ -120,7 +121,7 @@ def build_figure(train: dict[int, dict], val: dict[int, dict], resumes=(), title
 def _title(run_dir: Path, train: dict) -> str:
     parts = [run_dir.name]
     try:
-        summary = json.loads((run_dir / "summary.json").read_text())
+        summary = json.loads((run_dir / names.SUMMARY).read_text())
         world = summary.get("world_size", "?")
         parts.append(f"{summary.get('config', '')} · {world} process{'' if world == 1 else 'es'} · "
                      f"{summary.get('device', '')} · {summary.get('status', '')}")

@@ -6,8 +6,8 @@ Line format::
 
 Every rank writes RUN_DIR/logs/rank{R}.log; the console (stderr, so a task's
 ``--json`` stdout stays parseable) shows only ``console_rank``, or the rank in
-env ANVIL_LOG_RANK ("all" shows every rank). Rank, local rank and host default
-to env RANK, LOCAL_RANK and ANVIL_HOST (else the host name).
+env names.LOG_RANK ("all" shows every rank). Rank, local rank and host default
+to env RANK, LOCAL_RANK and names.HOST (else the host name).
 
 Secret values found in the environment are masked in every line written
 (core.secrets, also stdlib only).
@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
 from pathlib import Path
 
+from core import names
+from core.host import this_host
 from core.secrets import Masker
 
 FORMAT = "[%(asctime)s][%(rank_tag)s][%(levelname)s] %(message)s"
@@ -54,7 +55,7 @@ def _env_int(name: str, default: int) -> int:
 
 
 def console_shows(rank: int, console_rank: int | str = 0) -> bool:
-    wanted = os.environ.get("ANVIL_LOG_RANK", str(console_rank)).strip().lower()
+    wanted = os.environ.get(names.LOG_RANK, str(console_rank)).strip().lower()
     if wanted == "all":
         return True
     try:
@@ -86,7 +87,7 @@ def setup(run_dir: Path | str | None, rank: int | None = None, local_rank: int |
     """
     rank = _env_int("RANK", 0) if rank is None else int(rank)
     local_rank = _env_int("LOCAL_RANK", rank) if local_rank is None else int(local_rank)
-    host = host or os.environ.get("ANVIL_HOST") or socket.gethostname().split(".")[0]
+    host = host or this_host()
     logger = logging.getLogger(name)
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
@@ -98,9 +99,9 @@ def setup(run_dir: Path | str | None, rank: int | None = None, local_rank: int |
     logger.addFilter(_RankFilter(f"{host} r{rank}/l{local_rank}", Masker.from_environ()))
     formatter = logging.Formatter(FORMAT, DATEFMT)
     if run_dir is not None:
-        log_dir = Path(run_dir) / "logs"
+        log_dir = Path(run_dir) / names.LOGS_DIR
         log_dir.mkdir(parents=True, exist_ok=True)
-        file_handler = logging.FileHandler(log_dir / (file_name or f"rank{rank}.log"), encoding="utf-8")
+        file_handler = logging.FileHandler(log_dir / (file_name or names.rank_log(rank)), encoding="utf-8")
         file_handler.setFormatter(formatter)
         logger.addHandler(file_handler)
     if console_shows(rank, console_rank):
@@ -111,7 +112,7 @@ def setup(run_dir: Path | str | None, rank: int | None = None, local_rank: int |
 
 
 #: Set by the launcher when `inv` itself runs on a terminal: rank 0 draws its bar there.
-PROGRESS_TTY_VAR = "ANVIL_PROGRESS_TTY"
+PROGRESS_TTY_VAR = names.PROGRESS_TTY
 
 
 def terminal():

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from core import names
 from trainer import distributed, fp8, health, metrics, optim, saved_activations
 from trainer.config import SYNTHETIC, TrainConfig
 from core.errors import UserError
@@ -150,7 +151,7 @@ def apply_kernels(model: Transformer) -> Transformer:
     except ImportError as exc:
         raise TrainError(f"--kernels: the fused kernels are not available ({exc}); "
                          "install the kernels package with Triton, or run without --kernels") from None
-    if not getattr(kernels, "ANVIL_KERNELS", False):
+    if not getattr(kernels, "__anvil__", False):
         raise TrainError(f"--kernels: `import kernels` found {getattr(kernels, '__file__', kernels)}, not Anvil's "
                          "kernels/ (Hugging Face's package of the same name shadows it): pip uninstall kernels "
                          "in this environment, or run from the checkout so that its folder comes first")
@@ -336,9 +337,9 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
                           flops_per_token=fpt, tensorboard=cfg.logging.tensorboard,
                           progress=cfg.logging.progress, gpu_stats=cfg.logging.gpu_stats)
     if met.peak_tflops is None and info.device.type == "cuda":
-        log.info("MFU: n/a (ANVIL_GPU_PEAK_TFLOPS not set by the environment profile)")
+        log.info(f"MFU: n/a ({names.GPU_PEAK_TFLOPS} not set by the environment profile)")
     from trainer.profiling import StepProfiler
-    profiler = StepProfiler.from_env(run_dir, info.rank)  # ANVIL_PROFILE_STEPS (inv profile.train)
+    profiler = StepProfiler.from_env(run_dir, info.rank)  # names.PROFILE_STEPS (inv profile.train)
     stopper = signals.install()
     stopper.failing = checkpointer.failed   # a background write that failed stops every rank, together
     autocast = autocast_context(cfg, info)
@@ -491,6 +492,6 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
                           flops_per_token=fpt, config=cfg.name,
                           **({"init_from": init_from} if init_from else {}))   # where the weights started
     if info.is_main:
-        write_json_atomic(run_dir / "summary.json", summary)
+        write_json_atomic(run_dir / names.SUMMARY, summary)
         log.info("summary\n" + metrics.summary_table(summary))
     return stopper.exit_code if status in ("preempted", "interrupted") else EXIT_OK

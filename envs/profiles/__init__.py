@@ -10,6 +10,7 @@ import re
 from dataclasses import replace
 from typing import Optional
 
+from core import names
 from envs.errors import EnvError
 from envs.profiles import (a100, b200, base, cpu, cuda, h100, h200, mi210, mi250x, mi300x, mi325x,
                            mi350x, mi355x, rocm)
@@ -36,9 +37,9 @@ MAX_SIZE_OVER_PROFILE = 1.25
 
 
 def by_name(name: str, source: str = "--gpu") -> GpuModel:
-    """The model a user typed (--gpu / ANVIL_GPU): "MI300X", "mi300x", "AMD Instinct MI300X", "H100",
+    """The model a user typed (--gpu / names.GPU): "MI300X", "mi300x", "AMD Instinct MI300X", "H100",
     "A100-40GB" (then with that memory_gib). Exact model names only, any case; EnvError (exit 2) else.
-    source: where the name came from (--gpu, ANVIL_GPU), for the message."""
+    source: where the name came from (--gpu, names.GPU), for the message."""
     model, memory_gib = parse_typed(name, source)
     return replace(model, memory_gib=memory_gib) if memory_gib is not None else model
 
@@ -46,7 +47,7 @@ def by_name(name: str, source: str = "--gpu") -> GpuModel:
 def parse_typed(name: str, source: str = "--gpu") -> tuple[GpuModel, Optional[float]]:
     """(model, memory in GiB or None) of a typed name as by_name reads it; EnvError (exit 2) if it is not one."""
     text = name.strip()
-    label = f"ANVIL_GPU={text!r}" if source == "ANVIL_GPU" else f"{source} {text!r}"
+    label = f"{names.GPU}={text!r}" if source == names.GPU else f"{source} {text!r}"
     # Separators inside the name are the user's choice ("MI-300X"); only what follows a whole model is a size.
     key = re.sub(r"[^a-z0-9]", "", text.lower())
     if key in MODELS:
@@ -57,8 +58,8 @@ def parse_typed(name: str, source: str = "--gpu") -> tuple[GpuModel, Optional[fl
         close = difflib.get_close_matches(typed.group("model").upper() if typed else text.upper(), known_names(),
                                           n=2, cutoff=0.6)
         hint = f"did you mean {' or '.join(close)}? " if close else ""
-        where, unset = (" in the ANVIL_GPU variable", "; unset ANVIL_GPU to detect this machine's GPUs") \
-            if source == "ANVIL_GPU" else ("", "")
+        where, unset = (f" in the {names.GPU} variable", f"; unset {names.GPU} to detect this machine's GPUs") \
+            if source == names.GPU else ("", "")
         raise EnvError(f"unknown GPU model {text!r}{where}; {hint}known models: {', '.join(known_names())}{unset}")
     rest = typed.group("rest")
     if not rest:

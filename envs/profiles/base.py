@@ -1,4 +1,5 @@
 """The base layer: what every Anvil run gets, whatever the GPU."""
+from core import names
 from envs import computed as c
 from envs.profiles import refs
 from envs.spec import Profile, computed, setting
@@ -19,7 +20,7 @@ PROFILE = Profile("base", "base", "every machine", (
     setting("TOKENIZERS_PARALLELISM", "false",
             "HF tokenizers' thread pool and forked data-loader workers do not mix",
             refs.NEMO_PERF),
-    computed("ANVIL_HOST", c.hostname,
+    computed(names.HOST, c.hostname,
              "host name the trainer prints in its rank-aware log lines",
-             "Anvil trainer process contract (reads ANVIL_HOST)"),
+             f"Anvil trainer process contract (reads {names.HOST})"),
 ))

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import IO, Mapping, Sequence
 
+from core import names
 from runtime.cluster import values
 from runtime.cluster.options import ENGINES, ContainerOptions
 from runtime.cluster.results import HostResult
@@ -106,7 +107,7 @@ class Container(Transport):
         return self.inner.layout(self._inside(spec), env)
 
     def launch(self, spec: LaunchSpec, env: Mapping[str, str], run_dir: Path | None = None, *,
-               wrap: Wrap | None = None, nodes: Sequence[str] | None = None, log_name: str = "launcher.log",
+               wrap: Wrap | None = None, nodes: Sequence[str] | None = None, log_name: str = names.LAUNCHER_LOG,
                dry_run: bool = False, masker=None, stdout: IO | None = None, stderr: IO | None = None,
                timeout: float | None = None) -> int:
         def in_image(names: Sequence[str]) -> list[str]:

@@ -2,21 +2,18 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 from pathlib import Path
 from typing import IO, Mapping, Sequence
 
+from core import names
+from core.host import this_host
 from runtime.cluster.results import HostResult, Interrupted, parse_json_output
 from runtime.cluster.transport import Progress, Transport, Wrap, node_env
 from runtime.launch import process
 from runtime.launch.commands import launch_env, travelling
 from runtime.launch.spec import LaunchSpec, Layout, processes_per_node
-
-
-def this_host() -> str:
-    return os.environ.get("ANVIL_HOST") or socket.gethostname()
 
 
 class Direct(Transport):
@@ -33,7 +30,7 @@ class Direct(Transport):
         return Layout(processes_per_node(spec, env), 1)
 
     def launch(self, spec: LaunchSpec, env: Mapping[str, str], run_dir: Path | None = None, *,
-               wrap: Wrap | None = None, nodes: Sequence[str] | None = None, log_name: str = "launcher.log",
+               wrap: Wrap | None = None, nodes: Sequence[str] | None = None, log_name: str = names.LAUNCHER_LOG,
                dry_run: bool = False, masker=None, stdout: IO | None = None, stderr: IO | None = None,
                timeout: float | None = None) -> int:
         prefix = wrap(travelling(launch_env(spec, env, run_dir))) if wrap else []

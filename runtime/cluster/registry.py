@@ -1,8 +1,9 @@
 """The transports by runtime name. A runtime of its own (PBS, Flux, Kubernetes, ...) is one module
 with a Transport subclass, and one registration: add it to BUILT_IN here, or call register(cls)
-from a module that ANVIL_TASKS_PATH loads. docs/extending.md shows one."""
+from a module that names.TASKS_PATH loads. docs/extending.md shows one."""
 from __future__ import annotations
 
+from core import names
 from runtime.cluster.direct import Direct
 from runtime.cluster.slurm import Slurm
 from runtime.cluster.ssh import Ssh

@@ -22,7 +22,7 @@ rank and the master), each node's ranks in RUN_DIR/logs/; SIGINT, SIGTERM, SIGUS
 bounded time; the status is the first failure's, else 130 (Ctrl-C) or 3 (requeue me) when every
 node stopped that way, else 0 (a Slurm step ends a clean stop with 0 and leaves its status to the
 agents' reports: runtime.runs.outcome.stop_status). each_node's: `command` runs in the checkout on every node with
-ANVIL_HOST, ANVIL_NODE_RANK and ANVIL_NNODES in its environment (and ANVIL_NODE_RUNS_DIR when
+names.HOST, names.NODE_RANK and names.NODE_COUNT in its environment (and names.NODE_RUNS_DIR when
 given hosts_dir); a node that cannot run it is a HostResult with its error, never an exception;
 Ctrl-C stops it on every node and raises results.Interrupted with what each ended with.
 """
@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 from typing import IO, Callable, ClassVar, Mapping, Sequence
 
+from core import names
 from runtime.cluster.options import Options
 from runtime.cluster.results import HostResult
 from runtime.launch.spec import LaunchSpec, Layout
@@ -43,8 +44,8 @@ Wrap = Callable[[Sequence[str]], list[str]]
 #: Told each node's result as it comes in.
 Progress = Callable[[HostResult], None]
 
-HOST_VAR, NODE_RANK_VAR, NODE_COUNT_VAR, NODE_RUNS_DIR_VAR = ("ANVIL_HOST", "ANVIL_NODE_RANK", "ANVIL_NNODES",
-                                                              "ANVIL_NODE_RUNS_DIR")
+HOST_VAR, NODE_RANK_VAR, NODE_COUNT_VAR, NODE_RUNS_DIR_VAR = (names.HOST, names.NODE_RANK, names.NODE_COUNT,
+                                                              names.NODE_RUNS_DIR)
 
 
 class Transport:
@@ -93,7 +94,7 @@ class Transport:
         raise NotImplementedError
 
     def launch(self, spec: LaunchSpec, env: Mapping[str, str], run_dir: Path | None = None, *,
-               wrap: Wrap | None = None, nodes: Sequence[str] | None = None, log_name: str = "launcher.log",
+               wrap: Wrap | None = None, nodes: Sequence[str] | None = None, log_name: str = names.LAUNCHER_LOG,
                dry_run: bool = False, masker=None, stdout: IO | None = None, stderr: IO | None = None,
                timeout: float | None = None) -> int:
         """Run spec's agents, one per node (`nodes`: only these), until they end; the exit status.
@@ -105,7 +106,7 @@ class Transport:
                   hosts_dir: Path | None = None, timeout: float | None = None, progress: Progress | None = None,
                   nodes: Sequence[str] | None = None) -> list[HostResult]:
         """Run `command` once on every node (`nodes`: only these) at the same time and wait; the nodes'
-        results in node order. hosts_dir: where each node's run directory goes (ANVIL_NODE_RUNS_DIR =
+        results in node order. hosts_dir: where each node's run directory goes (names.NODE_RUNS_DIR =
         hosts_dir/<node>) and, for transports that need one, where results are handed back."""
         raise NotImplementedError
 

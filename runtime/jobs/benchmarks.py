@@ -18,6 +18,7 @@ import os
 import shlex
 import sys
 
+from core import names
 from core.errors import AnvilError, UserError
 
 DTYPES = ("bf16", "fp16", "fp32")
@@ -131,7 +132,7 @@ def gemm(run, m: int, n: int | None, k: int | None, dtype: str, iters: int) -> d
     result = json.loads(result_text.getvalue().strip().splitlines()[-1])
     result["measurements"] = [{"name": f"gemm {result['m']}x{result['n']}x{result['k']} {result['dtype']}",
                                "value": result["tflops"], "unit": "TFLOP/s"}]
-    run.write_json("gemm.json", result)
+    run.write_json(names.GEMM, result)
     return result
 
 
@@ -161,8 +162,8 @@ def _stopped_by(code: int, run_dir) -> int | None:
     from core.signals import STOP_SIGNALS
 
     if code in (EXIT_REQUEUE, EXIT_INTERRUPTED):
-        names = [n.signal for n in outcome.read(run_dir).nodes if n.signal and hasattr(signal, n.signal)]
-        return int(getattr(signal, names[0])) if names else (signal.SIGINT if code == EXIT_INTERRUPTED
+        signals = [n.signal for n in outcome.read(run_dir).nodes if n.signal and hasattr(signal, n.signal)]
+        return int(getattr(signal, signals[0])) if signals else (signal.SIGINT if code == EXIT_INTERRUPTED
                                                              else signal.SIGTERM)
     return code - 128 if code - 128 in STOP_SIGNALS else None
 
@@ -207,7 +208,7 @@ def collective(settings, run, env, op: str, sizes: str, iters: int, nproc: int, 
     """benchmarks.collectives through the runtime on this node; its report with measurements.
 
     quiet: the ranks' output (rank 0's table) goes to stderr, leaving stdout to the caller's JSON."""
-    out = run.path / "collectives.json"
+    out = run.path / names.COLLECTIVES
     spec = collective_spec(env, op, sizes, iters, nproc, out, eager, dtype)
     transport = runtime.open(settings.cluster_options())
     code = transport.launch(spec, run.env, run.path, masker=run.masker, stdout=sys.stderr if quiet else None)

@@ -32,6 +32,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from core import names
 from runtime import settings as settings_mod
 from runtime.cluster import Runtime, Transport
 from runtime.cluster.results import HostResult, Interrupted, checks_of, error_line, slurm_name
@@ -256,7 +257,7 @@ def fan_out(config, context, transport: Transport, node_runtime: Runtime, config
         print(f"  {r.host}: {host_status(r)} ({r.seconds:.1f} s)", file=sys.stderr, flush=True)
 
     try:
-        results = transport.each_node(command, {NODE_RUNTIME_VAR: str(node_runtime)}, hosts_dir=run.path / "hosts",
+        results = transport.each_node(command, {NODE_RUNTIME_VAR: str(node_runtime)}, hosts_dir=run.path / names.HOSTS_DIR,
                                       progress=progress)
     except Interrupted as stop:
         return _interrupted(run, context.name, stop.results, stop.__context__)
@@ -277,9 +278,9 @@ def fan_out(config, context, transport: Transport, node_runtime: Runtime, config
     failing = {slurm_name(h): report.results[h].failure_reasons(context.name) for h in report.failing}
     nodes_mod.write(run.path, [slurm_name(h) for h in report.passing], failing)
     document = {"task": context.name, "run_dir": str(run.path), **report.to_json()}
-    run.write_json("report.json", document)
+    run.write_json(names.FANOUT_REPORT, document)
     text = render(report, context.name, run.path)
-    run.write_text("report.txt", text + "\n")
+    run.write_text(names.FANOUT_TEXT, text + "\n")
     print(json.dumps(document, indent=2, default=str) if wants_json else text)
     run.update_metadata(hosts=report.hosts, passing=report.passing, failing=report.failing)
     if report.failing:
@@ -308,7 +309,7 @@ def _interrupted(run, task: str, results: list[HostResult], cause: BaseException
 
     _write_hosts(run, results)
     text = host_table(results, task) if results else "no node had started the task"
-    run.write_text("report.txt", text + "\n")
+    run.write_text(names.FANOUT_TEXT, text + "\n")
     print(text, file=sys.stderr)
     print(f"{task}: interrupted; run directory {run.path}", file=sys.stderr, flush=True)
     run_mod.finish(run, "interrupted", error=f"interrupted ({what})", exit_code=code)

@@ -13,6 +13,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from core import names
 from trainer.plan import Device, memory, with_changes
 
 GIB = 1024 ** 3
@@ -53,12 +54,12 @@ def plan_device(resolved, memory_gib: float | None = None) -> tuple[Device, int]
 
 
 def _profile_source(machine) -> str:
-    """Where a named machine's memory comes from: its profile, or a size in the name (ANVIL_GPU=A100-40GB)."""
+    """Where a named machine's memory comes from: its profile, or a size in the name (names.GPU=A100-40GB)."""
     from envs import profiles
 
     model = profiles.MODELS.get(machine.profile)
     return f"envs/profiles/{machine.profile}.py" if model and model.memory_gib == machine.memory_gib \
-        else "--gpu / ANVIL_GPU"
+        else f"--gpu / {names.GPU}"
 
 
 def host_memory_gib() -> float | None:

@@ -19,9 +19,10 @@ import re
 import subprocess
 from pathlib import Path
 
+from core import names
 from core.errors import AnvilError, UserError
 
-SUMMARY = "summary.json"
+SUMMARY = names.PROFILE_SUMMARY
 CHART = "breakdown.png"
 
 
@@ -43,17 +44,17 @@ def _settings(run_dir: Path):
     from core import safe_yaml
     from trainer.profiling.advice import RunSettings
 
-    config_path = run_dir / "configs" / "train.yaml"
+    config_path = run_dir / names.CONFIGS_DIR / names.TRAIN_CONFIG
     try:
         cfg = safe_yaml.load(config_path.read_text()) if config_path.is_file() else {}
     except Exception:  # noqa: BLE001 - advice without the config's details is still advice
         cfg = {}
     meta = {}
     try:
-        meta = json.loads((run_dir / "metadata.json").read_text())
+        meta = json.loads((run_dir / names.METADATA).read_text())
     except (OSError, json.JSONDecodeError):
         pass
-    source = (meta.get("config_sources") or {}).get("train.yaml", "")
+    source = (meta.get("config_sources") or {}).get(names.TRAIN_CONFIG, "")
     return RunSettings.from_config(cfg if isinstance(cfg, dict) else {}, world_size=meta.get("world_size") or 1,
                                    config=source)
 
@@ -67,7 +68,7 @@ def build(run_dir: Path) -> dict:
     run_dir = Path(run_dir)
     settings = _settings(run_dir)
     ranks = {}
-    for rank, window in _rank_files(run_dir / "profile").items():
+    for rank, window in _rank_files(run_dir / names.PROFILE_DIR).items():
         bd = window.get("breakdown", {})
         ranks[rank] = {"steps": window.get("steps"), "wall_ms": window.get("wall_ms"), "breakdown": bd,
                        "candidates": candidates(bd, settings)}
@@ -84,7 +85,7 @@ def summarise(run) -> dict:
     png = None
     if any("rows" in bd for bd in breakdowns.values()):
         try:
-            png = chart(breakdowns, run.path / "profile" / CHART, title=f"{run.path.name}: step time by category")
+            png = chart(breakdowns, run.path / names.PROFILE_DIR / CHART, title=f"{run.path.name}: step time by category")
         except Exception as exc:  # noqa: BLE001 - the table and summary.json hold the same figures
             summary["chart_error"] = f"{type(exc).__name__}: {exc}"
     summary["chart"] = str(png) if png else None
@@ -99,7 +100,7 @@ def load_summary(run: str | Path, runs_dir: Path | None = None) -> dict:
         path = rundir.resolve(run, runs_dir)
     except rundir.RunDirError as exc:
         raise ProfileError(str(exc)) from None
-    file = path / "profile" / SUMMARY
+    file = path / names.PROFILE_DIR / SUMMARY
     if file.is_file():
         try:
             return json.loads(file.read_text())
@@ -142,17 +143,17 @@ def kernel_regex(source: str, top: int, runs_dir: Path | None = None) -> str:
     candidate = Path(source)
     if candidate.is_dir() or (runs_dir is not None and (Path(runs_dir) / source).is_dir()):
         summary = load_summary(source, runs_dir)
-        names: list[str] = []
+        found: list[str] = []
         for entry in summary["ranks"].values():
             for _, name, _ in entry["breakdown"].get("top_kernels", []):
                 if re.match(r"Mem(cpy|set)\b", name):     # a copy engine's work, no kernel to measure
                     continue
                 base = function_name(name)
-                if base and base not in names:
-                    names.append(base)
-        if not names:
+                if base and base not in found:
+                    found.append(base)
+        if not found:
             raise ProfileError(f"--tool-kernels {source}: its profile lists no GPU kernels (a CPU run?)")
-        return "|".join(re.escape(n) for n in names[:top])
+        return "|".join(re.escape(n) for n in found[:top])
     try:
         re.compile(source)
     except re.error as exc:

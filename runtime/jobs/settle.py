@@ -33,6 +33,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterable, Mapping
 
+from core import names
+from core.host import this_host
 from runtime.cluster.slurm import batch
 from runtime.cluster.slurm import control as slurm
 from runtime.launch.spec import LaunchError
@@ -86,7 +88,7 @@ def _epoch(slurm_time: str | None) -> float | None:
 
 
 def _last_sign_of_life(run_dir: Path) -> float | None:
-    logs = run_dir / "logs"
+    logs = run_dir / names.LOGS_DIR
     times = [p.stat().st_mtime for p in logs.iterdir() if p.is_file()] if logs.is_dir() else []
     return max(times, default=None)
 
@@ -179,9 +181,7 @@ def settle_dead_launchers(runs: Iterable[tuple[Path, dict]], host: str | None = 
     """Record "lost" for each run that says "running" though the inv that runs it (metadata pid, on this
     host) is gone: nothing else would ever record its end. A direct run's ranks stopped with it
     (runtime.launch.agent). Runs of other hosts, Slurm jobs and live processes are left alone."""
-    import socket
-
-    host = host or os.environ.get("ANVIL_HOST") or socket.gethostname()
+    host = host or this_host()
     settled = []
     for run_dir, metadata in runs:
         pid = metadata.get("pid")

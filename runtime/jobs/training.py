@@ -31,13 +31,14 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from core import names
 from runtime.cluster.runtime import Runtime
 from runtime.launch.spec import EXIT_INTERRUPTED, EXIT_REQUEUE, RUN_DIR
 from core.errors import AnvilError, UserError
 from core.signals import exit_status
 
 #: Where a run keeps the config as used (written once by its snapshot; the ranks and a replay read it).
-CONFIG_FILE = "train.yaml"
+CONFIG_FILE = names.TRAIN_CONFIG
 
 
 class JobStopped(AnvilError):
@@ -182,11 +183,11 @@ def _stopped_before_the_first_step(run_dir: Path, code: int, report) -> str | No
 
     from core.signals import STOP_SIGNALS, signal_name
 
-    if (run_dir / "summary.json").is_file():
+    if (run_dir / names.SUMMARY).is_file():
         return None
     if code in (EXIT_REQUEUE, EXIT_INTERRUPTED):
-        names = [n.signal for n in report.nodes if n.signal]
-        return signal_name(getattr(signal, names[0])) if names and hasattr(signal, names[0]) else "a stop signal"
+        signals = [n.signal for n in report.nodes if n.signal]
+        return signal_name(getattr(signal, signals[0])) if signals and hasattr(signal, signals[0]) else "a stop signal"
     if code - 128 in STOP_SIGNALS and not report.nodes:
         return signal_name(code - 128)
     return None
@@ -329,7 +330,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
         if code != 0:
             cause = outcome.failure_summary(run.path, expected_nodes=layout.nodes)
             raise AnvilError(cause or f"the trainer exited with status {code}; see {run.path}/logs/", code)
-        summary_path = run.path / "summary.json"
+        summary_path = run.path / names.SUMMARY
         summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
         return {"run_dir": run.path, "summary": summary, **({"after": after(run)} if after else {})}
 

@@ -4,7 +4,7 @@ for its replay.
     with tuning.kept(run):        # nothing at all unless the run's environment turns TunableOp on
         code = transport.launch(...)
 
-Before the launch: a replay (ANVIL_REPLAY_OF) whose cache has lost a results file the replayed run kept gets
+Before the launch: a replay (names.REPLAY_OF) whose cache has lost a results file the replayed run kept gets
 that file back, so the replay runs the GEMM solutions the run ran; then what the cache holds is recorded.
 After it: metadata.json's `tunableop` says which file (`cache`: its key; the path with %d for the device
 ordinal), each file's sha256 and number of tuned GEMMs before and after, and a copy of each goes into
@@ -17,6 +17,7 @@ import hashlib
 import re
 import shutil
 from pathlib import Path
+
 
 KEPT = "tunableop"
 

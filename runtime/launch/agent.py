@@ -19,19 +19,19 @@ environment; env:// rendezvous), and what torchrun does not:
   signal ended before the trainer's handler was in place (before its first step) stopped:
   the agent exits with the trainer's status for that signal (3 or 130), not as a failure.
 - When one rank fails, the others are stopped (SIGTERM, then SIGKILL after
-  ANVIL_AGENT_GRACE seconds, default 10) and the failure is one line naming
+  names.AGENT_GRACE seconds, default 10) and the failure is one line naming
   the rank and host. A rank the hang watchdog ended (EXIT_HUNG, 4) is such a
   failure; a hung peer ignores the SIGTERM and is killed after the grace.
 - The node's place (node rank, node count, master) is given by the transport
   that started it (runtime.cluster: over SSH on the command line; under Slurm
   runtime.cluster.slurm.step reads it from SLURM_* and runs this agent); values
-  computed from the machine (ANVIL_NODE_LOCAL names them: socket interface,
+  computed from the machine (names.NODE_LOCAL names them: socket interface,
   host name, ...) are recomputed on this node, not inherited from the host
   where `inv` ran.
-- With ANVIL_PROFILE_TOOL set (inv profile.train --tool), the ranks ANVIL_PROFILE_RANKS names
+- With names.PROFILE_TOOL set (inv profile.train --tool), the ranks names.PROFILE_RANKS names
   run under that vendor profiler (runtime.launch.tools); a profiler missing on this node is one
   line and exit 2, before any rank starts.
-- With ANVIL_RUN_DIR set it writes RUN_DIR/logs/agent-<node rank>.json
+- With names.RUN_DIR set it writes RUN_DIR/logs/agent-<node rank>.json
   (host, ranks, exit statuses, first failure, and what its starter adds: a
   Slurm job id and restart count) for the runner's summary.
 """
@@ -46,6 +46,8 @@ import sys
 import time
 from pathlib import Path
 
+from core import names
+from core.host import this_host
 import runtime.launch.tools as tools
 from runtime.launch.spec import (EXIT_INTERRUPTED, EXIT_REQUEUE, LAUNCHER_PID_VAR, NODE_LOCAL_VAR, PASSED_SIGNALS,
                                  RUN_DIR_VAR)
@@ -107,8 +109,8 @@ class Agent:
         self.master_addr, self.master_port = master_addr, master_port or free_port()
         self.command = command
         self.environ = dict(os.environ if environ is None else environ)
-        self.grace = float(grace if grace is not None else self.environ.get("ANVIL_AGENT_GRACE", 10))
-        self.host = self.environ.get("ANVIL_HOST") or socket.gethostname()
+        self.grace = float(grace if grace is not None else self.environ.get(names.AGENT_GRACE, 10))
+        self.host = this_host(self.environ)
         self.procs: list[subprocess.Popen] = []
         self.codes: dict[int, int] = {}
         self.stop_signal: int | None = None
@@ -124,16 +126,16 @@ class Agent:
                    WORLD_SIZE=str(self.nproc * self.nnodes), LOCAL_WORLD_SIZE=str(self.nproc),
                    GROUP_RANK=str(self.node_rank), GROUP_WORLD_SIZE=str(self.nnodes),
                    NODE_RANK=str(self.node_rank))
-        names = [n for n in env.pop(NODE_LOCAL_VAR, "").split(",") if n]
-        if names:
+        node_local = [n for n in env.pop(NODE_LOCAL_VAR, "").split(",") if n]
+        if node_local:
             from envs import compute_here   # only multi-node launches recompute
             # launch_env left inv's own values of these out: one that is here was set by this node's
             # launcher (a host's name as it was given), and the computation keeps it
-            computed = compute_here(names, environ=env)
-            for name in names:
+            computed = compute_here(node_local, environ=env)
+            for name in node_local:
                 env.pop(name, None)
             env.update(computed)
-        self.host = env.get("ANVIL_HOST") or self.host
+        self.host = env.get(names.HOST) or self.host
         if self.nproc > 1 and "OMP_NUM_THREADS" not in env:
             env["OMP_NUM_THREADS"] = "1"   # as torchrun: N ranks must not each take every core
         return env
@@ -228,7 +230,7 @@ class Agent:
         others = [p for p in self.procs if p.poll() is None]
         what = f"signal {signal.Signals(-code).name}" if code < 0 else f"status {code}"
         if code == EXIT_HUNG:
-            what += f" (hung: no training step in time; logs/hang-rank{rank}.json)"
+            what += f" (hung: no training step in time; {names.LOGS_DIR}/{names.hang_report(rank)})"
         print(f"anvil-agent: rank {rank} on {self.host} exited with {what}"
               + (f"; stopping the other {len(others)} rank(s) here" if others else ""),
               file=sys.stderr, flush=True)
@@ -262,7 +264,7 @@ class Agent:
                   "signal": signal.Signals(self.stop_signal).name if self.stop_signal else None,
                   "start": self.started, "end": time.time(), "container": container_engine(self.environ),
                   **self.report}
-        path = Path(run_dir) / "logs" / f"agent-{self.node_rank}.json"
+        path = Path(run_dir) / names.LOGS_DIR / names.agent_report(self.node_rank)
         try:
             write_json_atomic(path, record)
         except OSError as exc:

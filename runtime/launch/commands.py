@@ -33,7 +33,7 @@ def agent_command(spec: LaunchSpec, nproc: int, python: str = "", run_dir: Path 
 def launch_env(spec: LaunchSpec, env: Mapping[str, str], run_dir: Path | None, spans_nodes: bool = False
                ) -> dict[str, str]:
     """The environment the launch command gets. Across nodes, the values computed from this machine
-    (spec.node_local) are left out and named in ANVIL_NODE_LOCAL: each node's agent computes them."""
+    (spec.node_local) are left out and named in names.NODE_LOCAL: each node's agent computes them."""
     out = dict(env)
     if run_dir is not None:
         out[RUN_DIR_VAR] = str(run_dir)

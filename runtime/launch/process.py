@@ -21,6 +21,7 @@ import threading
 from pathlib import Path
 from typing import IO, Callable, Mapping, Sequence
 
+from core import names
 from runtime.launch.commands import agent_command, launch_env
 from runtime.launch.spec import LAUNCHER_PID_VAR, PASSED_SIGNALS, LaunchError, LaunchSpec, processes_per_node
 from trainer.ranklog import PROGRESS_TTY_VAR
@@ -87,7 +88,7 @@ def open_log(run_dir: Path | None, log_name: str, argv: Sequence[str] | None = N
     """RUN_DIR/logs/<log_name>, with a `$ argv` line (masked) when given; None without a run directory."""
     if run_dir is None:
         return None
-    path = Path(run_dir) / "logs" / log_name
+    path = Path(run_dir) / names.LOGS_DIR / log_name
     path.parent.mkdir(parents=True, exist_ok=True)
     if argv is not None:
         shown = masker.argv(list(argv)) if masker is not None else list(argv)
@@ -159,14 +160,14 @@ def _wait(proc: subprocess.Popen, timeout: float | None) -> bool:
 
 
 def run_logged(argv: list[str], env: Mapping[str, str], run_dir: Path | None = None, *,
-               log_name: str = "launcher.log", masker=None, **streaming) -> int:
+               log_name: str = names.LAUNCHER_LOG, masker=None, **streaming) -> int:
     """run_streaming with RUN_DIR/logs/<log_name> as the log, which starts with `$ argv`."""
     log_path = open_log(run_dir, log_name, argv, masker)
     return run_streaming(argv, env, log_path, masker=masker, **streaming)
 
 
 def launch(spec: LaunchSpec, env: Mapping[str, str], run_dir: Path | None = None, *, wrap: Sequence[str] = (),
-           log_name: str = "launcher.log", dry_run: bool = False, masker=None, stdout: IO | None = None,
+           log_name: str = names.LAUNCHER_LOG, dry_run: bool = False, masker=None, stdout: IO | None = None,
            stderr: IO | None = None, timeout: float | None = None) -> int:
     """This machine's agent for spec, output to console and RUN_DIR/logs/<log_name>; its exit status.
 

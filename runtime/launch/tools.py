@@ -3,10 +3,10 @@
     wrap(["python", "-m", "trainer", ...], rank=0, environ)  ->  ["ncu", "--profile-from-start", "off", ...,
                                                                 "python", "-m", "trainer", ...]
 
-The agent calls wrap() for each rank it starts. ANVIL_PROFILE_TOOL names the
-tool, ANVIL_PROFILE_RANKS the ranks (as for torch.profiler), ANVIL_PROFILE_TOOL_KERNELS
+The agent calls wrap() for each rank it starts. names.PROFILE_TOOL names the
+tool, names.PROFILE_RANKS the ranks (as for torch.profiler), names.PROFILE_TOOL_KERNELS
 a regular expression on kernel names (ncu, rocprofv3-counters: measure only
-those), ANVIL_PROFILE_TOOL_ARGS more options for the tool (one shell-quoted
+those), names.PROFILE_TOOL_ARGS more options for the tool (one shell-quoted
 string). Each tool starts with its recording off and follows the capture range
 the trainer opens at the window's first step and closes after its last
 (trainer.profiling.window.capture):
@@ -35,9 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-TOOL_VAR = "ANVIL_PROFILE_TOOL"
-KERNELS_VAR = "ANVIL_PROFILE_TOOL_KERNELS"
-ARGS_VAR = "ANVIL_PROFILE_TOOL_ARGS"
+from core import names
+
+TOOL_VAR = names.PROFILE_TOOL
+KERNELS_VAR = names.PROFILE_TOOL_KERNELS
+ARGS_VAR = names.PROFILE_TOOL_ARGS
 #: Counters collectable together in one pass on MI200/MI300 (rocprofv3 fails a set that needs more).
 DEFAULT_COUNTERS = ("SQ_WAVES", "SQ_INSTS_VALU", "SQ_INSTS_SALU", "GRBM_GUI_ACTIVE")
 
@@ -86,16 +88,16 @@ def tool_command(tool: str, rank: int, out_dir: Path | str, kernels: str = "", e
 def chosen(rank: int, environ: Mapping[str, str]) -> bool:
     from trainer.profiling.window import parse_ranks
 
-    ranks = parse_ranks(environ.get("ANVIL_PROFILE_RANKS", "0"))
+    ranks = parse_ranks(environ.get(names.PROFILE_RANKS, "0"))
     return ranks is None or rank in ranks
 
 
 def wrap(command: list[str], rank: int, environ: Mapping[str, str], run_dir: Path | str | None) -> list[str]:
-    """`command` under the profiler ANVIL_PROFILE_TOOL names when `rank` is one of those asked for."""
+    """`command` under the profiler names.PROFILE_TOOL names when `rank` is one of those asked for."""
     tool = environ.get(TOOL_VAR, "").strip()
     if not tool or run_dir is None or not chosen(rank, environ):
         return command
-    return tool_command(tool, rank, Path(run_dir) / "profile", environ.get(KERNELS_VAR, ""),
+    return tool_command(tool, rank, Path(run_dir) / names.PROFILE_DIR, environ.get(KERNELS_VAR, ""),
                         environ.get(ARGS_VAR, "")) + command
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 
+from core import names
 from runtime.preflight.result import FAIL, PASS, WARN, CheckResult
 
 MIN_FREE_GIB = 1.0  # Primus preflight's PRIMUS_PREFLIGHT_MIN_FREE_MEM_GB default
@@ -23,7 +24,7 @@ def run(inp) -> list[CheckResult]:
                             "fine for CPU runs and tests; use a GPU node for real training")]
     results = [CheckResult("gpu.count", PASS, m.count, f"{m.count} x {m.name} ({m.arch or '?'}) via {m.source}")]
     if m.unknown_gpu:
-        allowed = inp.allow_unknown_gpu or inp.environ.get("ANVIL_ALLOW_UNKNOWN_GPU") == "1"
+        allowed = inp.allow_unknown_gpu or inp.environ.get(names.ALLOW_UNKNOWN_GPU) == "1"
         results.append(CheckResult("gpu.model", WARN if allowed else FAIL, m.name,
                                    unknown_gpu_message(m) + (" (allowed)" if allowed else ""),
                                    "" if allowed else "add a profile, or pass --allow-unknown-gpu"))

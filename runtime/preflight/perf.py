@@ -19,6 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+from core import names
+from core.host import this_host
 from runtime.preflight import rules
 from runtime.preflight.result import WARN, CheckResult
 from runtime.preflight.screen import devices_of, label, per_device
@@ -74,7 +76,7 @@ def local_allreduce(inp) -> tuple[Optional[float], int, Optional[str]]:
         return None, ranks, None
     size = "1G" if gpu else "4M"
     with tempfile.TemporaryDirectory(prefix="anvil-perf-") as tmp:
-        out = Path(tmp) / "collectives.json"
+        out = Path(tmp) / names.COLLECTIVES
         spec = LaunchSpec(module="benchmarks.collectives", nproc=ranks, gpus=inp.machine.count,
                           vendor=inp.machine.vendor,
                           args=["--sizes", size, "--iters", "10", "--eager", "--out", str(out)])
@@ -134,7 +136,7 @@ def baseline_document(inp) -> dict:
             medians[metric] = statistics.median(values)
     if measured.get("allreduce_gbps") is not None:
         medians[ALLREDUCE[0]] = measured["allreduce_gbps"]
-    host = inp.environ.get("ANVIL_HOST") or os.uname().nodename
+    host = this_host(inp.environ)
     return {"format": "anvil-perf-baseline/1", "host": host, "gpu": inp.machine.name, "gpus": inp.machine.count,
             "measured": medians, "source": f"baseline of {host} ({inp.machine.summary()})"}
 

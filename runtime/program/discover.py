@@ -1,7 +1,7 @@
 """Find task collections: every module in tasks/ with an `ns` Collection, plus a site's own folders.
 
 A new collection is a new file in tasks/; nothing else is edited. A site keeps
-its private tasks outside the checkout in folders named by ANVIL_TASKS_PATH
+its private tasks outside the checkout in folders named by names.TASKS_PATH
 (colon-separated, like PATH); each .py file there with an `ns` Collection is
 added under its own name. A module that fails to import is reported by name on
 stderr and left out, so one broken file never takes `inv --list` down.
@@ -17,7 +17,9 @@ from pathlib import Path
 
 from invoke import Collection
 
-TASKS_PATH_VAR = "ANVIL_TASKS_PATH"
+from core import names
+
+TASKS_PATH_VAR = names.TASKS_PATH
 
 
 def _report(where: str, exc: BaseException) -> None:

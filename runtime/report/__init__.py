@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 from pathlib import Path
 
+from core import names
 from core.errors import UserError
 from core.files import file_in_the_way, write_atomic
 
@@ -34,7 +35,7 @@ def plotly_js() -> str:
 
 def default_out(paths: list[Path], runs_dir: Path) -> Path:
     if len(paths) == 1:
-        return paths[0] / "report.html"
+        return paths[0] / names.REPORT_HTML
     stamp = datetime.datetime.now().strftime("%Y-%m-%dT%H-%M-%S")
     return Path(runs_dir) / f"report_{stamp}_{len(paths)}-runs.html"
 
@@ -42,7 +43,7 @@ def default_out(paths: list[Path], runs_dir: Path) -> Path:
 def check_out(out: Path) -> Path:
     """The output path as given: a .html file (a folder gets report.html)."""
     if out.is_dir():
-        out = out / "report.html"
+        out = out / names.REPORT_HTML
     if out.suffix.lower() not in (".html", ".htm"):
         raise ReportError(f"--out {out}: expected an .html file or a folder")
     blocker = file_in_the_way(out)

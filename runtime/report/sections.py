@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from core import names
 from runtime.report import charts
 from runtime.runs import history, metrics, rundir
 
@@ -89,7 +90,7 @@ def _hooks(path: Path) -> dict | None:
     """hooks/pre.log and post.log: each hook file that ran, its outcome and output."""
     rows = []
     for phase in ("pre", "post"):
-        log = path / "hooks" / f"{phase}.log"
+        log = path / names.HOOKS_DIR / f"{phase}.log"
         try:
             text = log.read_text(encoding="utf-8", errors="replace")
         except OSError:
@@ -111,18 +112,18 @@ def section(rec: history.Recorded) -> dict:
     task = str(md.get("task") or "")
     notes: list[str] = []
     blocks: list = []
-    if task in TRAINING_TASKS or (rec.path / "metrics.jsonl").is_file():
+    if task in TRAINING_TASKS or (rec.path / names.METRICS).is_file():
         blocks += _training(rec, notes)
-    if (rec.path / "preflight.json").is_file():
+    if (rec.path / names.PREFLIGHT).is_file():
         blocks += _preflight(rec.path, notes)
-    fanout = bool(md.get("fanout")) or (rec.path / "hosts").is_dir()     # a run of one task on many hosts
+    fanout = bool(md.get("fanout")) or (rec.path / names.HOSTS_DIR).is_dir()     # a run of one task on many hosts
     if task == "preflight.comm":
         blocks += _comm(rec.path, notes)
-    elif fanout and (rec.path / "report.json").is_file():
+    elif fanout and (rec.path / names.FANOUT_REPORT).is_file():
         blocks += _fanout(rec.path, notes)
     elif task.startswith("bench."):
         blocks += _bench(rec, notes)
-    topo = _json(rec.path / "topology.json", notes)
+    topo = _json(rec.path / names.TOPOLOGY, notes)
     if isinstance(topo, dict):
         blocks.append(_topology_block(topo, "node topology"))
     if md.get("status") == "running":
@@ -208,7 +209,7 @@ def _rank_spread(curves: metrics.Curves) -> list[dict]:
 
 def _hangs(path: Path, notes: list[str]) -> dict | None:
     rows = []
-    for file in sorted((path / "logs").glob("hang-rank*.json")):
+    for file in sorted((path / names.LOGS_DIR).glob(names.HANG_REPORTS)):
         data = _json(file, notes, f"logs/{file.name}")
         if isinstance(data, dict):
             rows.append([data.get("rank"), data.get("host"), data.get("step"), data.get("phase"),
@@ -218,7 +219,7 @@ def _hangs(path: Path, notes: list[str]) -> dict | None:
 
 def _profile(path: Path, notes: list[str]) -> list[dict]:
     """RUN/profile/summary.json: per rank, category -> ms per step (and its share)."""
-    data = _json(path / "profile" / "summary.json", notes, "profile/summary.json")
+    data = _json(path / names.PROFILE_DIR / names.PROFILE_SUMMARY, notes, f"{names.PROFILE_DIR}/{names.PROFILE_SUMMARY}")
     if not isinstance(data, dict):
         return []
     ranks = data.get("ranks", data.get("per_rank", data))
@@ -290,7 +291,7 @@ STATUS_ORDER = {"FAIL": 0, "WARN": 1, "PASS": 2}
 
 
 def _preflight(path: Path, notes: list[str]) -> list:
-    data = _json(path / "preflight.json", notes)
+    data = _json(path / names.PREFLIGHT, notes)
     if not isinstance(data, dict):
         return []
     rows = [[c.get("name"), c.get("status"), _fmt(c.get("value")), c.get("reason", ""), c.get("fix", "")]
@@ -301,13 +302,13 @@ def _preflight(path: Path, notes: list[str]) -> list:
 
 def _node_lists(path: Path, notes: list[str]) -> dict | None:
     try:   # sealed (runtime.runs.nodes): the seal is not a host, and an edited list is a note
-        failing = rundir.read_record(path / "nodes" / "fail.json")
+        failing = rundir.read_record(path / names.NODES_DIR / names.FAILURES)
     except (rundir.RunDirError, OSError) as exc:
         notes.append(f"nodes/fail.json: cannot be read ({str(exc).splitlines()[0][:160]})")
         failing = None
     passing = []
     try:
-        passing = [h for h in (path / "nodes" / "pass.txt").read_text().split() if h]
+        passing = [h for h in (path / names.NODES_DIR / names.PASSING_HOSTS).read_text().split() if h]
     except OSError:
         pass
     rows = [[h, "pass", ""] for h in passing]
@@ -319,7 +320,7 @@ def _node_lists(path: Path, notes: list[str]) -> dict | None:
 
 
 def _fanout(path: Path, notes: list[str]) -> list:
-    report = _json(path / "report.json", notes)
+    report = _json(path / names.FANOUT_REPORT, notes)
     if not isinstance(report, dict):
         return []
     checks = [c for c in report.get("checks") or [] if isinstance(c, dict)]
@@ -334,7 +335,7 @@ def _fanout(path: Path, notes: list[str]) -> list:
     blocks: list = [_table(f"checks per host ({len(hosts)} hosts; ≠: the hosts differ)", ["check"] + hosts, rows)]
     blocks.append(_node_lists(path, notes))
     for host in hosts:
-        for topo in sorted((path / "hosts" / host).glob("*/topology.json")):
+        for topo in sorted((path / names.HOSTS_DIR / host).glob("*/topology.json")):
             data = _json(topo, notes, f"hosts/{host}/{topo.parent.name}/topology.json")
             if isinstance(data, dict):
                 blocks.append(_topology_block(data, f"topology of {host}"))
@@ -342,7 +343,7 @@ def _fanout(path: Path, notes: list[str]) -> list:
 
 
 def _comm(path: Path, notes: list[str]) -> list:
-    report = _json(path / "report.json", notes)
+    report = _json(path / names.FANOUT_REPORT, notes)
     if not isinstance(report, dict):
         return []
     hosts = [str(h) for h in report.get("hosts") or []]
@@ -382,9 +383,9 @@ def _comm(path: Path, notes: list[str]) -> list:
 
 def _bench(rec: history.Recorded, notes: list[str]) -> list:
     path = rec.path
-    result = _json(path / "result.json", notes)
+    result = _json(path / names.RESULT, notes)
     blocks: list = []
-    gemm = _json(path / "gemm.json", notes) or (result if isinstance(result, dict) and "tflops" in result else None)
+    gemm = _json(path / names.GEMM, notes) or (result if isinstance(result, dict) and "tflops" in result else None)
     if isinstance(gemm, dict) and isinstance(gemm.get("tflops"), (int, float)):
         anchors = {}
         if isinstance(gemm.get("peak_tflops"), (int, float)):
@@ -398,7 +399,7 @@ def _bench(rec: history.Recorded, notes: list[str]) -> list:
                                                  lines=anchors)))
         if not anchors:
             notes.append("no anchor to hold the GEMM against: this device has no peak in its profile")
-    coll = _json(path / "collectives.json", notes)
+    coll = _json(path / names.COLLECTIVES, notes)
     if isinstance(coll, dict) and coll.get("results"):
         rows = [r for r in coll["results"] if isinstance(r, dict)]
         floor = _floor(rec, "allreduce_gbps")
@@ -408,7 +409,7 @@ def _bench(rec: history.Recorded, notes: list[str]) -> list:
                           f"{rows[0].get('op', '')} bandwidth by message size, {rows[0].get('ranks')} ranks", "GB/s",
                           lines={f"preflight floor {floor:.0f}": floor} if floor else None)
         blocks.append(_chart("collectives", fig))
-    kernels = _json(path / "kernels.json", notes)
+    kernels = _json(path / names.KERNELS, notes)
     if isinstance(kernels, dict) and kernels.get("rows"):
         rows = [r for r in kernels["rows"] if isinstance(r, dict)]
         cases = list(dict.fromkeys(f"{r.get('op')} {r.get('shape')}" for r in rows))
@@ -440,7 +441,7 @@ def compare(recs: list[history.Recorded]) -> dict:
     notes: list[str] = []
     loss, val, tput = [], [], []
     for i, rec in enumerate(recs):
-        curves = metrics.read(rec.path) if (rec.path / "metrics.jsonl").is_file() or \
+        curves = metrics.read(rec.path) if (rec.path / names.METRICS).is_file() or \
             str(rec.metadata.get("task")) in TRAINING_TASKS else metrics.Curves()
         color = charts.PALETTE[i % len(charts.PALETTE)]
         loss.append(charts.line(*_series(curves.train, "loss"), rec.path.name, color=color))
@@ -472,14 +473,14 @@ def load(path: str | Path, runs_dir: Path | None = None) -> tuple[history.Record
             raise
         note = str(exc)
     parts: dict[str, dict] = {}
-    for name in ("metadata.json", "env.json", "machine.json", "versions.json", "git.json"):
+    for name in (names.METADATA, names.ENV_RECORD, names.MACHINE, names.VERSIONS, names.GIT):
         try:
             value = rundir.read_json(run_dir / name, {})
         except (rundir.RunDirError, OSError):
             value = {}
         parts[name] = value if isinstance(value, dict) else {}
-    env = parts["env.json"].get("vars")
+    env = parts[names.ENV_RECORD].get("vars")
     summary, problem = history.training_summary(run_dir)
-    rec = history.Recorded(run_dir, parts["metadata.json"], env if isinstance(env, dict) else {},
-                           parts["machine.json"], parts["versions.json"], {}, parts["git.json"], summary, problem)
+    rec = history.Recorded(run_dir, parts[names.METADATA], env if isinstance(env, dict) else {},
+                           parts[names.MACHINE], parts[names.VERSIONS], {}, parts[names.GIT], summary, problem)
     return rec, [note]

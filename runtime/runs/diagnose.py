@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from core import names
+
 
 @dataclass(frozen=True)
 class Signature:
@@ -113,5 +115,5 @@ def scan(paths: Iterable[Path], extra_text: str = "", max_bytes: int = 2_000_000
 
 
 def log_files(run_dir: Path) -> list[Path]:
-    logs = Path(run_dir) / "logs"
+    logs = Path(run_dir) / names.LOGS_DIR
     return sorted(logs.glob("*.log")) + sorted(logs.glob("*.txt")) if logs.is_dir() else []

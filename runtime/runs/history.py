@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core import names
 from runtime.runs import rundir
 from core.files import SEAL, seal_problem
 
@@ -88,7 +89,7 @@ def load(path: str | Path, runs_dir: Path | None = None) -> Recorded:
     except rundir.RunDirError as exc:
         raise rundir.RunDirError(f"{exc}; expected a run directory{where}") from None
     configs = {}
-    config_dir = run_dir / "configs"
+    config_dir = run_dir / names.CONFIGS_DIR
     if config_dir.is_dir():
         for item in sorted(config_dir.iterdir()):
             if item.is_file():
@@ -96,15 +97,15 @@ def load(path: str | Path, runs_dir: Path | None = None) -> Recorded:
     metadata = _object(run_dir / rundir.METADATA)
     if not metadata:
         raise rundir.RunDirError(f"{run_dir}: {rundir.METADATA} is empty; the run directory is damaged")
-    env = _object(run_dir / "env.json")
+    env = _object(run_dir / names.ENV_RECORD)
     variables = env.get("vars") or {}
     if not isinstance(variables, dict):
         raise rundir.RunDirError(f"{run_dir / 'env.json'}: 'vars' is not a JSON object; the run "
                                  f"directory is damaged")
     summary, problem = training_summary(run_dir)
     benchmark, bench_problem = benchmark_results(run_dir) if not summary else ({}, "")
-    return Recorded(run_dir, metadata, variables, _object(run_dir / "machine.json"),
-                    _object(run_dir / "versions.json"), configs, _object(run_dir / "git.json"),
+    return Recorded(run_dir, metadata, variables, _object(run_dir / names.MACHINE),
+                    _object(run_dir / names.VERSIONS), configs, _object(run_dir / names.GIT),
                     summary, problem or bench_problem, benchmark)
 
 
@@ -123,7 +124,7 @@ def training_summary(run_dir: Path) -> tuple[dict, str]:
     that stopped before its summary); ({}, why) when the file is damaged. A damaged summary
     never hides the rest of the run."""
     problem = ""
-    for name in ("summary.json", "result.json"):
+    for name in (names.SUMMARY, names.RESULT):
         path = run_dir / name
         if not path.is_file():
             continue
@@ -138,11 +139,11 @@ def training_summary(run_dir: Path) -> tuple[dict, str]:
         except ValueError as exc:
             problem = problem or f"{name}: not valid JSON ({exc})"
             continue
-        if name == "result.json":
+        if name == names.RESULT:
             data = data.get("summary") if isinstance(data, dict) else None
         if isinstance(data, dict) and ("steps" in data or "final_loss" in data):
             return data, ""
-        if name == "summary.json":
+        if name == names.SUMMARY:
             problem = problem or f"{name}: not a training summary (no steps, no final_loss)"
     return {}, problem
 
@@ -151,7 +152,7 @@ def training_summary(run_dir: Path) -> tuple[dict, str]:
 
 # (key in Recorded.benchmark, file a benchmark writes into its run): bench.gemm, bench.allreduce,
 # bench.kernels; any run's result.json "measurements" rows (the shape a fan-out merges) besides
-BENCHMARK_FILES = (("gemm", "gemm.json"), ("collectives", "collectives.json"), ("kernels", "kernels.json"))
+BENCHMARK_FILES = (("gemm", names.GEMM), ("collectives", names.COLLECTIVES), ("kernels", names.KERNELS))
 
 
 def _json_file(path: Path) -> tuple[Any, str]:
@@ -178,7 +179,7 @@ def benchmark_results(run_dir: Path) -> tuple[dict, str]:
             found[key] = data
         elif problem:
             problems.append(problem)
-    result, problem = _json_file(run_dir / "result.json")
+    result, problem = _json_file(run_dir / names.RESULT)
     if problem:
         problems.append(problem)
     if isinstance(result, dict):

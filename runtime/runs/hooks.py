@@ -1,8 +1,8 @@
 """Hook engine: hooks/<collection>/<task>/{pre,post}/NN_name.{py,sh}, name order.
 
 A Python hook defines ``def hook(ctx):`` (ctx: HookContext) and fails by
-raising. A shell hook gets the environment (plus ANVIL_TASK, ANVIL_PHASE,
-ANVIL_RUN_DIR, ANVIL_OUTCOME for post hooks) and fails by exiting non-zero;
+raising. A shell hook gets the environment (plus names.TASK, names.PHASE,
+names.RUN_DIR, names.OUTCOME for post hooks) and fails by exiting non-zero;
 stdout lines ``KEY=VALUE`` extend the environment.
 
 Every hook runs in a process of its own, in a session of its own, for at most
@@ -33,6 +33,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from core import names
 from core.errors import AnvilError
 from core.secrets import Masker
 
@@ -161,15 +162,15 @@ def _run_python(path: Path, ctx: HookContext, timeout: float) -> tuple[str, dict
                    "run_dir": str(ctx.run_dir) if ctx.run_dir is not None else None, "host": ctx.host,
                    "rank": ctx.rank, "local_rank": ctx.local_rank, "world_size": ctx.world_size,
                    "outcome": ctx.outcome}
-        (Path(folder) / "request.json").write_text(json.dumps(request, default=str), encoding="utf-8")
+        (Path(folder) / names.HOOK_REQUEST).write_text(json.dumps(request, default=str), encoding="utf-8")
         safe_path = ["-P"] if sys.version_info >= (3, 11) else []   # (not the working directory's modules)
         try:
             code, output, _ = _run_child(path, [sys.executable, *safe_path, "-m", "runtime.runs.hooks", folder],
                                          env=dict(os.environ), cwd=None, timeout=timeout, merge=True)
         finally:
-            _relay_log(Path(folder) / "log.jsonl", ctx)
+            _relay_log(Path(folder) / names.HOOK_LOG, ctx)
         try:
-            result = json.loads((Path(folder) / "result.json").read_text(encoding="utf-8"))
+            result = json.loads((Path(folder) / names.HOOK_RESULT).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             raise HookError(path, f"ended its process (exit status {code}) without returning from hook(ctx)",
                             output) from None
@@ -198,11 +199,11 @@ def _relay_log(records: Path, ctx: HookContext) -> None:
 
 def _run_shell(path: Path, ctx: HookContext, cwd: Path | None, timeout: float) -> tuple[str, dict]:
     env = {**os.environ, **{k: str(v) for k, v in ctx.env.items()},
-           "ANVIL_TASK": ctx.task, "ANVIL_PHASE": ctx.phase,
-           "ANVIL_RUN_DIR": str(ctx.run_dir or ""), "ANVIL_RANK": str(ctx.rank)}
+           names.TASK: ctx.task, names.PHASE: ctx.phase,
+           names.RUN_DIR: str(ctx.run_dir or ""), names.RANK: str(ctx.rank)}
     if ctx.outcome is not None:
-        env["ANVIL_OUTCOME"] = ctx.outcome.get("status", "")
-        env["ANVIL_OUTCOME_ERROR"] = str(ctx.outcome.get("error") or "")
+        env[names.OUTCOME] = ctx.outcome.get("status", "")
+        env[names.OUTCOME_ERROR] = str(ctx.outcome.get("error") or "")
     code, stdout, stderr = _run_child(path, ["bash", str(path)], env=env, cwd=cwd, timeout=timeout, merge=False)
     output = stdout + stderr
     if code != 0:
@@ -277,13 +278,13 @@ def _child(folder: Path) -> int:
     ({"env_added": {...}} or {"error": "..."}); its output is this process's stdout and stderr."""
     import importlib.util
 
-    request = json.loads((folder / "request.json").read_text(encoding="utf-8"))
+    request = json.loads((folder / names.HOOK_REQUEST).read_text(encoding="utf-8"))
     sys.path[:0] = [p for p in request.pop("sys_path") if p not in sys.path]
     path = Path(request.pop("path"))
     log = logging.getLogger("anvil.hooks")
     log.setLevel(logging.DEBUG)
     log.propagate = False
-    log.addHandler(_JsonLines(folder / "log.jsonl"))
+    log.addHandler(_JsonLines(folder / names.HOOK_LOG))
     run_dir = request.pop("run_dir")
     ctx = HookContext(**request, run_dir=Path(run_dir) if run_dir else None, log=log)
     before = dict(ctx.env)
@@ -301,7 +302,7 @@ def _child(folder: Path) -> int:
     except BaseException as exc:  # noqa: BLE001 - a hook may raise anything, even SystemExit
         result = {"error": f"{type(exc).__name__}: {exc}"}
     from core.files import write_json_atomic
-    write_json_atomic(folder / "result.json", result)
+    write_json_atomic(folder / names.HOOK_RESULT, result)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)   # the hook's threads, if any, end with its process

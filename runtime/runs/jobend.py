@@ -20,6 +20,7 @@ import os
 import sys
 from pathlib import Path
 
+from core import names
 from runtime.runs import diagnose, outcome, rundir
 from runtime.runs.run import end_entries
 from core.secrets import Masker
@@ -66,9 +67,9 @@ def record(run_dir: Path, code: int, requeued: bool = False, environ: dict[str, 
     if report.nodes:
         metadata.update(hosts=report.hosts, world_size=report.world_size, nodes=len(report.nodes))
     metadata.update(end_entries(metadata, status, error, code, masker, findings, ended))
-    summary = rundir.read_json(run_dir / "summary.json")
+    summary = rundir.read_json(run_dir / names.SUMMARY)
     if status == "ok":
-        rundir.write_text(run_dir / "result.json", rundir.to_json({"run_dir": str(run_dir), "summary": summary}))
+        rundir.write_text(run_dir / names.RESULT, rundir.to_json({"run_dir": str(run_dir), "summary": summary}))
     rundir.write_record(run_dir / rundir.METADATA, masker.mapping(metadata))
     return True
 

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from core import names
 from runtime.runs import rundir
 from trainer import metrics_log
 
@@ -82,7 +83,7 @@ def read(run_dir: str | Path) -> Curves:
     segments, notes = chain(run_dir)
     logs = []
     for path, _ in segments:
-        file = path / "metrics.jsonl"
+        file = path / names.METRICS
         if not file.is_file():
             logs.append(metrics_log.MetricsLog())
             if path == run_dir:
@@ -96,7 +97,7 @@ def read(run_dir: str | Path) -> Curves:
         except OSError as exc:
             notes.append(f"{file}: cannot read it ({exc.strerror or exc})")
             log = metrics_log.MetricsLog()
-        prefix = "metrics.jsonl" if path == run_dir else f"{path.name}/metrics.jsonl"
+        prefix = names.METRICS if path == run_dir else f"{path.name}/metrics.jsonl"
         notes += log.problems(prefix)
         logs.append(log)
     curves = Curves(segments=[path for path, _ in segments], notes=notes)

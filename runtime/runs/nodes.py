@@ -15,24 +15,25 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
+from core import names
 from runtime.cluster.results import slurm_name
 from runtime.runs import rundir
 from core.errors import UserError
 
-FOLDER = "nodes"
+FOLDER = names.NODES_DIR
 
 
 def write(run_dir: Path, passing: list[str], failing: Mapping[str, list[str]]) -> None:
     folder = Path(run_dir) / FOLDER
-    rundir.write_text(folder / "pass.txt", "".join(f"{h}\n" for h in passing))
-    rundir.write_text(folder / "fail.txt", "".join(f"{h}\n" for h in failing))
-    rundir.write_record(folder / "fail.json", {h: list(r) for h, r in failing.items()})
+    rundir.write_text(folder / names.PASSING_HOSTS, "".join(f"{h}\n" for h in passing))
+    rundir.write_text(folder / names.FAILING_HOSTS, "".join(f"{h}\n" for h in failing))
+    rundir.write_record(folder / names.FAILURES, {h: list(r) for h, r in failing.items()})
 
 
 def failing(run: str | Path) -> dict[str, list[str]]:
     """{host: reasons} from a run directory (or its nodes/fail.json); UserError if none is there."""
     path = Path(run)
-    candidates = [path] if path.is_file() else [path / FOLDER / "fail.json"]
+    candidates = [path] if path.is_file() else [path / FOLDER / names.FAILURES]
     for candidate in candidates:
         if not candidate.is_file():
             continue
@@ -45,7 +46,7 @@ def failing(run: str | Path) -> dict[str, list[str]]:
         if not isinstance(data, dict):
             raise UserError(f"--exclude-from {run}: {candidate} is not a {{host: reasons}} mapping")
         return {str(h): [str(r) for r in (v if isinstance(v, list) else [v])] for h, v in data.items()}
-    raise UserError(f"--exclude-from {run}: no node lists there (expected {FOLDER}/fail.json from a "
+    raise UserError(f"--exclude-from {run}: no node lists there (expected {FOLDER}/{names.FAILURES} from a "
                     "`inv preflight.all` run over several nodes)")
 
 

@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from core import names
+
 # A rank log line: "[time][host rR/lL][LEVEL] message"
 _LOG_LINE = re.compile(r"^\[[^\]]*\]\[(?P<host>\S+) r(?P<rank>\d+)/l\d+\]\[(?P<level>[A-Z]+)\] (?P<msg>.*)$")
 
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def rank_error(run_dir: Path, rank: int) -> str | None:
     """The last ERROR/CRITICAL message of a rank's log (its first line), if any."""
-    path = Path(run_dir) / "logs" / f"rank{rank}.log"
+    path = Path(run_dir) / names.LOGS_DIR / names.rank_log(rank)
     try:
         lines = path.read_text(errors="replace").splitlines()
     except OSError:
@@ -116,7 +118,7 @@ def rank_error(run_dir: Path, rank: int) -> str | None:
 def launcher_said(run_dir: Path) -> str | None:
     """The last line the launch command printed (logs/launcher.log), e.g. a container engine's error."""
     try:
-        lines = (Path(run_dir) / "logs" / "launcher.log").read_text(errors="replace").splitlines()
+        lines = (Path(run_dir) / names.LOGS_DIR / names.LAUNCHER_LOG).read_text(errors="replace").splitlines()
     except OSError:
         return None
     for line in reversed(lines):
@@ -129,7 +131,7 @@ def hang_reports(run_dir: Path, since: float | None = None) -> list[dict]:
     """The watchdog's logs/hang-rank<R>.json reports that can be read (written at or after
     `since`, a launch's start: a requeued job reuses its run directory)."""
     reports = []
-    for path in sorted(Path(run_dir).glob("logs/hang-rank*.json")):
+    for path in sorted((Path(run_dir) / names.LOGS_DIR).glob(names.HANG_REPORTS)):
         try:
             rec = json.loads(path.read_text())
             rec["rank"] = int(rec["rank"])
@@ -185,10 +187,10 @@ def hang_summary(run_dir: Path, outcome: Outcome | None = None) -> str | None:
     elif not coll.get("pending"):
         silent = []
     if silent:   # the reporting rank waits for ranks that said nothing
-        names = ", ".join(f"rank {r} on {hosts[r]}" for r in silent)
+        ranks = ", ".join(f"rank {r} on {hosts[r]}" for r in silent)
         op = f" ({coll['last_op']})" if coll.get("last_op") else ""
         waiting = f"in a collective{op} " if coll.get("pending") else ""
-        return (f"{names} stopped first and wrote no hang report (stopped, or stuck where Python cannot "
+        return (f"{ranks} stopped first and wrote no hang report (stopped, or stuck where Python cannot "
                 f"run): rank {first['rank']} on {host} waited for it{at} {waiting}in {where} "
                 f"({waited}); stacks in {log}")
     line = f"rank {first['rank']} on {host} stopped first{at} in {where} ({waited}); stacks in {log}"

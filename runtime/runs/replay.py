@@ -13,7 +13,7 @@ settings file that is gone (-f) dropped with a note, and
 with every config path that the run recorded (config_sources) swapped for the
 copy inside the run directory (a copy gone, or changed since the run wrote it,
 is a damaged run: refused). The child gets the recorded environment over
-this one, and ANVIL_REPLAY_OF, so runtime.runs.run lays that environment over the
+this one, and names.REPLAY_OF, so runtime.runs.run lays that environment over the
 task's own resolution (source "replay:<run>") and links the new run to the old.
 
 A run directory is data (runtime.runs.trust): what it names that could run code
@@ -37,12 +37,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from core import names
 from runtime.cluster.runtime import BadRuntime, Runtime
 from runtime.launch.spec import CHECKOUT
 from runtime.runs import history, rundir, snapshot, trust
 from runtime.runs.run import MACHINE_IDENTITY, REPLAY_ENV
-from core.secrets import MASK
 from core.errors import UserError
+from core.secrets import MASK
 
 # Core flags that say where inv loads its tasks (name -> what), and its settings file.
 _TASK_SOURCE_FLAGS = {"-c": "the task collection", "--collection": "the task collection",
@@ -166,7 +167,7 @@ def _replay_argv(metadata: dict, run_dir: Path, trusted: bool = False,
     out = _pinned_resume(metadata, out, notes)
     out += _pinned_sizes(metadata, run_dir, out, notes)
     for name, option in (metadata.get("config_options") or {}).items():
-        copy = run_dir / "configs" / rundir.slug(Path(name).name)
+        copy = run_dir / names.CONFIGS_DIR / rundir.slug(Path(name).name)
         if copy.is_file() and str(copy) not in out and f"{option}={copy}" not in out:
             if option in out or any(t.startswith(option + "=") for t in out):
                 continue   # given explicitly with another value: already swapped above, or kept as typed
@@ -185,7 +186,7 @@ def _config_swaps(metadata: dict, run_dir: Path) -> dict[str, str]:
     sums = metadata.get("config_sha256") or {}
     swaps = {}
     for name, source in (metadata.get("config_sources") or {}).items():
-        copy = run_dir / "configs" / rundir.slug(Path(name).name)
+        copy = run_dir / names.CONFIGS_DIR / rundir.slug(Path(name).name)
         if copy.is_file() and source:
             if copy.name in sums and hashlib.sha256(copy.read_bytes()).hexdigest() != sums[copy.name]:
                 raise ReplayError(f"{copy}: changed since the run wrote it (its checksum is in metadata.json); "
@@ -284,7 +285,7 @@ def _pinned_sizes(metadata: dict, run_dir: Path, argv: list[str], notes: list[st
     if metadata.get("task") != "bench.gemm":
         return []
     try:
-        result = rundir.read_json(run_dir / "gemm.json", {})
+        result = rundir.read_json(run_dir / names.GEMM, {})
     except (rundir.RunDirError, OSError):
         return []
     added = []

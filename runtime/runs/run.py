@@ -22,7 +22,7 @@ metadata.json and returns body's result. On failure it reads the logs for
 known signatures (runtime.runs.diagnose) and raises RunFailed (an AnvilError) with
 one clear message and the process's exit code.
 
-Replays (runtime.runs.replay) start the task again with ANVIL_REPLAY_OF=<old run>:
+Replays (runtime.runs.replay) start the task again with names.REPLAY_OF=<old run>:
 execute then lays the recorded environment over the resolved one (source
 "replay") and links the new run to the old one.
 """
@@ -32,7 +32,6 @@ import hashlib
 import importlib.util
 import os
 import shlex
-import socket
 import sys
 import time
 from datetime import datetime
@@ -41,6 +40,8 @@ from typing import Any, Callable, Mapping
 
 from invoke.exceptions import Exit, UnexpectedExit
 
+from core import names
+from core.host import this_host
 from runtime import settings as settings_mod
 from runtime.runs.options import PER_NODE_HELP, RUN_OPTION_HELP, RunOptions, RunSpec, patch_file, run_task  # noqa: F401,E501 (re-exported)
 from core import signals
@@ -73,10 +74,10 @@ rundir = _lazy("runtime.runs.rundir")
 snapshot = _lazy("runtime.runs.snapshot")
 trust = _lazy("runtime.runs.trust")
 
-REPLAY_ENV = "ANVIL_REPLAY_OF"
+REPLAY_ENV = names.REPLAY_OF
 # Recorded variables that name the machine rather than configure the job: a
 # replay keeps this machine's own.
-MACHINE_IDENTITY = frozenset({"ANVIL_HOST"})
+MACHINE_IDENTITY = frozenset({names.HOST})
 
 
 class Run:
@@ -95,7 +96,7 @@ class Run:
         # What a body that returns normally ended as: "submitted" when the work goes on without
         # us (a Slurm batch job nobody follows; runtime.runs.jobend records its real end).
         self.end_status = "ok"
-        self.log = ranklog.setup(path, name="anvil.run", file_name="runner.log")
+        self.log = ranklog.setup(path, name="anvil.run", file_name=names.RUNNER_LOG)
 
     @property
     def config(self) -> Any:
@@ -161,7 +162,7 @@ def _replay_layer(replay_of: str) -> tuple[Path | None, dict[str, str]]:
     except rundir.RunDirError as exc:
         raise UserError(f"replay: {exc}") from None
     try:
-        recorded = rundir.read_record(original / "env.json", {}) or {}
+        recorded = rundir.read_record(original / names.ENV_RECORD, {}) or {}
     except rundir.RunDirError as exc:
         raise UserError(f"replay: {exc}") from None
     values = {name: str(rec.get("value")) for name, rec in (recorded.get("vars") or {}).items()
@@ -176,18 +177,18 @@ def _replay_layer(replay_of: str) -> tuple[Path | None, dict[str, str]]:
 
 def _write_snapshot(run: Run, argv: list[str], warnings: list[str]) -> None:
     spec = run.spec
-    run.write_text("command.txt", shlex.join(run.masker.argv(argv)) + "\n")
+    run.write_text(names.COMMAND, shlex.join(run.masker.argv(argv)) + "\n")
     run.env_warnings = list(warnings)
-    run.write_record("env.json", {"vars": run.env_sources, "warnings": run.env_warnings})
-    run.write_json("environ.json", run.masker.env(dict(os.environ)))
+    run.write_record(names.ENV_RECORD, {"vars": run.env_sources, "warnings": run.env_warnings})
+    run.write_json(names.ENVIRON, run.masker.env(dict(os.environ)))
     machine = snapshot.machine()
-    run.write_record("machine.json", machine)
+    run.write_record(names.MACHINE, machine)
     git, diff = snapshot.git_info()
-    run.write_record("git.json", git)
+    run.write_record(names.GIT, git)
     if diff:
-        run.write_text("git.diff", diff)
-    run.write_record("versions.json", snapshot.versions(git, machine.get("gpu")))
-    run.write_text("pip-freeze.txt", snapshot.pip_freeze())
+        run.write_text(names.GIT_DIFF, diff)
+    run.write_record(names.VERSIONS, snapshot.versions(git, machine.get("gpu")))
+    run.write_text(names.PIP_FREEZE, snapshot.pip_freeze())
     # Each config copy's checksum goes into the sealed metadata: a replay passes the copy on only as written.
     run.metadata["config_sha256"] = {}
     for file_name, config in spec.configs.items():
@@ -235,7 +236,7 @@ def _record_hooks(run: Run, phase: str, records: list) -> None:
                                     "reason": f"set by {phase} hook {rec.path}"}
     run.write_text(Path("hooks") / f"{phase}.log", "\n".join(lines) + "\n")
     if any(rec.env_added for rec in records):
-        run.write_record("env.json", {"vars": run.env_sources, "warnings": run.env_warnings})
+        run.write_record(names.ENV_RECORD, {"vars": run.env_sources, "warnings": run.env_warnings})
 
 
 def _run_pre(run: Run) -> None:
@@ -312,7 +313,7 @@ def create(ctx, spec: RunSpec) -> Run:
     except settings_mod.SettingsError as exc:
         raise UserError(f"invoke.yaml: {exc}") from None
     argv = list(spec.argv if spec.argv is not None else sys.argv)
-    host = os.environ.get("ANVIL_HOST") or socket.gethostname()
+    host = this_host()
     values, sources, warnings = _env_layers(spec.env)
     replay_of = os.environ.get(REPLAY_ENV)
     original = None
@@ -378,7 +379,7 @@ def finish(run: Run, status: str, error: str | None = None, exit_code: int = 0, 
     """Record the run's end; a second Ctrl-C or stop signal waits until it is written (then raised)."""
     with signals.deferred():
         if result is not None:
-            run.write_json("result.json", result)
+            run.write_json(names.RESULT, result)
         run.update_metadata(**end_entries(run.metadata, status, error, exit_code, run.masker, diagnosis))
         rundir.release_space(run.path)
 

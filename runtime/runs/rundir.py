@@ -32,6 +32,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterator
 
+from core import names
 from core.errors import UserError
 # The project's one atomic writer (temp file beside the target, fsync, rename), under the
 # names run-directory code has always used.
@@ -39,9 +40,9 @@ from core.files import SEAL, seal, seal_problem
 from core.files import to_json, write_atomic as write_text  # noqa: F401 (re-exported)
 
 TIME_FORMAT = "%Y-%m-%dT%H-%M-%S"
-METADATA = "metadata.json"
+METADATA = names.METADATA
 #: The files of a run that a later command believes (snapshot.*, replay, --resume, jobend): sealed.
-RECORDS = (METADATA, "env.json", "machine.json", "versions.json", "git.json")
+RECORDS = (METADATA, names.ENV_RECORD, names.MACHINE, names.VERSIONS, names.GIT)
 SPACE_RESERVE = ".space-reserve"
 RESERVE_BYTES = 1 << 20
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from core.host import this_host
 from runtime.settings import CHECKOUT
 
 PACKAGES = ("torch", "triton", "numpy", "invoke", "fabric", "paramiko", "transformers",
@@ -91,7 +92,7 @@ def torch_build() -> dict:
 
 def machine() -> dict:
     """GPU info from envs.detect() plus the host's basics."""
-    info: dict = {"hostname": socket.gethostname(), "host": os.environ.get("ANVIL_HOST") or socket.gethostname(),
+    info: dict = {"hostname": socket.gethostname(), "host": this_host(),
                   "platform": platform.platform(), "cpu_count": os.cpu_count(),
                   "python": sys.version.split()[0]}
     try:

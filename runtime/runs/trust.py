@@ -8,7 +8,7 @@ code of its own choosing is an Item, left out with a note unless `snapshot.repla
 - variables the loader, Python, bash, Invoke or the task discovery read to find code (executes):
   LD_PRELOAD, LD_LIBRARY_PATH (every LD_* and DYLD_*), PYTHONPATH and the other PYTHON* that name
   code or an interpreter, PATH, BASH_ENV, exported bash functions, INVOKE_* (a settings file, the
-  hooks folder, the interpreter in a container), ANVIL_TASKS_PATH, and compiled-code caches (Triton,
+  hooks folder, the interpreter in a container), names.TASKS_PATH, and compiled-code caches (Triton,
   TorchInductor, torch extensions). Only a value that differs from this environment's is an item:
   a value the replaying shell already has changes nothing.
 - `--patch FILE` (a hook file run before the task), Invoke's `-c/--collection` and `-r/--search-root`
@@ -28,9 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from core import names
+
 #: Set by snapshot.replay for the replaying child: the user gave --trust-run.
-TRUST_ENV = "ANVIL_REPLAY_TRUSTED"
-_REPLAY_CONTROL = ("ANVIL_REPLAY_",)    # the replay's own variables: never taken from a directory
+TRUST_ENV = names.REPLAY_TRUSTED
+_REPLAY_CONTROL = (names.REPLAY_PREFIX,)    # the replay's own variables: never taken from a directory
 
 _PYTHON_HARMLESS = {"PYTHONHASHSEED", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONFAULTHANDLER",
                     "PYTHONIOENCODING", "PYTHONUTF8", "PYTHONOPTIMIZE", "PYTHONDEVMODE", "PYTHONTRACEMALLOC",
@@ -41,7 +43,7 @@ _EXACT = {
     "ENV": "a file sh runs at its start",
     "PROMPT_COMMAND": "a command bash runs",
     "SHELLOPTS": "bash's options", "BASHOPTS": "bash's options",
-    "ANVIL_TASKS_PATH": "folders of task modules inv imports",
+    names.TASKS_PATH: "folders of task modules inv imports",
     "TRITON_CACHE_DIR": "compiled kernels Triton loads", "TRITON_HOME": "compiled kernels Triton loads",
     "TORCHINDUCTOR_CACHE_DIR": "compiled code torch.compile loads",
     "TORCH_EXTENSIONS_DIR": "compiled extensions torch loads",

@@ -8,6 +8,7 @@ import re
 import shutil
 from pathlib import Path
 
+from core import names
 from core.errors import UserError
 
 FORMAT_VERSION = 2          # 2: checksums.json
@@ -67,7 +68,7 @@ def list_checkpoints(checkpoint_dir: Path) -> list[Path]:
 
 def checkpoint_root(path: Path) -> Path:
     """A run dir holds checkpoints/; anything else is taken as the checkpoint dir itself."""
-    return path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    return path / names.CHECKPOINTS_DIR if (path / names.CHECKPOINTS_DIR).is_dir() else path
 
 
 def read_meta(path: Path) -> dict:

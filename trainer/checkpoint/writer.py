@@ -17,7 +17,7 @@ writer's Python work is a little per tensor, while write() and xxhash run with t
 released (a thread hashing at full speed does not slow the main thread's Python); and a
 SIGKILL takes the writer with the trainer, leaving no orphan writing into a checkpoint.
 
-Test-only: ANVIL_TEST_CHECKPOINT_DELAY_S makes a save wait that many seconds after its files
+Test-only: names.TEST_CHECKPOINT_DELAY_S makes a save wait that many seconds after its files
 are written and before its commit, so that tests can kill or signal a run mid-write. Nothing
 else sets it.
 """
@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
 import threading
 import time
 from contextlib import contextmanager
@@ -37,6 +36,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from core import names
+from core.host import this_host
 from trainer.checkpoint import checksums
 from trainer.checkpoint.layout import (COMPLETE_MARKER, META_FILE, RANKS_DIR, TMP_PREFIX, TRAINER_FILE,
                                        CheckpointError, CheckpointWriteError, fsync_dir, prune, remove_stale,
@@ -48,7 +49,7 @@ from trainer.checkpoint.state import (all_gather, broadcast_from_first, dist_on,
                                       local_bytes, model_optim_state, rank, rng_state, to_bytes, versions, world)
 from core.files import write_atomic
 
-TEST_DELAY_ENV = "ANVIL_TEST_CHECKPOINT_DELAY_S"
+TEST_DELAY_ENV = names.TEST_CHECKPOINT_DELAY_S
 
 
 def _failures() -> tuple[type[BaseException], ...]:
@@ -116,7 +117,7 @@ class Checkpointer:
         if rank() == 0:
             job.trainer_file = to_bytes({"step": int(step), "extra": dict(extra or {}),
                                          "scheduler": scheduler.state_dict() if scheduler is not None else None})
-            job.meta = {"step": int(step), "world_size": world(), "time": started, "host": socket.gethostname(),
+            job.meta = {"step": int(step), "world_size": world(), "time": started, "host": this_host(),
                         "save_s": None, "stall_s": None, "async": self.asynchronous, "versions": versions(),
                         "extra": jsonable(extra or {}), "config": jsonable(self.config), "cwd": os.getcwd()}
         if not self.asynchronous:

@@ -8,8 +8,8 @@ A part another node or an earlier run finished is not made again.
 
     python -m trainer.data.node FOLDER [--workers N] [--node K --nodes N]
 
-The node's rank and count default to the runner's environment: ANVIL_NODE_RANK and
-ANVIL_NNODES (what the runtime's each_node sets), else Slurm's SLURM_NODEID and SLURM_NNODES. Exit status: 0 done, 2 bad input
+The node's rank and count default to the runner's environment: names.NODE_RANK and
+names.NODE_COUNT (what the runtime's each_node sets), else Slurm's SLURM_NODEID and SLURM_NNODES. Exit status: 0 done, 2 bad input
 (the message says what), 130 stopped (Ctrl-C or SIGTERM: finished parts are kept).
 """
 from __future__ import annotations
@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 
@@ -28,6 +27,9 @@ from .parts import PLAN, WorkFolder
 from .tokenizers import get_tokenizer
 from .units import Unit, share
 from .workers import make_parts
+
+from core import names
+from core.host import this_host
 
 EXIT_STOPPED = 130
 
@@ -64,7 +66,7 @@ def run(folder: Path, node: int, nodes: int, workers: int | None = None, progres
     state = {"parts": len(parts)}
     make_parts(plan, parts, work, tok, tokenizer, dtype_for_vocab(tok.vocab_size), settings, workers, progress,
                state, mine=mine)
-    return {"node": node, "nodes": nodes, "host": socket.gethostname(), "units": len(mine),
+    return {"node": node, "nodes": nodes, "host": this_host(), "units": len(mine),
             "made": len(parts) - already, "already_finished": already}
 
 
@@ -80,14 +82,14 @@ def main(argv=None) -> int:
     # the parts already finished stay for the next run
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        node = args.node if args.node is not None else _env_int("ANVIL_NODE_RANK", "SLURM_NODEID", default=0)
-        nodes = args.nodes if args.nodes is not None else _env_int("ANVIL_NNODES", "SLURM_NNODES", default=1)
+        node = args.node if args.node is not None else _env_int(names.NODE_RANK, "SLURM_NODEID", default=0)
+        nodes = args.nodes if args.nodes is not None else _env_int(names.NODE_COUNT, "SLURM_NNODES", default=1)
         result = run(args.folder, node, nodes, args.workers or None, args.progress)
     except DataError as exc:
-        print(f"data.prepare on {socket.gethostname()}: {exc}", file=sys.stderr)
+        print(f"data.prepare on {this_host()}: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print(f"data.prepare on {socket.gethostname()}: stopped; its finished parts are kept", file=sys.stderr)
+        print(f"data.prepare on {this_host()}: stopped; its finished parts are kept", file=sys.stderr)
         return EXIT_STOPPED
     print(json.dumps(result), flush=True)
     return 0

@@ -5,7 +5,9 @@ import os
 import sys
 import time
 
-PROGRESS_ENV = "ANVIL_PROGRESS_INTERVAL"  # seconds between plain progress lines (default 5)
+from core import names
+
+PROGRESS_ENV = names.PROGRESS_INTERVAL  # seconds between plain progress lines (default 5)
 
 
 class Progress:

@@ -1,7 +1,7 @@
 """Profiling a few training steps, and what the profile says.
 
     window.py      StepProfiler: the chosen steps on the chosen ranks (torch.profiler, or a vendor tool's
-                   capture range); ANVIL_PROFILE_STEPS / _RANKS / _TOOL
+                   capture range); names.PROFILE_STEPS / _RANKS / _TOOL
     trace.py       reading a chrome trace: GPU events, the host ops that launched them, intervals
     categories.py  which category a kernel is (rules on CUDA and ROCm names, Inductor's op lists, host ops)
     breakdown.py   step time by category, exposed communication, GPU idle and where it came from

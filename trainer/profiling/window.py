@@ -5,9 +5,9 @@ ranks and steps asked for are recorded (LUMI AI guide: profile one rank).
 The runner asks through the environment, so the trainer's command line stays
 the same under torchrun, srun or a container:
 
-    ANVIL_PROFILE_STEPS=3:6     steps 3, 4 and 5 (the first steps include compile and warm-up)
-    ANVIL_PROFILE_RANKS=0,8     global ranks to profile, or "all" (default 0)
-    ANVIL_PROFILE_TOOL=ncu      nsys | ncu | rocprofv3 | rocprofv3-counters: the rank runs under that tool
+    names.PROFILE_STEPS=3:6     steps 3, 4 and 5 (the first steps include compile and warm-up)
+    names.PROFILE_RANKS=0,8     global ranks to profile, or "all" (default 0)
+    names.PROFILE_TOOL=ncu      nsys | ncu | rocprofv3 | rocprofv3-counters: the rank runs under that tool
                                 (runtime.launch.tools),
                                 which records only between the window's start and stop calls
 
@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+from core import names
 from core.errors import UserError
 from core.files import write_atomic
 
@@ -49,9 +50,9 @@ def parse_steps(text: str) -> tuple[int, int]:
             start = int(text)
             end = start + 1
     except ValueError:
-        raise ProfileSettingsError(f"ANVIL_PROFILE_STEPS={text!r}: expected START:END, e.g. 3:6") from None
+        raise ProfileSettingsError(f"{names.PROFILE_STEPS}={text!r}: expected START:END, e.g. 3:6") from None
     if start < 1 or end <= start:
-        raise ProfileSettingsError(f"ANVIL_PROFILE_STEPS={text!r}: need 1 <= START < END")
+        raise ProfileSettingsError(f"{names.PROFILE_STEPS}={text!r}: need 1 <= START < END")
     return start, end
 
 
@@ -62,13 +63,13 @@ def parse_ranks(text: str) -> set[int] | None:
     try:
         return {int(r) for r in text.split(",") if r.strip()}
     except ValueError:
-        raise ProfileSettingsError(f"ANVIL_PROFILE_RANKS={text!r}: expected a list like 0,8 or 'all'") from None
+        raise ProfileSettingsError(f"{names.PROFILE_RANKS}={text!r}: expected a list like 0,8 or 'all'") from None
 
 
 def parse_tool(text: str) -> str:
     tool = text.strip().lower()
     if tool and tool not in TOOLS:
-        raise ProfileSettingsError(f"ANVIL_PROFILE_TOOL={text!r}: expected one of {', '.join(TOOLS)} (or empty: "
+        raise ProfileSettingsError(f"{names.PROFILE_TOOL}={text!r}: expected one of {', '.join(TOOLS)} (or empty: "
                                    "torch.profiler)")
     return tool
 
@@ -77,7 +78,7 @@ class StepProfiler:
     """Call ``step_done(step)`` after every optimizer step; it records [start, end)."""
 
     def __init__(self, run_dir: Path | str, rank: int, start: int, end: int, tool: str = ""):
-        self.dir = Path(run_dir) / "profile"
+        self.dir = Path(run_dir) / names.PROFILE_DIR
         self.rank, self.start, self.end, self.tool = rank, start, end, tool
         self._prof = None
         self._capturing = False
@@ -86,14 +87,14 @@ class StepProfiler:
 
     @classmethod
     def from_env(cls, run_dir: Path | str, rank: int, environ=os.environ) -> "StepProfiler | None":
-        steps = environ.get("ANVIL_PROFILE_STEPS", "").strip()
+        steps = environ.get(names.PROFILE_STEPS, "").strip()
         if not steps:
             return None
         start, end = parse_steps(steps)
-        ranks = parse_ranks(environ.get("ANVIL_PROFILE_RANKS", "0"))
+        ranks = parse_ranks(environ.get(names.PROFILE_RANKS, "0"))
         if ranks is not None and rank not in ranks:
             return None
-        return cls(run_dir, rank, start, end, parse_tool(environ.get("ANVIL_PROFILE_TOOL", "")))
+        return cls(run_dir, rank, start, end, parse_tool(environ.get(names.PROFILE_TOOL, "")))
 
     @property
     def active(self) -> bool:

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import IO, Mapping, Sequence
 
+from core import names
 from runtime.cluster import values
 from runtime.cluster.slurm.control import (POLL_S, TERMINAL_STATES, _run, cancel, exit_status,
                                            job_info)
@@ -34,7 +35,7 @@ from core.files import write_atomic
 
 def sbatch_script(step: Sequence[str], header: Sequence[str], run_dir: Path | None, workdir: str) -> str:
     """The batch script running `step` (the srun line) with the #SBATCH `header` options."""
-    logs = (Path(run_dir) if run_dir else Path.cwd()) / "logs"
+    logs = (Path(run_dir) if run_dir else Path.cwd()) / names.LOGS_DIR
     stop_status = [sys.executable, "-m", "runtime.runs.outcome", str(run_dir or ".")]
     record = [sys.executable, "-m", "runtime.runs.jobend", str(run_dir)] if run_dir else []
     lines = ["#!/bin/bash"]
@@ -222,7 +223,7 @@ def submit_and_follow(script: Path, env: Mapping[str, str], run_dir: Path | None
     print(f"slurm: submitted job {job_id} ({what}); script {script}", file=out, flush=True)
     if not wait:
         return 0
-    log = Path(run_dir) / "logs" / f"slurm-{job_id}.out" if run_dir is not None else None
+    log = Path(run_dir) / names.LOGS_DIR / f"slurm-{job_id}.out" if run_dir is not None else None
     # Ctrl-C asks; SIGTERM and SIGHUP (the terminal or SSH session went away) detach: the run says so,
     # and the batch script records the job's end, instead of the run saying "running" for ever.
     caught = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

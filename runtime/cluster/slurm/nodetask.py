@@ -2,8 +2,8 @@
 
     python -m runtime.cluster.slurm.nodetask HOSTS_DIR [--timeout S] -- COMMAND...
 
-Runs COMMAND on this node with ANVIL_HOST (the Slurm node name),
-ANVIL_NODE_RANK, ANVIL_NNODES and ANVIL_NODE_RUNS_DIR=HOSTS_DIR/<node> (an
+Runs COMMAND on this node with names.HOST (the Slurm node name),
+names.NODE_RANK, names.NODE_COUNT and names.NODE_RUNS_DIR=HOSTS_DIR/<node> (an
 inv command's run directory goes there; runtime.settings.NODE_OVERRIDES) in
 its environment. On starting it writes HOSTS_DIR/.<node>.step (JOB.STEP,
 which a Ctrl-C of the inv that ran srun signals), then HOSTS_DIR/<node>.json:
@@ -17,18 +17,18 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from core.host import host_name
 from runtime.cluster.transport import node_env
 from core.files import write_atomic, write_json_atomic
 
 
 def node_name() -> str:
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    return os.environ.get("SLURMD_NODENAME") or host_name()
 
 
 def main(argv: list[str] | None = None) -> int:

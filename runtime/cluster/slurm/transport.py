@@ -29,6 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import IO, Mapping, Sequence
 
+from core import names
 from runtime.cluster.options import SLURM_MODES
 from runtime.cluster.results import HostResult, Interrupted, error_line, parse_json_output
 from runtime.cluster.slurm import batch, control
@@ -106,7 +107,7 @@ class Slurm(Transport):
 
     # ---- a launch: one agent per node
     def launch(self, spec: LaunchSpec, env: Mapping[str, str], run_dir: Path | None = None, *,
-               wrap: Wrap | None = None, nodes: Sequence[str] | None = None, log_name: str = "launcher.log",
+               wrap: Wrap | None = None, nodes: Sequence[str] | None = None, log_name: str = names.LAUNCHER_LOG,
                dry_run: bool = False, masker=None, stdout: IO | None = None, stderr: IO | None = None,
                timeout: float | None = None) -> int:
         layout = Layout(processes_per_node(spec, env), len(nodes)) if nodes else self.layout(spec, env)

@@ -12,7 +12,7 @@ stdin carries, in order (runtime.cluster.ssh.session.Control writes it):
 
 COMMAND runs in a process group of its own, and signals go to that group (its
 children too, as a terminal's would). --launcher: COMMAND is the agent, which
-stops its ranks should this process die (ANVIL_LAUNCHER_PID). --timeout:
+stops its ranks should this process die (names.LAUNCHER_PID). --timeout:
 SIGTERM to the group after S seconds, SIGKILL 5 s later, exit 124 (coreutils
 timeout's status). The exit status is COMMAND's (128+N when a signal ended it).
 """

@@ -1,7 +1,7 @@
 """SSH sessions over Fabric: one command on one host, run by runtime.cluster.ssh.remote on the far end.
 
     sessions = Sessions(options)
-    code, out, err, error = sessions.run(host, ["inv", "preflight.all"], env={"ANVIL_HOST": host})
+    code, out, err, error = sessions.run(host, ["inv", "preflight.all"], env={names.HOST: host})
     sessions.signal(signal.SIGUSR2)     # passed on to every remote command
     sessions.stop()                     # every remote command stops as at a Ctrl-C (its stdin ends)
     sessions.abandon()                  # close the connections: stop waiting

@@ -28,9 +28,10 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import IO, Iterable, Mapping, Sequence
 
+from core import names
 from runtime.cluster.results import HostResult, Interrupted, parse_json_output, slurm_name
 from runtime.cluster.ssh.session import STOPPED_WAITING, Sessions, check_line, remote_line, remote_python
-from runtime.cluster.transport import Progress, Transport, Wrap, local_inv, node_env
+from runtime.cluster.transport import HOST_VAR, Progress, Transport, Wrap, local_inv, node_env
 from runtime.launch.commands import agent_command, launch_env, travelling
 from runtime.launch.process import MaskedFile, open_log, passing_signals
 from runtime.launch.spec import EXIT_INTERRUPTED, EXIT_REQUEUE, LaunchError, LaunchSpec, Layout, processes_per_node
@@ -127,7 +128,7 @@ class Ssh(Transport):
 
     # ---- a launch: one agent per host
     def launch(self, spec: LaunchSpec, env: Mapping[str, str], run_dir: Path | None = None, *,
-               wrap: Wrap | None = None, nodes: Sequence[str] | None = None, log_name: str = "launcher.log",
+               wrap: Wrap | None = None, nodes: Sequence[str] | None = None, log_name: str = names.LAUNCHER_LOG,
                dry_run: bool = False, masker=None, stdout: IO | None = None, stderr: IO | None = None,
                timeout: float | None = None) -> int:
         hosts = list(nodes) if nodes else self.hosts()
@@ -255,7 +256,9 @@ class _Launch:
         self.lost: dict[str, str] = {}         # hosts whose agent ended without a status of its own
 
     def _run(self, rank: int, host: str) -> None:
-        code, _out, _err, error = self.sessions.run(host, self.commands[host], self.env, timeout=self.timeout,
+        # the host as -H named it: hosts that share a host name are told apart in its ranks' logs and records
+        env = {**self.env, HOST_VAR: host}
+        code, _out, _err, error = self.sessions.run(host, self.commands[host], env, timeout=self.timeout,
                                                     launcher=self.launcher, out=self.out, err=self.err)
         if error is not None or code is None or code < 0:
             self.lost[host] = f"anvil: node {rank} ({host}): {error or 'the connection ended without a status'}"

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from core import names
 from runtime.cluster.transport import Transport
 from runtime.launch.process import TIMED_OUT
 from runtime.launch.spec import LaunchSpec
@@ -116,7 +117,7 @@ class OverCluster:
 
     def launch(self, nodes: Sequence[str], label: str, size: str, iters: int, timeout: float) -> Measurement:
         folder = self._folder(label)
-        out = folder / "collectives.json"
+        out = folder / names.COLLECTIVES
         spec = LaunchSpec(module="benchmarks.collectives", args=_collectives_args(size, iters, out),
                           nproc=self.nproc_for(nodes), gpus=min((self.gpus.get(h, 0) for h in nodes), default=0),
                           master_port=self.ports.take(), python=self.transport.python(), node_local=NODE_LOCAL)

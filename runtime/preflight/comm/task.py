@@ -7,6 +7,7 @@ import os
 import sys
 from typing import Mapping
 
+from core import names
 from runtime.preflight.comm.check import MAX_ROUNDS, TIMEOUT_S, screen_links
 from runtime.preflight.comm.errors import CommError, CommFailed
 from runtime.preflight.comm.measure import OverCluster
@@ -88,11 +89,11 @@ def run_comm_check(c, hosts: list[str] | str | None, runtime=None, size: str = "
         report = screen_links(host_list, via, size, int(iters), progress, timeout=limit, ratio=ratio,
                               max_rounds=max_rounds)
         document = {"task": "preflight.comm", "run_dir": str(run.path), **report.to_dict()}
-        run.write_json("report.json", document)
+        run.write_json(names.FANOUT_REPORT, document)
         nodes_mod.write(run.path, [slurm_name(h) for h in report.passing],
                         {slurm_name(h): reasons for h, reasons in report.failing.items()})
         text = render(report, run.path)
-        run.write_text("report.txt", text + "\n")
+        run.write_text(names.FANOUT_TEXT, text + "\n")
         print(jsonlib.dumps(document, indent=2) if json else text, flush=True)
         run.update_metadata(hosts=report.hosts, passing=report.passing, failing=list(report.failing))
         if report.failed:
