@@ -3,11 +3,12 @@
     from kernels import rms_norm, apply_rope, swiglu, cross_entropy, fused_linear_cross_entropy, patch
 
 Hugging Face ships a package with the same import name (`pip install kernels`, hub kernels for
-transformers). Installed in the same environment it shadows this one wherever the checkout is not
-first on sys.path; the trainer checks ANVIL_KERNELS and says so instead of failing obscurely.
+transformers). Anvil's programs put the checkout first on sys.path (core.checkout), so they get
+this one; where both are installed, this one also carries Hugging Face's (kernels/namesake.py),
+so transformers works beside it in one process. `__anvil__` tells the two apart.
 """
 
-ANVIL_KERNELS = True   # tells this package apart from Hugging Face's `kernels`
+__anvil__ = True
 
 from kernels.cross_entropy import cross_entropy
 from kernels.fused_linear_cross_entropy import fused_linear_cross_entropy
@@ -21,3 +22,8 @@ __all__ = [
     "RMSNorm", "SwiGLU", "SwiGLUMLP", "apply_rope", "cross_entropy", "fused_linear_cross_entropy",
     "patch", "rms_norm", "swiglu",
 ]
+
+from kernels import namesake  # noqa: E402  (after our names: it checks that none is overwritten)
+
+#: Why Hugging Face's package could not be carried (None: it was, or it is not installed).
+NAMESAKE_PROBLEM = namesake.carry(globals())

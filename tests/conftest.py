@@ -11,6 +11,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # tests/cluster.py as `cluster`
+# The checkout first, as in every Anvil program (core.checkout): its kernels/, not Hugging Face's `kernels`.
+sys.path.insert(0, str(REPO))
 
 import kernel_utils  # noqa: E402,F401  (sets TRITON_INTERPRET=1 without a GPU before any test imports kernels:
 #                         @triton.jit reads it when a kernel module is imported, and a helper jit function

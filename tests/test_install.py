@@ -95,38 +95,54 @@ def test_bootstrap_bad_input_is_one_clear_message(repo):
     assert "unknown option(s): --frobnicate" in bad_option.stderr
 
 
-def test_bootstrap_removes_hugging_faces_kernels_package(repo):
-    """Hugging Face's `kernels` distribution (transformers 5.25+ requires it) has the import name of
-    Anvil's kernels/; a rerun of ./bootstrap takes one out of .venv and says why. The stand-in is a
-    distribution of that name holding a `kernels` module file, which pip uninstalls like any other."""
-    if not (repo / ".venv" / ".anvil-bootstrap.json").exists():
-        pytest.skip(".venv was not made by ./bootstrap")
+def _hugging_faces_kernels(python) -> str:
+    """Where .venv's Hugging Face `kernels` package is; skipped (failed in CI) where it is not installed."""
+    where = run([python, "-c", "import importlib.metadata as m; print(m.distribution('kernels').locate_file(''))"],
+                "/").stdout.strip()
+    if not where:
+        if os.environ.get("CI"):
+            pytest.fail("the test extra (transformers 5.25+) should have installed Hugging Face's kernels")
+        pytest.skip("Hugging Face's kernels is not installed (transformers below 5.25)")
+    return where
+
+
+def test_both_kernels_packages_work_in_one_environment(repo, inv_bin, tmp_path):
+    """Hugging Face's `kernels` (transformers 5.25+ requires it) and Anvil's kernels/ share an import name.
+    In one environment: `inv train.pretrain --kernels`, run from another folder, patches in Anvil's; a
+    transformers program outside the checkout imports Hugging Face's own; and in one process that
+    imported Anvil's, transformers builds and runs a model with Hugging Face's names at hand. The
+    rerun of ./bootstrap leaves the package it did not install in place."""
     python = repo / ".venv/bin/python"
-    site = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], repo).stdout.strip()
-    if not site.startswith(str(repo / ".venv")):
-        pytest.skip(".venv installs into the system's site-packages")
-    dist = os.path.join(site, "kernels-0.0.0.dist-info")
-    os.makedirs(dist)
-    files = {"METADATA": "Metadata-Version: 2.1\nName: kernels\nVersion: 0.0.0\n", "INSTALLER": "pip\n"}
-    for name, text in files.items():
-        with open(os.path.join(dist, name), "w") as fh:
-            fh.write(text)
-    stand_in = os.path.join(site, "kernels_hub_stand_in.py")
-    with open(stand_in, "w") as fh:
-        fh.write("")
-    record = [f"kernels-0.0.0.dist-info/{n},," for n in (*files, "RECORD")] + ["kernels_hub_stand_in.py,,"]
-    with open(os.path.join(dist, "RECORD"), "w") as fh:
-        fh.write("\n".join(record) + "\n")
-    try:
+    where = _hugging_faces_kernels(python)
+
+    trained = run([inv_bin, "-r", repo, "train.pretrain", "--kernels", "--set", "data.path=synthetic",
+                   *(f"--set={k}" for k in ("train.steps=1", "data.seq_len=16", "data.batch_size=1",
+                                            "model.n_layers=1", "train.val_interval=0", "checkpoint.interval=0"))],
+                  tmp_path, timeout=600,
+                  env={"INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs"), "TRITON_INTERPRET": "1"})
+    assert trained.returncode == 0, trained.stdout[-2000:] + trained.stderr[-3000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert "fused kernels" in (run_dir / "logs" / "rank0.log").read_text()
+
+    program = ("import kernels, transformers\n"
+               "assert not hasattr(kernels, '__anvil__'), kernels.__file__\n"
+               "from kernels import Mode, get_kernel\n"
+               "print(kernels.__file__)\n")
+    theirs = run([python, "-c", program], tmp_path)
+    assert theirs.returncode == 0 and theirs.stdout.startswith(where), theirs.stdout + theirs.stderr
+
+    together = ("import torch, kernels\n"
+                "assert kernels.__anvil__ and kernels.NAMESAKE_PROBLEM is None, kernels.NAMESAKE_PROBLEM\n"
+                "from transformers import LlamaConfig, LlamaForCausalLM\n"
+                "from kernels import Mode\n"
+                "model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,\n"
+                "    num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2))\n"
+                "kernels.patch(model)\n"
+                "print(tuple(model(torch.randint(0, 64, (1, 8))).logits.shape))\n")
+    both = run([python, "-c", together], repo, env={"TRITON_INTERPRET": "1"}, timeout=300)
+    assert both.returncode == 0 and both.stdout.strip().endswith("(1, 8, 64)"), both.stdout + both.stderr[-3000:]
+
+    if (repo / ".venv" / ".anvil-bootstrap.json").exists():
         again = run([repo / "bootstrap"], repo, timeout=120)
         assert again.returncode == 0, again.stdout + again.stderr
-        assert "removed Hugging Face's `kernels` package from .venv" in again.stdout
-        assert not os.path.exists(dist) and not os.path.exists(stand_in)
-        check = run([python, "-c", "import kernels; print(kernels.ANVIL_KERNELS)"], repo)
-        assert check.stdout.strip() == "True", check.stderr
-    finally:
-        for path in (stand_in, *(os.path.join(dist, n) for n in (*files, "RECORD"))):
-            if os.path.exists(path):
-                os.remove(path)
-        if os.path.isdir(dist):
-            os.rmdir(dist)
+        assert _hugging_faces_kernels(python) == where and os.path.isdir(where)

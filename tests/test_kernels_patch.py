@@ -157,4 +157,4 @@ def test_hugging_faces_kernels_package_shadowing_ours_is_named(tmp_path):
     assert "TrainError --kernels: `import kernels` found" in done.stdout, done.stdout + done.stderr
     assert "Hugging Face's package of the same name shadows it" in done.stdout
     import kernels
-    assert kernels.ANVIL_KERNELS        # and in this checkout ours is the one imported
+    assert kernels.__anvil__        # and in this checkout ours is the one imported

@@ -26,6 +26,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
+    from core import checkout
+    checkout.put_first_on_path()   # Anvil's kernels/, not a same-named package in site-packages
     args = parse_args(argv)
     from core.signals import ctrl_c_once
     ctrl_c_once()   # before the loop's own handler: the launcher passes on the group's Ctrl-C again

@@ -42,7 +42,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -52,10 +51,12 @@ import traceback
 from collections import deque
 from pathlib import Path
 
+from core import checkout, names
 from core.files import write_json_atomic
+from core.host import this_host
 from core.signals import EXIT_HUNG
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = checkout.ROOT
 FLIGHT_RECORDER_ENTRIES = "2000"   # ring size: enough for the last few steps' collectives
 DIAGNOSTIC_TIMEOUT_S = 20.0        # each diagnostic (flight recorder, py-spy) gets at most this
 MIN_EXCESS_S = 0.001               # a rank less than 1 ms/step above the median is timer noise
@@ -68,11 +69,6 @@ def hang_timeout_s(cfg) -> float:
     if value is None:
         return min(300.0, 0.5 * cfg.parallel.timeout_minutes * 60)
     return float(value)
-
-
-def this_host() -> str:
-    """The host name the rank logs carry (trainer.ranklog): ANVIL_HOST, else the short host name."""
-    return os.environ.get("ANVIL_HOST") or socket.gethostname().split(".")[0]
 
 
 def prepare_env(cfg, run_dir: Path | str) -> None:
@@ -93,7 +89,7 @@ def prepare_env(cfg, run_dir: Path | str) -> None:
     if not (os.environ.get(old_size) or os.environ.get("TORCH_FR_BUFFER_SIZE")):
         os.environ["TORCH_FR_BUFFER_SIZE" if new else old_size] = FLIGHT_RECORDER_ENTRIES
     if not (os.environ.get(old_file) or os.environ.get("TORCH_FR_DUMP_TEMP_FILE")):
-        os.environ["TORCH_FR_DUMP_TEMP_FILE" if new else old_file] = str(Path(run_dir) / "logs" / "nccl-trace-rank")
+        os.environ["TORCH_FR_DUMP_TEMP_FILE" if new else old_file] = str(Path(run_dir) / names.LOGS_DIR / "nccl-trace-rank")
     os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
 
 
@@ -262,7 +258,7 @@ class HangWatchdog:
         self._phase = "startup"
         if self.run_dir is not None:   # a requeued job reuses its run directory
             with contextlib.suppress(OSError):
-                (self.run_dir / "logs" / f"hang-rank{self.rank}.json").unlink(missing_ok=True)
+                (self.run_dir / names.LOGS_DIR / names.hang_report(self.rank)).unlink(missing_ok=True)
         if self.enabled and self._thread is None:
             self._thread = threading.Thread(target=self._run, name="anvil-hang-watchdog", daemon=True)
             self._thread.start()
@@ -347,7 +343,7 @@ class HangWatchdog:
                 "step": in_progress, "last_step": self._step, "phase": self._phase,
                 "stalled_s": round(stalled, 1), "limit_s": self.limit_s, "where": call, "frames": frames,
                 "last_progress_time": self._last_wall, "time": time.time(),
-                "log": f"logs/rank{self.rank}.log", "collectives": None}
+                "log": f"{names.LOGS_DIR}/{names.rank_log(self.rank)}", "collectives": None}
 
     def _fire(self, stalled: float) -> None:
         report = self.report(stalled)
@@ -364,18 +360,18 @@ class HangWatchdog:
             (stream or sys.stderr).flush()
         except (ValueError, OSError):
             pass
-        logs = self.run_dir / "logs" if self.run_dir is not None else None
+        logs = self.run_dir / names.LOGS_DIR if self.run_dir is not None else None
         if logs is not None:
             logs.mkdir(parents=True, exist_ok=True)
             report["collectives"] = _bounded(lambda: dump_flight_recorder(logs, self.rank))
             try:
-                write_json_atomic(logs / f"hang-rank{self.rank}.json", report)
+                write_json_atomic(logs / names.hang_report(self.rank), report)
             except OSError:
                 pass
         self._py_spy(stream)
         if self.log is not None:
             self.log.error(f"hung: no training step for {stalled:.0f} s ({what}, at {report['where']}); "
-                           f"stacks above, report logs/hang-rank{self.rank}.json; exiting with status {EXIT_HUNG}")
+                           f"stacks above, report {names.LOGS_DIR}/{names.hang_report(self.rank)}; exiting with status {EXIT_HUNG}")
             self._flush_log()
         self._exit(EXIT_HUNG)
 
@@ -562,7 +558,7 @@ class StragglerDetector:
         if self.run_dir is None:
             return
         try:
-            with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as handle:
+            with open(self.run_dir / names.METRICS, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(record) + "\n")
         except OSError as exc:
             if self.log is not None:

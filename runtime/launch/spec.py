@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from core import checkout, names
 from core.errors import UserError
 # The trainer's exit statuses after a signal (3: checkpointed, requeue me; 130: Ctrl-C), the
 # contract every launcher keeps.
 from core.signals import EXIT_INTERRUPTED, EXIT_REQUEUE  # noqa: F401 (re-exported)
 
 #: The checkout every node runs in (a shared file system, or the same path on every host).
-CHECKOUT = Path(__file__).resolve().parents[2]
+CHECKOUT = checkout.ROOT
 #: In LaunchSpec.args: the run directory, filled in when the command is built ("RUN_DIR" in a dry run).
 RUN_DIR = "{run_dir}"
 #: Signals that `inv` and the agent pass on to the ranks (and keep waiting): a scheduler's
@@ -28,11 +29,11 @@ PASSED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2,
 VISIBLE_DEVICE_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 
 #: Names of the variables each node computes for itself (comma-separated), read by the agent.
-NODE_LOCAL_VAR = "ANVIL_NODE_LOCAL"
+NODE_LOCAL_VAR = names.NODE_LOCAL
 #: The run directory, for the agent's per-node report.
-RUN_DIR_VAR = "ANVIL_RUN_DIR"
+RUN_DIR_VAR = names.RUN_DIR
 #: The process that started the agent: the agent stops the ranks when that process dies.
-LAUNCHER_PID_VAR = "ANVIL_LAUNCHER_PID"
+LAUNCHER_PID_VAR = names.LAUNCHER_PID
 
 
 class LaunchError(UserError):

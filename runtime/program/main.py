@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import sys
 
+from core import checkout, signals
 from runtime.program import interrupts, pipes, shim
-from core import signals
 
 
 def main(argv=None):
     words = list(sys.argv if argv is None else argv)
     training = interrupts.install(words)   # first: the program's imports take a while
     program = None
+    checkout.put_first_on_path()   # Anvil's kernels/, not a same-named package in site-packages
     try:
         shim.ensure_installed()
         pipes.guard_stdout()

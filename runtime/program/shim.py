@@ -30,7 +30,9 @@ PTH_LINE = ("import sys; exec('try:\\n import runtime.program.shim as m; m.redir
 
 def redirect() -> None:
     """Make invoke.main.program the Anvil program (idempotent)."""
+    from core import checkout
     from runtime.program import interrupts
+    checkout.put_first_on_path()
     training = interrupts.install(sys.argv)   # before the program's imports, which take a while
     try:
         import invoke.main
