@@ -14,7 +14,7 @@ those names behind; this test finds them. What it checks:
   `core.signals.EXIT_REQUEUE`), the module after `python -m`, and the module of
   `from X import` / `import X` in a code block: the module must exist, and a name after it must be
   defined or imported in it;
-- a relative link or image, [text](docs/x.md), relative to the page.
+- a relative link or image, [text](docs/x.md), relative to the page, and its #anchor: a heading of that page.
 
 Placeholders (`envs/profiles/<model>.py`, `hooks/<collection>/<task>/{pre,post}/`) are matched as
 globs. What a run makes rather than the repository (a run directory's files, .venv, a dataset) is
@@ -156,8 +156,8 @@ def names_in(text: str) -> list[tuple[int, str, str]]:
     found = []
     for number, (line, code) in enumerate(_code_lines(text), 1):
         for target in _LINK.findall(line):
-            if not re.match(r"^[a-z][a-z0-9+.-]*:|^#", target):
-                found.append((number, "link", target.split("#", 1)[0]))
+            if not re.match(r"^[a-z][a-z0-9+.-]*:", target):
+                found.append((number, "link", target))
         pieces = [m for m in _SPAN.findall(line)]
         if code:
             pieces.append(line)
@@ -190,15 +190,32 @@ def names_in(text: str) -> list[tuple[int, str, str]]:
     return list(dict.fromkeys(found))
 
 
+def anchors(text: str) -> set[str]:
+    """The #anchors a Markdown page's headings get, as GitHub makes them (a repeated one gets -1, -2)."""
+    seen: dict[str, int] = {}
+    for line, code in _code_lines(text):
+        heading = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if code or not heading:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-")
+        seen[slug] = seen.get(slug, -1) + 1
+        if seen[slug]:
+            seen[f"{slug}-{seen[slug]}"] = 0
+    return set(seen)
+
+
 def problems_in(doc: str, text: str) -> list[str]:
     problems = []
     base = (REPO / doc).parent
     for number, kind, name in names_in(text):
         if kind == "link":
-            target = (base / name).resolve()
+            page, _, anchor = name.partition("#")
+            target = (base / page).resolve() if page else (REPO / doc)
             why = None if target.exists() else "broken link"
             if target.exists() and REPO not in (target, *target.parents):
                 why = "links outside the repository"
+            elif not why and anchor and target.suffix == ".md" and anchor not in anchors(target.read_text(encoding="utf-8")):
+                why = f"{target.name} has no heading #{anchor}"
         elif kind == "module":
             why = check_module(name)
         elif name.startswith("/") or name.startswith("~"):
@@ -226,6 +243,7 @@ def test_the_check_reports_what_does_not_exist():
         "The module `runtime.runs.no_such_module`, the name `core.signals.no_such_name`,",
         "the test `tests/test_layers.py::test_no_such_test` and `ssh/no_such_remote.py`.",
         "A [broken link](docs/no_such_page.md) and a machine path /work/somewhere.",
+        "A [missing heading](docs/architecture.md#no-such-heading), a [real one](docs/architecture.md#the-one-error-path).",
         "",
         "    python -m benchmarks.no_such_benchmark --json",
         "",
@@ -242,9 +260,9 @@ def test_the_check_reports_what_does_not_exist():
     for made_up in ("runtime/runs/no_such_file.py", "configs/no_such.yaml", "runtime/jobs/nope.py",
                     "runtime.runs.no_such_module", "core.signals.no_such_name", "test_no_such_test",
                     "ssh/no_such_remote.py", "docs/no_such_page.md", "/work/", "benchmarks.no_such_benchmark",
-                    "runtime.no_such_package"):
+                    "runtime.no_such_package", "#no-such-heading"):
         assert made_up in reported, f"{made_up} was not reported:\n{reported}"
-    assert len(problems) == 11, reported
+    assert len(problems) == 12, reported
 
 
 def test_the_docs_are_all_checked():
