@@ -42,9 +42,11 @@ PACKAGES = ("tasks", "runtime", "envs", "benchmarks", "trainer", "kernels", "cor
 # Names the docs give to what a command makes, not to files of the repository. Each entry is a
 # glob over the name as written; keep the list short and explicit.
 MADE_BY_A_RUN = [
+    "runs/*", "RUN/*",             # run directories (RUN: one of them, as the docs write it)
     "configs/train.yaml",          # a run directory's copy of its config (RUN/configs/train.yaml)
-    "hooks/pre.log", "hooks/post.log", "hooks/<phase>.log",   # a run directory's hook output
-    "*.venv/*",                    # ./bootstrap's environment
+    "hooks/pre.log", "hooks/post.log",   # a run directory's hook output (RUN/hooks/pre.log)
+    "data/*",                      # datasets and tokenizers that data.prepare and data.tokenizer write
+    ".venv/*",                     # ./bootstrap's environment
 ]
 
 DOCS = ["README.md", "BENCHMARKS.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md"))]
