@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
+from core.vendor import Vendor
 from core import names
 from envs import profiles
 from envs.errors import EnvError
@@ -38,7 +39,7 @@ def synthesize(name: str, source: str = "--gpu") -> Machine:
     count = count or model.default_count
     return Machine(
         vendor=model.vendor, model=model.name, name=model.name, arch=model.arch, count=count,
-        memory_gib=model.memory_gib, runtime=model.runtime, source="override", profile=model.key,
+        memory_gib=model.memory_gib, source="override", profile=model.key,
         gpus=[Gpu(i, model.name, model.memory_gib, model.arch) for i in range(count)],
         notes=[f"not detected: the {model.name} profile was asked for (--gpu / {names.GPU})"],
     )
@@ -48,14 +49,14 @@ def synthesize(name: str, source: str = "--gpu") -> Machine:
 def _detect_live(root: Path) -> Machine:
     found = amd.probe(root)
     if found:
-        return machine_from("amd", *found)
+        return machine_from(Vendor.AMD, *found)
     found = nvidia.probe() if root == ROOT else None
     if found:
-        return machine_from("nvidia", *found)
-    return Machine(vendor="cpu", model=None, name="no GPU", arch=None, count=0, memory_gib=None, source="none")
+        return machine_from(Vendor.NVIDIA, *found)
+    return Machine(vendor=Vendor.CPU, model=None, name="no GPU", arch=None, count=0, memory_gib=None, source="none")
 
 
-def machine_from(vendor: str, gpus: list, driver: Optional[str], runtime_version: Optional[str],
+def machine_from(vendor: Vendor, gpus: list, driver: Optional[str], platform_version: Optional[str],
                  source: str) -> Machine:
     """Summarise probe results: the first device names the model; a mixed node is noted."""
     first = gpus[0]
@@ -72,7 +73,7 @@ def machine_from(vendor: str, gpus: list, driver: Optional[str], runtime_version
         vendor=vendor, model=model.name if model else None, name=first.name,
         arch=first.arch or (model.arch if model else None), count=len(gpus),
         memory_gib=first.memory_gib or (model.memory_gib if model else None),
-        driver=driver, runtime="rocm" if vendor == "amd" else "cuda", runtime_version=runtime_version,
+        driver=driver, platform_version=platform_version,
         source=source, profile=model.key if model else None, gpus=gpus, notes=notes,
     )
 
@@ -81,4 +82,4 @@ def gpu_status(machine: Machine) -> Optional[GpuStatus]:
     """Live state of this machine's GPUs; None on CPU, for a synthesized machine, or if no probe answers."""
     if not machine.has_gpu or machine.source == "override":
         return None
-    return amd.status() if machine.vendor == "amd" else nvidia.status()
+    return amd.status() if machine.vendor is Vendor.AMD else nvidia.status()

@@ -1,8 +1,10 @@
 """What a machine is, as far as environment profiles care."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Optional
+
+from core.vendor import Vendor
 
 
 @dataclass
@@ -20,23 +22,38 @@ class Gpu:
 
 @dataclass
 class Machine:
-    vendor: str  # "amd" | "nvidia" | "cpu"
+    vendor: Vendor  # amd | nvidia | cpu (a string is read with Vendor.parse)
     model: Optional[str]  # canonical model name ("MI300X") when Anvil has a profile for it
     name: str  # product name as reported ("AMD Instinct MI300X"), or "no GPU"
     arch: Optional[str]  # "gfx942", "sm_90"
     count: int
     memory_gib: Optional[float]  # per device
     driver: Optional[str] = None
-    runtime: Optional[str] = None  # "rocm" | "cuda"
-    runtime_version: Optional[str] = None
+    platform_version: Optional[str] = None  # the ROCm or CUDA version (Vendor.platform)
     source: str = "none"  # which probe answered: pyrsmi, amd-smi, rocm-smi, sysfs, nvml, nvidia-smi, override
     profile: Optional[str] = None  # model profile key ("mi300x")
     gpus: list = field(default_factory=list)  # list[Gpu]
     notes: list = field(default_factory=list)  # caveats of the detection
 
+    def __post_init__(self):
+        self.vendor = Vendor.parse(self.vendor)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Machine":
+        """What to_dict wrote, or a record of an older run (its runtime_version is the platform's)."""
+        data = dict(data)
+        data.setdefault("platform_version", data.get("runtime_version"))
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @property
+    def platform(self) -> Optional[str]:
+        """rocm | cuda | None"""
+        return self.vendor.platform
+
     @property
     def has_gpu(self) -> bool:
-        return self.vendor != "cpu" and self.count > 0
+        return self.vendor.has_gpu and self.count > 0
 
     @property
     def unknown_gpu(self) -> bool:
@@ -50,6 +67,8 @@ class Machine:
 
     def to_dict(self) -> dict:
         data = asdict(self)
+        data["vendor"] = self.vendor.value
+        data["platform"] = self.platform
         data["memory"] = self.memory_gib  # the key `inv env.detect --json` has always used
         return data
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, NamedTuple, Optional, Union
 
+from core.vendor import Vendor
 from core import names
 from core.host import host_name
 from envs import profiles
@@ -72,8 +73,7 @@ class ResolvedEnv:
     @classmethod
     def from_json(cls, data: dict) -> "ResolvedEnv":
         """The inverse of to_json: another host's `inv env.show --json`."""
-        known = set(Machine.__dataclass_fields__)
-        machine = Machine(**{k: v for k, v in data["machine"].items() if k in known})
+        machine = Machine.from_dict(data["machine"])
         resolved = cls(machine, data.get("site"), data.get("layers", []), warnings=data.get("warnings", []))
         for name, var in data.get("vars", {}).items():
             history = [Change(**h) for h in var.get("history", [])]
@@ -227,7 +227,7 @@ def compute_here(names: Iterable[str], environ: Optional[Mapping[str, str]] = No
     # searching every model's profile here would pick an arbitrary model's.
     computers = {e.name: e for profile in stack for e in profile.entries
                  if isinstance(e, Computed) and e.per_node}
-    machine = Machine(vendor="cpu", model=None, name="not probed", arch=None, count=0, memory_gib=None)
+    machine = Machine(vendor=Vendor.CPU, model=None, name="not probed", arch=None, count=0, memory_gib=None)
     ctx = Context(machine, environ, hostname or host_name())
     out: dict[str, str] = {}
     for name in names:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
+from core.vendor import Vendor
 from core import names
 
 ComputeResult = Union[None, str, "tuple[str, str]"]
@@ -85,7 +86,7 @@ class GpuModel:
 
     key: str
     name: str  # canonical, as users type it: "MI300X"
-    vendor: str  # "amd" | "nvidia"
+    vendor: Vendor  # a string is read with Vendor.parse
     arch: str  # "gfx942", "sm_90"
     memory_gib: float
     peak_tflops: float
@@ -103,9 +104,8 @@ class GpuModel:
     gpu_link_ref: str = ""
     link_exempt: tuple = ()  # substrings of the product name of boards without that link ("PCIe")
 
-    @property
-    def runtime(self) -> str:
-        return "rocm" if self.vendor == "amd" else "cuda"
+    def __post_init__(self):
+        object.__setattr__(self, "vendor", Vendor.parse(self.vendor))
 
 
 def setting(name: str, value: Optional[str], reason: str, ref: str) -> Setting:

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from core.vendor import Vendor
 from envs.probes import amd, nvidia
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -48,7 +49,7 @@ class TopoNic:
 
 @dataclass
 class Topology:
-    vendor: str = "cpu"
+    vendor: Vendor = Vendor.CPU   # a string is read with Vendor.parse
     gpus: list[TopoGpu] = field(default_factory=list)
     nics: list[TopoNic] = field(default_factory=list)
     numa_nodes: dict[int, str] = field(default_factory=dict)   # node -> CPU list text
@@ -56,6 +57,9 @@ class Topology:
     nic_links: dict[str, str] = field(default_factory=dict)     # "0-mlx5_0" -> "PIX" ...
     source: str = ""
     notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.vendor = Vendor.parse(self.vendor)
 
     # -- queries
     def link(self, a: int, b: int) -> Optional[str]:
@@ -100,7 +104,7 @@ def _int(text: str) -> Optional[int]:
 def parse_nvidia_topo(text: str) -> Topology:
     """`nvidia-smi topo -m`: the matrix over GPU<i> and NIC<j> columns, then CPU Affinity, NUMA
     Affinity (and GPU NUMA ID on newer drivers); the NIC Legend names each NIC<j>."""
-    topo = Topology(vendor="nvidia", source="nvidia-smi topo -m")
+    topo = Topology(vendor=Vendor.NVIDIA, source="nvidia-smi topo -m")
     lines = [ANSI.sub("", line).rstrip() for line in text.splitlines()]
     header_at = next((i for i, line in enumerate(lines) if re.match(r"^\s+GPU0\b", line)), None)
     if header_at is None:
@@ -168,7 +172,7 @@ def _rocm_matrix(lines: list[str], title: str) -> dict[tuple[int, int], str]:
 
 def parse_rocm_topo(text: str) -> Topology:
     """`rocm-smi --showtopo`: the weight, hops and link-type matrices and each GPU's NUMA node."""
-    topo = Topology(vendor="amd", source="rocm-smi --showtopo")
+    topo = Topology(vendor=Vendor.AMD, source="rocm-smi --showtopo")
     lines = [ANSI.sub("", line).rstrip() for line in text.splitlines()]
     kinds = _rocm_matrix(lines, "Link Type between two GPUs")
     numa: dict[int, int] = {}
@@ -305,13 +309,13 @@ def from_file(path: str | Path) -> Topology:
 
 def probe(machine=None, root: Path = Path("/")) -> Topology:
     """This node's map: the vendor tool's matrix (when it runs) merged with sysfs."""
-    vendor = getattr(machine, "vendor", "cpu") or "cpu"
+    vendor = Vendor.parse(getattr(machine, "vendor", None))
     topo = Topology(vendor=vendor, source="sysfs")
-    text = nvidia.topology_text() if vendor == "nvidia" else amd.topology_text() if vendor == "amd" else None
+    text = {Vendor.NVIDIA: nvidia.topology_text, Vendor.AMD: amd.topology_text}.get(vendor, lambda: None)()
     if text:
-        topo = parse_nvidia_topo(text) if vendor == "nvidia" else parse_rocm_topo(text)
+        topo = parse_nvidia_topo(text) if vendor is Vendor.NVIDIA else parse_rocm_topo(text)
         topo.source += " + sysfs"
-    elif vendor in ("nvidia", "amd"):
-        tool = "nvidia-smi topo -m" if vendor == "nvidia" else "rocm-smi --showtopo"
+    elif vendor.has_gpu:
+        tool = "nvidia-smi topo -m" if vendor is Vendor.NVIDIA else "rocm-smi --showtopo"
         topo.notes.append(f"{tool} gave nothing: GPU pairs unknown")
     return merge_sysfs(topo, machine, root)

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from core.vendor import Vendor
+
 
 @dataclass(frozen=True)
 class ArchParams:
@@ -34,42 +36,42 @@ class ArchParams:
 # 16 and 0.756 at 8; elementwise blocks 1024-8192 all ran at the copy ceiling. sm_80 and the
 # AMD rows are not measured: they follow the same bytes-in-flight reasoning, scaled by wave width.
 _TABLE: dict[str, ArchParams] = {
-    "cuda": ArchParams(32, 32, 16, 4, 4096, 8),
+    Vendor.NVIDIA: ArchParams(32, 32, 16, 4, 4096, 8),   # an NVIDIA architecture not listed
     "sm_80": ArchParams(32, 32, 16, 4, 4096, 8),
     "sm_90": ArchParams(32, 32, 32, 4, 4096, 8),
-    "hip": ArchParams(64, 16, 16, 2, 4096, 8),
+    Vendor.AMD: ArchParams(64, 16, 16, 2, 4096, 8),      # an AMD architecture not listed
     "gfx90a": ArchParams(64, 16, 16, 2, 4096, 8),
     "gfx942": ArchParams(64, 16, 16, 2, 4096, 8),
     "gfx950": ArchParams(64, 16, 16, 2, 4096, 8),
     # TRITON_INTERPRET=1 on the CPU: warps are ignored, small blocks keep numpy fast.
-    "cpu": ArchParams(32, 32, 16, 1, 1024, 4),
+    Vendor.CPU: ArchParams(32, 32, 16, 1, 1024, 4),
 }
 
 
 @dataclass(frozen=True)
 class Arch:
-    vendor: str  # "cuda" | "hip" | "cpu"
+    vendor: Vendor
     name: str  # "sm_90", "gfx942", "cpu"
     sm_count: int
     params: ArchParams
 
 
-def _params_for(vendor: str, name: str) -> ArchParams:
+def _params_for(vendor: Vendor, name: str) -> ArchParams:
     return _TABLE.get(name) or _TABLE[vendor]
 
 
 @functools.lru_cache(maxsize=None)
 def _detect(device_type: str, index: int) -> Arch:
     if device_type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
-        return Arch("cpu", "cpu", 1, _TABLE["cpu"])
+        return Arch(Vendor.CPU, "cpu", 1, _TABLE[Vendor.CPU])
     props = torch.cuda.get_device_properties(index)
     if torch.version.hip:
         # gcnArchName looks like "gfx942:sramecc+:xnack-"
-        name = getattr(props, "gcnArchName", "hip").split(":")[0]
-        vendor = "hip"
+        name = getattr(props, "gcnArchName", "gfx").split(":")[0]
+        vendor = Vendor.AMD
     else:
         name = f"sm_{props.major}{props.minor}"
-        vendor = "cuda"
+        vendor = Vendor.NVIDIA
     return Arch(vendor, name, props.multi_processor_count, _params_for(vendor, name))
 
 

@@ -54,6 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
+from core.vendor import Vendor
 from kernels import arch
 from kernels.float8 import constants as float8_constants, inverse_of, scale_from_amax, to_float8_grid
 
@@ -376,7 +377,7 @@ def _scale_kernel(X, n, n_blocks, S, BLOCK: tl.constexpr):
 def ce_config(device: torch.device, n_cols: int) -> tuple[int, int]:
     """(BLOCK, num_warps) for ce_row_kernel: 16 elements per thread, capped per arch."""
     a = arch.detect(device)
-    if a.vendor == "cpu":
+    if a.vendor is Vendor.CPU:
         return min(1024, arch.next_pow2(n_cols)), 4
     block = min(_CE_BLOCK, arch.next_pow2(n_cols))
     warps = _CE_WARPS or max(1, block // (16 * a.params.warp_size))  # ~16 elements per thread
@@ -471,11 +472,11 @@ def ce_persistent_config(device: torch.device, n_rows: int, n_cols: int) -> tupl
     """(programs, the kernel's BLOCK/num_warps/EVICT_HINTS/GROUP/STREAM_STORES) for ce_row_persistent_kernel."""
     a = arch.detect(device)  # sm_count is the device's multi_processor_count
     cfg = persistent_defaults(n_cols)
-    per_sm = cfg.programs_per_sm * (_INTERPRET_SMS if a.vendor == "cpu" else 1)  # the CPU arch counts one SM
+    per_sm = cfg.programs_per_sm * (_INTERPRET_SMS if a.vendor is Vendor.CPU else 1)  # the CPU arch counts one SM
     programs = arch.persistent_grid(a, n_rows, per_sm)
     block = min(cfg.block, arch.next_pow2(n_cols))
     warps = cfg.warps
-    if a.vendor == "cpu":
+    if a.vendor is Vendor.CPU:
         block, warps = min(block, 1024), 4  # small blocks keep numpy fast
     return programs, dict(BLOCK=block, num_warps=arch.clamp_warps(a, warps), EVICT_HINTS=cfg.evict,
                           GROUP=min(cfg.group, block), STREAM_STORES=cfg.stream_stores)
@@ -504,7 +505,7 @@ def ce_mode(device: torch.device, n_cols: int) -> str:
 def _check_split_fits(device: torch.device, n_chunks: int) -> None:
     """The split kernel's deadlock-freedom needs N_CHUNKS programs co-resident (one an SM suffices)."""
     a = arch.detect(device)
-    if a.vendor != "cpu" and n_chunks > a.sm_count:
+    if a.vendor is not Vendor.CPU and n_chunks > a.sm_count:
         raise ValueError(f"cross_entropy: split path needs <= {a.sm_count} chunks a row, got {n_chunks}; "
                          "raise _SPLIT_BLOCK or use the row path")
 
@@ -558,7 +559,7 @@ def launch_ce(logits2d: torch.Tensor, target: torch.Tensor, grad: torch.Tensor |
     if mode == "split":
         _check_split_fits(logits2d.device, n_chunks)
     a = arch.detect(logits2d.device)
-    w = 4 if a.vendor == "cpu" else arch.clamp_warps(a, _SPLIT_WARPS or max(1, b // (16 * a.params.warp_size)))
+    w = 4 if a.vendor is Vendor.CPU else arch.clamp_warps(a, _SPLIT_WARPS or max(1, b // (16 * a.params.warp_size)))
     stats = torch.empty(3, n_rows, n_chunks, device=logits2d.device, dtype=torch.float32)
     counts = torch.zeros(1 + n_rows if mode == "split" else 1, device=logits2d.device, dtype=torch.int32)
     args = (logits2d, logits2d.stride(0), target, g, g.stride(0), row_loss, norm, stats, counts, n_rows, n_cols,

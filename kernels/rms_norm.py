@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from core.vendor import Vendor
 from kernels import arch, float8
 
 
@@ -246,10 +247,10 @@ class Tuning:
 # the old two-launch default 0.694. Slower: 3/5 programs per SM, 2 stages, evict_first hints (+0.04 ms
 # with them on every stream), two rows per iteration, 8 warps. HIP keeps the two-launch reduction and
 # the register prefetch until they are measured on AMD.
-_TUNING: dict[str, Tuning] = {
-    "cuda": Tuning(fold_dw=True, prefetch=False, stages=3, programs_per_sm=2),
-    "hip": Tuning(),
-    "cpu": Tuning(),
+_TUNING: dict[Vendor, Tuning] = {
+    Vendor.NVIDIA: Tuning(fold_dw=True, prefetch=False, stages=3, programs_per_sm=2),
+    Vendor.AMD: Tuning(),
+    Vendor.CPU: Tuning(),
 }
 TUNING_OVERRIDE: Tuning | None = None  # for sweeps; call _config.cache_clear() after setting it
 

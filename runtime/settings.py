@@ -1,9 +1,10 @@
 """Runner settings: the `anvil:` section of invoke.yaml.
 
-The defaults are declared in the program's config class (runtime.program.cli) as well
-as here, because Invoke only lets environment variables override keys that
-already exist: with them declared, ``INVOKE_ANVIL_RUNS_DIR=/x``
-and ``-f other.yaml`` both work as Invoke users expect.
+DEFAULTS is the one place their defaults are written. The program's config class
+(runtime.program.cli) declares them to Invoke from it, because Invoke only lets environment
+variables override keys that already exist: with them declared, ``INVOKE_ANVIL_RUNS_DIR=/x``
+and ``-f other.yaml`` both work as Invoke users expect. invoke.yaml shows the same values
+with a comment each (a test holds the two together).
 
 Lists travel as comma-separated strings (Invoke cannot cast an env var into a
 list), e.g. ``hosts: "node1,node2"``.
@@ -55,28 +56,29 @@ class SettingsError(UserError):
 
 @dataclass
 class Settings:
+    """The settings as the program uses them (from_mapping makes one; the defaults are DEFAULTS')."""
     root: Path                   # project root (where tasks.py / invoke.yaml live)
     runs_dir: Path
-    hosts: list[str] = field(default_factory=list)
-    user: str = ""
-    key_filename: list[str] = field(default_factory=list)
-    remote_path: str = ""
-    remote_inv: str = ""
-    runtime: Runtime = field(default_factory=Runtime)
-    slurm_mode: str = "auto"
-    slurm_partition: str = ""
-    slurm_account: str = ""
-    slurm_time: str = ""
-    slurm_extra: list[str] = field(default_factory=list)
-    container_engine: str = ""
-    container_image: str = ""
-    container_mounts: list[str] = field(default_factory=list)
-    container_python: str = "python3"
-    container_extra: list[str] = field(default_factory=list)
-    hooks_dir: Path = Path("hooks")
-    hook_timeout: float = 600.0
-    connect_timeout: float = 10.0
-    command_timeout: float = 0.0
+    hosts: list[str]
+    user: str
+    key_filename: list[str]
+    remote_path: str
+    remote_inv: str
+    runtime: Runtime
+    slurm_mode: str
+    slurm_partition: str
+    slurm_account: str
+    slurm_time: str
+    slurm_extra: list[str]
+    container_engine: str
+    container_image: str
+    container_mounts: list[str]
+    container_python: str
+    container_extra: list[str]
+    hooks_dir: Path
+    hook_timeout: float
+    connect_timeout: float
+    command_timeout: float
     ssh_flags: SshOptions | None = None   # inv's own -i, -S, -t and prompts, over the settings' (runtime.program.cli)
 
     def to_dict(self) -> dict:
@@ -195,20 +197,24 @@ def from_mapping(values: Mapping[str, Any] | None, root: Path) -> Settings:
         raise SettingsError(f"unknown anvil setting(s): {', '.join(unknown)} "
                             f"(known: {', '.join(sorted(DEFAULTS))})")
 
-    def under_root(name: str, default: str) -> Path:
-        path = Path(os.path.expanduser(_text(name, raw[name]) or default))
+    def text(name: str) -> str:
+        """The setting as a string; empty means its default."""
+        return _text(name, raw[name]) or str(DEFAULTS[name])
+
+    def under_root(name: str) -> Path:
+        path = Path(os.path.expanduser(text(name)))
         return path if path.is_absolute() else root / path
 
     return Settings(
         root=root,
-        runs_dir=under_root("runs_dir", "runs"),
+        runs_dir=under_root("runs_dir"),
         hosts=split_list(raw["hosts"], "hosts"),
         user=_text("user", raw["user"]),
         key_filename=[os.path.expanduser(k) for k in split_list(raw["key_filename"], "key_filename")],
         remote_path=_text("remote_path", raw["remote_path"]),
         remote_inv=_text("remote_inv", raw["remote_inv"]),
-        runtime=Runtime.parse(_text("runtime", raw["runtime"]) or "direct", "anvil.runtime"),
-        slurm_mode=_choice("slurm_mode", raw["slurm_mode"] or "auto", SLURM_MODES),
+        runtime=Runtime.parse(text("runtime"), "anvil.runtime"),
+        slurm_mode=_choice("slurm_mode", text("slurm_mode"), SLURM_MODES),
         slurm_partition=_text("slurm_partition", raw["slurm_partition"]),
         slurm_account=_text("slurm_account", raw["slurm_account"]),
         slurm_time=_text("slurm_time", raw["slurm_time"]),
@@ -216,9 +222,9 @@ def from_mapping(values: Mapping[str, Any] | None, root: Path) -> Settings:
         container_engine=_text("container_engine", raw["container_engine"]),
         container_image=_text("container_image", raw["container_image"]),
         container_mounts=split_list(raw["container_mounts"], "container_mounts"),
-        container_python=_text("container_python", raw["container_python"]) or "python3",
+        container_python=text("container_python"),
         container_extra=_words("container_extra", raw["container_extra"]),
-        hooks_dir=under_root("hooks_dir", "hooks"),
+        hooks_dir=under_root("hooks_dir"),
         hook_timeout=_number("hook_timeout", raw["hook_timeout"]),
         connect_timeout=_number("connect_timeout", raw["connect_timeout"]),
         command_timeout=_number("command_timeout", raw["command_timeout"]),

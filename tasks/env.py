@@ -41,8 +41,8 @@ def detect(c, gpu="", json=False):
     rows = [("vendor", machine.vendor), ("model", machine.model or f"UNKNOWN ({machine.name})"),
             ("product name", machine.name), ("architecture", machine.arch), ("count", machine.count),
             ("memory per GPU", f"{machine.memory_gib} GiB" if machine.memory_gib else "?"),
-            ("driver", machine.driver), ({"rocm": "ROCm", "cuda": "CUDA"}.get(machine.runtime, "runtime"),
-                                         machine.runtime_version), ("detected by", machine.source)]
+            ("driver", machine.driver), ({"rocm": "ROCm", "cuda": "CUDA"}.get(machine.platform, "platform"),
+                                         machine.platform_version), ("detected by", machine.source)]
     print(_table(rows))
     for note in machine.notes:
         print(f"note: {note}")

@@ -155,7 +155,7 @@ def test_nvidia_smi_csv_h100():
     assert driver == "535.104.05" and len(gpus) == 2
     assert gpus[0].arch == "sm_90" and gpus[1].bus_id == "0000:2a:00.0" and gpus[0].memory_gib == 79.6
     machine = machine_from("nvidia", gpus, driver, nvidia.parse_cuda_version(NVIDIA_SMI_BANNER), "nvidia-smi")
-    assert (machine.model, machine.runtime_version, machine.runtime) == ("H100", "12.2", "cuda")
+    assert (machine.model, machine.platform_version, machine.platform) == ("H100", "12.2", "cuda")
 
 
 def test_nvidia_status_csv_attributes_processes():

@@ -1,6 +1,6 @@
 """Plan before launch: parameters, FLOPs per token and the GPU memory a training run needs.
 
-    plan = make_plan(cfg, gpus=8, nodes=1, device=Device("H100", 80, "nvidia"))
+    plan = make_plan(cfg, gpus=8, nodes=1, device=Device("H100", 80, Vendor.NVIDIA))
     print(render(plan))            # tables and the verdict line; plan.to_dict() for --json
 
 Everything is arithmetic over the config; nothing is allocated. The model is the one in
@@ -113,13 +113,14 @@ import copy
 import math
 from dataclasses import dataclass, field
 
+from core.vendor import Vendor
 from trainer.config import ModelConfig, TrainConfig
 from core.errors import UserError
 
 GIB = 1024 ** 3
 AC_MODES = ("none", "selective", "selective_lean", "full")   # most memory first
 MAX_BATCH_SEARCH = 1 << 20
-CONTEXT_GIB = {"nvidia": 0.75, "amd": 1.0, "cpu": 0.0}   # cpu: host memory, no device context
+CONTEXT_GIB = {Vendor.NVIDIA: 0.75, Vendor.AMD: 1.0, Vendor.CPU: 0.0}   # cpu: host memory, no device context
 COMM_GIB = 1.0
 FRAGMENTATION = {True: 0.05, False: 0.10}
 
@@ -134,19 +135,19 @@ class Device:
 
     name: str | None = None
     memory_gib: float | None = None
-    vendor: str | None = None              # "nvidia" | "amd"
+    vendor: Vendor | None = None           # None: not known (planned as NVIDIA)
     expandable_segments: bool | None = None  # None: as the vendor's profile does (CUDA: on)
     source: str = ""                       # where memory_gib came from, for the report
 
     @property
     def context_gib(self) -> float:
-        return CONTEXT_GIB.get(self.vendor or "nvidia", 0.75)
+        return CONTEXT_GIB[Vendor.parse(self.vendor or Vendor.NVIDIA)]
 
     @property
     def fragmentation(self) -> float:
         expandable = self.expandable_segments
         if expandable is None:
-            expandable = self.vendor == "nvidia"
+            expandable = Vendor.parse(self.vendor or Vendor.NVIDIA) is Vendor.NVIDIA
         return FRAGMENTATION[bool(expandable)]
 
 
@@ -830,8 +831,8 @@ def render(plan: Plan) -> str:
     frag = dev.fragmentation
     rows.append([f"fragmentation reserve ({frag:.0%})", _gib(mem.fragmentation_bytes),
                  "expandable segments" if frag == FRAGMENTATION[True] else "no expandable segments"])
-    rows.append([("ROCm" if dev.vendor == "amd" else "CUDA") + " context"
-                 + (" + " + ("RCCL" if dev.vendor == "amd" else "NCCL") + " buffers" if world > 1 else ""),
+    rows.append([("ROCm" if dev.vendor == Vendor.AMD else "CUDA") + " context"
+                 + (" + " + ("RCCL" if dev.vendor == Vendor.AMD else "NCCL") + " buffers" if world > 1 else ""),
                  _gib(mem.overhead_bytes(world)), "assumed"])
     total = f"of {dev.memory_gib:g} GiB" if dev.memory_gib else ""
     rows.append(["= needed per GPU", _gib(mem.needed_bytes(world)), total])

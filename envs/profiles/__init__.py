@@ -10,6 +10,7 @@ import re
 from dataclasses import replace
 from typing import Optional
 
+from core.vendor import Vendor
 from core import names
 from envs.errors import EnvError
 from envs.profiles import (a100, b200, base, cpu, cuda, h100, h200, mi210, mi250x, mi300x, mi325x,
@@ -19,7 +20,7 @@ from envs.spec import GpuModel, Profile
 MODEL_MODULES = (mi210, mi250x, mi300x, mi325x, mi350x, mi355x, a100, h100, h200, b200)
 MODELS: dict[str, GpuModel] = {m.MODEL.key: m.MODEL for m in MODEL_MODULES}
 MODEL_PROFILES: dict[str, Profile] = {m.MODEL.key: m.PROFILE for m in MODEL_MODULES}
-VENDOR_PROFILES: dict[str, Profile] = {"amd": rocm.PROFILE, "nvidia": cuda.PROFILE, "cpu": cpu.PROFILE}
+VENDOR_PROFILES: dict[Vendor, Profile] = {Vendor.AMD: rocm.PROFILE, Vendor.NVIDIA: cuda.PROFILE, Vendor.CPU: cpu.PROFILE}
 BASE: Profile = base.PROFILE
 
 

@@ -1,9 +1,10 @@
 """NVIDIA B200 (Blackwell, sm_100, 180 GB HBM3e usable)."""
+from core.vendor import Vendor
 from envs.profiles import refs
 from envs.spec import Floors, GpuModel, model_profile, setting
 
 MODEL = GpuModel(
-    key="b200", name="B200", vendor="nvidia", arch="sm_100", memory_gib=180,
+    key="b200", name="B200", vendor=Vendor.NVIDIA, arch="sm_100", memory_gib=180,
     peak_tflops=2250,
     peak_ref=("NVIDIA Blackwell datasheet (nvidia.com): 4.5 PFLOP/s bf16 with sparsity per B200 = 2250 dense; "
               + refs.TORCHTITAN_PEAK),

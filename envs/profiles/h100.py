@@ -1,9 +1,10 @@
 """NVIDIA H100 (Hopper, sm_90). The SXM part is the default; PCIe and NVL run lower clocks."""
+from core.vendor import Vendor
 from envs.profiles import refs
 from envs.spec import Floors, GpuModel, model_profile
 
 MODEL = GpuModel(
-    key="h100", name="H100", vendor="nvidia", arch="sm_90", memory_gib=80,
+    key="h100", name="H100", vendor=Vendor.NVIDIA, arch="sm_90", memory_gib=80,
     peak_tflops=989,
     peak_ref=("NVIDIA H100 datasheet (nvidia.com): 1979 TFLOP/s bf16 with sparsity = 989 dense (SXM), PCIe 756, NVL 835; "
               + refs.TORCHTITAN_PEAK),

@@ -3,11 +3,12 @@
 MI250 and MI250X share PCI id 0x740c and rocm-smi calls both "MI250 (MCM)";
 they differ in compute units per GCD (110 vs 104), which is checked where a
 probe reports it. LUMI-G and Frontier nodes have 4 modules = 8 GCDs."""
+from core.vendor import Vendor
 from envs.profiles import refs
 from envs.spec import Floors, GpuModel, model_profile
 
 MODEL = GpuModel(
-    key="mi250x", name="MI250X", vendor="amd", arch="gfx90a", memory_gib=64,
+    key="mi250x", name="MI250X", vendor=Vendor.AMD, arch="gfx90a", memory_gib=64,
     peak_tflops=191.5,
     peak_ref=("AMD Instinct MI250X datasheet (amd.com): 383 TFLOP/s bf16 per module = 2 GCDs, so 191.5 per device; "
               + refs.TORCHTITAN_PEAK),

@@ -1,9 +1,10 @@
 """AMD Instinct MI300X (CDNA3, 192 GB HBM3)."""
+from core.vendor import Vendor
 from envs.profiles import rocm
 from envs.spec import Floors, GpuModel, model_profile
 
 MODEL = GpuModel(
-    key="mi300x", name="MI300X", vendor="amd", arch="gfx942", memory_gib=192,
+    key="mi300x", name="MI300X", vendor=Vendor.AMD, arch="gfx942", memory_gib=192,
     peak_tflops=1307.4,
     peak_ref="AMD Instinct MI300X datasheet (amd.com): 1307.4 TFLOP/s dense bf16 (2614.9 with sparsity)",
     patterns=(r"MI300X",), device_ids=(0x74A1,), default_count=8,

@@ -1,4 +1,5 @@
 """AMD Instinct MI355X (CDNA4, gfx950, liquid-cooled, higher clocks than MI350X)."""
+from core.vendor import Vendor
 from envs.profiles import refs, rocm
 from envs.spec import Floors, GpuModel, model_profile, setting
 
@@ -8,7 +9,7 @@ GFX950 = (
 )
 
 MODEL = GpuModel(
-    key="mi355x", name="MI355X", vendor="amd", arch="gfx950", memory_gib=288,
+    key="mi355x", name="MI355X", vendor=Vendor.AMD, arch="gfx950", memory_gib=288,
     peak_tflops=2500,
     peak_ref="AMD Instinct MI355X datasheet (amd.com): 2.5 PFLOP/s dense bf16; torchtitan uses 2500",
     patterns=(r"MI355X",), device_ids=(0x75A3,), default_count=8,

@@ -1,8 +1,9 @@
 """A container around any transport: runtime `container` (direct), `ssh+container`, `slurm+container`.
 
 The transport places the agents as it always does; on each node the agent runs
-in the image: docker / podman (``run --rm --network=host --ipc=host``, ROCm
-devices or ``--gpus=all``, the checkout, the working directory and the run
+in the image: docker / podman (``run --rm --network=host --ipc=host``; AMD GPUs
+as /dev/kfd and /dev/dri, NVIDIA GPUs as docker's ``--gpus=all`` or podman's CDI device
+``nvidia.com/gpu=all``; the checkout, the working directory and the run
 directory mounted, variables passed by name with ``-e NAME`` so values never
 appear in the process list) or apptainer (``exec --rocm|--nv --bind``, which
 passes the environment through). The interpreter inside is
@@ -15,6 +16,7 @@ import os
 from pathlib import Path
 from typing import IO, Mapping, Sequence
 
+from core.vendor import Vendor
 from core import names
 from runtime.cluster import values
 from runtime.cluster.options import ENGINES, ContainerOptions
@@ -41,7 +43,7 @@ def check(options: ContainerOptions) -> None:
         values.line("container option (anvil.container_extra)", option)
 
 
-def command(options: ContainerOptions, vendor: str, names: Sequence[str], workdir: str,
+def command(options: ContainerOptions, vendor: Vendor, names: Sequence[str], workdir: str,
             run_dir: Path | None = None) -> list[str]:
     """The engine's command line up to the image; what runs inside follows it."""
     check(options)
@@ -49,19 +51,19 @@ def command(options: ContainerOptions, vendor: str, names: Sequence[str], workdi
     binds = [mount if ":" in mount else f"{mount}:{mount}" for mount in dict.fromkeys(mounts)]
     if options.engine == "apptainer":
         cmd = ["apptainer", "exec", "--pwd", workdir]
-        if vendor == "rocm":
+        if vendor is Vendor.AMD:
             cmd.append("--rocm")
-        elif vendor == "cuda":
+        elif vendor is Vendor.NVIDIA:
             cmd.append("--nv")
         for bind in binds:
             cmd += ["--bind", bind]
         return cmd + list(options.extra) + [options.image]   # apptainer passes the environment through
     # --ipc=host: the host's /dev/shm, so no --shm-size (podman refuses one with the host's IPC namespace).
     cmd = [options.engine, "run", "--rm", "--network=host", "--ipc=host", "-w", workdir]
-    if vendor == "rocm":
+    if vendor is Vendor.AMD:
         cmd += ["--device=/dev/kfd", "--device=/dev/dri", "--group-add=video", "--security-opt=seccomp=unconfined"]
-    elif vendor == "cuda":
-        cmd += ["--gpus=all"]
+    elif vendor is Vendor.NVIDIA:
+        cmd += ["--gpus=all"] if options.engine == "docker" else ["--device=nvidia.com/gpu=all"]
     for bind in binds:
         cmd += ["-v", bind]
     for name in sorted(dict.fromkeys(names)):

@@ -13,6 +13,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from core.vendor import Vendor
 from core import names
 from trainer.plan import Device, memory, with_changes
 
@@ -94,7 +95,7 @@ def fit(cfg, resolved, procs_per_node: int, nodes: int, on_this_machine: bool) -
             return None   # the GPUs are elsewhere and not named: nothing to check against
         # Each rank holds its own copy here (the CPU path is one process or DDP over gloo), in fp32
         # unless the config says bf16, and no CUDA context.
-        device = Device("CPU", ram / max(1, procs_per_node), "cpu", None, "this machine's memory")
+        device = Device("CPU", ram / max(1, procs_per_node), Vendor.CPU, None, "this machine's memory")
         where = f"this machine's {ram:.0f} GiB of memory" + (f" shared by {procs_per_node} ranks"
                                                               if procs_per_node > 1 else "")
         if cfg.precision.compute == "auto":
@@ -106,7 +107,7 @@ def fit(cfg, resolved, procs_per_node: int, nodes: int, on_this_machine: bool) -
     need = (mem.peak_bytes if certain else mem.needed_bytes(world)) / GIB
     # train.plan plans for GPUs: here, on a CPU, it can only be pointed at the GPU the run is for.
     advice = ("`inv train.plan` with the same --config and --set shows the breakdown and what would fit"
-              if device.vendor != "cpu" else
+              if device.vendor is not Vendor.CPU else
               "lower data.batch_size or the model here, or plan it for its GPU: `inv train.plan` with the same "
               "--config and --set and --gpu NAME (e.g. H100)")
     if certain:

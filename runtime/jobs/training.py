@@ -166,9 +166,10 @@ def _check_tool(tool: str, machine, here: bool) -> None:
     from runtime.launch import tools
 
     spec = tools.TOOLS[tool]
-    if machine.has_gpu and spec.vendor != machine.runtime and machine.runtime:
-        raise UserError(f"--tool {tool} profiles {spec.vendor.upper()} GPUs; this machine's are {machine.runtime.upper()} "
-                        f"({', '.join(n for n, t in tools.TOOLS.items() if t.vendor == machine.runtime)} instead)")
+    if machine.has_gpu and spec.vendor is not machine.vendor:
+        raise UserError(f"--tool {tool} profiles {spec.vendor.platform.upper()} GPUs; this machine's are "
+                        f"{machine.platform.upper()} "
+                        f"({', '.join(n for n, t in tools.TOOLS.items() if t.vendor is machine.vendor)} instead)")
     absent = tools.missing(tool) if here else None
     if absent:
         raise UserError(absent)

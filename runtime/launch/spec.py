@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from core.vendor import Vendor
 from core import checkout, names
 from core.errors import UserError
 # The trainer's exit statuses after a signal (3: checkpointed, requeue me; 130: Ctrl-C), the
@@ -46,11 +47,14 @@ class LaunchSpec:
     args: list[str] = field(default_factory=list)   # RUN_DIR in them stands for the run directory
     nproc: int | None = None             # processes per node; None = visible GPUs (1 on CPU)
     gpus: int | None = None              # GPUs detected on this node (envs.detect().count)
-    vendor: str = "cpu"                  # rocm | cuda | cpu: container device flags, --gpus-per-node
+    vendor: Vendor = Vendor.CPU          # the GPUs' maker: container device flags, --gpus-per-node
     master_port: int = 0                 # 0: the transport picks one
     python: str = ""                     # interpreter ("" = this one; a container's own inside it)
     workdir: str = ""                    # "" = current directory
     node_local: list[str] = field(default_factory=list)  # variables each node computes for itself
+
+    def __post_init__(self):
+        self.vendor = Vendor.parse(self.vendor)
 
     def module_args(self, run_dir: Path | str | None) -> list[str]:
         """args with the run directory filled in (RUN_DIR where there is none: a dry run)."""

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from core.vendor import Vendor
 from core import names
 
 TOOL_VAR = names.PROFILE_TOOL
@@ -48,17 +49,17 @@ DEFAULT_COUNTERS = ("SQ_WAVES", "SQ_INSTS_VALU", "SQ_INSTS_SALU", "GRBM_GUI_ACTI
 class Tool:
     name: str
     binary: str
-    vendor: str        # the GPUs it profiles: cuda | rocm
+    vendor: Vendor     # whose GPUs it profiles
     output: str        # what it leaves in RUN/profile/, for the task to name
     install: str       # where it comes from, for the one line when it is missing
 
 
 TOOLS = {
-    "nsys": Tool("nsys", "nsys", "cuda", "rank{rank}.nsys-rep", "Nsight Systems (CUDA toolkit or NVIDIA's "
+    "nsys": Tool("nsys", "nsys", Vendor.NVIDIA, "rank{rank}.nsys-rep", "Nsight Systems (CUDA toolkit or NVIDIA's "
                                                                "nsight-systems package)"),
-    "ncu": Tool("ncu", "ncu", "cuda", "rank{rank}.ncu-rep", "Nsight Compute (CUDA toolkit)"),
-    "rocprofv3": Tool("rocprofv3", "rocprofv3", "rocm", "rank{rank}/", "ROCprofiler-SDK (ROCm 6.2 or later)"),
-    "rocprofv3-counters": Tool("rocprofv3-counters", "rocprofv3", "rocm", "rank{rank}/",
+    "ncu": Tool("ncu", "ncu", Vendor.NVIDIA, "rank{rank}.ncu-rep", "Nsight Compute (CUDA toolkit)"),
+    "rocprofv3": Tool("rocprofv3", "rocprofv3", Vendor.AMD, "rank{rank}/", "ROCprofiler-SDK (ROCm 6.2 or later)"),
+    "rocprofv3-counters": Tool("rocprofv3-counters", "rocprofv3", Vendor.AMD, "rank{rank}/",
                                "ROCprofiler-SDK (ROCm 6.2 or later)"),
 }
 

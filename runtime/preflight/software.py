@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 from importlib import metadata
 
+from core.vendor import Vendor
 from runtime.preflight.result import FAIL, PASS, WARN, CheckResult
 
 
@@ -21,13 +22,14 @@ def run(inp) -> list[CheckResult]:
     results.append(CheckResult("software.python", PASS if sys.version_info >= (3, 10) else FAIL, py,
                                "Python interpreter", "" if sys.version_info >= (3, 10) else "use Python >= 3.10"))
     if m.has_gpu:
-        runtime = {"rocm": "ROCm", "cuda": "CUDA"}.get(m.runtime, "runtime")
+        platform = {"rocm": "ROCm", "cuda": "CUDA"}[m.platform]
         results.append(CheckResult("software.driver", PASS if m.driver else WARN, m.driver,
                                    f"{m.vendor} kernel driver" if m.driver else "driver version not reported",
                                    "" if m.driver else "check the driver is loaded (dmesg, lsmod)"))
-        results.append(CheckResult("software.runtime", PASS if m.runtime_version else WARN, m.runtime_version,
-                                   f"{runtime} version" if m.runtime_version else f"{runtime} version not found",
-                                   "" if m.runtime_version else f"install {runtime} or set ROCM_PATH"))
+        results.append(CheckResult("software.platform", PASS if m.platform_version else WARN, m.platform_version,
+                                   f"{platform} version" if m.platform_version else f"{platform} version not found",
+                                   "" if m.platform_version else
+                                   f"install {platform} or set {'ROCM_PATH' if m.platform == 'rocm' else 'CUDA_HOME'}"))
     results.append(_torch(m))
     triton = _version("triton") or _version("pytorch-triton-rocm")
     results.append(CheckResult("software.triton", PASS if triton else WARN, triton,
@@ -42,10 +44,10 @@ def _torch(m) -> CheckResult:
     if version is None:
         return CheckResult("software.torch", FAIL, None, "torch is not installed", "run the bootstrap (README)")
     build = version.partition("+")[2]  # "rocm6.2", "cu124", "cpu", or "" (PyPI's default CUDA build)
-    if m.vendor == "amd" and not build.startswith("rocm"):
+    if m.vendor is Vendor.AMD and not build.startswith("rocm"):
         return CheckResult("software.torch", FAIL, version, f"an AMD GPU node with a non-ROCm torch build ({version})",
                            "install torch from the ROCm index (download.pytorch.org/whl/rocm*) or use a ROCm image")
-    if m.vendor == "nvidia" and (build.startswith("rocm") or build == "cpu"):
+    if m.vendor is Vendor.NVIDIA and (build.startswith("rocm") or build == "cpu"):
         return CheckResult("software.torch", FAIL, version, f"an NVIDIA GPU node with a {build} torch build",
                            "install a CUDA build of torch")
     return CheckResult("software.torch", PASS, version, "torch build matches the node" if m.has_gpu else "torch")

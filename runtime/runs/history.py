@@ -30,7 +30,11 @@ class Recorded:
     @property
     def gpu(self) -> dict:
         gpu = self.machine.get("gpu")
-        return gpu if isinstance(gpu, dict) else {}
+        if not isinstance(gpu, dict):
+            return {}
+        if "platform_version" not in gpu:   # a run recorded before the one vendor vocabulary
+            gpu = {**gpu, "platform_version": gpu.get("runtime_version")}
+        return gpu
 
 
 def _parse_config(path: Path) -> Any:
@@ -369,7 +373,7 @@ def machine_summary(rec: Recorded) -> dict:
     gpu = rec.gpu
     return {"gpu.vendor": gpu.get("vendor"), "gpu.model": gpu.get("model"), "gpu.arch": gpu.get("arch"),
             "gpu.count": gpu.get("count"), "gpu.driver": gpu.get("driver"),
-            "gpu.runtime_version": gpu.get("runtime_version"), "host": rec.machine.get("host"),
+            "gpu.platform_version": gpu.get("platform_version"), "host": rec.machine.get("host"),
             "cpu_count": rec.machine.get("cpu_count")}
 
 

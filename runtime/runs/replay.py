@@ -92,7 +92,7 @@ def check_machine(recorded: history.Recorded, current_machine: dict | None = Non
     versions = current_versions if current_versions is not None else snapshot.versions(gpu=machine.get("gpu"))
     was, now = recorded.gpu, machine.get("gpu") or {}
     out = []
-    for key in ("vendor", "model", "count", "driver", "runtime_version", "arch"):
+    for key in ("vendor", "model", "count", "driver", "platform_version", "arch"):
         a, b = was.get(key), now.get(key)
         if str(a) != str(b):
             out.append(Difference(f"gpu.{key}", str(a), str(b), key in ("vendor", "model", "count")))

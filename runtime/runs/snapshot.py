@@ -111,7 +111,7 @@ def machine() -> dict:
 def versions(git: dict | None = None, gpu: dict | None = None) -> dict:
     gpu = gpu or {}
     out = {"python": sys.version.split()[0], "executable": sys.executable,
-           "driver": gpu.get("driver"), "runtime_version": gpu.get("runtime_version"),
+           "driver": gpu.get("driver"), "platform_version": gpu.get("platform_version"),
            "anvil_commit": (git or {}).get("commit"), "torch_build": torch_build()}
     for package in PACKAGES:
         out[package] = _version(package)
