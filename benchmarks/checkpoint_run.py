@@ -25,7 +25,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from core import names
+from core import names, runfiles
 from benchmarks.checkpoint_bench import checkpoint_bytes, disk, rate
 from trainer.checkpoint import list_checkpoints, read_meta
 
@@ -44,12 +44,7 @@ def parse_args(argv=None):
 def train_records(run: Path) -> list[dict]:
     if not (run / names.METRICS).is_file():
         raise SystemExit(f"{run}: no metrics.jsonl (not a training run directory?)")
-    rows = []
-    for line in (run / names.METRICS).read_text().splitlines():
-        record = json.loads(line) if line.strip() else {}
-        if record.get("kind") == "train" and record.get("step_time_s"):
-            rows.append(record)
-    return rows
+    return [r for r in runfiles.metrics_records(run) if r.get("kind") == "train" and r.get("step_time_s")]
 
 
 def saves(run: Path) -> list[dict]:

@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from core import checkout, names
+from core import checkout, names, runfiles
 
 REPO = checkout.ROOT
 GIB = 1024 ** 3
@@ -127,10 +127,7 @@ def measure(args, mode: str, fp8: str, out: Path, env: dict) -> dict:
         except subprocess.TimeoutExpired:
             code = 124
     text = log_path.read_text(encoding="utf-8", errors="replace")[start:]
-    records = []
-    metrics = run_dir / names.METRICS
-    if metrics.is_file():
-        records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    records = runfiles.metrics_records(run_dir) if (run_dir / names.METRICS).is_file() else []
     train = [r for r in records if r.get("kind") == "train"]
     alloc = [r["gpu_mem_gib"] for r in train if r.get("gpu_mem_gib") is not None]
     reserved = [r["gpu_mem_reserved_gib"] for r in train if r.get("gpu_mem_reserved_gib") is not None]

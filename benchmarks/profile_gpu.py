@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from core import checkout, names
+from core import checkout, names, runfiles
 
 REPO = checkout.ROOT
 # As benchmarks.train_throughput runs Anvil's variants (anvil_argv), so that the two splits are of the same run.
@@ -106,7 +106,7 @@ def sets(*items: str) -> list[str]:
 def step_times(run_dir: Path | None) -> list[float]:
     if run_dir is None or not (run_dir / names.METRICS).is_file():
         return []
-    records = [json.loads(line) for line in (run_dir / names.METRICS).read_text().splitlines() if line.strip()]
+    records = runfiles.metrics_records(run_dir)
     train = sorted((r for r in records if r.get("kind") == "train"), key=lambda r: r["step"])
     return [round(r["step_time_s"], 4) for r in train]
 

@@ -65,7 +65,7 @@ import sys
 import time
 from pathlib import Path
 
-from core import checkout, names
+from core import checkout, names, runfiles
 
 REPO = checkout.ROOT
 DEFAULT_VARIANTS = "hf_liger,titan_eager,titan_compile,eager,compile,kernels,compile_kernels"
@@ -300,9 +300,9 @@ def run_anvil(args, variant: str, out: Path, env: dict) -> dict:
     code = _stream(anvil_argv(args, variant, run_dir), env, args.timeout, out / "bench.log", variant)
     if code != 0:
         raise RuntimeError(f"trainer exited with {code}")
-    records = [json.loads(line) for line in (run_dir / names.METRICS).read_text().splitlines()]
+    records = runfiles.metrics_records(run_dir)
     train = sorted((r for r in records if r["kind"] == "train"), key=lambda r: r["step"])
-    summary = json.loads((run_dir / names.SUMMARY).read_text())
+    summary = runfiles.read_summary(run_dir)
     n_params, fpt = flops_for_shape(_train_cfg(args))
     result = _summarise(args, [r["step_time_s"] for r in train], [r.get("gpu_mem_gib") for r in train],
                         fpt, n_params, summary.get("world_size", args.nproc))
@@ -633,11 +633,11 @@ def run_quality(args, out: Path, env: dict) -> dict:
         if code != 0:
             runs[variant] = {"error": f"trainer exited with {code}"}
             continue
-        records = [json.loads(line) for line in (run_dir / names.METRICS).read_text().splitlines()]
+        records = runfiles.metrics_records(run_dir)
         losses = [r["loss"] for r in sorted((r for r in records if r["kind"] == "train"),
                                             key=lambda r: r["step"])]
         val = [r["val_loss"] for r in records if r["kind"] == "val"]
-        summary = json.loads((run_dir / names.SUMMARY).read_text())
+        summary = runfiles.read_summary(run_dir)
         runs[variant] = {"losses": [round(x, 5) for x in losses], "val_loss": val[-1] if val else None,
                          "step_time_s": summary.get("step_time_s"), "wall_s": round(time.time() - t0, 1)}
         print(json.dumps({"variant": variant, "final_loss": losses[-1], "val_loss": runs[variant]["val_loss"]}),

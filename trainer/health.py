@@ -51,7 +51,7 @@ import traceback
 from collections import deque
 from pathlib import Path
 
-from core import checkout, names
+from core import checkout, names, runfiles
 from core.files import write_json_atomic
 from core.host import this_host
 from core.signals import EXIT_HUNG
@@ -411,6 +411,7 @@ class StragglerDetector:
         self._first_step: int | None = None
         self._streak: dict[int, int] = {}   # rank -> checks in a row it was flagged
         self.flagged: list[dict] = []
+        self._metrics: runfiles.MetricsWriter | None = None   # opened at the first record
 
     @classmethod
     def from_config(cls, cfg, run_dir, info, log) -> "StragglerDetector":
@@ -558,8 +559,9 @@ class StragglerDetector:
         if self.run_dir is None:
             return
         try:
-            with open(self.run_dir / names.METRICS, "a", encoding="utf-8") as handle:
-                handle.write(json.dumps(record) + "\n")
+            if self._metrics is None:
+                self._metrics = runfiles.MetricsWriter(self.run_dir)
+            self._metrics.write(record)
         except OSError as exc:
             if self.log is not None:
                 self.log.warning(f"straggler: cannot write metrics.jsonl: {exc}")
@@ -568,6 +570,9 @@ class StragglerDetector:
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
 
 
 def _grad_enabled() -> bool:

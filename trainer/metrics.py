@@ -6,7 +6,6 @@ GPU memory and utilisation, CPU and process memory.
 """
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from core import names
+from core import names, runfiles
 from trainer import ranklog
 
 GIB = 1024 ** 3
@@ -172,7 +171,7 @@ class Metrics:
         except ImportError:
             self._proc = None
         if is_main and run_dir is not None:
-            self._file = open(Path(run_dir) / names.METRICS, "a", encoding="utf-8")
+            self._file = runfiles.MetricsWriter(run_dir)
             if tensorboard is not False:   # None: when installed, without a word when not
                 try:
                     from torch.utils.tensorboard import SummaryWriter
@@ -264,8 +263,7 @@ class Metrics:
 
     def _write(self, record: dict) -> None:
         if self._file is not None:
-            self._file.write(json.dumps(record) + "\n")
-            self._file.flush()
+            self._file.write(record)
         if self._tb is not None:
             for key, value in record.items():
                 if key not in ("kind", "step", "time") and isinstance(value, (int, float)):

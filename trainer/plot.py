@@ -11,12 +11,10 @@ extra); drawn with the Agg backend, so no display is needed.
 from __future__ import annotations
 
 import io
-import json
 import os
 from pathlib import Path
 
-from core import names
-from trainer import metrics_log
+from core import names, runfiles
 from core.errors import UserError
 from core.files import file_in_the_way, make_parent, write_atomic
 
@@ -40,7 +38,7 @@ def read_metrics(run_dir: Path) -> tuple[dict[int, dict], dict[int, dict], list[
     if not path.is_file():
         raise PlotError(f"{run_dir}: no metrics.jsonl (rank 0 writes it from the first logged "
                         "step; has this run trained yet?)")
-    log = metrics_log.read(path)
+    log = runfiles.read_metrics(path)
     if not log.train:
         raise PlotError(f"{path}: no training steps logged yet")
     return log.train, log.val, log.restarts
@@ -121,7 +119,7 @@ def build_figure(train: dict[int, dict], val: dict[int, dict], resumes=(), title
 def _title(run_dir: Path, train: dict) -> str:
     parts = [run_dir.name]
     try:
-        summary = json.loads((run_dir / names.SUMMARY).read_text())
+        summary = runfiles.read_summary(run_dir)
         world = summary.get("world_size", "?")
         parts.append(f"{summary.get('config', '')} · {world} process{'' if world == 1 else 'es'} · "
                      f"{summary.get('device', '')} · {summary.get('status', '')}")

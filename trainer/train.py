@@ -18,11 +18,10 @@ from pathlib import Path
 
 import torch
 
-from core import names
+from core import names, runfiles
 from trainer import distributed, fp8, health, metrics, optim, saved_activations
 from trainer.config import SYNTHETIC, TrainConfig
 from core.errors import UserError
-from core.files import write_json_atomic
 from trainer.guards import GuardSkip
 from trainer.model import IGNORE_INDEX, Transformer, flops_per_token, linear_cross_entropy
 from trainer.plan import ParamCount
@@ -492,6 +491,6 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
                           flops_per_token=fpt, config=cfg.name,
                           **({"init_from": init_from} if init_from else {}))   # where the weights started
     if info.is_main:
-        write_json_atomic(run_dir / names.SUMMARY, summary)
+        runfiles.write_summary(run_dir, summary)
         log.info("summary\n" + metrics.summary_table(summary))
     return stopper.exit_code if status in ("preempted", "interrupted") else EXIT_OK

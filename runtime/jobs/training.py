@@ -25,13 +25,12 @@ run (runtime.jobs.tuning).
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from core import names
+from core import names, runfiles
 from runtime.cluster.runtime import Runtime
 from runtime.launch.spec import EXIT_INTERRUPTED, EXIT_REQUEUE, RUN_DIR
 from core.errors import AnvilError, UserError
@@ -331,8 +330,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
         if code != 0:
             cause = outcome.failure_summary(run.path, expected_nodes=layout.nodes)
             raise AnvilError(cause or f"the trainer exited with status {code}; see {run.path}/logs/", code)
-        summary_path = run.path / names.SUMMARY
-        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+        summary = runfiles.read_summary(run.path) if (run.path / names.SUMMARY).is_file() else None
         return {"run_dir": run.path, "summary": summary, **({"after": after(run)} if after else {})}
 
     spec_of_run = run_options.spec(task_name, name=name, configs={CONFIG_FILE: cfg.to_dict()},

@@ -6,7 +6,7 @@
 metrics.jsonl starts at the checkpoint's step; its metadata.json names what it resumed from
 ("resume": a checkpoint, a run directory or its checkpoints folder). The curve of such a run is
 the earlier segments' records up to that checkpoint, then its own. A requeued Slurm job resumes
-into its own directory and its one metrics.jsonl already holds both (trainer.metrics_log keeps
+into its own directory and its one metrics.jsonl already holds both (core.runfiles keeps
 each step's last record). A segment that cannot be found or read is a note, never an error.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from core import names
 from runtime.runs import rundir
-from trainer import metrics_log
+from core import runfiles
 
 MAX_SEGMENTS = 1000   # a resume chain that loops (hand-edited metadata) ends here
 
@@ -85,7 +85,7 @@ def read(run_dir: str | Path) -> Curves:
     for path, _ in segments:
         file = path / names.METRICS
         if not file.is_file():
-            logs.append(metrics_log.MetricsLog())
+            logs.append(runfiles.MetricsLog())
             if path == run_dir:
                 notes.append("no metrics.jsonl: the run logged no step" + (" of its own" if len(segments) > 1
                                                                            else ""))
@@ -93,11 +93,11 @@ def read(run_dir: str | Path) -> Curves:
                 notes.append(f"{path.name}: no metrics.jsonl")
             continue
         try:
-            log = metrics_log.read(file)
+            log = runfiles.read_metrics(file)
         except OSError as exc:
             notes.append(f"{file}: cannot read it ({exc.strerror or exc})")
-            log = metrics_log.MetricsLog()
-        prefix = names.METRICS if path == run_dir else f"{path.name}/metrics.jsonl"
+            log = runfiles.MetricsLog()
+        prefix = names.METRICS if path == run_dir else f"{path.name}/{names.METRICS}"
         notes += log.problems(prefix)
         logs.append(log)
     curves = Curves(segments=[path for path, _ in segments], notes=notes)

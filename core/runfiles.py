@@ -1,0 +1,127 @@
+"""The run files more than one program reads or writes, read and written here alone.
+
+    log = read_metrics(run_dir / names.METRICS)   # MetricsLog; OSError when the file cannot be read
+    writer = MetricsWriter(run_dir); writer.write({"kind": "train", "step": 3, ...}); writer.close()
+    summary = read_summary(run_dir)               # the trainer's summary.json (OSError, ValueError)
+
+metrics.jsonl: the trainer appends to one run directory's file (trainer/metrics.py, and the
+straggler detector's "straggler" and "rank_times" records, trainer/health.py), each through a
+MetricsWriter, a whole line a write. A run that resumes into the same directory (a requeued
+Slurm job) logs again from its checkpoint's step: a step logged twice keeps its last record, and
+the step where the log restarted is kept in `restarts`. A line cut short by a kill, or still being
+written, is counted, never fatal. No torch: the report and the plot read it on any machine.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core import names
+from core.files import write_json_atomic
+
+
+@dataclass
+class MetricsLog:
+    train: dict[int, dict] = field(default_factory=dict)    # step -> its last "train" record
+    val: dict[int, dict] = field(default_factory=dict)      # step -> its last "val" record
+    events: list[dict] = field(default_factory=list)        # every other kind with a step, in file order
+    restarts: list[int] = field(default_factory=list)       # first step logged after each restart
+    damaged: list[int] = field(default_factory=list)        # line numbers (1-based) that are no record
+    unfinished: bool = False                                # the last line has no newline yet (being written)
+    lines: int = 0
+
+    def problems(self, name: str = names.METRICS) -> list[str]:
+        """What could not be read, in words (empty when everything could)."""
+        out = []
+        damaged = [n for n in self.damaged if not (self.unfinished and n == self.lines)]
+        if damaged:
+            shown = ", ".join(map(str, damaged[:5])) + (", ..." if len(damaged) > 5 else "")
+            out.append(f"{name}: {len(damaged)} damaged line(s) skipped (line {shown})")
+        if self.unfinished:
+            out.append(f"{name}: the last line is unfinished (the run is still writing it, or was killed)")
+        return out
+
+
+def parse(lines, log: MetricsLog | None = None) -> MetricsLog:
+    """Records from an iterable of text lines (each with its newline, as a file gives them)."""
+    log = log if log is not None else MetricsLog()
+    last = 0
+    for number, line in enumerate(lines, 1):
+        log.lines = number
+        log.unfinished = not line.endswith("\n")
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            step = int(record["step"])
+        except (ValueError, KeyError, TypeError):
+            log.damaged.append(number)
+            continue
+        kind = record.get("kind")
+        if kind == "train":
+            if step <= last:
+                log.restarts.append(step)
+            last = step
+            log.train[step] = record
+        elif kind == "val":
+            log.val[step] = record
+        else:
+            log.events.append(record)
+    return log
+
+
+def read_metrics(path: str | Path) -> MetricsLog:
+    """One metrics.jsonl; invalid UTF-8 is replaced (its line then fails to parse and is counted)."""
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        return parse(handle)
+
+
+def metrics_records(run_dir: str | Path) -> list[dict]:
+    """Every record of a run's metrics.jsonl in file order (the damaged lines left out)."""
+    out = []
+    with open(Path(run_dir) / names.METRICS, encoding="utf-8", errors="replace") as handle:
+        for line in handle:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                out.append(record)
+    return out
+
+
+class MetricsWriter:
+    """Appends records to a run's metrics.jsonl, a whole line per write (threads may share one)."""
+
+    def __init__(self, run_dir: str | Path):
+        self.path = Path(run_dir) / names.METRICS
+        self._file = open(self.path, "a", encoding="utf-8")
+        self._lock = threading.Lock()
+
+    def write(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record) + "\n"
+        with self._lock:
+            if self._file is not None:
+                self._file.write(line)
+                self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+
+def read_summary(run_dir: str | Path) -> dict:
+    """The trainer's summary of a finished run; OSError when there is none, ValueError when damaged."""
+    data = json.loads((Path(run_dir) / names.SUMMARY).read_text(encoding="utf-8"))
+    if not isinstance(data, dict):
+        raise ValueError(f"{Path(run_dir) / names.SUMMARY}: not a JSON object")
+    return data
+
+
+def write_summary(run_dir: str | Path, summary: dict) -> None:
+    write_json_atomic(Path(run_dir) / names.SUMMARY, summary)
