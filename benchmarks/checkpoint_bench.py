@@ -77,7 +77,7 @@ class Bench:
 
         from trainer import optim
         from trainer.config import load
-        from trainer.model import Transformer
+        from trainer.models import Transformer
 
         self.args = args
         self.cfg = load(args.config, list(args.sets))

@@ -3,7 +3,7 @@
     python -m benchmarks.optimizer [--config configs/llama3_8b.yaml] [--shards 2] [--dtype fp32]
         [--iters 10] [--dtensor | --float8] [--json]
 
-The parameters are the model's own shapes (trainer.model on the meta device), each cut to its
+The parameters are the model's own shapes (trainer.models on the meta device), each cut to its
 dim-0 shard of --shards ranks as FSDP2 holds them, with gradients, in --dtype. Each optimizer
 runs --iters steps after 2 warm-up steps, with the clip factor handed in the way the trainer
 does it (torch: a foreach multiply over the gradients when they are DTensors, which FSDP2's
@@ -28,7 +28,7 @@ def shard_shapes(config: str, shards: int) -> list[tuple[int, ...]]:
     import torch
 
     from trainer.config import load
-    from trainer.model import Transformer
+    from trainer.models import Transformer
     with torch.device("meta"):
         model = Transformer(load(config).model)
     return [(-(-p.shape[0] // shards), *p.shape[1:]) for p in model.parameters()]

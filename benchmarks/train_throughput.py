@@ -158,7 +158,7 @@ def flops_for_shape(cfg) -> tuple[int, int]:
     """(parameters, FLOPs per token) of Anvil's model of this shape: one count for every variant."""
     import torch
 
-    from trainer.model import Transformer, flops_per_token
+    from trainer.models import Transformer, flops_per_token
     with torch.device("meta"):
         model = Transformer(cfg.model)
     return model.num_params(), flops_per_token(cfg.model, model.num_params(exclude_embedding=True),
@@ -215,7 +215,7 @@ def run_hf(args, liger: bool, out: Path) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from trainer.model import hf_config
+    from trainer.models import hf_config
 
     cfg = _train_cfg(args)
     if liger:

@@ -2,7 +2,7 @@
 
 Two model families are recognised:
 
-- our trainer's `trainer.model.Transformer` (by the hook points its module
+- our trainer's `trainer.models.Transformer` (by the hook points its module
   docstring names): every RMSNorm instance gets a kernel forward,
   every `Attention.rotary_fn` becomes `apply_rope`, every `MLP.act_fn` becomes
   `swiglu`, and `Transformer.loss_fn` becomes the fused linear cross-entropy
@@ -32,10 +32,10 @@ from kernels.rope import apply_rope
 from kernels.swiglu import swiglu
 
 
-# --- trainer.model.Transformer ------------------------------------------------------------------
+# --- trainer.models.Transformer ------------------------------------------------------------------
 
 def _trainer_rms_norm_forward(self, x: torch.Tensor) -> torch.Tensor:
-    # trainer.model.RMSNorm returns x's dtype: the weight is cast to it first.
+    # trainer.models.RMSNorm returns x's dtype: the weight is cast to it first.
     return rms_norm(x, self.weight.to(x.dtype), self.eps)
 
 
@@ -103,7 +103,7 @@ def patch_float8_inputs(model: nn.Module, stash: bool = False) -> list[str]:
     (rowwise scales, an unconverted layer). Returns what was patched, one entry per site.
     """
     if not _is_trainer_llama(model):
-        raise TypeError(f"kernels.patch_float8_inputs: {type(model).__name__} is not trainer.model.Transformer")
+        raise TypeError(f"kernels.patch_float8_inputs: {type(model).__name__} is not trainer.models.Transformer")
     done = []
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
@@ -133,7 +133,7 @@ def patch_float8_lm_head(model: nn.Module, dtype: torch.dtype) -> list[str]:
     """After kernels.patch of a trainer Llama: its fused loss runs the LM head's logits and hidden-gradient
     GEMMs with `dtype` (e4m3) operands, per-row scales. Returns ["lm_head_float8"]."""
     if not _is_trainer_llama(model) or getattr(model.loss_fn, "__wrapped__", model.loss_fn) is not _trainer_loss:
-        raise TypeError("kernels.patch_float8_lm_head: needs a trainer.model.Transformer patched by kernels.patch")
+        raise TypeError("kernels.patch_float8_lm_head: needs a trainer.models.Transformer patched by kernels.patch")
     model.loss_fn = functools.update_wrapper(functools.partial(_trainer_loss, float8=dtype), _trainer_loss)
     return ["lm_head_float8"]
 
@@ -218,7 +218,7 @@ def patch(model: nn.Module, *, rms_norm: bool = True, rope: bool = True, swiglu:
     elif _is_hf_llama(model):
         done = _patch_hf(model, *flags)
     else:
-        raise TypeError(f"kernels.patch: {type(model).__name__} is neither trainer.model.Transformer "
+        raise TypeError(f"kernels.patch: {type(model).__name__} is neither trainer.models.Transformer "
                         "nor a transformers Llama model")
     model._anvil_kernels = done
     return model

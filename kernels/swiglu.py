@@ -402,7 +402,7 @@ def _(dout, gate, up, fp8_dtype):
 # The stash: the forward keeps gate and up for the backward as float8, block-scaled, instead of the
 # 16-bit tensors (train.float8_activations, the MLP's share of it), and computes its output from what the
 # stash holds, so that the output can be rebuilt from it in backward rather than kept. An op whose name
-# ends in "_stash_fwd" returns saved activations in compact form: checkpointing (trainer.model's
+# ends in "_stash_fwd" returns saved activations in compact form: checkpointing (trainer.models.blocks'
 # selective, and the MLP's own region under none) keeps its outputs and recomputes the rest: the
 # projections it was made from (under torch.compile: dropped, nothing in backward reads them) and the
 # float8 output down_proj's backward reads (swiglu_float8_from_stash again: one pass, 2 bytes read and

@@ -3,8 +3,11 @@ emulation, float8 all-gather of the weights, the scales after each step) for 2 s
 float8 inputs our kernels write and once with torchao's casts. Rank 0 prints both loss lists as JSON."""
 import json
 import os
+import sys
+from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")   # before the kernels are imported: no GPU here
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the checkout's kernels/, as Anvil's programs do
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -13,7 +16,7 @@ from kernels import patch  # noqa: E402
 from trainer import fp8  # noqa: E402
 from trainer.config import load  # noqa: E402
 from trainer.distributed import DistInfo, wrap  # noqa: E402
-from trainer.model import Transformer  # noqa: E402
+from trainer.models import Transformer  # noqa: E402
 
 
 def train(fuse: bool, cfg, info) -> tuple[list[float], list[str]]:

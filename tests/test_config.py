@@ -67,7 +67,7 @@ def test_dump_roundtrip(tmp_path):
     ("optim:\n  betas: [0.9]\n", "optim.betas", "two numbers"),
     ("model:\n  n_heads: 8\n  n_kv_heads: 3\n", "model.n_kv_heads", "a divisor of model.n_heads"),
     ("data:\n  seq_len: 4096\nmodel:\n  max_seq_len: 1024\n", "data.seq_len", "at most model.max_seq_len"),
-    ("model:\n  rope_scaling: 8\n", "model.rope_scaling", "a mapping with keys factor"),
+    ("model:\n  rope_scaling: 8\n", "model.rope_scaling", "a mapping with keys type, factor"),
     ("parallel:\n  strategy: zero3\n", "parallel.strategy", "'fsdp'"),
     ("env:\n  1BAD: x\n", "env.1BAD", "environment variable name"),
     ("env:\n  FLAG: true\n", "env.FLAG", "quote it"),

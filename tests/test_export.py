@@ -12,7 +12,7 @@ import torch
 from trainer import checkpoint as ck
 from trainer import config as config_mod
 from trainer.export import ExportError, export_hf
-from trainer.model import Transformer
+from trainer.models import Transformer
 
 transformers = pytest.importorskip("transformers")
 

@@ -11,7 +11,7 @@ from torch import nn
 from trainer import fp8, train
 from trainer.config import ConfigError, load
 from core.errors import UserError
-from trainer.model import _SAVE_OPS, LMHead, Transformer
+from trainer.models import _SAVE_OPS, LMHead, Transformer
 
 try:
     import torchao.float8  # noqa: F401

@@ -25,7 +25,7 @@ from trainer import checkpoint as ck
 from trainer import config as config_mod
 from trainer.hf import InitError, from_hf, load_config, load_weights, to_hf
 from trainer.hf.weights import INDEX, SINGLE, HFWeights
-from trainer.model import Transformer
+from trainer.models import Transformer
 
 transformers = pytest.importorskip("transformers")
 from safetensors.torch import load_file, save_file  # noqa: E402  (transformers brings it)
@@ -103,7 +103,7 @@ def test_config_json_both_ways(model):
     fields = from_hf(to_hf(cfg.model), "config.json")
     for key, value in fields.items():
         ours = getattr(cfg.model, key)
-        assert (ours.__dict__ if key == "rope_scaling" and ours else ours) == value, key
+        assert (ours.fields() if key == "rope_scaling" and ours else ours) == value, key
 
 
 def test_transformers_config_json_is_read_in_both_layouts(tmp_path):

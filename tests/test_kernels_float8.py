@@ -20,7 +20,7 @@ from kernels.rms_norm import rms_norm, rms_norm_float8  # noqa: E402
 from kernels.swiglu import swiglu, swiglu_float8  # noqa: E402
 from trainer import fp8  # noqa: E402
 from trainer.config import load  # noqa: E402
-from trainer.model import Transformer  # noqa: E402
+from trainer.models import Transformer  # noqa: E402
 
 # NVIDIA and MI350-class, and MI300-class (fnuz): the interpreter runs both, a GPU its own
 FP8 = ([torch.float8_e4m3fn, torch.float8_e4m3fnuz] if DEVICE == "cpu" or torch.version.hip
@@ -278,7 +278,7 @@ def test_the_final_norm_and_rowwise_layers_keep_torchaos_casts():
     assert "forward" not in vars(model.model.norm) or not hasattr(model.model.norm, "_anvil_float8_target")
     _, rowwise, state = _tiny_fp8_model(True, recipe="rowwise")
     assert state.fused_inputs == [] and not hasattr(rowwise.model.layers[0].input_layernorm, "_anvil_float8_target")
-    with pytest.raises(TypeError, match="not trainer.model.Transformer"):
+    with pytest.raises(TypeError, match="not trainer.models.Transformer"):
         patch_float8_inputs(torch.nn.Linear(4, 4))
 
 

@@ -11,7 +11,7 @@ from transformers.models.llama import modeling_llama
 
 import kernels
 from trainer.config import ModelConfig, RopeScaling
-from trainer.model import Transformer
+from trainer.models import Transformer
 
 VOCAB, SEQ, BATCH = 96, 12, 2
 TOL = dict(atol=2e-5, rtol=2e-4)  # fp32 end to end: only summation order differs

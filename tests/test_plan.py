@@ -14,7 +14,7 @@ import torch
 
 from trainer import plan as planner
 from trainer.config import load
-from trainer.model import Transformer, flops_per_token
+from trainer.models import Transformer, flops_per_token
 from trainer.plan import GIB, Device, ParamCount, make_plan, memory
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,8 +50,8 @@ def test_flops_per_token_is_the_mfu_formula_itself(monkeypatch):
     expected = flops_per_token(cfg.model, model.num_params(exclude_embedding=True), cfg.data.seq_len)
     assert make_plan(cfg).flops_per_token == expected
     # ...and it is that function, called: not a second copy of the formula.
-    import trainer.model
-    monkeypatch.setattr(trainer.model, "flops_per_token", lambda m, n, t: 12345)
+    import trainer.models
+    monkeypatch.setattr(trainer.models, "flops_per_token", lambda m, n, t: 12345)
     assert make_plan(cfg).flops_per_token == 12345
 
 

@@ -107,7 +107,7 @@ def test_vocab_smaller_than_tokenizer_is_refused(dataset):
 
 
 def test_kernels_unavailable_is_a_clear_error(monkeypatch):
-    from trainer.model import Transformer
+    from trainer.models import Transformer
     from trainer.config import ModelConfig
     monkeypatch.setitem(sys.modules, "kernels", None)  # import kernels -> ImportError
     with pytest.raises(train.TrainError, match="--kernels: the fused kernels are not available"):
@@ -206,7 +206,7 @@ def test_a_nan_loss_stops_the_run_before_that_steps_checkpoint(tmp_path, dataset
     weights whose step's loss was NaN: the pending reading is taken before every save."""
     import math
 
-    from trainer.model import Transformer
+    from trainer.models import Transformer
     forward, calls = Transformer.forward, []
 
     def nan_at_step_3(self, *args, **kwargs):
@@ -238,7 +238,7 @@ def test_deferred_readings_come_back_in_order_with_their_context():
 
 def test_a_step_that_fails_still_leaves_the_previous_steps_line(tmp_path, dataset, monkeypatch):
     """The line of step 2 is written while step 3 runs; step 3 failing must not lose it."""
-    from trainer.model import Transformer
+    from trainer.models import Transformer
     forward, calls = Transformer.forward, []
 
     def fail_at_step_3(self, *args, **kwargs):

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from trainer import optim
-from trainer.model import RotaryEmbedding
+from trainer.models import RotaryEmbedding
 
 
 def _params(dtype, seed=0):

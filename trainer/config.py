@@ -34,16 +34,63 @@ class ConfigError(UserError):
 
 @dataclass
 class RopeScaling:
-    """Llama 3.1 RoPE frequency scaling (HF rope_type "llama3")."""
+    """RoPE frequency scaling: Llama 3.1's (HF rope_type "llama3") or YaRN (DeepSeek-V2/V3's "yarn")."""
+    type: Literal["llama3", "yarn"] = "llama3"
     factor: float = 8.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
+    low_freq_factor: float = 1.0       # llama3: wavelengths above original / low_freq_factor are divided by factor
+    high_freq_factor: float = 4.0      # llama3: those below original / high_freq_factor are kept
     original_max_position_embeddings: int = 8192
+    beta_fast: float = 32.0            # yarn: rotations per context above which a dimension is kept
+    beta_slow: float = 1.0             # yarn: ... below which it is interpolated
+    mscale: float = 1.0                # yarn: attention temperature (DeepSeek's mscale)
+    mscale_all_dim: float = 0.0        # yarn: DeepSeek's softmax scale correction (0 = none)
+
+    def fields(self) -> dict:
+        """The keys its type uses, with their values (what a Hugging Face config.json holds besides the type)."""
+        names = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings") \
+            if self.type == "llama3" else \
+            ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
+        return {name: getattr(self, name) for name in names}
+
+
+@dataclass
+class MLAConfig:
+    """Multi-head latent attention (DeepSeek-V2/V3): keys and values from a low-rank latent, RoPE on
+    a separate part of each query and key head (decoupled RoPE)."""
+    q_lora_rank: int = 0               # 0: queries straight from the hidden state (V2-Lite); else their latent's size
+    kv_lora_rank: int = 512            # the key/value latent (what inference caches)
+    qk_nope_head_dim: int = 128        # per head: the query/key part without RoPE
+    qk_rope_head_dim: int = 64         # ... and the part with it (one RoPE key shared by the heads)
+    v_head_dim: int = 128
+
+
+@dataclass
+class MoEConfig:
+    """Mixture of experts (DeepSeekMoE, Qwen3-MoE): routed experts, optional shared experts."""
+    n_routed_experts: int = 64
+    n_shared_experts: int = 0          # experts every token goes through (DeepSeek: 2 or 1; Qwen3: 0)
+    top_k: int = 6                     # routed experts per token
+    ffn_dim: int = 1408                # each expert's intermediate size (a shared expert's too)
+    first_k_dense: int = 0             # the first layers keep a dense MLP of model.ffn_dim
+    score_func: Literal["softmax", "sigmoid"] = "softmax"   # V2 and Qwen3: softmax; V3: sigmoid
+    norm_topk_prob: bool = False       # the chosen experts' weights rescaled to sum to 1
+    route_scale: float = 1.0           # routed_scaling_factor: the routed output's multiplier
+    n_group: int = 1                   # group-limited routing: experts in n_group groups,
+    topk_group: int = 1                # ... a token's experts from its best topk_group groups
+    aux_loss_alpha: float = 0.0        # sequence-level balance loss weight (DeepSeek-V2); 0 = none
+    bias_update_speed: float = 0.0     # auxiliary-loss-free balancing (DeepSeek-V3, 0.001): a per-expert bias
+    #                                    moved against each step's load; 0 = off
+    capacity_factor: Optional[float] = None   # null: dropless; else an expert takes at most
+    #                                    capacity_factor x (tokens x top_k / experts) tokens, the rest are dropped
+
+
+FAMILIES = ("llama", "deepseek_v2", "deepseek_v3", "qwen3_moe")
 
 
 @dataclass
 class ModelConfig:
     name: str = "tiny"
+    family: Literal["llama", "deepseek_v2", "deepseek_v3", "qwen3_moe"] = "llama"   # trainer/models/<family>
     dim: int = 256
     n_layers: int = 4
     n_heads: int = 8
@@ -56,10 +103,24 @@ class ModelConfig:
     max_seq_len: int = 2048
     tie_embeddings: bool = False
     init_std: float = 0.02
+    head_dim_size: Optional[int] = None   # null: dim / n_heads (Qwen3 sets 128 for every size)
+    mla: Optional[MLAConfig] = None       # the DeepSeek families' attention (null: their defaults)
+    moe: Optional[MoEConfig] = None       # experts (the DeepSeek and Qwen3-MoE families)
+
+    def __post_init__(self):
+        if self.family.startswith("deepseek") and self.mla is None:
+            self.mla = MLAConfig()
 
     @property
     def head_dim(self) -> int:
-        return self.dim // self.n_heads
+        """A query/key head's size that RoPE rotates: under MLA its RoPE part (qk_rope_head_dim)."""
+        if self.mla is not None:
+            return self.mla.qk_rope_head_dim
+        return self.head_dim_size or self.dim // self.n_heads
+
+    def moe_layer(self, layer_id: int) -> bool:
+        """Whether layer `layer_id` is a mixture-of-experts layer (else a dense MLP)."""
+        return self.moe is not None and layer_id >= self.moe.first_k_dense
 
 
 @dataclass
@@ -134,6 +195,8 @@ class ParallelConfig:
     reshard_after_forward: bool = True
     meta_init: bool = False        # build on the meta device, shard, then init (models > 1 GPU)
     timeout_minutes: int = 30
+    ep: int = 1                    # expert parallelism: each rank holds n_routed_experts / ep experts, and
+    #                                tokens travel to their experts' ranks (all-to-all); needs strategy fsdp
 
 
 @dataclass
@@ -391,8 +454,10 @@ def _check_values(cfg: TrainConfig, src: str) -> None:
     m = cfg.model
     for key in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "max_seq_len"):
         need(getattr(m, key) > 0, f"model.{key}", "a positive integer")
-    need(m.dim % m.n_heads == 0, "model.dim", f"a multiple of model.n_heads ({m.n_heads})")
-    need(m.head_dim % 2 == 0, "model.n_heads", "a head count giving an even head_dim (dim / n_heads)")
+    need(m.head_dim_size is not None or m.mla is not None or m.dim % m.n_heads == 0, "model.dim",
+         f"a multiple of model.n_heads ({m.n_heads})")
+    need(m.mla is not None or m.head_dim % 2 == 0, "model.n_heads",
+         "a head count giving an even head_dim (dim / n_heads, or model.head_dim_size)")
     need(m.n_heads % m.n_kv_heads == 0, "model.n_kv_heads", f"a divisor of model.n_heads ({m.n_heads})")
     need(m.norm_eps > 0, "model.norm_eps", "a positive number")
     need(m.rope_theta > 0, "model.rope_theta", "a positive number")
@@ -400,10 +465,15 @@ def _check_values(cfg: TrainConfig, src: str) -> None:
     if m.rope_scaling is not None:
         rs = m.rope_scaling
         need(rs.factor >= 1, "model.rope_scaling.factor", "a number >= 1")
-        need(rs.high_freq_factor > rs.low_freq_factor > 0, "model.rope_scaling.high_freq_factor",
-             "a number above model.rope_scaling.low_freq_factor (> 0)")
+        if rs.type == "llama3":
+            need(rs.high_freq_factor > rs.low_freq_factor > 0, "model.rope_scaling.high_freq_factor",
+                 "a number above model.rope_scaling.low_freq_factor (> 0)")
+        else:
+            need(rs.beta_fast > rs.beta_slow > 0, "model.rope_scaling.beta_fast",
+                 "a number above model.rope_scaling.beta_slow (> 0)")
         need(rs.original_max_position_embeddings > 0,
              "model.rope_scaling.original_max_position_embeddings", "a positive integer")
+    _check_family(m, cfg.parallel, need)
     d = cfg.data
     if d.blend:
         _check_blend(d, src)
@@ -449,6 +519,57 @@ def _check_values(cfg: TrainConfig, src: str) -> None:
                 ch.isalnum() or ch == "_" for ch in name):
             raise ConfigError(f"{src}: env.{name}: expected an environment variable name "
                               "(letters, digits, _)")
+
+
+def _check_family(m: ModelConfig, p: ParallelConfig, need) -> None:
+    """What model.family asks of the model's other keys: experts and latent attention where it has them,
+    ranks, routing and expert parallelism that fit."""
+    moe_family, mla_family = m.family != "llama", m.family.startswith("deepseek")
+    need(moe_family or m.moe is None, "model.moe", f"null for model.family {m.family!r} (experts: "
+         "model.family deepseek_v2, deepseek_v3 or qwen3_moe)")
+    need(not moe_family or m.moe is not None, "model.moe", f"a mapping of the experts for model.family "
+         f"{m.family!r} (n_routed_experts, top_k, ffn_dim, ...)")
+    need(mla_family or m.mla is None, "model.mla", f"null for model.family {m.family!r} (latent attention: "
+         "the deepseek families)")
+    need(m.head_dim_size is None or m.head_dim_size > 0, "model.head_dim_size", "null or a positive integer")
+    if m.mla is not None:
+        a = m.mla
+        for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            need(getattr(a, key) > 0, f"model.mla.{key}", "a positive integer")
+        need(a.qk_rope_head_dim % 2 == 0, "model.mla.qk_rope_head_dim", "an even number (RoPE rotates pairs)")
+        need(a.q_lora_rank >= 0, "model.mla.q_lora_rank", "0 (no query latent) or a positive integer")
+        full_q, full_kv = m.n_heads * (a.qk_nope_head_dim + a.qk_rope_head_dim), \
+            m.n_heads * (a.qk_nope_head_dim + a.v_head_dim)
+        need(a.q_lora_rank < full_q, "model.mla.q_lora_rank",
+             f"a rank below the query heads' size (model.n_heads x (qk_nope_head_dim + qk_rope_head_dim) = {full_q})")
+        need(a.kv_lora_rank < full_kv, "model.mla.kv_lora_rank",
+             f"a rank below the key/value heads' size (model.n_heads x (qk_nope_head_dim + v_head_dim) = {full_kv})")
+    if m.moe is not None:
+        e = m.moe
+        need(e.n_routed_experts > 0, "model.moe.n_routed_experts", "a positive integer")
+        need(0 < e.top_k <= e.n_routed_experts, "model.moe.top_k",
+             f"a number of experts from 1 to model.moe.n_routed_experts ({e.n_routed_experts})")
+        need(e.ffn_dim > 0, "model.moe.ffn_dim", "a positive integer")
+        need(e.n_shared_experts >= 0, "model.moe.n_shared_experts", "an integer >= 0")
+        need(0 <= e.first_k_dense <= m.n_layers, "model.moe.first_k_dense",
+             f"an integer from 0 to model.n_layers ({m.n_layers})")
+        need(e.n_group > 0 and e.n_routed_experts % e.n_group == 0, "model.moe.n_group",
+             f"a divisor of model.moe.n_routed_experts ({e.n_routed_experts})")
+        need(0 < e.topk_group <= e.n_group, "model.moe.topk_group", f"from 1 to model.moe.n_group ({e.n_group})")
+        need(e.top_k <= e.topk_group * (e.n_routed_experts // e.n_group), "model.moe.top_k",
+             f"at most the experts of model.moe.topk_group groups "
+             f"({e.topk_group * (e.n_routed_experts // e.n_group)})")
+        need(e.route_scale > 0, "model.moe.route_scale", "a positive number")
+        need(e.aux_loss_alpha >= 0, "model.moe.aux_loss_alpha", "a number >= 0 (0 = no balance loss)")
+        need(e.bias_update_speed >= 0, "model.moe.bias_update_speed", "a number >= 0 (0 = off)")
+        need(e.capacity_factor is None or e.capacity_factor > 0, "model.moe.capacity_factor",
+             "null (dropless) or a positive number (1.0 = the even share)")
+    need(p.ep > 0, "parallel.ep", "a positive integer")
+    if p.ep > 1:
+        need(m.moe is not None, "parallel.ep", f"1 for model.family {m.family!r} (it has no experts)")
+        need(m.moe.n_routed_experts % p.ep == 0, "parallel.ep",
+             f"a divisor of model.moe.n_routed_experts ({m.moe.n_routed_experts})")
+        need(p.strategy == "fsdp", "parallel.ep", "1 unless parallel.strategy is fsdp (experts shard with FSDP2)")
 
 
 def _check_blend(d: DataConfig, src: str) -> None:

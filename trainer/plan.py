@@ -4,10 +4,10 @@
     print(render(plan))            # tables and the verdict line; plan.to_dict() for --json
 
 Everything is arithmetic over the config; nothing is allocated. The model is the one in
-trainer/model.py as trainer/train.py and trainer/distributed.py run it, so the figures follow
+trainer/models/ as trainer/train.py and trainer/distributed.py run it, so the figures follow
 their choices: what autograd saves in each block, the trainer's selective checkpointing policy,
 FSDP2 as `distributed.wrap` applies it, AdamW from trainer/optim.py. The parameter count is
-checked exactly against the real model, and the FLOPs per token are trainer.model's
+checked exactly against the real model, and the FLOPs per token are trainer.models'
 flops_per_token (the MFU count), called, not rewritten (tests/test_plan.py).
 
 Symbols: D dim, F ffn_dim, H heads, Dkv = n_kv_heads * head_dim, L layers, V vocab,
@@ -18,7 +18,7 @@ the whole block runs in c; 4 with fp32 weights under autocast, whose residual st
 
 Saved for backward, per decoder layer and token (bytes):
 
-    no checkpointing, eager modules (trainer/model.py):
+    no checkpointing, eager modules (trainer/models/):
       RMSNorm, twice          4D + rD + 4    fp32 copy of x (kept by pow), x * rsqrt in r, rsqrt
       inputs of the linears   cD * k         the normed x; k = 1 + 1 when r == c (q/k/v share one
                                              tensor, gate/up another), k = 3 + 2 under autocast,
@@ -29,7 +29,7 @@ Saved for backward, per decoder layer and token (bytes):
       RoPE                    0              only the [T, head_dim] cos/sin tables
     train.kernels (fused RMSNorm, RoPE, SwiGLU): RMSNorm rD + 4 (x, rstd); SwiGLU 3cF (gate, up,
       output); the rest as above
-    selective (trainer.model: keep matmul and attention outputs, recompute the rest; down_proj's
+    selective (trainer.models.blocks: keep matmul and attention outputs, recompute the rest; down_proj's
       output is not kept, no backward needs it):
       rD + c(3D + 2Dkv) + 2cF + 4H           layer input; q, k, v and o_proj outputs, SDPA output
                                              and logsumexp; gate, up
@@ -49,7 +49,7 @@ Saved for backward, per decoder layer and token (bytes):
       none or selective (trainer.fp8.stashes), SwiGLU keeps gate and up as float8 (F each) in place
       of what the mode kept of the MLP, and that is all (2F): neither projection is recomputed, and
       SwiGLU's float8 output, which down's backward reads, is rebuilt from the stash (under none
-      through the MLP's own checkpoint region, trainer.model.MLP). Otherwise gate and up, where
+      through the MLP's own checkpoint region, trainer.models.MLP). Otherwise gate and up, where
       kept, are stored in float8 with a 4-byte scale per row once a whole tensor (N c F bytes)
       reaches train.float8_activations_min_mib: F + 4 each. Other saved tensors of that size (q, o)
       go the same way and are counted whole, an upper bound; the layer input, a graph input, is
@@ -105,7 +105,7 @@ NCCL / RCCL buffers 1.0 GiB when W > 1. torch.compile lowers activation and loss
 
 Why one module of this size: each memory term mirrors one choice of the trainer (what autograd
 saves per block, the checkpointing policy, FSDP2's shards and windows, the loss), and keeping them
-side by side is what lets a reader check the plan against trainer/model.py and trainer/train.py.
+side by side is what lets a reader check the plan against trainer/models/ and trainer/train.py.
 """
 from __future__ import annotations
 
@@ -154,7 +154,7 @@ class Device:
 # --------------------------------------------------------------------------- parameters
 
 def param_shapes(m: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every parameter of trainer.model.Transformer, by its name in named_parameters()."""
+    """Every parameter of trainer.models.Transformer, by its name in named_parameters()."""
     q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
     shapes = {"model.embed_tokens.weight": (m.vocab_size, m.dim)}
     for i in range(m.n_layers):
@@ -775,7 +775,7 @@ def make_plan(cfg: TrainConfig, gpus: int = 1, nodes: int = 1, device: Device = 
             raise PlanError(f"--{name} {value!r}: expected a positive integer")
     if device.memory_gib is not None and device.memory_gib <= 0:
         raise PlanError(f"GPU memory {device.memory_gib!r} GiB: expected a positive number")
-    from trainer.model import flops_per_token   # torch: only once the input is known to be good
+    from trainer.models import flops_per_token   # torch: only once the input is known to be good
     world = gpus * nodes
     count = ParamCount.of(cfg.model)
     fpt = flops_per_token(cfg.model, count.non_embedding, cfg.data.seq_len)
@@ -809,7 +809,7 @@ def render(plan: Plan) -> str:
         ("model", f"{_count(plan.params.total).replace(' G', ' B')} parameters ({plan.params.total:,}; "
                   f"{plan.params.non_embedding:,} {embedding}), {m.n_layers} layers, "
                   f"dim {m.dim}, vocab {m.vocab_size}"),
-        ("FLOPs", f"{_count(plan.flops_per_token)}FLOP per token (trainer.model.flops_per_token, the MFU "
+        ("FLOPs", f"{_count(plan.flops_per_token)}FLOP per token (trainer.models.flops_per_token, the MFU "
                   f"count); {_count(plan.flops_per_token * plan.tokens_per_step)}FLOP per optimizer step "
                   f"of {plan.tokens_per_step:,} tokens"),
         ("batch", f"data.batch_size {mem.batch_size} x seq_len {cfg.data.seq_len} = "

@@ -23,7 +23,7 @@ from trainer import distributed, fp8, health, metrics, optim, saved_activations
 from trainer.config import SYNTHETIC, TrainConfig
 from core.errors import UserError
 from trainer.guards import GuardSkip
-from trainer.model import IGNORE_INDEX, Transformer, flops_per_token, linear_cross_entropy
+from trainer.models import IGNORE_INDEX, Transformer, flops_per_token, linear_cross_entropy
 from trainer.plan import ParamCount
 
 

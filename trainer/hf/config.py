@@ -56,7 +56,7 @@ def to_hf(m: ModelConfig, torch_dtype: str = "bfloat16") -> dict:
         "vocab_size": m.vocab_size,
         "rms_norm_eps": m.norm_eps,
         "rope_theta": m.rope_theta,
-        "rope_scaling": None if rs is None else {"rope_type": "llama3", **dataclasses.asdict(rs)},
+        "rope_scaling": None if rs is None else {"rope_type": rs.type, **rs.fields()},
         "max_position_embeddings": m.max_seq_len,
         "tie_word_embeddings": m.tie_embeddings,
         "hidden_act": "silu",
@@ -205,7 +205,8 @@ def _check_same(cfg: TrainConfig, given: dict[str, str], fields: dict[str, Any],
         if key not in CHECKED:
             continue
         ours = getattr(cfg.model, key)
-        ours = dataclasses.asdict(ours) if dataclasses.is_dataclass(ours) else ours
+        ours = ours.fields() if hasattr(ours, "fields") else dataclasses.asdict(ours) if dataclasses.is_dataclass(ours) \
+            else ours
         if not _same(ours, fields[key]):
             differences.append(f"model.{key} {_show(ours)} ({where}) vs {HF_KEYS[key]} {_show(fields[key])}")
     if differences:

@@ -38,7 +38,7 @@ def check_before_launch(cfg) -> dict | None:
     directory = cfg.checkpoint.init_from
     if not directory:
         return None
-    from trainer.model import Transformer
+    from trainer.models import Transformer
 
     with torch.device("meta"):
         shapes = parameter_shapes(Transformer(cfg.model))

@@ -1,11 +1,11 @@
-"""Llama 3 in plain PyTorch, readable in one sitting.
+"""The blocks every model family is built from, in plain PyTorch: RMSNorm, RoPE (Llama 3.1's and
+YaRN's scaling), the SwiGLU MLP, the decoder layer with its activation checkpointing, the LM head.
 
-Module and parameter names are those of transformers' LlamaForCausalLM, so the
-state_dict exports to Hugging Face without renaming, and RoPE uses HF's
-rotate-half layout. The pieces a fused kernel may replace are separate and
-named, and kernels/patch.py relies on exactly these names: RMSNorm modules,
-`Attention.rotary_fn`, `MLP.act_fn`, and `Transformer.loss_fn` (LM head +
-cross-entropy, sum reduction).
+Module and parameter names are those of transformers' models, so the state_dict exports to Hugging
+Face without renaming, and RoPE uses HF's rotate-half layout. The pieces a fused kernel may replace
+are separate and named, and kernels/patch.py relies on exactly these names: RMSNorm modules,
+`rotary_fn` (attention), `act_fn` (MLP), and `Transformer.loss_fn` (LM head + cross-entropy, sum
+reduction). docs/trainer-hooks.md lists them.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.config import ModelConfig
+from trainer.config import ModelConfig, RopeScaling
 
 IGNORE_INDEX = -100
 
@@ -40,13 +40,15 @@ class RMSNorm(nn.Module):
 # --------------------------------------------------------------------------- RoPE
 
 def rope_inv_freq(cfg: ModelConfig, device=None) -> torch.Tensor:
-    """Inverse frequencies, with Llama 3.1 scaling when cfg.rope_scaling is set (as HF computes)."""
+    """Inverse frequencies, with Llama 3.1's or YaRN's scaling when cfg.rope_scaling is set (as HF computes)."""
     dim = cfg.head_dim
     inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64,
                                                       device=device).float() / dim))
     rs = cfg.rope_scaling
     if rs is None:
         return inv_freq
+    if rs.type == "yarn":
+        return _yarn_inv_freq(inv_freq, dim, cfg.rope_theta, rs)
     # Long wavelengths are divided by `factor`, short ones kept, the band between interpolated.
     low_freq_wavelen = rs.original_max_position_embeddings / rs.low_freq_factor
     high_freq_wavelen = rs.original_max_position_embeddings / rs.high_freq_factor
@@ -57,6 +59,34 @@ def rope_inv_freq(cfg: ModelConfig, device=None) -> torch.Tensor:
     smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled
     is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
     return torch.where(is_medium, smoothed, scaled)
+
+
+def _yarn_inv_freq(extrapolated: torch.Tensor, dim: int, base: float, rs: RopeScaling) -> torch.Tensor:
+    """YaRN: dimensions that turn more than beta_fast times over the original context keep their
+    frequency, those under beta_slow are interpolated (divided by factor), a linear ramp between."""
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(rs.original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(correction_dim(rs.beta_fast)), 0)
+    high = min(math.ceil(correction_dim(rs.beta_slow)), dim - 1)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32, device=extrapolated.device) - low)
+            / ((high - low) or 0.001)).clamp(0, 1)
+    keep = 1 - ramp
+    return extrapolated / rs.factor * (1 - keep) + extrapolated * keep
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def rope_attention_factor(cfg: ModelConfig) -> float:
+    """What YaRN multiplies cos and sin by (1 without YaRN): DeepSeek's mscale over mscale_all_dim."""
+    rs = cfg.rope_scaling
+    if rs is None or rs.type != "yarn":
+        return 1.0
+    if rs.mscale and rs.mscale_all_dim:
+        return yarn_mscale(rs.factor, rs.mscale) / yarn_mscale(rs.factor, rs.mscale_all_dim)
+    return yarn_mscale(rs.factor)
 
 
 class RotaryEmbedding(nn.Module):
@@ -82,7 +112,8 @@ class RotaryEmbedding(nn.Module):
         t = torch.arange(seq_len, device=self.inv_freq.device, dtype=torch.float32)
         freqs = torch.outer(t, self.inv_freq.float())
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos(), emb.sin()
+        scale = rope_attention_factor(self.cfg)
+        cos, sin = emb.cos() * scale, emb.sin() * scale
         if not (self.inv_freq.is_meta or torch.compiler.is_compiling() or torch.is_inference_mode_enabled()):
             self._cache = (seq_len, self.inv_freq, cos, sin)
         return cos, sin
@@ -102,29 +133,6 @@ def apply_rotary_emb(q, k, cos, sin):
 
 # --------------------------------------------------------------------------- blocks
 
-class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
-        self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
-        self.rotary_fn = apply_rotary_emb  # kernel hook
-
-    def forward(self, x, cos, sin):
-        B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
-        q, k = self.rotary_fn(q, k, cos, sin)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        # Flash / memory-efficient kernels on GPU; GQA without materialising repeated K/V.
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                           enable_gqa=self.n_kv_heads != self.n_heads)
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
-
-
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
@@ -132,11 +140,11 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x)); gate/up/down are Meta's w1/w3/w2."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, dim: int, hidden_dim: int):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
-        self.up_proj = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
-        self.down_proj = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
+        self.gate_proj = nn.Linear(dim, hidden_dim, bias=False)
+        self.up_proj = nn.Linear(dim, hidden_dim, bias=False)
+        self.down_proj = nn.Linear(hidden_dim, dim, bias=False)
         self.act_fn = silu_mul  # kernel hook
         self.stashes = False    # act_fn keeps gate and up for backward in compact form (kernels.patch)
 
@@ -154,6 +162,11 @@ class MLP(nn.Module):
 
     def _down(self, gate, up):
         return self.down_proj(self.act_fn(gate, up))
+
+    def init_weights(self, std: float, depth_std: float) -> None:
+        nn.init.normal_(self.gate_proj.weight, std=std)
+        nn.init.normal_(self.up_proj.weight, std=std)
+        nn.init.normal_(self.down_proj.weight, std=depth_std)
 
 
 def _selective_policy(recomputed: frozenset, counts: dict, ctx, op, *args, **kwargs):
@@ -184,7 +197,8 @@ _SAVE_OPS = _MATMUL_OPS | {
     torch.ops.aten._scaled_dot_product_flash_attention.default,
     torch.ops.aten._scaled_dot_product_efficient_attention.default,
     torch.ops.aten._scaled_dot_product_cudnn_attention.default,
-}
+} | ({torch.ops.aten._grouped_mm.default} if hasattr(torch.ops.aten, "_grouped_mm") else set())   # the experts'
+
 
 def _stashes(op) -> bool:
     """A kernel op that returns saved activations in compact form (kernels.swiglu's stash: gate and up
@@ -194,58 +208,59 @@ def _stashes(op) -> bool:
     return getattr(op, "namespace", None) == "anvil" and getattr(op, "_opname", "").endswith("_stash_fwd")
 
 
-# A decoder layer's matmuls in forward order: 1 q, 2 k, 3 v, 4 o, 5 gate, 6 up, 7 down. What each
+# A Llama decoder layer's matmuls in forward order: 1 q, 2 k, 3 v, 4 o, 5 gate, 6 up, 7 down. What each
 # selective mode recomputes in backward rather than keeps. down's output (7) only feeds the residual
 # add, whose backward needs nothing: keeping it is memory for nothing, and the recompute stops
 # (checkpoint's early stop) once down's input is rebuilt, so it costs no matmul either.
 # selective_lean also recomputes every second matmul (k, o, up: torchtitan's "op" policy), for
 # about half the activation memory of `selective` at the price of those three matmuls again.
+# Layers of other shapes (latent attention, experts) keep every matmul's output under both modes.
 RECOMPUTED_MATMULS = {"selective": frozenset({7}), "selective_lean": frozenset({2, 4, 6, 7})}
+KEEP_EVERY_MATMUL = {"selective": frozenset(), "selective_lean": frozenset()}
 STASHED_MATMULS = frozenset({5, 6})   # gate, up: what an MLP that stashes them keeps instead (MLP.stashes)
 REBUILT_IN_MLP = frozenset({1})       # MLP's rebuild region holds one matmul, down: its output feeds no backward
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int):
+    """Pre-norm residual block: h = x + attention(norm(x)); out = h + mlp(norm(h)). The family picks the
+    attention (GQA, latent) and the MLP (dense, experts); `recomputed` is what each selective
+    checkpointing mode recomputes, by matmul position (RECOMPUTED_MATMULS for a Llama layer)."""
+
+    def __init__(self, cfg: ModelConfig, layer_id: int, attention: nn.Module, mlp: nn.Module,
+                 recomputed: dict = KEEP_EVERY_MATMUL):
         super().__init__()
         self.layer_id = layer_id
         self.input_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = attention
         self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = mlp
+        self.recomputed = recomputed
         self.activation_checkpoint = "none"  # none | selective | selective_lean | full; set by the trainer
+
+    def init_weights(self, std: float) -> None:
+        """Normal(0, std); the output projections (attention's and the MLP's) scaled by depth (torchtitan)."""
+        depth_std = std / math.sqrt(2 * (self.layer_id + 1))
+        self.self_attn.init_weights(std, depth_std)
+        self.mlp.init_weights(std, depth_std)
+        self.input_layernorm.reset_parameters()
+        self.post_attention_layernorm.reset_parameters()
 
     def _forward(self, x, cos, sin, rebuild: bool = False):
         h = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        return h + self.mlp(self.post_attention_layernorm(h), rebuild)
+        mlp_in = self.post_attention_layernorm(h)
+        return h + (self.mlp(mlp_in, rebuild) if isinstance(self.mlp, MLP) else self.mlp(mlp_in))
 
     def forward(self, x, cos, sin):
         if self.activation_checkpoint == "none" or not torch.is_grad_enabled():
             return self._forward(x, cos, sin, rebuild=True)
         from torch.utils.checkpoint import checkpoint
         kwargs = {}
-        if self.activation_checkpoint in RECOMPUTED_MATMULS:
-            recomputed = RECOMPUTED_MATMULS[self.activation_checkpoint]
-            if self.mlp.stashes:
+        if self.activation_checkpoint in self.recomputed:
+            recomputed = self.recomputed[self.activation_checkpoint]
+            if getattr(self.mlp, "stashes", False):
                 recomputed = recomputed | STASHED_MATMULS
             kwargs["context_fn"] = partial(_selective_context, recomputed)
         return checkpoint(self._forward, x, cos, sin, use_reentrant=False, **kwargs)
-
-
-class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.dim)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.n_layers))
-        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.rotary_emb = RotaryEmbedding(cfg)
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        h = self.embed_tokens(input_ids)
-        cos, sin = self.rotary_emb(input_ids.shape[1])
-        for layer in self.layers:
-            h = layer(h, cos, sin)
-        return self.norm(h)
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
@@ -270,62 +285,3 @@ class LMHead(nn.Linear):
             dtype = torch.get_autocast_dtype(h.device.type)
             h, weight = h.to(dtype), weight.to(dtype)
         return loss_fn(h.flatten(0, 1), weight, labels.flatten())
-
-
-class Transformer(nn.Module):
-    """LlamaForCausalLM-shaped: .model (embed_tokens, layers, norm) and .lm_head."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.model = LlamaModel(cfg)
-        self.lm_head = LMHead(cfg.dim, cfg.vocab_size, bias=False)
-        if cfg.tie_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-        self.loss_fn = linear_cross_entropy  # kernel hook: fused linear cross-entropy
-        self.init_weights()
-
-    @torch.no_grad()
-    def init_weights(self):
-        """Normal(0, init_std) everywhere; output projections scaled by depth (torchtitan)."""
-        std = self.cfg.init_std
-        nn.init.normal_(self.model.embed_tokens.weight, std=std)
-        for layer in self.model.layers:
-            depth_std = std / math.sqrt(2 * (layer.layer_id + 1))
-            attn, mlp = layer.self_attn, layer.mlp
-            for lin in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj):
-                nn.init.normal_(lin.weight, std=std)
-            for lin in (attn.o_proj, mlp.down_proj):
-                nn.init.normal_(lin.weight, std=depth_std)
-            layer.input_layernorm.reset_parameters()
-            layer.post_attention_layernorm.reset_parameters()
-        self.model.norm.reset_parameters()
-        self.model.rotary_emb.reset_parameters()
-        if not self.cfg.tie_embeddings:
-            nn.init.normal_(self.lm_head.weight, std=std)
-
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        """labels None -> logits [B, T, V]; else the SUM of token losses (the loop divides)."""
-        return self.lm_head(self.model(input_ids), labels, self.loss_fn)
-
-    def num_params(self, exclude_embedding: bool = False) -> int:
-        n = sum(p.numel() for p in self.parameters())  # parameters() yields a tied weight once
-        if exclude_embedding and not self.cfg.tie_embeddings:
-            n -= self.model.embed_tokens.weight.numel()
-        return n
-
-
-def flops_per_token(cfg: ModelConfig, n_params: int, seq_len: int) -> int:
-    """torchtitan's count: 6 x non-embedding params + 12 x layers x heads x head_dim x seq.
-
-    A tied embedding counts once, as the LM head; an untied lookup table is free.
-    `n_params` comes from Transformer.num_params(exclude_embedding=True).
-    """
-    return 6 * n_params + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq_len
-
-
-def hf_config(cfg: ModelConfig, torch_dtype: str = "bfloat16") -> dict:
-    """config.json for transformers' LlamaForCausalLM with this shape (trainer.hf.config.to_hf,
-    the one mapping; --init-from reads it back with from_hf)."""
-    from trainer.hf.config import to_hf
-    return to_hf(cfg, torch_dtype)

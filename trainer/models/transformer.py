@@ -1,0 +1,101 @@
+"""The causal language model every family shares: token embedding, the family's decoder layers, a
+final norm, the LM head. Names as transformers' *ForCausalLM: .model (embed_tokens, layers, norm)
+and .lm_head.
+
+    model = Transformer(cfg.model)           # the layers of model.family (trainer/models/__init__.py)
+    loss_sum = model(input_ids, labels)      # the SUM of token losses (the loop divides)
+    logits = model(input_ids)
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from trainer.config import ModelConfig
+from trainer.models import deepseek, llama, qwen3_moe
+from trainer.models.blocks import LMHead, RMSNorm, RotaryEmbedding, linear_cross_entropy
+
+#: model.family -> the module whose layer(cfg, layer_id) builds a decoder layer.
+FAMILIES = {"llama": llama, "deepseek_v2": deepseek, "deepseek_v3": deepseek, "qwen3_moe": qwen3_moe}
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(FAMILIES[cfg.family].layer(cfg, i) for i in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.rotary_emb = RotaryEmbedding(cfg)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed_tokens(input_ids)
+        cos, sin = self.rotary_emb(input_ids.shape[1])
+        for layer in self.layers:
+            h = layer(h, cos, sin)
+        return self.norm(h)
+
+
+class Transformer(nn.Module):
+    """*ForCausalLM-shaped: .model (embed_tokens, layers, norm) and .lm_head."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.model = DecoderModel(cfg)
+        self.lm_head = LMHead(cfg.dim, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.loss_fn = linear_cross_entropy  # kernel hook: fused linear cross-entropy
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self):
+        """Normal(0, init_std) everywhere; output projections scaled by depth (torchtitan)."""
+        std = self.cfg.init_std
+        nn.init.normal_(self.model.embed_tokens.weight, std=std)
+        for layer in self.model.layers:
+            layer.init_weights(std)
+        self.model.norm.reset_parameters()
+        self.model.rotary_emb.reset_parameters()
+        if not self.cfg.tie_embeddings:
+            nn.init.normal_(self.lm_head.weight, std=std)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """labels None -> logits [B, T, V]; else the SUM of token losses (the loop divides)."""
+        return self.lm_head(self.model(input_ids), labels, self.loss_fn)
+
+    def num_params(self, exclude_embedding: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())  # parameters() yields a tied weight once
+        if exclude_embedding and not self.cfg.tie_embeddings:
+            n -= self.model.embed_tokens.weight.numel()
+        return n
+
+
+def inactive_expert_params(cfg: ModelConfig) -> int:
+    """Parameters of the routed experts a token does not go through: (E - top_k) experts a MoE layer."""
+    if cfg.moe is None:
+        return 0
+    moe_layers = sum(cfg.moe_layer(i) for i in range(cfg.n_layers))
+    return moe_layers * (cfg.moe.n_routed_experts - cfg.moe.top_k) * 3 * cfg.dim * cfg.moe.ffn_dim
+
+
+def flops_per_token(cfg: ModelConfig, n_params: int, seq_len: int) -> int:
+    """torchtitan's count: 6 x the non-embedding parameters a token goes through (a MoE layer's top_k
+    routed experts, not all of them) + 6 x layers x heads x (query/key + value head dims) x seq
+    (12 x layers x heads x head_dim x seq for Llama).
+
+    A tied embedding counts once, as the LM head; an untied lookup table is free.
+    `n_params` comes from Transformer.num_params(exclude_embedding=True), every expert counted.
+    """
+    if cfg.mla is not None:
+        qk, v = cfg.mla.qk_nope_head_dim + cfg.mla.qk_rope_head_dim, cfg.mla.v_head_dim
+    else:
+        qk = v = cfg.head_dim
+    return 6 * (n_params - inactive_expert_params(cfg)) + 6 * cfg.n_layers * cfg.n_heads * (qk + v) * seq_len
+
+
+def hf_config(cfg: ModelConfig, torch_dtype: str = "bfloat16") -> dict:
+    """config.json for transformers' *ForCausalLM of this family and shape (trainer.hf.config.to_hf,
+    the one mapping; --init-from reads it back with from_hf)."""
+    from trainer.hf.config import to_hf
+    return to_hf(cfg, torch_dtype)
