@@ -5,7 +5,7 @@
     signals.py    stop signals, exit statuses after them, the ranks' agreed stop
     secrets.py    masking of secrets in logs, records and snapshots
     safe_yaml.py  YAML read without object construction, duplicate keys refused
-    names.py      every name the processes share: the ANVIL_* variables, the run directory's files
+    names.py      every name the processes share: the environment variables, the run directory's files
     runfiles.py   the one reader and writer of the run files several programs share (metrics, summary)
     host.py       this host's identity: the name the launcher reached it by
     vendor.py     the GPU vendor (amd | nvidia | cpu) and its compute platform (rocm | cuda)
