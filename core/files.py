@@ -8,6 +8,7 @@ would give (umask, default_mode, share): runs and datasets are read by the whole
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import tempfile
@@ -123,18 +124,32 @@ def sha256_file(path: str | Path, block: int = 1 << 22) -> str:
 
 
 SEAL = "record_sha256"   # the key of a record's own checksum (see seal)
+KEYED_SEAL = "record_hmac"   # the key of its HMAC with its writer's key (see seal): who wrote it
 
 
 def _digest(record: dict) -> str:
     body = {k: v for k, v in record.items() if k != SEAL}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
+    return hashlib.sha256(_canonical(body)).hexdigest()
 
 
-def seal(record: dict) -> dict:
+def _canonical(body: dict) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), default=str).encode()
+
+
+def _hmac(record: dict, key: bytes) -> str:
+    body = unsealed(record)
+    return hmac.new(key, b"anvil-record\n" + _canonical(body), hashlib.sha256).hexdigest()
+
+
+def seal(record: dict, key: bytes | None = None) -> dict:
     """The record with a checksum of its own content under SEAL, for a file a later command trusts
     (a dataset's manifest, a run's record): a byte flipped or a value edited is then noticed on
-    reading (seal_problem) instead of being believed."""
-    body = json.loads(json.dumps({k: v for k, v in record.items() if k != SEAL}, default=str))
+    reading (seal_problem) instead of being believed. Anyone can recompute that checksum; with a
+    `key`, an HMAC of the content under KEYED_SEAL also says who wrote it (keyed_by). SEAL covers
+    KEYED_SEAL too, so a reader that knows only the checksum reads a keyed record as before."""
+    body = json.loads(json.dumps(unsealed(record), default=str))
+    if key:
+        body[KEYED_SEAL] = _hmac(body, key)
     return {**body, SEAL: _digest(body)}
 
 
@@ -146,6 +161,19 @@ def seal_problem(record: Any) -> str:
     if record[SEAL] != _digest(record):
         return "does not match its own checksum (edited or damaged since it was written)"
     return ""
+
+
+def keyed_by(record: Any, key: bytes | None) -> bool | None:
+    """Whether the record's KEYED_SEAL was made with `key`; None when it has none (sealed without a
+    key, or not at all)."""
+    if not isinstance(record, dict) or not isinstance(record.get(KEYED_SEAL), str):
+        return None
+    return bool(key) and hmac.compare_digest(record[KEYED_SEAL], _hmac(record, key))
+
+
+def unsealed(record: dict) -> dict:
+    """The record without its seals: what its writer wrote."""
+    return {k: v for k, v in record.items() if k not in (SEAL, KEYED_SEAL)}
 
 
 def to_json(obj: Any) -> str:
