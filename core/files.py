@@ -102,6 +102,23 @@ def make_parent(path: str | Path, error: type[Exception], given: str | Path | No
                     f"{exc.filename or path.parent} ({exc.strerror or exc})") from None
 
 
+def leaves_folder(name: Any) -> str:
+    """Why a file name that a manifest lists (a dataset's shards, a checkpoint's files) would point
+    outside the folder holding the manifest ("" when it stays inside): not a string, empty, absolute,
+    a '..' part, a NUL byte. Read from the name alone: a checkpoint or dataset from elsewhere names
+    only its own files."""
+    if not isinstance(name, str) or not name:
+        return "is not a file name"
+    if "\x00" in name:
+        return "holds a NUL byte"
+    path = Path(name)
+    if path.is_absolute() or name.startswith("~"):
+        return "is an absolute path, outside the folder"
+    if ".." in path.parts or "\\" in name:
+        return "leads outside the folder"
+    return ""
+
+
 def text_of(data: bytes) -> tuple[str | None, str]:
     """(the text, "") for UTF-8 bytes; (None, where it stops being text) for binary data."""
     nul = data.find(b"\x00")
