@@ -155,11 +155,14 @@ def replay(c, run, force=False, dry_run=False, trust_run=False):
         print(f"note: {note}")
     if dry_run:
         print(("trusted: " if plan.trusted else "untrusted: ") + plan.trust)
+        kept = [item for item in plan.items if item.kept]
+        mixed = 0 < len(kept) < len(plan.items)    # your own run: its variables, not the files it names
         if plan.items:
             print(f"the run directory names {len(plan.items)} thing(s) that can run code ("
-                  + (f"replayed: {plan.trust}" if plan.trusted else "left out without --trust-run") + "):")
+                  + (f"{len(kept)} replayed: {plan.trust}; the rest left out without --trust-run" if mixed
+                     else f"replayed: {plan.trust}" if kept else "left out without --trust-run") + "):")
             for item in plan.items:
-                print(f"  {item.line()}")
+                print(f"  {item.line()}" + ((" [replayed]" if item.kept else " [left out]") if mixed else ""))
         else:   # says what was looked at: a replay checks these, not every way code could come in
             print("the run directory names nothing that can run code among what a replay checks: variables "
                   "that load code (env.json, --env, --set env.*, the configs' env: blocks), --patch, -c/-r, "

@@ -163,6 +163,27 @@ def test_a_run_sealed_with_your_key_is_yours_and_replays_its_variables(own_run, 
     assert marker.exists()
 
 
+def test_your_key_vouches_for_the_records_not_for_files_they_name(tmp_path):
+    """A --patch file of your own run may have changed since: it still needs --trust-run."""
+    project = make_project(tmp_path / "p")
+    marker = tmp_path / "patch-ran"
+    patch = tmp_path / "patch.py"
+    patch.write_text(f"def hook(ctx):\n    open({str(marker)!r}, 'w').write('ran')\n")
+    mine = _sitecustomize(tmp_path / "mine", tmp_path / "pythonpath-ran")
+    made = inv_project(["demo.hello", "--env", f"PYTHONPATH={mine}", "--patch", str(patch)], project)
+    assert made.returncode == 0 and marker.exists(), explain(made)
+    marker.unlink()
+    (run_dir,) = runs_project(project)
+    dry = inv_project(["snapshot.replay", str(run_dir), "--dry-run"], project)
+    assert ("the run directory names 3 thing(s) that can run code (2 replayed: sealed with your run key: made by "
+            "you; the rest left out without --trust-run)") in dry.stdout, explain(dry)
+    assert any(line.startswith(f"--patch {patch}") and line.endswith("[left out]") for line in _listed(dry))
+    assert any(line.startswith(f"env PYTHONPATH={mine}") and line.endswith("[replayed]") for line in _listed(dry))
+    replayed = inv_project(["snapshot.replay", str(run_dir)], project)
+    assert replayed.returncode == 0, explain(replayed)
+    assert not marker.exists() and (tmp_path / "pythonpath-ran").exists()
+
+
 @pytest.mark.parametrize("how, said", [
     ("unkeyed", "metadata.json sealed without a key (made elsewhere, or before runs were keyed)"),
     ("other key", "metadata.json sealed with another key"),

@@ -357,9 +357,11 @@ def plan(path: str | Path, runs_dir: Path | None = None, trusted: bool = False,
             notes.append(item.note())
             env.pop(item.variable)
     config_items, config_notes = _config_env(recorded, argv, keep)
-    return ReplayPlan(recorded, argv, env, cwd, notes + more_notes + config_notes,
-                      items + more_items + env_items + config_items, trusted or by_key, trusted,
-                      "--trust-run" if trusted else why)
+    items = items + more_items + env_items + config_items
+    for item in items:
+        item.kept = keep(item)
+    return ReplayPlan(recorded, argv, env, cwd, notes + more_notes + config_notes, items, trusted or by_key,
+                      trusted, "--trust-run" if trusted else why)
 
 
 def _config_env(recorded: history.Recorded, argv: list[str], keep) -> tuple[list[trust.Item], list[str]]:

@@ -77,7 +77,8 @@ _EXACT = {
     "GCONV_PATH": "character-set modules glibc loads",
     "OPENSSL_CONF": "OpenSSL's settings, which load engines and providers",
     "OPENSSL_ENGINES": "engines OpenSSL loads", "OPENSSL_MODULES": "providers OpenSSL loads",
-    "PERL5LIB": "where Perl finds code", "PERLLIB": "where Perl finds code", "PERL5OPT": "Perl's options (-M loads code)",
+    "PERL5LIB": "where Perl finds code", "PERLLIB": "where Perl finds code",
+    "PERL5OPT": "Perl's options (-M loads code)",
     "RUBYLIB": "where Ruby finds code", "RUBYOPT": "Ruby's options (-r loads code)",
     "NODE_OPTIONS": "Node's options (--require loads code)", "NODE_PATH": "where Node finds code",
     "NCCL_NET_PLUGIN": "a network plugin NCCL loads", "NCCL_TUNER_PLUGIN": "a tuner plugin NCCL loads",
@@ -124,6 +125,7 @@ class Item:
     allows: str         # what --trust-run would do with it
     variable: str = ""  # the variable's name, for an item of the environment
     where: str = ""     # where the run names it: "env.json", "--env", "configs/train.yaml (env:)"
+    kept: bool = False  # the replay passes it on (a trusted run)
 
     def line(self) -> str:
         return f"{self.what}{self.origin()}: {self.why}; --trust-run {self.allows}"
