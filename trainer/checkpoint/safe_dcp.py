@@ -34,6 +34,7 @@ METADATA_GLOBALS = frozenset(
     | {("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
        ("torch", "Size"),
        ("torch.serialization", "_get_layout"),   # a layout by its name ("torch.strided"): a dict lookup
+       ("collections", "OrderedDict"),           # (not in torch 2.13's: a plain container, should another have it)
        # StorageMeta.checkpoint_id, the folder it was saved to (pathlib._local: Python 3.13's module)
        *((module, cls) for module in ("pathlib", "pathlib._local")
          for cls in ("PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath"))}
