@@ -8,6 +8,7 @@ would give (umask, default_mode, share): runs and datasets are read by the whole
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import tempfile
@@ -101,6 +102,23 @@ def make_parent(path: str | Path, error: type[Exception], given: str | Path | No
                     f"{exc.filename or path.parent} ({exc.strerror or exc})") from None
 
 
+def leaves_folder(name: Any) -> str:
+    """Why a file name that a manifest lists (a dataset's shards, a checkpoint's files) would point
+    outside the folder holding the manifest ("" when it stays inside): not a string, empty, absolute,
+    a '..' part, a NUL byte. Read from the name alone: a checkpoint or dataset from elsewhere names
+    only its own files."""
+    if not isinstance(name, str) or not name:
+        return "is not a file name"
+    if "\x00" in name:
+        return "holds a NUL byte"
+    path = Path(name)
+    if path.is_absolute() or name.startswith("~"):
+        return "is an absolute path, outside the folder"
+    if ".." in path.parts or "\\" in name:
+        return "leads outside the folder"
+    return ""
+
+
 def text_of(data: bytes) -> tuple[str | None, str]:
     """(the text, "") for UTF-8 bytes; (None, where it stops being text) for binary data."""
     nul = data.find(b"\x00")
@@ -123,18 +141,32 @@ def sha256_file(path: str | Path, block: int = 1 << 22) -> str:
 
 
 SEAL = "record_sha256"   # the key of a record's own checksum (see seal)
+KEYED_SEAL = "record_hmac"   # the key of its HMAC with its writer's key (see seal): who wrote it
 
 
 def _digest(record: dict) -> str:
     body = {k: v for k, v in record.items() if k != SEAL}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
+    return hashlib.sha256(_canonical(body)).hexdigest()
 
 
-def seal(record: dict) -> dict:
+def _canonical(body: dict) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), default=str).encode()
+
+
+def _hmac(record: dict, key: bytes) -> str:
+    body = unsealed(record)
+    return hmac.new(key, b"anvil-record\n" + _canonical(body), hashlib.sha256).hexdigest()
+
+
+def seal(record: dict, key: bytes | None = None) -> dict:
     """The record with a checksum of its own content under SEAL, for a file a later command trusts
     (a dataset's manifest, a run's record): a byte flipped or a value edited is then noticed on
-    reading (seal_problem) instead of being believed."""
-    body = json.loads(json.dumps({k: v for k, v in record.items() if k != SEAL}, default=str))
+    reading (seal_problem) instead of being believed. Anyone can recompute that checksum; with a
+    `key`, an HMAC of the content under KEYED_SEAL also says who wrote it (keyed_by). SEAL covers
+    KEYED_SEAL too, so a reader that knows only the checksum reads a keyed record as before."""
+    body = json.loads(json.dumps(unsealed(record), default=str))
+    if key:
+        body[KEYED_SEAL] = _hmac(body, key)
     return {**body, SEAL: _digest(body)}
 
 
@@ -146,6 +178,19 @@ def seal_problem(record: Any) -> str:
     if record[SEAL] != _digest(record):
         return "does not match its own checksum (edited or damaged since it was written)"
     return ""
+
+
+def keyed_by(record: Any, key: bytes | None) -> bool | None:
+    """Whether the record's KEYED_SEAL was made with `key`; None when it has none (sealed without a
+    key, or not at all)."""
+    if not isinstance(record, dict) or not isinstance(record.get(KEYED_SEAL), str):
+        return None
+    return bool(key) and hmac.compare_digest(record[KEYED_SEAL], _hmac(record, key))
+
+
+def unsealed(record: dict) -> dict:
+    """The record without its seals: what its writer wrote."""
+    return {k: v for k, v in record.items() if k not in (SEAL, KEYED_SEAL)}
 
 
 def to_json(obj: Any) -> str:

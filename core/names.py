@@ -53,6 +53,8 @@ GPU_ARCH = _variable("ANVIL_GPU_ARCH", "the GPU's architecture (gfx942, sm_90), 
                      "caches key on it")
 CACHE_DIR = _variable("ANVIL_CACHE_DIR", "Anvil's cache (TunableOp results, compiled kernels); default "
                       "$XDG_CACHE_HOME/anvil")
+RUN_KEY = _variable("ANVIL_RUN_KEY", "the file of your run key, which seals your runs as yours (default "
+                    "$XDG_CONFIG_HOME/anvil/run-key)")
 TASKS_PATH = _variable("ANVIL_TASKS_PATH", "more folders of task collections (a site's own tasks), "
                        "os.pathsep-separated")
 LOG_RANK = _variable("ANVIL_LOG_RANK", "which rank's log lines reach the console (a number, or all)")
@@ -83,7 +85,8 @@ LAUNCHER_PID = _variable("ANVIL_LAUNCHER_PID", "the process that started the nod
                          "ranks when it dies", "anvil")
 PROGRESS_TTY = _variable("ANVIL_PROGRESS_TTY", "1: the launching terminal shows live progress lines", "anvil")
 REPLAY_OF = _variable("ANVIL_REPLAY_OF", "the run a replay re-runs", "anvil")
-REPLAY_TRUSTED = _variable("ANVIL_REPLAY_TRUSTED", "1: the replay was given --trust-run", "anvil")
+REPLAY_TRUSTED = _variable("ANVIL_REPLAY_TRUSTED", "1: the replay was given --trust-run; key: the run is "
+                           "sealed with the user's run key", "anvil")
 #: The replay's own variables: never taken from a run directory.
 REPLAY_PREFIX = "ANVIL_REPLAY_"
 TASK = _variable("ANVIL_TASK", "hooks: the task they run around (train.pretrain)", "anvil")

@@ -22,7 +22,9 @@ from envs.machine import Machine
 from envs.profiles import sites, tunableop
 from envs.spec import Computed, Profile
 
-LAYERS = ("base", "vendor", "model", "site", "tuning", "config", "cli")
+#: The layers a task's own input sets (the config's env: block, --env), after this checkout's profiles.
+INPUT_LAYERS = ("config", "cli")
+LAYERS = ("base", "vendor", "model", "site", "tuning") + INPUT_LAYERS
 
 
 class Change(NamedTuple):

@@ -136,7 +136,8 @@ def _wrap(text, width: int = 40) -> str:
                                    "dry-run": "Show the plan and the command, and what the run names that could "
                                               "run code; run nothing",
                                    "trust-run": "Also replay what the run directory names that can run code (a "
-                                                "--patch file, PYTHONPATH, LD_PRELOAD, ...: see --dry-run)"})
+                                                "--patch file, PYTHONPATH, LD_PRELOAD, ...: see --dry-run) "
+                                                "when it is not sealed with your own run key"})
 def replay(c, run, force=False, dry_run=False, trust_run=False):
     """Run a recorded task again with its recorded config and environment, into a new run."""
     from tabulate import tabulate
@@ -153,13 +154,19 @@ def replay(c, run, force=False, dry_run=False, trust_run=False):
     for note in plan.dropped:
         print(f"note: {note}")
     if dry_run:
+        print(("trusted: " if plan.trusted else "untrusted: ") + plan.trust)
+        kept = [item for item in plan.items if item.kept]
+        mixed = 0 < len(kept) < len(plan.items)    # your own run: its variables, not the files it names
         if plan.items:
             print(f"the run directory names {len(plan.items)} thing(s) that can run code ("
-                  + ("replayed: --trust-run" if trust_run else "left out without --trust-run") + "):")
+                  + (f"{len(kept)} replayed: {plan.trust}; the rest left out without --trust-run" if mixed
+                     else f"replayed: {plan.trust}" if kept else "left out without --trust-run") + "):")
             for item in plan.items:
-                print(f"  {item.line()}")
-        else:
-            print("the run directory names nothing that can run code beyond this checkout's tasks and hooks")
+                print(f"  {item.line()}" + ((" [replayed]" if item.kept else " [left out]") if mixed else ""))
+        else:   # says what was looked at: a replay checks these, not every way code could come in
+            print("the run directory names nothing that can run code among what a replay checks: variables "
+                  "that load code (env.json, --env, --set env.*, the configs' env: blocks), --patch, -c/-r, "
+                  "-f settings files and the working directory")
     blocking = [d.item for d in differences if d.blocking]
     refused = blocking and not force
     print(("would replay: inv " if dry_run or refused else "replaying: inv ") + " ".join(plan.argv))

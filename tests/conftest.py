@@ -59,6 +59,27 @@ def own_slurm(tmp_path_factory):
         os.environ.update(saved)
 
 
+# ---- no test reads or makes the user's own run key -------------------------------------------
+
+@pytest.fixture(scope="session", autouse=True)
+def own_run_key(tmp_path_factory):
+    """Runs are sealed with a key of the user's (runtime.runs.trust.run_key: anvil/run-key under
+    $XDG_CONFIG_HOME, made on first use): the suite's runs get a config folder of their own, never the
+    real one. Through XDG_CONFIG_HOME, which the helpers that clear ANVIL_* for a child keep, so the
+    suite and the inv it starts seal with the same key; a KEY_ENV of the shell would win over it."""
+    from runtime.runs.trust import KEY_ENV
+    saved = {name: os.environ.pop(name, None) for name in (KEY_ENV, "XDG_CONFIG_HOME")}
+    os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("config"))
+    try:
+        yield Path(os.environ["XDG_CONFIG_HOME"]) / "anvil" / "run-key"
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 # ---- the installed program ----------------------------------------------------------------
 
 @pytest.fixture(scope="session")

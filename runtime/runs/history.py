@@ -11,7 +11,7 @@ from typing import Any
 
 from core import names
 from runtime.runs import rundir
-from core.files import SEAL, seal_problem
+from core.files import seal_problem, unsealed
 
 
 @dataclass
@@ -26,6 +26,7 @@ class Recorded:
     summary: dict = field(default_factory=dict)  # a training run's summary.json ({}: none)
     summary_problem: str = ""                     # why summary.json / result.json could not be read
     benchmark: dict = field(default_factory=dict)  # a benchmark's results: gemm, collectives, kernels, measurements
+    seals: dict = field(default_factory=dict)      # who sealed the records a replay restores: {file: trust.sealed_by}
 
     @property
     def gpu(self) -> dict:
@@ -60,11 +61,11 @@ def _parse_config(path: Path) -> Any:
     return text
 
 
-def _object(path: Path) -> dict:
+def _object(path: Path, seals: dict | None = None) -> dict:
     """A run file that holds a JSON object ({} when absent); RunDirError when it is damaged (its seal,
-    when it has one, does not match: rundir.read_record)."""
+    when it has one, does not match: rundir.read_record). Who sealed it goes into `seals`."""
     try:
-        data = rundir.read_record(path, {})
+        data, sealed = rundir.read_sealed(path, {})
     except rundir.RunDirError as exc:  # not valid JSON, not UTF-8, edited since it was sealed
         text = str(exc)
         raise rundir.RunDirError(text if text.endswith("damaged") else f"{text}; the run directory is damaged") \
@@ -76,6 +77,8 @@ def _object(path: Path) -> dict:
     if not isinstance(data, dict):
         raise rundir.RunDirError(f"{path}: expected a JSON object, got a {type(data).__name__}; "
                                  f"the run directory is damaged")
+    if seals is not None:
+        seals[path.name] = sealed
     return data
 
 
@@ -98,10 +101,11 @@ def load(path: str | Path, runs_dir: Path | None = None) -> Recorded:
         for item in sorted(config_dir.iterdir()):
             if item.is_file():
                 configs[item.name] = _parse_config(item)
-    metadata = _object(run_dir / rundir.METADATA)
+    seals: dict = {}   # the records a replay restores (its command line, its environment)
+    metadata = _object(run_dir / rundir.METADATA, seals)
     if not metadata:
         raise rundir.RunDirError(f"{run_dir}: {rundir.METADATA} is empty; the run directory is damaged")
-    env = _object(run_dir / names.ENV_RECORD)
+    env = _object(run_dir / names.ENV_RECORD, seals)
     variables = env.get("vars") or {}
     if not isinstance(variables, dict):
         raise rundir.RunDirError(f"{run_dir / 'env.json'}: 'vars' is not a JSON object; the run "
@@ -110,7 +114,7 @@ def load(path: str | Path, runs_dir: Path | None = None) -> Recorded:
     benchmark, bench_problem = benchmark_results(run_dir) if not summary else ({}, "")
     return Recorded(run_dir, metadata, variables, _object(run_dir / names.MACHINE),
                     _object(run_dir / names.VERSIONS), configs, _object(run_dir / names.GIT),
-                    summary, problem or bench_problem, benchmark)
+                    summary, problem or bench_problem, benchmark, seals)
 
 
 # ---------------------------------------------------------------- a training run's results
@@ -304,7 +308,7 @@ def _read_metadata(path: Path) -> tuple[dict | None, str]:
     problem = seal_problem(data)
     if problem:
         return None, problem
-    return {k: v for k, v in data.items() if k != SEAL}, ""
+    return unsealed(data), ""
 
 
 def _text(value: Any) -> str:

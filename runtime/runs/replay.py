@@ -18,9 +18,12 @@ task's own resolution (source "replay:<run>") and links the new run to the old.
 
 A run directory is data (runtime.runs.trust): what it names that could run code
 (a --patch file, -c/-r/-f naming where tasks and hooks come from, LD_PRELOAD,
-PYTHONPATH and other loader and interpreter variables, a working directory
-outside this checkout) is left out with a note unless the plan is trusted
-(`snapshot.replay --trust-run`); plan.items lists each, for the dry run.
+PYTHONPATH and other loader and interpreter variables in its env.json, its
+command line's --env and --set env.NAME or its config's env: block, a working
+directory outside this checkout) is left out with a note unless the run is
+trusted: `snapshot.replay --trust-run`, or for the variables, a run sealed with
+the user's own run key; plan.items lists each, with where it came from, for
+the dry run.
 
 Incompatible (refused unless forced): another GPU vendor, model or count, or
 another torch major.minor. Other differences (driver, ROCm/CUDA, triton,
@@ -75,7 +78,9 @@ class ReplayPlan:
     cwd: Path
     dropped: list[str] = field(default_factory=list)   # notes on what was not replayed
     items: list[trust.Item] = field(default_factory=list)   # what the directory names that could run code
-    trusted: bool = False                                # --trust-run: the items are replayed
+    trusted: bool = False                                # the items are replayed: by --trust-run, or by key
+    explicit: bool = False                               # --trust-run
+    trust: str = ""                                      # why the run is trusted or not, in words
 
 
 def _major_minor(version: str | None) -> str | None:
@@ -104,11 +109,11 @@ def check_machine(recorded: history.Recorded, current_machine: dict | None = Non
     return out
 
 
-def _replay_argv(metadata: dict, run_dir: Path, trusted: bool = False,
+def _replay_argv(metadata: dict, run_dir: Path, keep=lambda item: False,
                  cwd: Path | None = None) -> tuple[list[str], list[str], list[trust.Item]]:
     """(argv, notes, items): the command line to replay, what was changed and why, and what it names
-    that could run code (left out unless trusted). Relative paths of -f are read from `cwd`, where
-    the run ran."""
+    that could run code (left out unless `keep(item)`). Relative paths of -f are read from `cwd`,
+    where the run ran."""
     recorded = metadata.get("argv") or []
     if not isinstance(recorded, list) or not all(isinstance(a, str) for a in recorded):
         raise ReplayError(f"{run_dir}: the recorded command line (metadata.json 'argv') is not a list "
@@ -146,11 +151,11 @@ def _replay_argv(metadata: dict, run_dir: Path, trusted: bool = False,
             notes.append(f"dropped {flag} {value} (the settings file is gone; this checkout's settings are used)")
             i += width
             continue
-        code = _runs_code(flag, value, i < core_end, cwd)
+        code = _runs_code(flag, value, i < core_end, cwd, run_dir)
         if code is not None:
             items.append(code)
-            if not trusted:
-                notes.append(f"left out {flag} {value} ({code.why}; --trust-run {code.allows})")
+            if not keep(code):
+                notes.append(code.note())
                 i += width
                 continue
             if flag in _SETTINGS_FLAGS and not has_value:   # kept: as an absolute path (the cwd may differ)
@@ -203,16 +208,28 @@ def _beside(value: str, cwd: Path | None) -> Path:
     return path if path.is_absolute() or cwd is None else cwd / path
 
 
-def _runs_code(flag: str, value: str, core: bool, cwd: Path | None) -> trust.Item | None:
+def _runs_code(flag: str, value: str, core: bool, cwd: Path | None, run_dir: Path) -> trust.Item | None:
     """The item a flag of the recorded command line is, when it names code (runtime.runs.trust); None
     for the others. core: the flag comes before the task name (one of inv's own)."""
     if not core and flag == "--patch":
         return trust.Item(f"--patch {value}", "a hook file run before the task", "runs it")
+    if not core and flag in ("--env", "--set"):
+        # --env NAME=VALUE, and --set env.NAME=VALUE (the config's env: block)
+        name, _, setting = value.partition("=")
+        if flag == "--set":
+            if not name.startswith("env."):
+                return None
+            name = name[len("env."):]
+        found = trust.variables({name: setting}, os.environ, where=f"the command line ({flag})")
+        if found:
+            found[0].what = f"{flag} {value}"
+            return found[0]
+        return None
     if core and flag in _TASK_SOURCE_FLAGS:
         return trust.Item(f"{flag} {value}", f"{_TASK_SOURCE_FLAGS[flag]}, whose code inv runs",
                           "loads the tasks from there")
     if core and flag in _SETTINGS_FLAGS:
-        why = trust.settings_file(_beside(value, cwd))
+        why = trust.settings_file(_beside(value, cwd), within=run_dir)
         if why:
             return trust.Item(f"{flag} {value}", why, "reads it")
     return None
@@ -311,26 +328,66 @@ def check_topology(recorded: history.Recorded, env: Mapping[str, str] | None = N
 
 def plan(path: str | Path, runs_dir: Path | None = None, trusted: bool = False,
          root: Path | None = None) -> ReplayPlan:
-    """The replay of a recorded run. `trusted` (--trust-run): what the directory names that could run
-    code is replayed too; otherwise it is left out (plan.items, plan.dropped say what). `root`: this
-    checkout (default: the one this package is in); a run recorded in a working directory outside it
-    replays here."""
+    """The replay of a recorded run. What the directory names that could run code is replayed when
+    the run is trusted: `trusted` (--trust-run), or, for the variables its records hold, sealed with
+    the user's own run key (runtime.runs.trust); otherwise it is left out (plan.items, plan.dropped
+    say what). `root`: this checkout (default: the one this package is
+    in); a run recorded in a working directory outside it replays here."""
     try:
         recorded = history.load(path, runs_dir)
     except rundir.RunDirError as exc:
         raise ReplayError(str(exc)) from None
     metadata = recorded.metadata
     root = Path(root) if root is not None else CHECKOUT
-    cwd, items, notes = _working_directory(metadata, root, trusted)
-    argv, more_notes, more_items = _replay_argv(metadata, recorded.path, trusted, cwd=_recorded_cwd(metadata))
+    by_key, why = trust.trusted_by_key(recorded.seals)
+
+    def keep(item: trust.Item) -> bool:
+        if trust.controls(item.variable):
+            return False    # the replay's own control variables: never from a run
+        # The key vouches for what the records hold (the variables), not for files and folders they
+        # point to, which may have changed since: those need --trust-run as before.
+        return trusted or (by_key and bool(item.variable))
+
+    cwd, items, notes = _working_directory(metadata, root, keep)
+    argv, more_notes, more_items = _replay_argv(metadata, recorded.path, keep, cwd=_recorded_cwd(metadata))
     env = {name: str(rec["value"]) for name, rec in recorded.env.items()
            if isinstance(rec, dict) and rec.get("value") not in (None, MASK) and name not in MACHINE_IDENTITY}
-    env_items = trust.variables(env, os.environ)
-    for name in trust.untrusted(env, os.environ, trusted):
-        item = next(i for i in env_items if i.variable == name)
-        notes.append(f"left out {item.what} ({item.why}; --trust-run {item.allows})")
-        env.pop(name)
-    return ReplayPlan(recorded, argv, env, cwd, notes + more_notes, items + more_items + env_items, trusted)
+    env_items = trust.variables(env, os.environ, where=names.ENV_RECORD)
+    for item in env_items:
+        if not keep(item):
+            notes.append(item.note())
+            env.pop(item.variable)
+    config_items, config_notes = _config_env(recorded, argv, keep)
+    items = items + more_items + env_items + config_items
+    for item in items:
+        item.kept = keep(item)
+    return ReplayPlan(recorded, argv, env, cwd, notes + more_notes + config_notes, items, trusted or by_key,
+                      trusted, "--trust-run" if trusted else why)
+
+
+def _config_env(recorded: history.Recorded, argv: list[str], keep) -> tuple[list[trust.Item], list[str]]:
+    """(items, notes) for the variables that can run code in the env: block of each config copy the
+    replay passes on. The copy is passed as written (its checksum is sealed); the replaying task leaves
+    them out itself when the run is not trusted (run.create: trust.untrusted_layers)."""
+    copies = recorded.path / "configs"
+    items, notes = [], []
+    for name, content in sorted(recorded.configs.items()):
+        copy = str(copies / name)
+        if not any(token == copy or token.endswith("=" + copy) for token in argv):
+            continue
+        block = content.get("env") if isinstance(content, dict) else None
+        if not isinstance(content, dict):
+            notes.append(f"configs/{name} could not be read as a mapping to list its env: block; the "
+                         "replaying task leaves out what in it can run code all the same")
+            continue
+        if not isinstance(block, dict):
+            continue
+        values = {str(k): str(v) for k, v in block.items() if v is not None}
+        for item in trust.variables(values, os.environ, where=f"configs/{name} (env:)"):
+            items.append(item)
+            if not keep(item):
+                notes.append(item.note())
+    return items, notes
 
 
 def _recorded_cwd(metadata: dict) -> Path | None:
@@ -341,9 +398,9 @@ def _recorded_cwd(metadata: dict) -> Path | None:
     return None
 
 
-def _working_directory(metadata: dict, root: Path, trusted: bool) -> tuple[Path, list[trust.Item], list[str]]:
+def _working_directory(metadata: dict, root: Path, keep) -> tuple[Path, list[trust.Item], list[str]]:
     """Where the replay runs: the recorded working directory when it is inside this checkout or is where
-    inv runs now (Invoke already took its tasks.py from here), or when the user trusts the run; else
+    inv runs now (Invoke already took its tasks.py from here), or when the run is trusted (`keep`); else
     here (python -m imports from the working directory, and Invoke looks for tasks.py there)."""
     here = Path.cwd()
     recorded = _recorded_cwd(metadata)
@@ -353,7 +410,7 @@ def _working_directory(metadata: dict, root: Path, trusted: bool) -> tuple[Path,
         return recorded, [], []
     item = trust.Item(f"working directory {recorded}", "outside this checkout: Python imports and Invoke's "
                       "tasks.py come from there", "runs there")
-    if trusted:
+    if keep(item):
         return recorded, [item], []
     return here, [item], [f"runs in {here}, not in {recorded} ({item.why}; --trust-run {item.allows})"]
 
@@ -368,7 +425,7 @@ def run(plan: ReplayPlan) -> tuple[int, Path | None]:
     env = {**os.environ, **plan.env, REPLAY_ENV: str(plan.recorded.path)}
     env.pop(trust.TRUST_ENV, None)
     if plan.trusted:
-        env[trust.TRUST_ENV] = "1"
+        env[trust.TRUST_ENV] = trust.EXPLICIT if plan.explicit else trust.BY_KEY
     code = subprocess.call(command(plan), cwd=plan.cwd, env=env)
     return code, find_replay(plan.recorded.path, started)
 

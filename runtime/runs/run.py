@@ -111,7 +111,7 @@ class Run:
 
     def write_record(self, rel: str | Path, obj: dict) -> Path:
         """write_json for a record a later command trusts (rundir.RECORDS): masked, then sealed."""
-        return self._write(self._inside(rel), rundir.to_json(rundir.seal(self.masker.mapping(obj))))
+        return self._write(self._inside(rel), rundir.to_json(rundir.seal_record(self.masker.mapping(obj))))
 
     def _write(self, target: Path, text: str) -> Path:
         """rundir.write_text; on a full disk, once more with the run's reserve given back, so
@@ -156,23 +156,45 @@ def _env_layers(env: Any) -> tuple[dict[str, str], dict[str, dict], list[str]]:
     raise TypeError(f"RunSpec.env must be a ResolvedEnv or a dict, not {type(env).__name__}")
 
 
-def _replay_layer(replay_of: str) -> tuple[Path | None, dict[str, str]]:
+def _replay_layer(replay_of: str) -> tuple[Path | None, dict[str, str], bool]:
+    """(the replayed run, its recorded variables to lay over this resolution, whether it is trusted)."""
     try:
         original = rundir.resolve(replay_of)
     except rundir.RunDirError as exc:
         raise UserError(f"replay: {exc}") from None
     try:
-        recorded = rundir.read_record(original / names.ENV_RECORD, {}) or {}
+        recorded, sealed = rundir.read_sealed(original / names.ENV_RECORD, {})
     except rundir.RunDirError as exc:
         raise UserError(f"replay: {exc}") from None
+    recorded = recorded if isinstance(recorded, dict) else {}
     values = {name: str(rec.get("value")) for name, rec in (recorded.get("vars") or {}).items()
               if isinstance(rec, dict) and rec.get("value") not in (None, MASK) and name not in MACHINE_IDENTITY}
-    # What could run code is laid over only where the user trusted the run (runtime.runs.trust; the
-    # replaying inv left the same variables out of this process's environment).
-    trusted = os.environ.get(trust.TRUST_ENV) == "1"
+    # Trusted: --trust-run; or the replaying inv found the run sealed with this user's key, and env.json
+    # still is as read here (runtime.runs.trust).
+    given = os.environ.get(trust.TRUST_ENV)
+    trusted = given == trust.EXPLICIT or (given == trust.BY_KEY and sealed == trust.YOURS)
+    # What could run code is laid over only where the run is trusted (the replaying inv left the same
+    # variables out of this process's environment).
     for name in trust.untrusted(values, os.environ, trusted):
         values.pop(name)
-    return original, values
+    return original, values, trusted
+
+
+def _leave_out_untrusted(values: dict[str, str], sources: dict[str, dict], warnings: list[str]) -> None:
+    """An untrusted replay: the variables that can run code which the run's own input set (its config
+    copy's env: block, --env) fall back to what this checkout's profiles say, else are left out."""
+    from envs.resolve import INPUT_LAYERS
+    for name, earlier in trust.untrusted_layers(sources, values, os.environ, INPUT_LAYERS).items():
+        warnings.append(f"replay: left out {name}={values[name]} (from {sources[name].get('source')}: "
+                        f"{sources[name].get('ref') or sources[name].get('reason')}): {trust.executes(name)}; "
+                        "--trust-run sets it")
+        if earlier is None or earlier.get("value") is None:
+            values.pop(name)
+            sources.pop(name)
+        else:
+            values[name] = str(earlier["value"])
+            sources[name] = {**sources[name], "value": values[name], "source": earlier.get("layer"),
+                             "reason": earlier.get("reason"), "ref": earlier.get("ref")}
 
 
 def _write_snapshot(run: Run, argv: list[str], warnings: list[str]) -> None:
@@ -318,7 +340,9 @@ def create(ctx, spec: RunSpec) -> Run:
     replay_of = os.environ.get(REPLAY_ENV)
     original = None
     if replay_of:
-        original, recorded = _replay_layer(replay_of)
+        original, recorded, trusted = _replay_layer(replay_of)
+        if not trusted:
+            _leave_out_untrusted(values, sources, warnings)
         for name, value in recorded.items():
             values[name] = value
             sources[name] = {**sources.get(name, {}), "value": value, "source": f"replay:{original.name}",

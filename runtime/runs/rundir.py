@@ -18,9 +18,11 @@
 Everything goes through `write_text` (temp file + os.replace), so a reader
 never sees half a file. The records a later command trusts (RECORDS: the run's
 metadata, its environment, machine, versions and git state; a fan-out's
-nodes/fail.json) are sealed with a checksum of their own content
-(core.files.seal): `read_record` believes one only when it matches, and reads
-one written before records were sealed as it always did.
+nodes/fail.json) are sealed with a checksum of their own content and an HMAC
+with the writer's run key (core.files.seal, runtime.runs.trust.run_key):
+`read_record` believes one only when its checksum matches, and reads one written
+before records were sealed as it always did; `read_sealed` also says who sealed
+it (trust.sealed_by: a run sealed with the user's key is the user's own).
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ from core import names
 from core.errors import UserError
 # The project's one atomic writer (temp file beside the target, fsync, rename), under the
 # names run-directory code has always used.
-from core.files import SEAL, seal, seal_problem
+from core.files import seal, seal_problem, unsealed
 from core.files import to_json, write_atomic as write_text  # noqa: F401 (re-exported)
 
 TIME_FORMAT = "%Y-%m-%dT%H-%M-%S"
@@ -115,22 +117,35 @@ def read_json(path: Path, default: Any = None) -> Any:
         raise RunDirError(f"{path}: not UTF-8 text (byte {exc.start})") from None
 
 
+def seal_record(record: dict) -> dict:
+    """The record sealed: its checksum, and an HMAC with this user's run key where there is one (no
+    key, e.g. a home that cannot be written: the checksum alone, and the run reads as not the user's)."""
+    from runtime.runs import trust
+    return seal(record, trust.run_key()[0])
+
+
 def write_record(path: Path, record: dict) -> Path:
-    """A record a later command trusts, written atomically with its own checksum (SEAL)."""
-    return write_text(path, to_json(seal(record)))
+    """A record a later command trusts, written atomically and sealed (seal_record)."""
+    return write_text(path, to_json(seal_record(record)))
 
 
 def read_record(path: Path, default: Any = None) -> Any:
     """A record as read_json reads it, without its seal; RunDirError when the seal does not match
     (the file was edited or damaged since it was written). A record without a seal (written before
     records were sealed) is read as it is."""
+    return read_sealed(path, default)[0]
+
+
+def read_sealed(path: Path, default: Any = None) -> tuple[Any, str]:
+    """(read_record's record, who sealed it: trust.sealed_by), from one read of the file."""
+    from runtime.runs import trust
     data = read_json(path, default)
-    if isinstance(data, dict) and SEAL in data:
-        problem = seal_problem(data)
-        if problem:
-            raise RunDirError(f"{path} {problem}; the run directory is damaged")
-        data = {k: v for k, v in data.items() if k != SEAL}
-    return data
+    if not isinstance(data, dict):
+        return data, trust.NOT_SEALED
+    problem = seal_problem(data)
+    if problem:
+        raise RunDirError(f"{path} {problem}; the run directory is damaged")
+    return unsealed(data), trust.sealed_by(data)
 
 
 def resolve(path: str | Path, runs_dir: Path | None = None) -> Path:

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from trainer.checkpoint.layout import CHECKSUMS_FILE, DCP_METADATA
-from core.files import write_atomic
+from trainer.checkpoint.layout import CHECKSUMS_FILE, DCP_METADATA, CheckpointError
+from core.files import leaves_folder, write_atomic
 
 MANIFEST_FORMAT = 1
 _CHUNK = 16 << 20          # read size when verifying: large reads keep a disk streaming
@@ -245,12 +245,18 @@ def read_manifest(checkpoint: Path) -> tuple[dict | None, Problem | None]:
     if algorithm not in HASHERS:
         return None, Problem(CHECKSUMS_FILE, f"{CHECKSUMS_FILE} uses {algorithm!r}, which this Python cannot "
                              "compute (pip install xxhash)", content=False)
+    for name in files:
+        problem = leaves_folder(name)
+        if problem:     # never opened, not even to hash it
+            return None, Problem(CHECKSUMS_FILE, f"{CHECKSUMS_FILE} names {name!r}, which {problem}: refused")
     return manifest, None
 
 
 def quick_check(checkpoint: Path) -> tuple[dict | None, Problem | None]:
-    """What can be told without reading the data: checksums.json readable, every file it lists
-    there with its size (a checkpoint without checksums: its DCP .metadata is there).
+    """What can be told without reading the data: checksums.json readable, naming files inside the
+    checkpoint only, every file it lists there with its size (a checkpoint without checksums: its
+    DCP .metadata is there); then .metadata read as data (safe_dcp: nothing but DCP's own types,
+    shards inside the folder), which is what DCP reads first.
     Returns (manifest or None for an unchecksummed checkpoint, the first problem or None)."""
     checkpoint = Path(checkpoint)
     manifest, problem = read_manifest(checkpoint)
@@ -259,12 +265,21 @@ def quick_check(checkpoint: Path) -> tuple[dict | None, Problem | None]:
     if manifest is None:
         if not (checkpoint / DCP_METADATA).is_file():
             return None, Problem(DCP_METADATA, f"{DCP_METADATA} is missing")
-        return None, None
+        return None, _metadata_problem(checkpoint)
     for name, record in sorted(manifest["files"].items()):
         problem = _size_problem(checkpoint, name, record["size"])
         if problem is not None:
             return manifest, problem
-    return manifest, None
+    return manifest, _metadata_problem(checkpoint)
+
+
+def _metadata_problem(checkpoint: Path) -> Problem | None:
+    from trainer.checkpoint import safe_dcp   # (torch.distributed.checkpoint: only when a checkpoint is read)
+    try:
+        safe_dcp.read_metadata(checkpoint)
+    except CheckpointError as exc:
+        return Problem(DCP_METADATA, str(exc))
+    return None
 
 
 def _size_problem(checkpoint: Path, name: str, size: int) -> Problem | None:

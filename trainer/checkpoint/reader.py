@@ -132,6 +132,8 @@ def load(path: Path, *, model, optimizer=None, scheduler=None, loader=None, conf
     from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
                                                            set_model_state_dict, set_state_dict)
 
+    from trainer.checkpoint import safe_dcp
+
     path = Path(path)
     if not is_complete(path):
         raise CheckpointError(f"{path} is not a complete checkpoint (expected step_N/ with "
@@ -148,8 +150,10 @@ def load(path: Path, *, model, optimizer=None, scheduler=None, loader=None, conf
         state = {"model": get_model_state_dict(model)}
     try:
         with _dcp_tracebacks_quiet():
-            dcp.load(state, checkpoint_id=str(path), no_dist=not dist_on())
+            dcp.load(state, storage_reader=safe_dcp.reader(path), planner=safe_dcp.planner(), no_dist=not dist_on())
     except (Exception, CheckpointException) as exc:  # the latter is a BaseException
+        if isinstance(dcp_first_error(exc), CheckpointError):    # a value of another kind: said as it is
+            raise dcp_first_error(exc) from None
         raise CheckpointError(f"cannot load {path} into this model/optimizer: {dcp_reason(exc)}") from None
     if optimizer is not None:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
@@ -200,20 +204,19 @@ def load_model_state(path: Path) -> dict[str, torch.Tensor]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+    from trainer.checkpoint import safe_dcp
+
     path = Path(path)
     if not is_complete(path):
         raise CheckpointError(f"{path} is not a complete checkpoint")
     verify(path, collective=False)
-    reader = dcp.FileSystemReader(str(path))
-    try:
-        metadata = reader.read_metadata()
-    except Exception as exc:
-        raise CheckpointError(f"cannot read {path}/.metadata: {exc}") from None
+    reader = safe_dcp.reader(path)
+    metadata = reader.read_metadata()
     state = {key: torch.empty(md.size, dtype=md.properties.dtype)
              for key, md in metadata.state_dict_metadata.items()
              if key.startswith("model.") and isinstance(md, TensorStorageMetadata)}
     if not state:
         raise CheckpointError(f"{path} holds no model weights")
     with _dcp_tracebacks_quiet():
-        dcp.load(state, storage_reader=reader, no_dist=True)
+        dcp.load(state, storage_reader=reader, planner=safe_dcp.planner(), no_dist=True)
     return {key[len("model."):]: value for key, value in state.items()}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from core.files import seal_problem
+from core.files import leaves_folder, seal_problem
 
 from .errors import DataError
 
@@ -100,6 +100,11 @@ def _manifest_problem(m: dict) -> str:
         index = split.get("doc_index")
         if index is not None and not (isinstance(index, dict) and isinstance(index.get("file"), str)):
             return f"has a document index of split {name!r} without a file name"
+        # (checked whether the manifest is sealed or not: a seal anyone can recompute vouches for nothing)
+        for file in [shard["file"] for shard in split["shards"]] + ([index["file"]] if index else []):
+            problem = leaves_folder(file)
+            if problem:
+                return f"names {file!r} as a file of split {name!r}, which {problem}"
     return ""
 
 

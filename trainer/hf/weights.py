@@ -23,6 +23,10 @@ from .errors import InitError
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+# Bytes per element of the safetensors dtypes whose size is whole (F4, F6 pack theirs: their layout
+# is still checked)
+DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
+               "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
 MAX_HEADER = 100 * 2**20   # safetensors' own limit on the JSON header
 # Buffers that older transformers wrote into checkpoints and that it skips on load
 IGNORED = re.compile(r".*\.rotary_emb\.inv_freq$")
@@ -133,7 +137,7 @@ def read_header(path: Path) -> tuple[bytes, dict[str, TensorInfo]]:
         raise InitError(f"{path}: not a safetensors file (its header is not JSON)") from None
     if not isinstance(raw, dict):
         raise InitError(f"{path}: not a safetensors file (its header is not a JSON object)")
-    entries, end = {}, 0
+    entries, spans = {}, []
     for name, entry in raw.items():
         if name == "__metadata__":
             continue
@@ -146,7 +150,18 @@ def read_header(path: Path) -> tuple[bytes, dict[str, TensorInfo]]:
             raise InitError(f"{path}: damaged header (the entry of {name!r} is not dtype, shape, "
                             f"data_offsets)") from None
         entries[name] = TensorInfo(path, dtype, shape)
-        end = max(end, stop)
+        spans.append((start, stop, name))
+        need = _numel(shape) * DTYPE_BYTES[dtype] if dtype in DTYPE_BYTES else stop - start
+        if stop - start != need:   # safetensors would read another tensor's bytes, or past its own
+            raise InitError(f"{path}: damaged header ({name} is {dtype} {list(shape)}, {need:,} bytes, but its "
+                            f"data_offsets [{start}, {stop}] hold {stop - start:,})")
+    end = 0
+    for start, stop, name in sorted(spans):   # one after the other from 0, as safetensors writes them
+        if start != end:
+            raise InitError(f"{path}: damaged header ({name}'s data_offsets [{start}, {stop}] "
+                            + ("overlap the tensor before it" if start < end else f"leave a gap after byte {end}")
+                            + ")")
+        end = stop
     if 8 + length + end > size:
         raise InitError(f"{path}: cut short ({size:,} bytes; its header describes {8 + length + end:,})")
     return header, entries

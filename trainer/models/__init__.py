@@ -6,6 +6,6 @@ transformer.py; model.family picks one.
     from trainer.models import Transformer
     model = Transformer(cfg.model)
 """
-from trainer.models.blocks import (IGNORE_INDEX, LMHead, MLP, RMSNorm, RotaryEmbedding, _SAVE_OPS,  # noqa: F401
-                                   linear_cross_entropy)
+from trainer.models.blocks import IGNORE_INDEX, LMHead, MLP, RMSNorm, RotaryEmbedding, _SAVE_OPS  # noqa: F401
+from trainer.models.blocks import linear_cross_entropy  # noqa: F401
 from trainer.models.transformer import FAMILIES, Transformer, flops_per_token, hf_config  # noqa: F401
