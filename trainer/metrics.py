@@ -48,10 +48,11 @@ class DeferredScalars:
         return self._pending is not None
 
     def put(self, values: list[torch.Tensor], **context) -> None:
-        """Queue these 0-d tensors' reading; `context` comes back with them from take()."""
+        """Queue these tensors' reading (0-d, or any shape: take() gives their elements in order);
+        `context` comes back with them from take()."""
         assert self._pending is None, "take() the pending reading first"
         device = values[0].device   # (a grad norm over no gradients is a CPU tensor)
-        stacked = torch.stack([v.detach().float().reshape(()).to(device) for v in values])
+        stacked = torch.cat([v.detach().float().reshape(-1).to(device) for v in values])
         event = None
         if self.cuda:
             host = torch.empty(stacked.shape, dtype=torch.float32, pin_memory=True)
@@ -162,6 +163,8 @@ class Metrics:
         self._started = time.perf_counter()
         self._from_step = self._from_tokens = None
         self.bar = ProgressBar(total_steps, progress and is_main)
+        self.moe_load: list[list[float]] = []   # the run's tokens per expert of each MoE layer (moe_step)
+        self.moe_layers: list[int] = []
         self._file = None
         self._tb = None
         try:
@@ -242,6 +245,48 @@ class Metrics:
                           + (f" (mixed; {each})" if each else ""))
         return record
 
+    def moe_step(self, step: int, stats: dict) -> dict:
+        """Record the experts' load since the last log step (trainer.models.moe.read_load): the tokens per
+        expert of each MoE layer (the report's heatmap), each layer's fewest and most and their
+        coefficient of variation, the balance loss and the balancing bias where there are."""
+        from trainer.models.moe import load_summary
+        per_layer = load_summary(stats["load"])
+        record = {"kind": "moe", "step": step, "time": time.time(), "layers": stats["layers"],
+                  "load": stats["load"], "load_min": [r["min"] for r in per_layer],
+                  "load_max": [r["max"] for r in per_layer], "load_cv": [r["cv"] for r in per_layer],
+                  "aux_loss": stats["aux_loss"]}
+        if stats.get("bias"):
+            record["bias_min"] = [min(row) for row in stats["bias"]]
+            record["bias_max"] = [max(row) for row in stats["bias"]]
+        self.moe_load = [[a + b for a, b in zip(old, new)] for old, new in zip(self.moe_load, stats["load"])] \
+            if self.moe_load else [list(row) for row in stats["load"]]
+        self.moe_layers = stats["layers"]
+        if self.is_main:
+            self._write(record)
+            worst = max(range(len(per_layer)), key=lambda i: per_layer[i]["cv"])
+            self.log.info(f"step {step}/{self.total_steps} | experts: load CV {statistics.mean(record['load_cv']):.2f} "
+                          f"(highest {per_layer[worst]['cv']:.2f}, layer {stats['layers'][worst]})"
+                          + (f" | balance loss {stats['aux_loss']:.4f}" if stats["aux_loss"] is not None else ""))
+        return record
+
+    def experts_summary(self) -> dict | None:
+        """The run's least and most loaded experts (their layer, and their share of that layer's tokens),
+        and the mean coefficient of variation of the layers' loads."""
+        if not self.moe_load:
+            return None
+        from trainer.models.moe import load_summary
+        per_layer = load_summary(self.moe_load)
+
+        def place(which: str) -> dict:
+            i = (min if which == "min" else max)(range(len(per_layer)),
+                                                  key=lambda i: per_layer[i][which] / (sum(self.moe_load[i]) or 1))
+            total = sum(self.moe_load[i]) or 1
+            return {"layer": self.moe_layers[i], "expert": per_layer[i][f"{which}_expert"],
+                    "share": per_layer[i][which] / total}
+
+        return {"least": place("min"), "most": place("max"),
+                "load_cv": statistics.mean(r["cv"] for r in per_layer)}
+
     def progress(self, step: int) -> None:
         if self.is_main:
             last = self.history[-1]["loss"] if self.history else None
@@ -303,6 +348,9 @@ class Metrics:
                "peak_mem_gib": max(peaks) if peaks else None,
                "peak_rss_gib": max((r["rss_gib"] for r in self.history if r.get("rss_gib")),
                                    default=None)}
+        experts = self.experts_summary()
+        if experts:
+            out["experts"] = experts
         sources = extra.pop("sources", None)
         if sources:   # a blend: each source's last val loss beside its shares
             last_val = self.val_history[-1] if self.val_history else {}
@@ -359,7 +407,7 @@ def summary_table(summary: dict) -> str:
               ("mfu", "MFU", "{:.1%}"), ("peak_mem_gib", "peak GPU memory", "{:.2f} GiB"),
               ("peak_rss_gib", "peak process RSS", "{:.2f} GiB"), ("params", "parameters", "{:,}"),
               ("world_size", "processes", "{}"), ("device", "device", "{}"),
-              ("data", "data", "{}"), ("wall_s", "wall time", "{:.1f} s"),
+              ("data", "data", "{}"), ("experts", "experts' load", "{}"), ("wall_s", "wall time", "{:.1f} s"),
               ("checkpoint", "last checkpoint", "{}")]
     rows = []
     for key, label, fmt in labels:
@@ -368,6 +416,9 @@ def summary_table(summary: dict) -> str:
         value = summary[key]
         if key == "wall_s":
             rows.append([label, wall_time_text(summary)])
+            continue
+        if key == "experts" and value:
+            rows.append([label, experts_text(value)])
             continue
         if key in ("tokens_per_s", "step_time_s") and value is not None and summary.get("median_steps"):
             rows.append([label, median_and_average(summary, key, fmt)])
@@ -388,6 +439,14 @@ def median_and_average(summary: dict, key: str, fmt: str) -> str:
     text = f"{fmt.format(summary[key])} ({what})"
     average = summary.get(f"{key}_avg")
     return text + (f"; {fmt.format(average)} average over the run" if average is not None else "")
+
+
+def experts_text(experts: dict) -> str:
+    """"most: layer 3 expert 5 (21.0% of its layer's tokens); least: layer 1 expert 2 (4.1%); load CV 0.32"."""
+    most, least = experts["most"], experts["least"]
+    return (f"most: layer {most['layer']} expert {most['expert']} ({most['share']:.1%} of its layer's tokens); "
+            f"least: layer {least['layer']} expert {least['expert']} ({least['share']:.1%}); "
+            f"load CV {experts['load_cv']:.2f}")
 
 
 def source_text(figures: dict) -> str:

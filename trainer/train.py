@@ -24,6 +24,7 @@ from trainer.config import SYNTHETIC, TrainConfig
 from core.errors import UserError
 from trainer.guards import GuardSkip
 from trainer.models import IGNORE_INDEX, Transformer, flops_per_token, linear_cross_entropy
+from trainer.models import moe
 from trainer.plan import ParamCount
 
 
@@ -278,6 +279,8 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
                  + (" (on the meta device, then materialised shard by shard)" if cfg.parallel.strategy == "fsdp"
                     and info.distributed and cfg.parallel.meta_init else "") + "; a model this size takes a while")
     model, train_model = build_model(cfg, info, log)
+    moe.configure(model, cfg.data.grad_accum)
+    experts = bool(moe.moe_layers(model))
     n_params = model.num_params()
     fpt = flops_per_token(cfg.model, model.num_params(exclude_embedding=True), cfg.data.seq_len)
     strategy = cfg.parallel.strategy if info.distributed else "single process"
@@ -364,10 +367,13 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
         """One log line from a DeferredScalars reading (None: nothing pending); the next interval's start."""
         if reading is None:
             return started
-        (mean_loss, gnorm), at = reading
+        values, at = reading
+        mean_loss, gnorm = values[:2]
         met.train_step(at["step"], loss=mean_loss, lr=at["lr"], grad_norm=gnorm, tokens=at["tokens"],
                        interval_tokens=at["interval_tokens"], interval_steps=at["interval_steps"],
                        interval_s=time.perf_counter() - started, by_source=at["by_source"], at=at["time"])
+        if experts:
+            met.moe_step(at["step"], moe.read_load(model, values[2:]))
         if mean_loss != mean_loss:  # NaN: stop rather than burn GPU hours
             raise TrainError(f"loss is NaN at step {at['step']}; lower optim.lr or check the data")
         return time.perf_counter()
@@ -403,6 +409,7 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
                          "checks (train.skip_guards)")
             grad_norm = optim.clip_grad_norm(model.parameters(), cfg.optim.grad_clip, optimizer)
             optimizer.step()
+            moe.update_balance_bias(model)   # DeepSeek-V3's balancing bias, from this step's load
             fp8.after_optimizer_step(model, model.fp8_state)
             optimizer.zero_grad(set_to_none=True)
             lr = scheduler.get_last_lr()[0]
@@ -427,7 +434,8 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
             # The previous log step's loss and grad norm: its kernels ran while this step's were queued.
             interval_start = log_reading(readings.take(), interval_start)
             if step % cfg.train.log_interval == 0 or step == cfg.train.steps:
-                readings.put([distributed.all_reduce_mean(loss_sum / step_tokens, info), grad_norm],
+                readings.put([distributed.all_reduce_mean(loss_sum / step_tokens, info), grad_norm]
+                             + ([moe.collect_load(model)] if experts else []),
                              step=step, lr=lr, tokens=tokens_seen, interval_tokens=interval_tokens,
                              interval_steps=interval_steps, by_source=loader.tokens_by_source(),
                              time=time.time())

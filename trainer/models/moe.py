@@ -14,7 +14,7 @@ unless model.moe.capacity_factor caps what an expert takes.
 Balance: DeepSeek-V2's sequence-level auxiliary loss (aux_loss_alpha), added to the gradient inside
 the layer (AddAuxiliaryLoss); DeepSeek-V3's auxiliary-loss-free bias (bias_update_speed), moved
 after each optimizer step against the step's load (update_balance_bias). Every layer counts the
-tokens each expert received since the last time they were read (take_load), for metrics.
+tokens each expert received since the last time they were read (collect_load), for metrics.
 
 The ops a kernel replaces are named hooks, as in the dense blocks: GroupedExperts.grouped_mm,
 MoE.permute / MoE.unpermute and Router.route_fn (kernels/patch.py swaps in kernels/grouped_gemm.py,
@@ -217,7 +217,8 @@ class MoE(nn.Module):
         if self.training and not _recomputing():
             with torch.no_grad():
                 self.load += counts
-                self.step_load += counts
+                if self.moe.bias_update_speed:
+                    self.step_load += counts
         out = self.unpermute(self.dispatch(rows, counts, self.experts), order, weights, B * T)
         if self.shared_experts is not None:
             out = out + self.shared_experts(h)
@@ -251,24 +252,37 @@ def configure(model: nn.Module, grad_accum: int) -> None:
 
 
 @torch.no_grad()
-def take_load(model: nn.Module, group=None) -> dict | None:
-    """Tokens per expert of each MoE layer since the last call, summed over `group`'s ranks, and the mean
-    balance loss; the counters restart. None for a model without experts. One collective, one sync."""
+def collect_load(model: nn.Module) -> torch.Tensor | None:
+    """Each MoE layer's tokens per expert since the last call, and the balance loss's sum and count, in one
+    tensor summed over the ranks (one all-reduce, no host sync: read it later with read_load); the
+    counters restart. None for a model without experts."""
     layers = moe_layers(model)
     if not layers:
         return None
-    load = torch.stack([moe.load for _, moe in layers])
-    aux = torch.stack([torch.stack([moe.aux_loss_sum, moe.aux_loss_count]) for _, moe in layers]).sum(0)
-    packed = torch.cat([load.flatten(), aux])
-    if group is not None or (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        torch.distributed.all_reduce(packed, group=group)
+    packed = torch.cat([torch.stack([moe.load for _, moe in layers]).flatten(),
+                        torch.stack([torch.stack([m.aux_loss_sum, m.aux_loss_count]) for _, m in layers]).sum(0)])
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(packed)
     for _, moe in layers:
         moe.load.zero_()
         moe.aux_loss_sum.zero_()
         moe.aux_loss_count.zero_()
-    load, (aux_sum, aux_count) = packed[:-2].view_as(load).tolist(), packed[-2:].tolist()
+    biases = [moe.gate.e_score_correction_bias for _, moe in layers if moe.gate.e_score_correction_bias is not None]
+    return torch.cat([packed] + [b.float() for b in biases])   # the biases are alike on every rank: not summed
+
+
+def read_load(model: nn.Module, values: list[float]) -> dict:
+    """collect_load's tensor, read: {"layers": [ids], "load": [[tokens per expert] per layer], "aux_loss",
+    "bias": [[the balancing bias per expert] per layer] or None}."""
+    layers = moe_layers(model)
+    experts = layers[0][1].moe.n_routed_experts
+    n = len(layers) * experts
+    load = [values[i * experts:(i + 1) * experts] for i in range(len(layers))]
+    aux_sum, aux_count = values[n:n + 2]
+    biases = values[n + 2:]
     return {"layers": [layer_id for layer_id, _ in layers], "load": load,
-            "aux_loss": aux_sum / aux_count if aux_count else None}
+            "aux_loss": aux_sum / aux_count if aux_count else None,
+            "bias": [biases[i * experts:(i + 1) * experts] for i in range(len(biases) // experts)] or None}
 
 
 def load_summary(load: list[list[float]]) -> list[dict]:
@@ -283,21 +297,16 @@ def load_summary(load: list[list[float]]) -> list[dict]:
 
 
 @torch.no_grad()
-def update_balance_bias(model: nn.Module, group=None) -> None:
+def update_balance_bias(model: nn.Module) -> None:
     """DeepSeek-V3's auxiliary-loss-free balancing, after an optimizer step: each expert's bias moves by
     bias_update_speed toward balance (up when it got fewer tokens than the mean this step, down when
-    more). The step's counts are summed over `group` first, so every rank moves its biases alike."""
+    more). The step's counts are summed over the ranks first, so every rank moves its biases alike."""
     layers = [(i, m) for i, m in moe_layers(model) if m.moe.bias_update_speed]
     if not layers:
         return
     step = torch.stack([moe.step_load for _, moe in layers])
-    if group is not None or (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        torch.distributed.all_reduce(step, group=group)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(step)
     for row, (_, moe) in zip(step, layers):
         moe.gate.e_score_correction_bias += moe.moe.bias_update_speed * torch.sign(row.mean() - row)
-        moe.step_load.zero_()
-
-
-def clear_step_load(model: nn.Module) -> None:
-    for _, moe in moe_layers(model):
         moe.step_load.zero_()
