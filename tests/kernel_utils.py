@@ -50,6 +50,9 @@ _TOLERANCES = {
     # routing weights' gradient is a D-long fp32 dot product, in the weights' dtype.
     "moe_permute": {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 1e-2), torch.float16: (3e-3, 2e-3)},
     "moe_permute_weights": {torch.float32: (1e-4, 1e-4), torch.bfloat16: (2e-2, 1e-2), torch.float16: (3e-3, 2e-3)},
+    # No Liger counterpart. Scores and weights are fp32 from fp32 math (exp may differ by an ulp);
+    # the logits' gradient is rounded once to the logits' dtype.
+    "router": {torch.float32: (1e-6, 1e-5), torch.bfloat16: (1e-4, 1e-2), torch.float16: (1e-5, 2e-3)},
 }
 
 
