@@ -133,7 +133,8 @@ class GemmConfig:
     num_stages: int
     programs_per_sm: int = 1
     tma: bool = False  # operands through tensor descriptors (TMA) where the tensors allow it (sm_90+)
-    flatten: bool = False  # tl.range(flatten=True): the tile loop and the reduction loop pipelined as one
+    flatten: bool = False  # tl.range(flatten=True): tile and reduction loops pipelined as one (when the
+    #                        reduction's length is the same for every tile: not the weight gradient's)
     options: tuple[tuple[str, int], ...] = ()  # vendor launch options (AMD: matrix_instr_nonkdim, waves_per_eu)
 
     def for_itemsize(self, itemsize: int) -> "GemmConfig":
@@ -145,14 +146,18 @@ class GemmConfig:
 
 
 # Candidates per architecture, timed on the real operands once per signature (kernels/grouped_gemm.py);
-# the first is the one used untimed. sm_90 (H100/H200: 228 KiB shared memory an SM, wgmma over warp
-# groups of 4 warps): 128-row tiles for the 8-warp two-warp-group MMA; two 96 KiB programs an SM or one of
-# 128-144 KiB; 64-row tiles for experts with few tokens each; a pointer-load row in case TMA loses.
-# Not yet timed on a GPU (benchmarks/cases_moe.py --sweep times each). sm_80 (no TMA, 164 KiB): the
-# Triton matmul tutorial's A100 tiles, not run. AMD (not run; AMD's "Optimizing Triton kernels" guide
-# for MI300X: 304 CUs, 64-wide wavefronts, 64 KiB LDS an CU, num_stages=2 for the stream pipeliner,
-# matrix_instr_nonkdim=16 for the 16x16 MFMA, waves_per_eu to trade registers for occupancy): tiles whose
-# single LDS stage, (block_m + block_n) x block_k x 2 bytes, fits the 64 KiB.
+# the first is the one used untimed. sm_90 (H100/H200: 228 KiB shared memory and 64K registers an SM,
+# wgmma over warp groups of 4 warps), not yet timed (benchmarks/cases_moe.py --sweep times each):
+# one 8-warp program an SM (a 128x128 fp32 accumulator is 64 registers a thread at 8 warps, 128 at 4),
+# with and without flatten (the tile loop and the reduction loop pipelined as one, hiding each tile's
+# prologue and epilogue; the forward's reduction length is the same for every tile so the compiler
+# can fuse them); or two 4-warp programs an SM, one's epilogue under the other's main loop (2 x 96 KiB
+# shared, 2 x 128 threads x at most 255 registers); 64-row tiles for experts with few rows each; and
+# pointer loads in case the TMA path loses. sm_80 (no TMA, 164 KiB): the Triton matmul tutorial's A100
+# tiles, not run. AMD (not run; AMD's "Optimizing Triton kernels" guide for MI300X: 304 CUs, 64-wide
+# wavefronts, 64 KiB LDS a CU, num_stages=2 for the stream pipeliner, matrix_instr_nonkdim=16 for the
+# 16x16 MFMA, waves_per_eu to trade registers for occupancy): tiles whose single LDS stage,
+# (block_m + block_n) x block_k x 2 bytes, fits the 64 KiB.
 _AMD_GEMM = (
     GemmConfig(256, 256, 32, 8, 2, 1, options=(("matrix_instr_nonkdim", 16), ("waves_per_eu", 0))),
     GemmConfig(128, 256, 64, 8, 2, 1, options=(("matrix_instr_nonkdim", 16), ("waves_per_eu", 0))),
@@ -160,12 +165,12 @@ _AMD_GEMM = (
 )
 _GEMM_TABLE: dict[str, tuple[GemmConfig, ...]] = {
     "sm_90": (
-        GemmConfig(128, 128, 64, 8, 3, 2, tma=True),
         GemmConfig(128, 128, 64, 8, 4, 1, tma=True),
-        GemmConfig(128, 256, 64, 8, 3, 1, tma=True),
+        GemmConfig(128, 128, 64, 8, 4, 1, tma=True, flatten=True),
+        GemmConfig(128, 256, 64, 8, 3, 1, tma=True, flatten=True),
+        GemmConfig(128, 128, 64, 4, 3, 2, tma=True),
         GemmConfig(64, 128, 64, 4, 4, 2, tma=True),
-        GemmConfig(128, 128, 64, 8, 3, 2, tma=True, flatten=True),
-        GemmConfig(128, 128, 64, 8, 3, 2),
+        GemmConfig(128, 128, 64, 8, 3, 1),
     ),
     Vendor.NVIDIA: (GemmConfig(128, 128, 32, 4, 4, 1), GemmConfig(128, 128, 64, 8, 3, 1),
                     GemmConfig(64, 128, 32, 4, 4, 2)),

@@ -98,7 +98,7 @@ def _grouped_mm_kernel(
     tiles_end = tl.cumsum(m_tiles, axis=0)      # the group's m-tiles end here in the row-tile order
     n_tiles = tl.cdiv(N, BLOCK_N)
     groups = tl.arange(0, E_PAD)
-    k_steps = tl.cdiv(K, BLOCK_K)
+    k_steps = tl.cdiv(K, BLOCK_K)   # the same for every tile, so FLATTEN can fuse the two loops
     for tile in tl.range(tl.program_id(0), tl.sum(m_tiles) * n_tiles, NUM_PROGRAMS, flatten=FLATTEN):
         m_tile = tile // n_tiles
         n_tile = tile % n_tiles                 # N fastest: tiles in flight share x's rows and w[g]
@@ -110,12 +110,12 @@ def _grouped_mm_kernel(
         rows = row0 + tl.arange(0, BLOCK_M)
         cols = n0 + tl.arange(0, BLOCK_N)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        # Group E (rows of no expert) runs no step: its tiles store zeros.
-        for step in range(tl.where(g < E, k_steps, 0)):
+        w_rows = tl.where(g < E, K, 0)          # group E has no weight: nothing to load
+        for step in range(k_steps):
             k0 = step * BLOCK_K
             if USE_TMA:
                 a = X_DESC.load([row0, k0])     # rows past the group: other experts', masked at the store
-                if W_K_CONTIGUOUS:
+                if W_K_CONTIGUOUS:              # w[E] (group E, no expert's rows) is past the end: zeros
                     b = W_DESC.load([g, n0, k0]).reshape(BLOCK_N, BLOCK_K).T
                 else:
                     b = W_DESC.load([g, k0, n0]).reshape(BLOCK_K, BLOCK_N)
@@ -124,8 +124,9 @@ def _grouped_mm_kernel(
                 a = tl.load(X + rows[:, None].to(tl.int64) * stride_xt + ks[None, :] * stride_xk,
                             mask=(rows[:, None] < T) & (ks[None, :] < K), other=0.0)
                 b = tl.load(W + g.to(tl.int64) * stride_we + ks[:, None] * stride_wk + cols[None, :] * stride_wn,
-                            mask=(ks[:, None] < K) & (cols[None, :] < N), other=0.0)
+                            mask=(ks[:, None] < w_rows) & (cols[None, :] < N), other=0.0)
             acc = _dot(a, b, acc, PRECISE_FP32, BF16_AS_FP32)
+        acc = tl.where(g < E, acc, 0.0)         # rows of no expert: zeros, whatever x holds there
         tl.store(Y + rows[:, None].to(tl.int64) * stride_yt + cols[None, :] * stride_yn, acc.to(Y.dtype.element_ty),
                  mask=(rows[:, None] < row_end) & (cols[None, :] < N))
 

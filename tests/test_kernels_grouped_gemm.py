@@ -96,6 +96,22 @@ def test_transformers_weight_layout(dtype):
     run_and_compare(x, w, offsets([11, 0, 18]), dtype, seed)
 
 
+def test_rows_of_no_expert_are_zero_whatever_they_hold():
+    """Rows past the last expert's end (padding, say) give zero outputs and gradients even if they hold NaN,
+    and do not reach the weights' gradient."""
+    fresh_seed()
+    x = torch.randn(40, 32, device=DEVICE)
+    x[33:] = float("nan")
+    x.requires_grad_(True)
+    w = torch.randn(3, 32, 16, device=DEVICE, requires_grad=True)
+    y = grouped_mm(x, w, offsets([20, 0, 13]))
+    dy = torch.randn_like(y)
+    dy[33:] = float("nan")
+    y.backward(dy)
+    assert not y[33:].any() and not x.grad[33:].any()
+    assert y[:33].isfinite().all() and x.grad[:33].isfinite().all() and w.grad.isfinite().all()
+
+
 def test_a_wrong_offset_is_caught():
     """The comparison sees one row moved to the neighbouring expert."""
     fresh_seed()
