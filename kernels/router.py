@@ -370,7 +370,8 @@ def router_triton(logits: torch.Tensor, spec: RouterSpec, bias: torch.Tensor | N
 def route(logits: torch.Tensor, spec: RouterSpec, bias: torch.Tensor | None = None) -> RouterOutput:
     """(weights fp32 [T, k], indices int64 [T, k], scores fp32 [T, E]): router_triton on the GPUs where it
     beats torch.compile of router_reference (_TRITON_ROUTER), router_reference elsewhere."""
-    vendor = arch.detect(logits.device).vendor
+    # the vendor from torch's build, not arch.detect: this line is traced under torch.compile
+    vendor = Vendor.CPU if logits.device.type != "cuda" else Vendor.AMD if torch.version.hip else Vendor.NVIDIA
     if _TRITON_ROUTER.get(vendor, False) and logits.dim() == 2 and logits.shape[1] <= _MAX_EXPERTS:
         return router_triton(logits, spec, bias)
     return router_reference(logits, spec, bias)

@@ -155,8 +155,9 @@ def test_torch_compile_fullgraph_and_opcheck():
     grads_c = torch.autograd.grad(out_c, (x, w), dy)
     out_e = grouped_mm(x, w, offs)
     grads_e = torch.autograd.grad(out_e, (x, w), dy)
-    for a, b in zip((out_c, *grads_c), (out_e, *grads_e)):
-        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    for what, a, b in zip(("y", "dx", "dw"), (out_c, *grads_c), (out_e, *grads_e)):
+        # inductor may hand the op other strides than eager does (another tile path): the op's tolerance
+        assert_close(a, b, "grouped_gemm", torch.float32, f"{what} compiled")
     torch.library.opcheck(torch.ops.anvil.grouped_mm, (x, w, offs))
     torch.library.opcheck(torch.ops.anvil.grouped_mm_weight_grad, (x.detach(), dy, offs, [3, 16, 32], [512, 32, 1]))
 

@@ -166,16 +166,17 @@ def test_bad_specs_give_clear_errors():
         RouterSpec.from_config(object())
 
 
-def test_torch_compile_fullgraph_and_opcheck():
+@pytest.mark.parametrize("entry", [router_triton, route], ids=["router_triton", "route"])
+def test_torch_compile_fullgraph_and_opcheck(entry):
     fresh_seed()
     spec = RouterSpec(4, "sigmoid", 4, 2, True, 2.5)
     logits = torch.randn(9, 16, device=DEVICE, requires_grad=True)
     bias = 0.1 * torch.randn(16, device=DEVICE)
-    compiled = torch.compile(router_triton, fullgraph=True, backend="inductor" if ON_GPU else "aot_eager")
+    compiled = torch.compile(entry, fullgraph=True, backend="inductor" if ON_GPU else "aot_eager")
     d_weights = torch.randn(9, 4, device=DEVICE)
     out_c = compiled(logits, spec, bias)
     grad_c = torch.autograd.grad(out_c.weights, logits, d_weights)
-    out_e = router_triton(logits, spec, bias)
+    out_e = entry(logits, spec, bias)
     grad_e = torch.autograd.grad(out_e.weights, logits, d_weights)
     torch.testing.assert_close((*out_c, *grad_c), (*out_e, *grad_e), atol=0, rtol=0)
     torch.library.opcheck(torch.ops.anvil.router_fwd, (logits, bias, 4, "sigmoid", 4, 2, True, 2.5))
