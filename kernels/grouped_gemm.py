@@ -3,7 +3,7 @@
     y = grouped_mm(x, w, offs)     # x [T, K] rows sorted by expert, w [E, K, N], offs int32 [E] -> y [T, N]
 
 `offs` is torch._grouped_mm's convention: cumulative END row of each expert (expert e owns rows
-offs[e-1]:offs[e], offs[-1] = 0), non-decreasing, offs[E-1] <= T. Empty experts are fine, as is one
+offs[e-1]:offs[e], from row 0 for e = 0), non-decreasing, offs[E-1] <= T. Empty experts are fine, as is one
 expert holding every row. Rows from offs[E-1] to T belong to no expert: their output, and their
 gradient, is zero. The offsets stay on the device: nothing here waits for the GPU.
 
@@ -21,17 +21,16 @@ its own group's rows; the weight gradient masks the rows past its group's end in
 TMA path (sm_90+) needs what a tensor descriptor needs: 16-byte aligned base addresses and row
 strides (K and N multiples of 8 in bf16/fp16, of 4 in fp32) and a unit stride in the last dimension
 (w may be [E, K, N] or the transposed view of an [E, N, K] tensor, as transformers stores
-gate_up_proj); other shapes take the pointer path, same tiles. torch._grouped_mm by contrast wants
-each group's start 16-byte aligned in the weight-gradient product (torchtitan pads every expert's
-rows to a multiple of 8 for it).
+gate_up_proj); other shapes take the pointer path, same tiles. No expert's row count needs padding.
 
 Precision: bf16/fp16 inputs accumulate in fp32 and round once; fp32 inputs use TF32 tensor cores
 when torch.get_float32_matmul_precision() allows it ("high"/"medium"), else exact fp32 products.
 
 Launch choices: kernels/arch.py gemm_configs lists the candidate tiles per architecture. On a GPU
-the first call of each signature (shapes, strides, dtype, which product) times every candidate on
-the real operands and keeps the fastest (a candidate that fails to compile is skipped); names.
-GROUPED_GEMM_TUNE=0, deterministic algorithms or CUDA graph capture take the table's first.
+the first call of each signature (shapes, strides, dtype, which product) compiles and times every
+candidate on the real operands and keeps the fastest (one that fails to compile is skipped): seconds
+once per process. With names.GROUPED_GEMM_TUNE set to 0, deterministic algorithms or CUDA graph
+capture, the table's first runs.
 """
 
 from __future__ import annotations
