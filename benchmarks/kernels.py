@@ -1,7 +1,7 @@
 """Kernel benchmarks: our fused kernels against eager PyTorch, torch.compile and Liger-Kernel.
 
-    python -m benchmarks.kernels [--op rms_norm|rope|swiglu|cross_entropy|flce|all] [--json] [--quick]
-                                 [--out FILE]
+    python -m benchmarks.kernels [--op rms_norm|rope|swiglu|cross_entropy|flce|grouped_gemm|moe_permute|router|all]
+                                 [--json] [--quick] [--out FILE]
 
 Forward + backward, in one run: the device's ceilings first (a device-to-device
 copy, counting bytes read + written, and a bf16 8192^3 matmul), then every case
@@ -11,9 +11,11 @@ Peak memory is measured above what was allocated before the call. Each row
 gives its ratio to the best other provider (best other time / this time: above
 1 means faster than all the others).
 
-Cases live in benchmarks/cases_loss.py and benchmarks/cases_elementwise.py as
-`CASES: list[Case]`; a provider's factory raises Unavailable (-> "n/a") when it
-cannot run (Liger-Kernel not installed, say).
+Cases live in benchmarks/cases_loss.py, benchmarks/cases_elementwise.py and
+benchmarks/cases_moe.py as `CASES: list[Case]`; a provider's factory raises
+Unavailable (-> "n/a") when it cannot run (Liger-Kernel not installed, say). A
+case may bring providers beyond PROVIDERS (the MoE cases' torch: torch._grouped_mm);
+they are timed after the usual four.
 """
 from __future__ import annotations
 
@@ -32,8 +34,8 @@ from core import files
 from core.errors import UserError
 
 PROVIDERS = ("anvil", "eager", "compile", "liger")
-OPS = ("rms_norm", "rope", "swiglu", "cross_entropy", "flce")
-CASE_MODULES = ("benchmarks.cases_elementwise", "benchmarks.cases_loss")
+OPS = ("rms_norm", "rope", "swiglu", "cross_entropy", "flce", "grouped_gemm", "moe_permute", "router")
+CASE_MODULES = ("benchmarks.cases_elementwise", "benchmarks.cases_loss", "benchmarks.cases_moe")
 
 
 class Unavailable(Exception):
@@ -156,9 +158,12 @@ def load_cases(op: str = "all") -> tuple[list[Case], list[str]]:
 
 
 def measure_case(case: Case, device, ceilings: Ceilings, quick: bool = False,
-                 providers: tuple[str, ...] = PROVIDERS) -> list[dict]:
-    """One row per provider: time, throughput, % of ceiling, peak memory (ratio added later)."""
+                 providers: tuple[str, ...] | None = None) -> list[dict]:
+    """One row per provider (default: PROVIDERS, then the case's own others): time, throughput, % of
+    ceiling, peak memory (ratio added later)."""
     import torch
+    if providers is None:
+        providers = (*PROVIDERS, *(p for p in case.providers if p not in PROVIDERS))
     rows = []
     for name in providers:
         make = case.providers.get(name)

@@ -66,6 +66,8 @@ SIGNAL_CHECK_EVERY = _variable("ANVIL_SIGNAL_CHECK_EVERY", "steps between the ra
                                "(default: chosen from the step time)")
 CUBLASLT = _variable("ANVIL_CUBLASLT", "0: the LM head's weight-gradient GEMMs use torch.mm instead of "
                             "the cuBLASLt kernel chosen by timing")
+GROUPED_GEMM_TUNE = _variable("ANVIL_GROUPED_GEMM_TUNE", "0: the MoE grouped GEMM runs its architecture's first "
+                              "tile configuration instead of the one chosen by timing")
 FLCE_CHUNK_FACTOR = _variable("ANVIL_FLCE_CHUNK_FACTOR", "the fused LM head's chunk size as a multiple of "
                               "Liger's (default 4; 1 = Liger's memory)")
 FLCE_FUSED_CAST = _variable("ANVIL_FLCE_FUSED_CAST", "0: the fused LM head casts its gradient in a pass of its "

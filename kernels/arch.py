@@ -10,6 +10,7 @@ here and every num_warps goes through `clamp_warps`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass
@@ -116,3 +117,72 @@ def persistent_grid(arch: Arch, n_work: int, per_sm: int | None = None) -> int:
 def elementwise_config(arch: Arch) -> tuple[int, int]:
     """(BLOCK, num_warps) for flat elementwise kernels."""
     return arch.params.elementwise_block, clamp_warps(arch, arch.params.elementwise_warps)
+
+
+# --- tiled GEMMs (kernels/grouped_gemm.py) ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """One launch of a tiled GEMM kernel: an output tile of block_m x block_n, block_k of the reduction a
+    step, programs_per_sm persistent programs an SM (2: one's epilogue hides under the other's main loop)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    programs_per_sm: int = 1
+    tma: bool = False  # operands through tensor descriptors (TMA) where the tensors allow it (sm_90+)
+    flatten: bool = False  # tl.range(flatten=True): tile and reduction loops pipelined as one (when the
+    #                        reduction's length is the same for every tile: not the weight gradient's)
+    options: tuple[tuple[str, int], ...] = ()  # vendor launch options (AMD: matrix_instr_nonkdim, waves_per_eu)
+
+    def for_itemsize(self, itemsize: int) -> "GemmConfig":
+        """The same shared-memory bytes a stage for wider elements: fp32 halves block_k."""
+        return dataclasses.replace(self, block_k=max(16, self.block_k * 2 // max(2, itemsize)))
+
+    def launch_options(self) -> dict:
+        return {"num_warps": self.num_warps, "num_stages": self.num_stages, **dict(self.options)}
+
+
+# Candidates per architecture, timed on the real operands once per signature (kernels/grouped_gemm.py);
+# the first is the one used untimed. sm_90 (H100/H200: 228 KiB shared memory and 64K registers an SM,
+# wgmma over warp groups of 4 warps), not yet timed (benchmarks/cases_moe.py --sweep times each):
+# one 8-warp program an SM (a 128x128 fp32 accumulator is 64 registers a thread at 8 warps, 128 at 4),
+# with and without flatten (the tile loop and the reduction loop pipelined as one, hiding each tile's
+# prologue and epilogue; the forward's reduction length is the same for every tile so the compiler
+# can fuse them); or two 4-warp programs an SM, one's epilogue under the other's main loop (2 x 96 KiB
+# shared, 2 x 128 threads x at most 255 registers); 64-row tiles for experts with few rows each; and
+# pointer loads in case the TMA path loses. sm_80 (no TMA, 164 KiB): the Triton matmul tutorial's A100
+# tiles, not run. AMD (not run; AMD's "Optimizing Triton kernels" guide for MI300X: 304 CUs, 64-wide
+# wavefronts, 64 KiB LDS a CU, num_stages=2 for the stream pipeliner, matrix_instr_nonkdim=16 for the
+# 16x16 MFMA, waves_per_eu to trade registers for occupancy): tiles whose single LDS stage,
+# (block_m + block_n) x block_k x 2 bytes, fits the 64 KiB.
+_AMD_GEMM = (
+    GemmConfig(256, 256, 32, 8, 2, 1, options=(("matrix_instr_nonkdim", 16), ("waves_per_eu", 0))),
+    GemmConfig(128, 256, 64, 8, 2, 1, options=(("matrix_instr_nonkdim", 16), ("waves_per_eu", 0))),
+    GemmConfig(128, 128, 64, 8, 2, 2, options=(("matrix_instr_nonkdim", 16), ("waves_per_eu", 2))),
+)
+_GEMM_TABLE: dict[str, tuple[GemmConfig, ...]] = {
+    "sm_90": (
+        GemmConfig(128, 128, 64, 8, 4, 1, tma=True),
+        GemmConfig(128, 128, 64, 8, 4, 1, tma=True, flatten=True),
+        GemmConfig(128, 256, 64, 8, 3, 1, tma=True, flatten=True),
+        GemmConfig(128, 128, 64, 4, 3, 2, tma=True),
+        GemmConfig(64, 128, 64, 4, 4, 2, tma=True),
+        GemmConfig(128, 128, 64, 8, 3, 1),
+    ),
+    Vendor.NVIDIA: (GemmConfig(128, 128, 32, 4, 4, 1), GemmConfig(128, 128, 64, 8, 3, 1),
+                    GemmConfig(64, 128, 32, 4, 4, 2)),
+    Vendor.AMD: _AMD_GEMM,
+    "gfx942": _AMD_GEMM,
+    # The interpreter: tl.dot's smallest tile, three programs so the persistent stride is exercised, TMA
+    # (the interpreter emulates tensor descriptors) so the sm_90 path runs in the CPU tests too.
+    Vendor.CPU: (GemmConfig(16, 16, 16, 1, 1, 3, tma=True),),
+}
+
+
+def gemm_configs(arch: Arch, itemsize: int = 2) -> tuple[GemmConfig, ...]:
+    """The tiled-GEMM candidates for `arch` and an element size (bytes); the first is the untimed default."""
+    rows = _GEMM_TABLE.get(arch.name) or _GEMM_TABLE[arch.vendor]
+    return tuple(c.for_itemsize(itemsize) for c in rows)

@@ -107,11 +107,12 @@ def allreduce(c, op="all_reduce", sizes="1M,16M,64M", iters=20, nproc=0, gpu="",
              dry=dry if dry_run else None)
 
 
-@run_task(help={"op": "rms_norm, rope, swiglu, cross_entropy, flce or all (default)",
+@run_task(help={"op": "rms_norm, rope, swiglu, cross_entropy, flce, grouped_gemm, moe_permute, router or all "
+                      "(default)",
                 "json": "print the report as JSON", "quick": "fewer repetitions (a rough table fast)",
                 "out": "also write the table (or the JSON) to this file"})
 def kernels(c, op="all", json=False, quick=False, out="", run_options=None):
-    """Fused kernels vs eager, torch.compile and Liger-Kernel (forward + backward, bf16)."""
+    """Fused kernels vs eager, torch.compile and Liger-Kernel or torch._grouped_mm (forward + backward, bf16)."""
     import torch
 
     from benchmarks import kernels as kb

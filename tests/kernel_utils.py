@@ -43,6 +43,16 @@ _TOLERANCES = {
     "cross_entropy": {torch.float32: (1e-6, 1e-5), torch.bfloat16: (1e-8, 5e-2), torch.float16: (1e-8, 1e-2)},
     "fused_linear_cross_entropy": {torch.float32: (1e-5, 5e-4), torch.bfloat16: (5e-3, 5e-2),
                                    torch.float16: (5e-3, 1e-2)},
+    # No Liger counterpart. fp32 accumulation, one rounding per output element: the output dtype's
+    # half-ulp relative (bf16 2^-9, fp16 2^-12) with room; fp32 the summation order over K or rows.
+    "grouped_gemm": {torch.float32: (1e-4, 1e-4), torch.bfloat16: (1e-2, 1e-2), torch.float16: (1e-3, 2e-3)},
+    # No Liger counterpart. Sums of k weighted rows in fp32, rounded once (as swiglu's outputs); the
+    # routing weights' gradient is a D-long fp32 dot product, in the weights' dtype.
+    "moe_permute": {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 1e-2), torch.float16: (3e-3, 2e-3)},
+    "moe_permute_weights": {torch.float32: (1e-4, 1e-4), torch.bfloat16: (2e-2, 1e-2), torch.float16: (3e-3, 2e-3)},
+    # No Liger counterpart. Scores and weights are fp32 from fp32 math (exp may differ by an ulp);
+    # the logits' gradient is rounded once to the logits' dtype.
+    "router": {torch.float32: (1e-6, 1e-5), torch.bfloat16: (1e-4, 1e-2), torch.float16: (1e-5, 2e-3)},
 }
 
 

@@ -112,7 +112,29 @@ def test_every_case_module_loads_and_covers_the_issue_shapes():
 
     cases, notes = load_cases("all")
     assert notes == []
-    assert {c.op for c in cases} == {"rms_norm", "rope", "swiglu", "cross_entropy", "flce"}
+    assert {c.op for c in cases} == {"rms_norm", "rope", "swiglu", "cross_entropy", "flce", "grouped_gemm",
+                                     "moe_permute", "router"}
+
+
+def test_a_case_may_bring_its_own_providers(ceilings):
+    case = tiny_case()
+    case.providers["torch"] = case.providers["eager"]
+    rows = kb.measure_case(case, "cpu", ceilings, quick=True)
+    assert [r["provider"] for r in rows] == [*kb.PROVIDERS, "torch"] and rows[-1]["ms"] > 0
+
+
+def test_moe_cases_run_at_tiny_shapes(ceilings, monkeypatch):
+    """Each MoE case's anvil and eager providers on the CPU (the kernels in the interpreter)."""
+    from benchmarks import cases_moe
+
+    monkeypatch.setattr(cases_moe, "TOKENS", 24)
+    tiny = cases_moe.MoeShape("tiny", 32, 16, 4, 2)
+    cases = [cases_moe.grouped_gemm_case(tiny, "down"), cases_moe.permute_case(tiny),
+             cases_moe.router_case("tiny", 8, {"top_k": 2, "score_func": "sigmoid", "n_group": 2, "topk_group": 1},
+                                   bias=True)]
+    for case in cases:
+        rows = kb.measure_case(case, "cpu", ceilings, quick=True, providers=("anvil", "eager"))
+        assert all(r["ms"] and not r["note"] for r in rows), rows
 
 
 @pytest.mark.parametrize("walk1", [False, True])
