@@ -23,6 +23,7 @@ kernels/moe_permute.py and kernels/router.py).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -109,10 +110,17 @@ class AddAuxiliaryLoss(torch.autograd.Function):
 
 # --------------------------------------------------------------------------- the experts' tokens
 
+class PermutePlan(NamedTuple):
+    """Where each (token, slot) went: kernels/moe_permute.py's plan, field for field."""
+    row_of: torch.Tensor   # [T, k]: the row holding token t's j-th copy (-1: dropped by the capacity)
+    counts: torch.Tensor   # [E]: rows per expert
+    offs: torch.Tensor     # [E] int32: each expert's end row (grouped_mm's offsets)
+
+
 def permute(x: torch.Tensor, indices: torch.Tensor, experts: int, capacity: int | None = None):
-    """Rows of x sorted by expert: (x_sorted [rows, D], order [rows] the flat (token, slot) of each row,
-    counts [experts] rows per expert). With a capacity, an expert keeps its first `capacity` rows (in
-    token order) and the rest are dropped (they never reach an expert; their slot adds nothing)."""
+    """Rows of x grouped by expert, in token order within each: (x_sorted [rows, D], PermutePlan). With a
+    capacity, an expert keeps its first `capacity` rows and the rest are dropped (they never reach an
+    expert, and their slot adds nothing)."""
     flat = indices.reshape(-1)
     order = torch.argsort(flat, stable=True)
     counts = torch.bincount(flat, minlength=experts)
@@ -121,14 +129,17 @@ def permute(x: torch.Tensor, indices: torch.Tensor, experts: int, capacity: int 
         place = torch.arange(flat.numel(), device=flat.device) - starts[flat[order]]
         order = order[place < capacity]
         counts = counts.clamp(max=capacity)
-    return x[order // indices.shape[1]], order, counts
+    row_of = torch.full_like(flat, -1)
+    row_of[order] = torch.arange(order.numel(), device=flat.device)
+    plan = PermutePlan(row_of.view_as(indices), counts, torch.cumsum(counts, 0, dtype=torch.int32))
+    return x[order // indices.shape[1]], plan
 
 
-def unpermute(y: torch.Tensor, order: torch.Tensor, weights: torch.Tensor, tokens: int) -> torch.Tensor:
-    """out[t] = sum over t's kept slots s of weights[t, s] * y[row of (t, s)]: the inverse of permute."""
-    scaled = y * weights.reshape(-1)[order].unsqueeze(-1).to(y.dtype)
-    out = torch.zeros(tokens, y.shape[-1], device=y.device, dtype=y.dtype)
-    return out.index_add_(0, order // weights.shape[1], scaled)
+def unpermute(y: torch.Tensor, plan: PermutePlan, weights: torch.Tensor) -> torch.Tensor:
+    """out[t] = sum over t's kept slots j of weights[t, j] * y[row_of[t, j]]: the inverse of permute."""
+    kept = plan.row_of >= 0
+    picked = y[plan.row_of.clamp(min=0)]                              # [T, k, D]
+    return (picked * (weights * kept).unsqueeze(-1).to(y.dtype)).sum(dim=1)
 
 
 def grouped_mm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -213,13 +224,13 @@ class MoE(nn.Module):
         B, T, D = x.shape
         h = x.reshape(-1, D)
         weights, indices, scores = self.gate(h)
-        rows, order, counts = self.permute(h, indices, self.moe.n_routed_experts, self.capacity(B * T))
+        rows, plan = self.permute(h, indices, self.moe.n_routed_experts, self.capacity(B * T))
         if self.training and not _recomputing():
             with torch.no_grad():
-                self.load += counts
+                self.load += plan.counts
                 if self.moe.bias_update_speed:
-                    self.step_load += counts
-        out = self.unpermute(self.dispatch(rows, counts, self.experts), order, weights, B * T)
+                    self.step_load += plan.counts
+        out = self.unpermute(self.dispatch(rows, plan.counts, self.experts), plan, weights)
         if self.shared_experts is not None:
             out = out + self.shared_experts(h)
         out = out.view(B, T, D)
