@@ -4,6 +4,8 @@ is lost.
 
 1. An output option (-o/--out, --save-baseline) never writes over a file its task did not write
    (core.files.refuse_foreign): env.export -o README.md overwrote it with exit 0. --force does.
+2. A hook past its timeout is killed with everything it started, a `setsid` grandchild included
+   (runtime.runs.hooks): one left its session and ran on.
 
 The Slurm items (a --partition Slurm does not have; ranks whose salloc and inv are killed) are in
 test_hostile_runner_slurm.py.
@@ -13,10 +15,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from pathlib import Path
 
+import pytest
+
 from core import names
-from runner_project import explain
+from runner_project import clean_env, explain, inv as project_inv, make_project
 from user_input import inv, one_line_error, runs
 
 MINE = "# My project\nwritten by hand, not by Anvil\n"
@@ -113,3 +118,48 @@ def test_bench_kernels_refuses_its_out_before_looking_for_a_gpu(tmp_path):
                  json.dumps({"device": "d", "ceilings": {"copy_tbps": 1.0}}, indent=2)):
         mine.write_text(text)
         kernels.check_out(str(mine))          # its own table or JSON: written over without --force
+
+
+# ---------------------------------------------------------------- 2. a hook's setsid grandchild
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.parametrize("kind", ["sh", "py"])
+def test_a_hook_past_its_timeout_leaves_no_setsid_grandchild(tmp_path, kind):
+    """The hook runs in a session of its own, and a timeout killed that session's process group only:
+    `setsid sleep 1000` (a session of its own) ran on after the task had failed."""
+    project = make_project(tmp_path / "p")
+    folder = project / "hooks" / "demo" / "hello" / "pre"
+    folder.mkdir(parents=True)
+    pids = tmp_path / "pids"
+    if kind == "sh":
+        (folder / "10_daemon.sh").write_text(f"setsid sleep 1000 &\necho $! > {pids}\nsleep 600\n")
+    else:
+        (folder / "10_daemon.py").write_text(
+            "import subprocess, time\n"
+            "def hook(ctx):\n"
+            "    child = subprocess.Popen(['sleep', '1000'], start_new_session=True)   # setsid\n"
+            f"    open({str(pids)!r}, 'w').write(str(child.pid))\n"
+            "    time.sleep(600)\n")
+    started = time.monotonic()
+    proc = project_inv(["demo.hello"], project, env=clean_env(INVOKE_ANVIL_HOOK_TIMEOUT="2"), timeout=60)
+    assert proc.returncode == 124 and "did not finish within 2 s" in proc.stderr, explain(proc)
+    assert "Traceback" not in proc.stderr and time.monotonic() - started < 30
+    pid = int(pids.read_text())
+    try:
+        assert os.getsid(pid) == pid          # it did leave the hook's session
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = _alive(pid)
+    if alive:
+        os.kill(pid, 9)
+    assert not alive, f"the hook's setsid child {pid} outlived the hook's timeout"
