@@ -66,13 +66,14 @@ class Slurm(Transport):
         return self.mode(env) == "sbatch"
 
     def check(self, env: Mapping[str, str], *, each_node: bool = False) -> None:
-        """srun (sbatch) is installed and slurmctld answers. Before each_node outside an allocation:
-        `srun --test-only` says whether Slurm can ever give the nodes (srun would wait for ever,
-        without a word, for more than the partition has). The options first: a bad value is the user's to
-        fix whatever Slurm would say."""
+        """srun (sbatch) is installed, slurmctld answers and has the partition asked for. Before each_node
+        outside an allocation: `srun --test-only` says whether Slurm can ever give the nodes (srun would
+        wait for ever, without a word, for more than the partition has). The options first: a bad value
+        is the user's to fix whatever Slurm would say."""
         check_options(self.options.slurm, self.options.exclude)
         control.require("srun" if each_node or self.mode(env) == "srun" else "sbatch")
         control.require_controller(env)
+        control.require_partition(self.options.slurm.partition, env)
         if each_node and not in_allocation(env):
             count = self._count(env, (), inside=in_allocation(env))
             try:
