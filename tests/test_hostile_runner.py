@@ -7,6 +7,9 @@ is lost.
 2. A hook past its timeout is killed with everything it started, a `setsid` grandchild included
    (runtime.runs.hooks): one left its session and ran on.
 
+4. A run whose inv died is recorded "lost" once its ranks have stopped (saying that they checkpointed)
+   or its logs went quiet, not while they still train (runtime.jobs.settle).
+
 The Slurm items (a --partition Slurm does not have; ranks whose salloc and inv are killed) are in
 test_hostile_runner_slurm.py.
 """
@@ -163,3 +166,46 @@ def test_a_hook_past_its_timeout_leaves_no_setsid_grandchild(tmp_path, kind):
     if alive:
         os.kill(pid, 9)
     assert not alive, f"the hook's setsid child {pid} outlived the hook's timeout"
+
+
+# ---------------------------------------------------------------- 4. a run whose inv died, recorded
+
+def test_a_run_whose_inv_died_is_lost_once_its_ranks_stopped_or_went_quiet(tmp_path):
+    """Recorded "lost" the moment its inv was gone, while the ranks still trained (or checkpointed) on;
+    now once every node's agent has reported, which the record then says, or its logs are quiet."""
+    import socket
+    import subprocess
+
+    from runtime.jobs import settle
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    metadata = {"task": "train.pretrain", "status": "running", "host": socket.gethostname(), "pid": gone.pid,
+                "start_ts": time.time(), "world_size": 2}
+    (run / "metadata.json").write_text(json.dumps(metadata))
+    log = run / "logs" / "rank0.log"
+    log.write_text("step 7\n")
+
+    def status() -> str:
+        settle.settle_dead_launchers([(run, json.loads((run / "metadata.json").read_text()))])
+        return json.loads((run / "metadata.json").read_text())["status"]
+
+    assert status() == "running"                        # its log was just written: still stopping
+    for node in (0, 1):
+        (run / "logs" / names.agent_report(node)).write_text(json.dumps(
+            {"host": f"node{node + 1}", "node_rank": node, "exit_code": 3, "ranks": {str(node): 3},
+             "first_failure": None, "signal": "SIGUSR2"}))
+    assert status() == "lost"
+    md = json.loads((run / "metadata.json").read_text())
+    assert md["settled_by"] == "pid" and md["error"].endswith(
+        f"every rank then checkpointed and stopped (`inv train.pretrain --resume {run}` continues it)")
+
+    quiet = tmp_path / "quiet"
+    (quiet / "logs").mkdir(parents=True)
+    (quiet / "metadata.json").write_text(json.dumps(metadata))
+    (quiet / "logs" / "rank0.log").write_text("step 7\n")
+    os.utime(quiet / "logs" / "rank0.log", (time.time() - 120, time.time() - 120))
+    assert [s.run_dir for s in settle.settle_dead_launchers([(quiet, metadata)])] == [quiet]
+    assert "checkpointed" not in json.loads((quiet / "metadata.json").read_text())["error"]

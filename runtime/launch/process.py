@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO, Callable, Mapping, Sequence
 
 from core import names
+from core.signals import on_parent_death
 from runtime.launch.commands import agent_command, launch_env
 from runtime.launch.spec import LAUNCHER_PID_VAR, PASSED_SIGNALS, LaunchError, LaunchSpec, processes_per_node
 from trainer.ranklog import PROGRESS_TTY_VAR
@@ -100,16 +101,27 @@ def open_log(run_dir: Path | None, log_name: str, argv: Sequence[str] | None = N
 def run_streaming(argv: list[str], env: Mapping[str, str], log_path: Path | None = None,
                   cwd: str | None = None, stdout: IO | None = None, stderr: IO | None = None,
                   masker=None, interrupt: Callable[[subprocess.Popen], None] | None = None,
-                  timeout: float | None = None) -> int:
+                  timeout: float | None = None, orphaned: int | None = None) -> int:
     """Run argv, tee output to console + log_path, pass signals on; the exit status. `interrupt(proc)`
-    takes a Ctrl-C instead of the child (srun: runtime.cluster.slurm.control.interrupt_step)."""
+    takes a Ctrl-C instead of the child (srun: runtime.cluster.slurm.control.interrupt_step).
+    `orphaned`: the signal the child gets should this process die first (kill -9, the OOM killer),
+    from the kernel (core.signals.on_parent_death)."""
     log = MaskedFile(open(log_path, "a", encoding="utf-8"), masker) if log_path else None
+    arm = None
+    if orphaned is not None and threading.current_thread() is threading.main_thread():
+        # (the kernel sends it when the thread that started the child ends: only the main thread's is ours)
+        arm = on_parent_death(orphaned, os.getpid())
+
+    def preexec() -> None:
+        if not arm():    # this process died while the child started: nothing would ever send it
+            os.kill(os.getpid(), signal.SIGKILL)
     try:
         # With `interrupt` (srun) the child gets a session of its own: a terminal's Ctrl-C reaches the whole
         # foreground group, and srun, its stdin not a terminal, aborts the step on it. Every signal it should
         # see comes through passing_signals.
         proc = subprocess.Popen(argv, env=dict(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                stdin=subprocess.DEVNULL, start_new_session=interrupt is not None)
+                                stdin=subprocess.DEVNULL, start_new_session=interrupt is not None,
+                                preexec_fn=preexec if arm is not None else None)
     except OSError as exc:
         if log:
             log.close()

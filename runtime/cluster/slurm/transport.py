@@ -125,8 +125,12 @@ class Slurm(Transport):
                 print(shlex.join(step), file=out)
                 return 0
             interrupt = _interrupt_recorded_step(run_dir, child_env) if run_dir else None
+            # Should inv die (kill -9, with its salloc or not), srun gets USR2, which it passes to every node's
+            # agent: the ranks checkpoint and stop (3). srun lives on without inv, and so did the ranks, to
+            # the end, with no one to record it; SIGTERM would make srun kill them with nothing saved.
             return run_logged(step, child_env, run_dir, log_name=log_name, masker=masker, interrupt=interrupt,
-                              cwd=spec.workdir or None, stdout=stdout, stderr=stderr, timeout=timeout)
+                              cwd=spec.workdir or None, stdout=stdout, stderr=stderr, timeout=timeout,
+                              orphaned=signal.SIGUSR2 if run_dir else None)
         job_name = opts.job_name or (f"anvil-{Path(run_dir).name}" if run_dir else "anvil")
         header = srun_options(opts, layout.nodes, exclude=self.options.exclude, gpus=gpus, warn=True,
                               job_name=job_name, batch=True)
