@@ -7,6 +7,8 @@
    on without inv, and the ranks trained to the end unwatched while the run was recorded lost. Now
    srun gets SIGUSR2 from the kernel when inv dies and passes it to every node's agent: the ranks
    checkpoint and stop (3), and the next look at the runs records it, saying so.
+   And `kill <inv>` (SIGTERM) alone: inv passed it to srun, which killed the ranks with nothing saved
+   ("failed"); now the step's tasks get it (scancel --signal=TERM JOB.STEP), as at a preemption.
 """
 from __future__ import annotations
 
@@ -115,6 +117,31 @@ def test_ranks_whose_salloc_and_inv_are_killed_checkpoint_and_stop(slurm_cluster
     assert (md["status"], md["settled_by"], md["hosts"]) == ("lost", "pid", ["node1", "node2"]), md
     assert f"every rank then checkpointed and stopped (`inv train.pretrain --resume {run}` continues it)" in md["error"]
     print(f"inv killed to every rank stopped: {stopped:.1f} s")
+
+
+def test_sigterm_to_inv_in_an_allocation_checkpoints_instead_of_killing_the_ranks(slurm_cluster, dataset, tmp_path):
+    salloc = subprocess.Popen(["salloc", "-N2", "--quiet", str(INV), "train.pretrain", "--runtime", "slurm",
+                               "--nproc", "2", "--name", "term", *train_args(dataset, steps=100000)],
+                              cwd=REPO, env=_env(slurm_cluster, tmp_path), stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _wait_for(lambda: _runs(tmp_path) and (_runs(tmp_path)[0] / "metrics.jsonl").is_file()
+                  and max(train_losses(_runs(tmp_path)[0]) or [0]) >= 3, 300, "three steps")
+        (inv,) = map(int, subprocess.run(["pgrep", "-P", str(salloc.pid)], capture_output=True,
+                                         text=True).stdout.split())
+        os.kill(inv, signal.SIGTERM)                    # `kill PID`: inv alone
+        out, err = salloc.communicate(timeout=120)
+    finally:
+        if salloc.poll() is None:
+            os.killpg(salloc.pid, signal.SIGKILL)
+            salloc.communicate()
+        slurm_cluster.slurm_run("scancel", "--user", "root")
+    assert salloc.returncode == 3, err[-3000:]
+    assert "SIGTERM: the ranks of Slurm step" in err and "Killed" not in err and "Traceback" not in err, err[-3000:]
+    (run,) = _runs(tmp_path)
+    md = json.loads((run / "metadata.json").read_text())
+    assert md["status"] == "preempted" and md["hosts"] == ["node1", "node2"], md
+    assert (run / "checkpoints" / f"step_{max(train_losses(run))}" / "COMPLETE").is_file()
 
 
 def _alive(pid: int) -> bool:

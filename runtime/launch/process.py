@@ -29,6 +29,7 @@ from trainer.ranklog import PROGRESS_TTY_VAR
 
 TIMED_OUT = 124          # a command ended at its timeout (coreutils timeout's status)
 KILL_AFTER_S = 15        # after a timeout's SIGTERM, SIGKILL
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)   # what run_streaming's `interrupt` takes
 
 
 def _pump(source: IO[bytes], sinks: list[IO], lock: threading.Lock) -> None:
@@ -100,10 +101,11 @@ def open_log(run_dir: Path | None, log_name: str, argv: Sequence[str] | None = N
 
 def run_streaming(argv: list[str], env: Mapping[str, str], log_path: Path | None = None,
                   cwd: str | None = None, stdout: IO | None = None, stderr: IO | None = None,
-                  masker=None, interrupt: Callable[[subprocess.Popen], None] | None = None,
+                  masker=None, interrupt: Callable[[subprocess.Popen, int], None] | None = None,
                   timeout: float | None = None, orphaned: int | None = None) -> int:
-    """Run argv, tee output to console + log_path, pass signals on; the exit status. `interrupt(proc)`
-    takes a Ctrl-C instead of the child (srun: runtime.cluster.slurm.control.interrupt_step).
+    """Run argv, tee output to console + log_path, pass signals on; the exit status. `interrupt(proc,
+    signum)` takes a Ctrl-C, SIGTERM or SIGHUP (INTERRUPTS) instead of the child (srun, which would end
+    its step on them: runtime.cluster.slurm.control.interrupt_step).
     `orphaned`: the signal the child gets should this process die first (kill -9, the OOM killer),
     from the kernel (core.signals.on_parent_death)."""
     log = MaskedFile(open(log_path, "a", encoding="utf-8"), masker) if log_path else None
@@ -135,8 +137,8 @@ def run_streaming(argv: list[str], env: Mapping[str, str], log_path: Path | None
         pump.start()
 
     def send(signum: int) -> None:
-        if signum == signal.SIGINT and interrupt is not None:
-            interrupt(proc)
+        if signum in INTERRUPTS and interrupt is not None:
+            interrupt(proc, signum)
         else:
             proc.send_signal(signum)
 

@@ -34,19 +34,20 @@ def _run(argv: list[str], env: Mapping[str, str], timeout: float = 60) -> subpro
                           "(`scontrol ping`)?") from None
 
 
-def interrupt_step(step: str, srun: subprocess.Popen, env: Mapping[str, str]) -> None:
-    """A Ctrl-C for the tasks of a running srun: SIGINT to each (`scancel --signal=INT JOB.STEP`), as a
-    terminal's Ctrl-C on their node would give it. srun alone passes SIGINT on only at a second one
-    within a second, and without a terminal on its stdin ends the step instead. With no step yet
-    (step ''), srun gets the SIGINT and gives up its request."""
+def interrupt_step(step: str, srun: subprocess.Popen, env: Mapping[str, str], signum: int = signal.SIGINT) -> None:
+    """A Ctrl-C (or SIGTERM, SIGHUP) for the tasks of a running srun: the signal to each (`scancel
+    --signal=INT JOB.STEP`), as a terminal's Ctrl-C on their node would give it. srun alone passes SIGINT
+    on only at a second one within a second, and without a terminal on its stdin ends the step
+    instead; at SIGTERM or SIGHUP it kills the tasks. With no step yet (step ''), srun gets the
+    signal and gives up its request."""
     if step:
         try:
-            subprocess.run(["scancel", "--signal=INT", step], env=dict(env), capture_output=True, timeout=30,
-                           stdin=subprocess.DEVNULL)
+            subprocess.run(["scancel", f"--signal={signal.Signals(signum).name.removeprefix('SIG')}", step],
+                           env=dict(env), capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
             return
         except (OSError, subprocess.TimeoutExpired):
             pass
-    srun.send_signal(signal.SIGINT)
+    srun.send_signal(signum)
 
 
 def require_controller(env: Mapping[str, str]) -> None:

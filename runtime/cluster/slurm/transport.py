@@ -177,18 +177,20 @@ class Slurm(Transport):
 
 
 def _interrupt_recorded_step(run_dir: Path, env: Mapping[str, str]):
-    """Ctrl-C of an `inv` running srun for a training run: SIGINT to the tasks of the step the nodes
-    recorded in RUN/logs/slurm-step (control.interrupt_step), so the ranks checkpoint and stop as after
-    a Ctrl-C here. Passed on to srun, two SIGINTs within a second (the terminal's and ours), or one
-    with no terminal on its stdin, ended the step instead, which lost the training."""
-    def interrupt(proc: subprocess.Popen) -> None:
+    """Ctrl-C (SIGTERM, SIGHUP) of an `inv` running srun for a training run: the signal to the tasks of
+    the step the nodes recorded in RUN/logs/slurm-step (control.interrupt_step), so the ranks checkpoint
+    and stop as after that signal here. Passed on to srun, two SIGINTs within a second (the terminal's
+    and ours), or one with no terminal on its stdin, ended the step instead, and a SIGTERM or SIGHUP
+    killed the ranks: the training since the last checkpoint was lost."""
+    def interrupt(proc: subprocess.Popen, signum: int) -> None:
         try:
             step = (Path(run_dir) / STEP_FILE).read_text().strip()
         except OSError:
             step = ""
         if step:
-            print(f"interrupted: the ranks of Slurm step {step} checkpoint and stop", file=sys.stderr, flush=True)
-        control.interrupt_step(step, proc, env)
+            print(f"{'interrupted' if signum == signal.SIGINT else signal.Signals(signum).name}: the ranks of "
+                  f"Slurm step {step} checkpoint and stop", file=sys.stderr, flush=True)
+        control.interrupt_step(step, proc, env, signum)
     return interrupt
 
 
