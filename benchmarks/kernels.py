@@ -28,6 +28,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from core import files
@@ -228,6 +229,19 @@ def table_rows(rows: list[dict]) -> list[list]:
     return out
 
 
+#: What the table's head and the JSON report carry near their start: an --out file holding either is a
+#: report of this benchmark, which --out may replace (core.files.not_ours).
+MARKS = ("ceilings measured now: copy", '"ceilings": {')
+
+
+def check_out(path: str, force: bool = False) -> None:
+    """KernelBenchError (one line) before any measuring, for an --out that is a folder or a file this
+    benchmark did not write (unless `force`)."""
+    if Path(path).is_dir():
+        raise KernelBenchError(f"--out {path} is a directory; expected a file path such as {Path(path) / 'kernels.txt'}")
+    files.refuse_foreign(path, KernelBenchError, MARKS, "a report bench.kernels wrote", force=force)
+
+
 def render(report: dict) -> str:
     from tabulate import tabulate
     c = report["ceilings"]
@@ -284,9 +298,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--quick", action="store_true", help="shorter timing (fewer repetitions)")
     parser.add_argument("--out", help="also write the table (or JSON with --json) to this file")
+    parser.add_argument("--force", action="store_true", help="write over an --out file this benchmark did not write")
     parser.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
+        if args.out:
+            check_out(args.out, args.force)
         report = run(args.op, args.quick, args.device)
         text = json.dumps(report, indent=2) if args.json else render(report)
         if args.out:

@@ -92,6 +92,40 @@ def file_in_the_way(path: str | Path) -> Path | None:
     return None
 
 
+OURS_HEAD = 1 << 16     # how much of an existing file is read for its writer's mark
+
+
+def not_ours(path: str | Path, marks: tuple[str, ...]) -> bool:
+    """Whether `path` is a file with content that none of `marks` (each a text a task's output
+    carries near its start: a header line, a generator tag) shows to be the task's own. A missing or
+    empty file is free: writing there loses nothing."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(OURS_HEAD)
+    except (FileNotFoundError, IsADirectoryError):
+        return False
+    except OSError:
+        return True         # unreadable, yet a rename in its folder would replace it
+    return bool(head) and not any(mark.encode() in head for mark in marks)
+
+
+def refuse_foreign(path: str | Path, error: type[Exception], marks: tuple[str, ...], what: str, *,
+                   force: bool = False, option: str = "--out", given: str | Path | None = None) -> None:
+    """`error` with one line unless a task may write its output to `path`: a new or empty file, or one
+    it wrote before (not_ours); with `force`, any regular file. Never a device, pipe or socket: the
+    atomic writer would put a file in its place (/dev/null, as root). Call before the work."""
+    path, given = Path(path), given if given is not None else path
+    try:
+        regular = not path.exists() or path.is_dir() or path.is_file()
+    except OSError:
+        regular = True      # (unreadable: the writer says why)
+    if not regular:
+        raise error(f"{option} {given} is not a regular file (a device, a pipe or a socket); expected a file path")
+    if not force and not_ours(path, marks):
+        raise error(f"{option} {given} exists and is not {what}; choose another path, or add --force to "
+                    "write over it")
+
+
 def make_parent(path: str | Path, error: type[Exception], given: str | Path | None = None) -> None:
     """Create `path`'s folder, or raise `error` with one line: "--out GIVEN: cannot create X (reason)"."""
     path = Path(path)

@@ -96,6 +96,8 @@ PHASE = _variable("ANVIL_PHASE", "hooks: pre or post", "anvil")
 RANK = _variable("ANVIL_RANK", "hooks: the node rank they run on", "anvil")
 OUTCOME = _variable("ANVIL_OUTCOME", "post hooks: how the task ended (ok, failed, interrupted, ...)", "anvil")
 OUTCOME_ERROR = _variable("ANVIL_OUTCOME_ERROR", "post hooks: the task's error line, if it failed", "anvil")
+HOOK_SESSION = _variable("ANVIL_HOOK_SESSION", "hooks: marks every process a hook starts, so that a hook past "
+                         "its timeout is killed with all of them, those that left its session (setsid) too", "anvil")
 PROFILE_STEPS = _variable("ANVIL_PROFILE_STEPS", "profile.train: the steps to profile (START:END)", "anvil")
 PROFILE_RANKS = _variable("ANVIL_PROFILE_RANKS", "profile.train: the ranks to profile", "anvil")
 PROFILE_TOOL = _variable("ANVIL_PROFILE_TOOL", "profile.train --tool: the vendor profiler the ranks run under",

@@ -266,3 +266,26 @@ class Stopper:
 def install(signals=DEFAULT_SIGNALS, check_every: int | None = None) -> Stopper:
     """Install the handlers (call after init_process_group, before the loop)."""
     return Stopper(signals, check_every).install()
+
+
+def on_parent_death(signum: int, parent: int | None = None):
+    """A function that asks the kernel to send `signum` to the process calling it when that
+    process's parent thread ends (Linux PR_SET_PDEATHSIG) and returns whether its parent is still
+    `parent` (True when None): a parent that died before the call sends nothing. None where there is
+    no such call. Called in this process (the node agent) or in a child between fork and exec
+    (Popen's preexec_fn, which must load no library: hence made beforehand)."""
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def arm() -> bool:
+        prctl(pr_set_pdeathsig, int(signum), 0, 0, 0)
+        return parent is None or os.getppid() == parent
+    return arm

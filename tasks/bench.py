@@ -110,13 +110,16 @@ def allreduce(c, op="all_reduce", sizes="1M,16M,64M", iters=20, nproc=0, gpu="",
 @run_task(help={"op": "rms_norm, rope, swiglu, cross_entropy, flce, grouped_gemm, moe_permute, router or all "
                       "(default)",
                 "json": "print the report as JSON", "quick": "fewer repetitions (a rough table fast)",
-                "out": "also write the table (or the JSON) to this file"})
-def kernels(c, op="all", json=False, quick=False, out="", run_options=None):
+                "out": "also write the table (or the JSON) to this file",
+                "force": "write over an existing --out file that bench.kernels did not write"})
+def kernels(c, op="all", json=False, quick=False, out="", force=False, run_options=None):
     """Fused kernels vs eager, torch.compile and Liger-Kernel or torch._grouped_mm (forward + backward, bf16)."""
     import torch
 
     from benchmarks import kernels as kb
 
+    if out:
+        kb.check_out(out, force)        # before minutes of measuring: one line, exit 2
     if not torch.cuda.is_available():
         raise AnvilError("needs a CUDA or ROCm GPU and this machine has none visible "
                          "(torch.cuda.is_available() is False)", 1)

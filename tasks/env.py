@@ -8,7 +8,7 @@ import sys
 from invoke import Collection, task
 
 from core import names
-from runtime.jobs.environment import explained_var, print_warnings, resolve_on_hosts, resolved_env
+from runtime.jobs.environment import explained_var, print_warnings, resolve_on_hosts, resolved_env, write_export
 from core.errors import UserError
 
 COMMON_HELP = {
@@ -85,21 +85,17 @@ def explain(c, var, gpu="", site="", config="", env=None, json=False, tune_gemm=
 
 @task(iterable=["env"],  # auto short flags for -o FILE; no parameter starts with h
       help={**{k: v for k, v in COMMON_HELP.items() if k != "json"},
-            "output": "Write to this file (atomically) instead of stdout"})
-def export(c, gpu="", site="", config="", env=None, output=""):
+            "output": "Write to this file (atomically) instead of stdout",
+            "force": "Write over an existing --output file that env.export did not write"})
+def export(c, gpu="", site="", config="", env=None, output="", force=False):
     """A shell file to `source`: export lines with quoted values, each naming its layer."""
     import envs
     resolved = resolved_env(gpu, site, config, env)
-    text = envs.shell_script(resolved)
     print_warnings(resolved.warnings)
     if not output:
-        sys.stdout.write(text)
+        sys.stdout.write(envs.shell_script(resolved))
         return
-    from runtime.runs.rundir import write_text
-    try:
-        write_text(output, text)
-    except OSError as exc:
-        raise UserError(f"cannot write {output}: {exc.strerror or exc}") from None
+    write_export(resolved, output, force)     # UserError: one line, exit 2
     print(f"wrote {output} ({len(resolved.environ())} variables); use: source {output}")
 
 

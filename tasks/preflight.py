@@ -39,6 +39,7 @@ PERF_HELP = {
     "floor": "Floor NAME=VALUE over the GPU profile's (gemm_tflops, hbm_gbps, h2d_gbps, allreduce_gbps; repeatable)",
     "baseline": "Also fail a GPU more than --tolerance below this baseline (a --save-baseline file)",
     "save-baseline": "Write this node's figures to FILE, the baseline for other nodes (run it on a known-good node)",
+    "force": "Write over an existing --save-baseline file that is not a baseline",
     "tolerance": "How far under the baseline still passes: a fraction, 0.05 or 5% (default 0.05)",
     "timeout": "Seconds per GPU before it counts as hung (default 120)",
 }
@@ -113,7 +114,7 @@ all_checks = _check_task(ALL, "All checks in one table (gpu, host, software, net
 
 @run_task(help={**HELP, **PERF_HELP}, per_node=True, iterable=["floor"])
 def perf(c, gpu="", site="", json=False, require_gpu=False, allow_unknown_gpu=False, floor=None, baseline="",
-         save_baseline="", tolerance="0.05", timeout=0.0, run_options=None):
+         save_baseline="", tolerance="0.05", timeout=0.0, force=False, run_options=None):
     """GPU performance screen: GEMM, HBM copy, host-to-device per GPU, local all-reduce; exit 1 on FAIL.
 
     Each GPU's figures are judged against its model's floors (--floor) and, when given, a
@@ -124,7 +125,7 @@ def perf(c, gpu="", site="", json=False, require_gpu=False, allow_unknown_gpu=Fa
     extra = {"floors": perf_mod.parse_floors(floor), "tolerance": perf_mod.check_tolerance(tolerance),
              "baseline": perf_mod.read_baseline(baseline) if baseline else None, "timeout": float(timeout)}
     if save_baseline:
-        perf_mod.check_save_path(save_baseline)
+        perf_mod.check_save_path(save_baseline, force)
 
     def save(inputs, run):
         if save_baseline:

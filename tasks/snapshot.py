@@ -188,11 +188,12 @@ def replay(c, run, force=False, dry_run=False, trust_run=False):
       help={"run": "Run directory (path, or name under the runs folder)",
             "also": "Another run to compare with it: curves overlaid, snapshot.diff as a table (repeatable)",
             "out": "Output .html file or folder (default: RUN/report.html; with --also, a dated file in the runs "
-                   "folder)"})
-def report(c, run, also=None, out=""):
+                   "folder)",
+            "force": "Write over an existing --out file that snapshot.report did not write"})
+def report(c, run, also=None, out="", force=False):
     """One self-contained HTML file to look at: charts, tables and the node topology of a run (or several)."""
     from runtime.report import write
-    path = write([run, *(also or [])], out or None, _settings(c).runs_dir)   # one line, exit 2, on bad input
+    path = write([run, *(also or [])], out or None, _settings(c).runs_dir, force)   # one line, exit 2, on bad input
     print(path)
 
 

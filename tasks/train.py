@@ -97,15 +97,17 @@ def export(c, run, format="hf", out="", dtype="bfloat16"):
 
 
 @task(help={"run": "Run directory (reads its metrics.jsonl, and those of the runs it resumed from)",
-            "out": "Output .png file or directory (default: RUN/plots/metrics.png)"})
-def plot(c, run, out=""):
+            "out": "Output .png file or directory (default: RUN/plots/metrics.png)",
+            "force": "Write over an existing --out file that train.plot did not draw"})
+def plot(c, run, out="", force=False):
     """Draw loss, throughput and memory over steps to PNG (every segment of a resumed run)."""
     from pathlib import Path
 
     from runtime.runs import metrics
     from trainer.plot import plot_run
     curves = metrics.read(run) if str(run).strip() and Path(run).is_dir() else None
-    path = plot_run(run, out or None, (curves.train, curves.val, curves.resumes) if curves else None)  # one line, exit 2
+    path = plot_run(run, out or None, (curves.train, curves.val, curves.resumes) if curves else None,
+                    force)   # one line, exit 2
     print(path)
 
 

@@ -190,9 +190,10 @@ def test_a_node_whose_ranks_die_ends_the_job_and_is_named(slurm_cluster, dataset
 
 def test_bad_slurm_input_is_one_message(slurm_cluster, dataset, tmp_path):
     env = _env(slurm_cluster, tmp_path)
-    rejected = subprocess.run([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "2",
-                               "--partition", "nosuchpart", *train_args(dataset)],
-                              cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    # (--partition itself is checked before a run exists: test_hostile_runner_slurm.py; slurm_extra's is sbatch's)
+    rejected = subprocess.run([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "2", *train_args(dataset)],
+                              cwd=REPO, env={**env, "INVOKE_ANVIL_SLURM_EXTRA": "--partition=nosuchpart"},
+                              capture_output=True, text=True, timeout=120)
     assert rejected.returncode == 2 and "sbatch rejected the job" in rejected.stderr, rejected.stderr[-2000:]
     assert "Traceback" not in rejected.stderr
     too_many = subprocess.run(["salloc", "-N2", "--quiet", str(INV), "train.pretrain", "--runtime", "slurm",

@@ -16,8 +16,10 @@ from pathlib import Path
 
 from core import names, runfiles
 from core.errors import UserError
-from core.files import file_in_the_way, make_parent, write_atomic
+from core.files import file_in_the_way, make_parent, refuse_foreign, write_atomic
 
+#: The PNG's Software text (a chunk before the image data): what an --out may replace is a plot of ours.
+MARK = "Anvil train.plot"
 PANELS = ("Loss", "Throughput", "Memory", "Learning rate and gradient norm")
 
 
@@ -129,10 +131,12 @@ def _title(run_dir: Path, train: dict) -> str:
     return "  |  ".join(p for p in parts if p)
 
 
-def plot_run(run_dir: str | os.PathLike, out_png: str | os.PathLike | None = None, curves=None) -> Path:
+def plot_run(run_dir: str | os.PathLike, out_png: str | os.PathLike | None = None, curves=None,
+             force: bool = False) -> Path:
     """Draw RUN_DIR/metrics.jsonl to out_png (a .png path or a directory; default
     RUN_DIR/plots/metrics.png); returns the PNG's path. curves: (train, val, resumes) already
-    read, e.g. every segment of a resumed run (runtime.runs.metrics), instead of this file's."""
+    read, e.g. every segment of a resumed run (runtime.runs.metrics), instead of this file's.
+    An out_png that is a file this function did not draw is refused unless `force`."""
     if not str(run_dir).strip():
         raise PlotError("the run is empty; expected a run directory (it holds metrics.jsonl)")
     run_dir = Path(run_dir)
@@ -153,11 +157,13 @@ def plot_run(run_dir: str | os.PathLike, out_png: str | os.PathLike | None = Non
     if out.is_dir():
         raise PlotError(f"--out {out} is a directory; expected a .png file or a directory to put "
                         f"metrics.png in")
+    if out_png:   # (the default, RUN/plots/metrics.png, is the run's own, whoever drew it)
+        refuse_foreign(out, PlotError, (MARK,), "a plot train.plot drew", force=force)
     make_parent(out, PlotError)
     fig = build_figure(train, val, resumes, title=_title(run_dir, train))
     try:
         buffer = io.BytesIO()
-        fig.savefig(buffer, dpi=110, format="png")
+        fig.savefig(buffer, dpi=110, format="png", metadata={"Software": MARK})
     finally:
         from matplotlib import pyplot as plt
 

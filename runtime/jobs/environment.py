@@ -4,6 +4,7 @@
     print_warnings(env.warnings)
     a, b, env_a, env_b = resolve_on_hosts(c, "node1,node2")     # env.diff --hosts
     var = explained_var(env, "nccl_socket_ifname")               # env.explain: any case, else UserError
+    write_export(env, "anvil.env", force=False)                  # env.export -o: never over a file not its own
 
 Bad input (an unknown GPU or site, a malformed KEY=VALUE, an unreadable config)
 raises envs.EnvError, a UserError: the inv program shows its message, exit 2.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import sys
+from pathlib import Path
 
 from core.errors import AnvilError, UserError
 
@@ -63,6 +65,22 @@ def explained_var(resolved, name: str):
     close = difflib.get_close_matches(name.upper(), known, n=3, cutoff=0.6)
     hint = f"did you mean {' or '.join(close)}?" if close else "no Anvil profile knows that name"
     raise UserError(f"{here}; {hint} (inv env.show lists what is set)")
+
+
+def write_export(resolved, output: str, force: bool = False) -> None:
+    """The shell file of `resolved` at `output`, atomically; a UserError (one line) for a path it
+    cannot write, or a file there that env.export did not write, unless `force`."""
+    import envs
+    from envs.export import MARK
+    from core.files import refuse_foreign, write_atomic
+
+    refuse_foreign(output, UserError, (MARK,), "a file env.export wrote", force=force, option="--output")
+    if Path(output).is_dir():
+        raise UserError(f"--output {output} is a directory; expected a file path such as {Path(output) / 'anvil.env'}")
+    try:
+        write_atomic(output, envs.shell_script(resolved))
+    except OSError as exc:
+        raise UserError(f"cannot write {output}: {exc.strerror or exc}") from None
 
 
 def print_warnings(warnings) -> None:

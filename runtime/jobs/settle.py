@@ -38,7 +38,7 @@ from core.host import this_host
 from runtime.cluster.slurm import batch
 from runtime.cluster.slurm import control as slurm
 from runtime.launch.spec import LaunchError
-from runtime.runs import jobend, rundir
+from runtime.runs import jobend, outcome, rundir
 
 EXIT_UNKNOWN = 1   # a lost job's exit status: unknown, and not a success
 
@@ -177,10 +177,16 @@ def settle_run(run_dir: Path, env: Mapping[str, str] | None = None) -> Settled |
 
 # -- a run whose inv died on this machine (kill -9, the OOM killer, a crash) --------------------
 
+QUIET_S = 60.0   # how long the logs of a run whose inv died stay unwritten before it is "lost"
+
+
 def settle_dead_launchers(runs: Iterable[tuple[Path, dict]], host: str | None = None) -> list[Settled]:
     """Record "lost" for each run that says "running" though the inv that runs it (metadata pid, on this
-    host) is gone: nothing else would ever record its end. A direct run's ranks stopped with it
-    (runtime.launch.agent). Runs of other hosts, Slurm jobs and live processes are left alone."""
+    host) is gone: nothing else would ever record its end. Its ranks stop with it, after a checkpoint
+    (a direct run's agent and an srun step hear of it from the kernel: runtime.launch.agent,
+    runtime.cluster.slurm.transport); the record says so once every node's agent has reported. Until
+    then a run whose logs were written in the last QUIET_S seconds is left "running": its ranks are
+    still stopping, or training. Runs of other hosts, Slurm jobs and live processes are left alone."""
     host = host or this_host()
     settled = []
     for run_dir, metadata in runs:
@@ -190,6 +196,19 @@ def settle_dead_launchers(runs: Iterable[tuple[Path, dict]], host: str | None = 
             continue
         why = (f"its inv (pid {pid}) ended without recording the end: killed (kill -9, the OOM killer) or "
                f"crashed")
+        try:
+            report = outcome.read(Path(run_dir))
+            expected = metadata.get("world_size")
+            reported = bool(report.nodes) and report.world_size >= (expected if isinstance(expected, int) else 1)
+            last = _last_sign_of_life(Path(run_dir))
+            if not reported and last is not None and time.time() - last < QUIET_S:
+                continue
+            if reported and report.stop_status():
+                why += ("; every rank then checkpointed and stopped"
+                        + (f" (`inv {metadata.get('task')} --resume {run_dir}` continues it)"
+                           if metadata.get("task") == "train.pretrain" else ""))
+        except OSError:
+            continue   # unreadable (a teammate's run): shown as it was
         try:
             if jobend.record(Path(run_dir), EXIT_UNKNOWN, status="lost", why=why,
                              ended=_last_sign_of_life(Path(run_dir)), settled_by="pid", waiting=("running",)):

@@ -52,7 +52,7 @@ import runtime.launch.tools as tools
 from runtime.launch.spec import (EXIT_INTERRUPTED, EXIT_REQUEUE, LAUNCHER_PID_VAR, NODE_LOCAL_VAR, PASSED_SIGNALS,
                                  RUN_DIR_VAR)
 from core.files import write_json_atomic
-from core.signals import EXIT_HUNG, STOP_SIGNALS, exit_status
+from core.signals import EXIT_HUNG, STOP_SIGNALS, exit_status, on_parent_death
 
 
 def container_engine(environ) -> str | None:
@@ -275,17 +275,13 @@ def _end_with_launcher() -> bool:
     """A direct run's agent gets SIGTERM when the inv that started it dies (kill -9, a crash, an OOM
     kill): the ranks checkpoint and stop, as at a preemption, instead of training on with no one to
     record the end. Linux (prctl PR_SET_PDEATHSIG); call with the handlers in place. False when that
-    inv is gone already."""
+    inv is gone already. (Under Slurm the agent is srun's task, on another machine: srun gets the
+    same from inv, runtime.cluster.slurm.transport.)"""
     launcher = os.environ.get(LAUNCHER_PID_VAR, "")
-    if not launcher.isdigit() or not sys.platform.startswith("linux"):
+    if not launcher.isdigit():
         return True
-    import ctypes
-    pr_set_pdeathsig = 1
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
-    except (OSError, AttributeError):
-        return True
-    return os.getppid() == int(launcher)
+    arm = on_parent_death(signal.SIGTERM, int(launcher))
+    return True if arm is None else arm()
 
 
 def main(argv=None) -> int:

@@ -22,12 +22,14 @@ from pathlib import Path
 from typing import IO, Callable, Mapping, Sequence
 
 from core import names
+from core.signals import on_parent_death
 from runtime.launch.commands import agent_command, launch_env
 from runtime.launch.spec import LAUNCHER_PID_VAR, PASSED_SIGNALS, LaunchError, LaunchSpec, processes_per_node
 from trainer.ranklog import PROGRESS_TTY_VAR
 
 TIMED_OUT = 124          # a command ended at its timeout (coreutils timeout's status)
 KILL_AFTER_S = 15        # after a timeout's SIGTERM, SIGKILL
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)   # what run_streaming's `interrupt` takes
 
 
 def _pump(source: IO[bytes], sinks: list[IO], lock: threading.Lock) -> None:
@@ -99,17 +101,29 @@ def open_log(run_dir: Path | None, log_name: str, argv: Sequence[str] | None = N
 
 def run_streaming(argv: list[str], env: Mapping[str, str], log_path: Path | None = None,
                   cwd: str | None = None, stdout: IO | None = None, stderr: IO | None = None,
-                  masker=None, interrupt: Callable[[subprocess.Popen], None] | None = None,
-                  timeout: float | None = None) -> int:
-    """Run argv, tee output to console + log_path, pass signals on; the exit status. `interrupt(proc)`
-    takes a Ctrl-C instead of the child (srun: runtime.cluster.slurm.control.interrupt_step)."""
+                  masker=None, interrupt: Callable[[subprocess.Popen, int], None] | None = None,
+                  timeout: float | None = None, orphaned: int | None = None) -> int:
+    """Run argv, tee output to console + log_path, pass signals on; the exit status. `interrupt(proc,
+    signum)` takes a Ctrl-C, SIGTERM or SIGHUP (INTERRUPTS) instead of the child (srun, which would end
+    its step on them: runtime.cluster.slurm.control.interrupt_step).
+    `orphaned`: the signal the child gets should this process die first (kill -9, the OOM killer),
+    from the kernel (core.signals.on_parent_death)."""
     log = MaskedFile(open(log_path, "a", encoding="utf-8"), masker) if log_path else None
+    arm = None
+    if orphaned is not None and threading.current_thread() is threading.main_thread():
+        # (the kernel sends it when the thread that started the child ends: only the main thread's is ours)
+        arm = on_parent_death(orphaned, os.getpid())
+
+    def preexec() -> None:
+        if not arm():    # this process died while the child started: nothing would ever send it
+            os.kill(os.getpid(), signal.SIGKILL)
     try:
         # With `interrupt` (srun) the child gets a session of its own: a terminal's Ctrl-C reaches the whole
         # foreground group, and srun, its stdin not a terminal, aborts the step on it. Every signal it should
         # see comes through passing_signals.
         proc = subprocess.Popen(argv, env=dict(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                stdin=subprocess.DEVNULL, start_new_session=interrupt is not None)
+                                stdin=subprocess.DEVNULL, start_new_session=interrupt is not None,
+                                preexec_fn=preexec if arm is not None else None)
     except OSError as exc:
         if log:
             log.close()
@@ -123,8 +137,8 @@ def run_streaming(argv: list[str], env: Mapping[str, str], log_path: Path | None
         pump.start()
 
     def send(signum: int) -> None:
-        if signum == signal.SIGINT and interrupt is not None:
-            interrupt(proc)
+        if signum in INTERRUPTS and interrupt is not None:
+            interrupt(proc, signum)
         else:
             proc.send_signal(signum)
 

@@ -31,6 +31,7 @@ METRICS = (("gemm_tflops", "perf.gemm", "TFLOP/s"), ("hbm_gbps", "perf.hbm_copy"
            ("h2d_gbps", "perf.h2d", "GB/s"))
 ALLREDUCE = ("allreduce_gbps", "perf.allreduce", "GB/s")
 FLOOR_NAMES = tuple(m[0] for m in METRICS) + (ALLREDUCE[0],)
+BASELINE_FORMAT = "anvil-perf-baseline/1"      # a --save-baseline file's "format"
 
 
 def floors_for(machine, overrides: dict) -> tuple[dict, str, int, str]:
@@ -137,7 +138,7 @@ def baseline_document(inp) -> dict:
     if measured.get("allreduce_gbps") is not None:
         medians[ALLREDUCE[0]] = measured["allreduce_gbps"]
     host = this_host(inp.environ)
-    return {"format": "anvil-perf-baseline/1", "host": host, "gpu": inp.machine.name, "gpus": inp.machine.count,
+    return {"format": BASELINE_FORMAT, "host": host, "gpu": inp.machine.name, "gpus": inp.machine.count,
             "measured": medians, "source": f"baseline of {host} ({inp.machine.summary()})"}
 
 
@@ -170,7 +171,7 @@ def read_baseline(path: str) -> dict:
         raise PerfOptionError(f"--baseline {path}: no such file (record one with --save-baseline FILE)") from None
     except (OSError, ValueError) as exc:
         raise PerfOptionError(f"--baseline {path}: cannot read it as JSON: {exc}") from None
-    if not isinstance(data, dict) or data.get("format") != "anvil-perf-baseline/1" \
+    if not isinstance(data, dict) or data.get("format") != BASELINE_FORMAT \
             or not isinstance(data.get("measured"), dict):
         raise PerfOptionError(f"--baseline {path}: not a baseline written by `inv preflight.perf --save-baseline`")
     data["source"] = f"{path}: {data.get('source', '')}".rstrip(": ")
@@ -190,10 +191,11 @@ def check_tolerance(tolerance) -> float:
     return value
 
 
-def check_save_path(path: str) -> None:
-    """Refuse a --save-baseline FILE that could not be written, before minutes of measuring.
-    Missing folders are fine (the writer makes them) when the nearest existing one takes a new file."""
-    from core.files import file_in_the_way
+def check_save_path(path: str, force: bool = False) -> None:
+    """Refuse a --save-baseline FILE that could not be written, before minutes of measuring, or that
+    is a file other than a baseline (unless `force`). Missing folders are fine (the writer makes
+    them) when the nearest existing one takes a new file."""
+    from core.files import file_in_the_way, refuse_foreign
 
     target = Path(path)
     if target.is_dir():
@@ -202,6 +204,8 @@ def check_save_path(path: str) -> None:
     blocker = file_in_the_way(target)
     if blocker is not None:
         raise PerfOptionError(f"--save-baseline {path}: {blocker} is a file, not a folder")
+    refuse_foreign(target, PerfOptionError, (f'"format": "{BASELINE_FORMAT}"',), "a baseline preflight.perf wrote",
+                   force=force, option="--save-baseline")
     folder = next(p for p in target.absolute().parents if p.exists())
     try:
         # A real file, not os.access: root passes access() where no file can be made (/proc, a read-only mount).

@@ -16,7 +16,10 @@ from pathlib import Path
 
 from core import names
 from core.errors import UserError
-from core.files import file_in_the_way, write_atomic
+from core.files import file_in_the_way, refuse_foreign, write_atomic
+
+#: What every page page.render makes says in its header: a file with it is a report --out may replace.
+MARK = "<p>Anvil run report · made "
 
 
 class ReportError(UserError):
@@ -40,8 +43,9 @@ def default_out(paths: list[Path], runs_dir: Path) -> Path:
     return Path(runs_dir) / f"report_{stamp}_{len(paths)}-runs.html"
 
 
-def check_out(out: Path) -> Path:
-    """The output path as given: a .html file (a folder gets report.html)."""
+def check_out(out: Path, force: bool = False) -> Path:
+    """The output path as given: a .html file (a folder gets report.html), new or a report; any file
+    with `force`."""
     if out.is_dir():
         out = out / names.REPORT_HTML
     if out.suffix.lower() not in (".html", ".htm"):
@@ -49,6 +53,7 @@ def check_out(out: Path) -> Path:
     blocker = file_in_the_way(out)
     if blocker is not None:
         raise ReportError(f"--out {out}: cannot write it: {blocker} is a file, not a folder")
+    refuse_foreign(out, ReportError, (MARK,), "a report snapshot.report wrote", force=force)
     return out
 
 
@@ -74,10 +79,11 @@ def build(runs: list, runs_dir: Path | None = None) -> tuple[str, list[Path]]:
     return page.render(parts, title, plotly_js()), [rec.path for rec, _ in loaded]
 
 
-def write(runs: list, out: str | Path | None = None, runs_dir: Path | None = None) -> Path:
+def write(runs: list, out: str | Path | None = None, runs_dir: Path | None = None, force: bool = False) -> Path:
     """Write the report of `runs` to `out` (default: RUN/report.html for one run, a dated file in
-    the runs folder for several); returns its path."""
-    target = check_out(Path(out)) if out else None      # before any work: a bad --out is one line
+    the runs folder for several; both Anvil's own); returns its path. An --out that is a file the
+    report did not write is refused unless `force`."""
+    target = check_out(Path(out), force) if out else None      # before any work: a bad --out is one line
     html, paths = build(runs, runs_dir)
     target = target or default_out(paths, runs_dir or paths[0].parent)
     try:

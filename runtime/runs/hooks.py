@@ -7,7 +7,8 @@ stdout lines ``KEY=VALUE`` extend the environment.
 
 Every hook runs in a process of its own, in a session of its own, for at most
 the hooks' timeout (the anvil.hook_timeout setting): one that takes longer is
-killed with everything it started, and the task stops naming it (exit 124). A
+killed with everything it started (its session, and what left the session with
+setsid: names.HOOK_SESSION marks those), and the task stops naming it (exit 124). A
 Python hook runs in a child interpreter (`python -m runtime.runs.hooks FOLDER`,
 `_child` below) that gets its HookContext as JSON and hands back what it added
 to ctx.env and what it logged, so nothing a hook does to its process (os._exit,
@@ -30,6 +31,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,7 +119,11 @@ def discover(root: Path, task: str, phase: str) -> list[Path]:
 def _run_child(path: Path, argv: list[str], *, env: dict, cwd: Path | None, timeout: float,
                merge: bool) -> tuple[int, str, str]:
     """Run a hook's process in a session of its own; (exit status, stdout, stderr). Past `timeout`
-    seconds (0: none), or on Ctrl-C, its whole process group is killed; a timeout is a HookError."""
+    seconds (0: none), or on Ctrl-C, it is killed with every process it started (_kill_hook); a
+    timeout is a HookError."""
+    mark = f"{os.getpid()}-{os.urandom(8).hex()}"
+    # Added to a mark already there: the hooks of an inv a hook runs carry the outer hook's too.
+    env = {**env, names.HOOK_SESSION: ",".join(filter(None, (env.get(names.HOOK_SESSION), mark)))}
     try:
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT if merge else subprocess.PIPE, text=True,
@@ -127,23 +133,60 @@ def _run_child(path: Path, argv: list[str], *, env: dict, cwd: Path | None, time
     try:
         out, err = proc.communicate(timeout=timeout or None)
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        _kill_hook(proc, mark)
         out, err = _rest(proc)
         output = (out or "") + (err or "")
         raise HookError(path, f"did not finish within {timeout:g} s (anvil.hook_timeout); it was killed", output,
                         EXIT_TIMEOUT) from None
     except BaseException:   # Ctrl-C while a hook runs: it does not outlive the task
-        _kill_group(proc)
+        _kill_hook(proc, mark)
         _rest(proc)
         raise
     return proc.returncode, out or "", err or ""
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_hook(proc: subprocess.Popen, mark: str) -> None:
+    """SIGKILL the hook's session (its process group, and groups of their own made in it) and every
+    process whose environment carries its names.HOOK_SESSION mark: one that left the session (setsid,
+    a daemon) still has it. Rounds until none is left, so that what forked meanwhile goes too. Without
+    /proc (macOS), the process group alone."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:
         pass
+    if not os.path.isdir("/proc"):
+        return
+    for _ in range(20):
+        found = [pid for pid in _live_pids() if pid != os.getpid() and _of_hook(pid, proc.pid, mark)]
+        if not found:
+            return
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.05)   # (a killed process is a zombie a moment later)
+
+
+def _live_pids() -> list[int]:
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
+def _of_hook(pid: int, session: int, mark: str) -> bool:
+    """Whether live (not zombie) process `pid` is in the hook's session or carries its mark."""
+    prefix = f"{names.HOOK_SESSION}=".encode()
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        if fields[0] in (b"Z", b"X"):
+            return False
+        if int(fields[4]) == session:
+            return True
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            entries = environ.read().split(b"\0")
+    except (OSError, IndexError, ValueError):
+        return False   # gone, or another user's (which no hook of ours can have started)
+    return any(entry.startswith(prefix) and mark.encode() in entry[len(prefix):].split(b",") for entry in entries)
 
 
 def _rest(proc: subprocess.Popen) -> tuple[str, str]:

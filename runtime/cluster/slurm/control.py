@@ -1,6 +1,6 @@
 """Slurm's client commands as Anvil asks them: is Slurm there (require, require_controller), what
-does it know about a job (job_info, known_jobs, exit_status), the hosts of a host list (hostnames),
-cancel and interrupt. Job state comes from `scontrol show job` (no accounting daemon needed).
+does it know about a job (job_info, known_jobs, exit_status), which partitions it has (partitions,
+require_partition), the hosts of a host list (hostnames), cancel and interrupt. Job state comes from `scontrol show job` (no accounting daemon needed).
 """
 from __future__ import annotations
 
@@ -34,19 +34,20 @@ def _run(argv: list[str], env: Mapping[str, str], timeout: float = 60) -> subpro
                           "(`scontrol ping`)?") from None
 
 
-def interrupt_step(step: str, srun: subprocess.Popen, env: Mapping[str, str]) -> None:
-    """A Ctrl-C for the tasks of a running srun: SIGINT to each (`scancel --signal=INT JOB.STEP`), as a
-    terminal's Ctrl-C on their node would give it. srun alone passes SIGINT on only at a second one
-    within a second, and without a terminal on its stdin ends the step instead. With no step yet
-    (step ''), srun gets the SIGINT and gives up its request."""
+def interrupt_step(step: str, srun: subprocess.Popen, env: Mapping[str, str], signum: int = signal.SIGINT) -> None:
+    """A Ctrl-C (or SIGTERM, SIGHUP) for the tasks of a running srun: the signal to each (`scancel
+    --signal=INT JOB.STEP`), as a terminal's Ctrl-C on their node would give it. srun alone passes SIGINT
+    on only at a second one within a second, and without a terminal on its stdin ends the step
+    instead; at SIGTERM or SIGHUP it kills the tasks. With no step yet (step ''), srun gets the
+    signal and gives up its request."""
     if step:
         try:
-            subprocess.run(["scancel", "--signal=INT", step], env=dict(env), capture_output=True, timeout=30,
-                           stdin=subprocess.DEVNULL)
+            subprocess.run(["scancel", f"--signal={signal.Signals(signum).name.removeprefix('SIG')}", step],
+                           env=dict(env), capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
             return
         except (OSError, subprocess.TimeoutExpired):
             pass
-    srun.send_signal(signal.SIGINT)
+    srun.send_signal(signum)
 
 
 def require_controller(env: Mapping[str, str]) -> None:
@@ -56,6 +57,27 @@ def require_controller(env: Mapping[str, str]) -> None:
         said = (proc.stdout.strip() or proc.stderr.strip()).splitlines()
         raise LaunchError(f"Slurm's controller does not answer ({said[0] if said else f'exit {proc.returncode}'}): "
                           "slurmctld is down or unreachable from here; nothing was submitted")
+
+
+def partitions(env: Mapping[str, str]) -> list[str] | None:
+    """The partitions slurmctld has, hidden ones too (`scontrol --all show partition -o`); None when it
+    does not say."""
+    proc = _run(["scontrol", "--all", "show", "partition", "-o"], env)
+    if proc.returncode != 0:
+        return None
+    return [info["PartitionName"] for info in map(_job_fields, proc.stdout.splitlines()) if "PartitionName" in info]
+
+
+def require_partition(partition: str, env: Mapping[str, str]) -> None:
+    """LaunchError (one line, before a run directory) naming each partition of `partition` (one, or a
+    comma-separated list as sbatch takes) that Slurm does not have, and the ones it has. Asked of
+    slurmctld: sbatch said so only once the run existed, and srun inside an allocation not at all."""
+    wanted = [name for name in partition.split(",") if name]
+    known = partitions(env) if wanted else None
+    missing = [name for name in wanted if known is not None and name not in known]
+    if missing:
+        raise LaunchError(f"Slurm partition (--partition, anvil.slurm_partition) {', '.join(missing)}: no such "
+                          f"partition on this cluster; its partitions: {', '.join(known) or 'none'}")
 
 
 def hostnames(nodelist: str, env: Mapping[str, str]) -> list[str]:

@@ -66,13 +66,14 @@ class Slurm(Transport):
         return self.mode(env) == "sbatch"
 
     def check(self, env: Mapping[str, str], *, each_node: bool = False) -> None:
-        """srun (sbatch) is installed and slurmctld answers. Before each_node outside an allocation:
-        `srun --test-only` says whether Slurm can ever give the nodes (srun would wait for ever,
-        without a word, for more than the partition has). The options first: a bad value is the user's to
-        fix whatever Slurm would say."""
+        """srun (sbatch) is installed, slurmctld answers and has the partition asked for. Before each_node
+        outside an allocation: `srun --test-only` says whether Slurm can ever give the nodes (srun would
+        wait for ever, without a word, for more than the partition has). The options first: a bad value
+        is the user's to fix whatever Slurm would say."""
         check_options(self.options.slurm, self.options.exclude)
         control.require("srun" if each_node or self.mode(env) == "srun" else "sbatch")
         control.require_controller(env)
+        control.require_partition(self.options.slurm.partition, env)
         if each_node and not in_allocation(env):
             count = self._count(env, (), inside=in_allocation(env))
             try:
@@ -124,8 +125,12 @@ class Slurm(Transport):
                 print(shlex.join(step), file=out)
                 return 0
             interrupt = _interrupt_recorded_step(run_dir, child_env) if run_dir else None
+            # Should inv die (kill -9, with its salloc or not), srun gets USR2, which it passes to every node's
+            # agent: the ranks checkpoint and stop (3). srun lives on without inv, and so did the ranks, to
+            # the end, with no one to record it; SIGTERM would make srun kill them with nothing saved.
             return run_logged(step, child_env, run_dir, log_name=log_name, masker=masker, interrupt=interrupt,
-                              cwd=spec.workdir or None, stdout=stdout, stderr=stderr, timeout=timeout)
+                              cwd=spec.workdir or None, stdout=stdout, stderr=stderr, timeout=timeout,
+                              orphaned=signal.SIGUSR2 if run_dir else None)
         job_name = opts.job_name or (f"anvil-{Path(run_dir).name}" if run_dir else "anvil")
         header = srun_options(opts, layout.nodes, exclude=self.options.exclude, gpus=gpus, warn=True,
                               job_name=job_name, batch=True)
@@ -172,18 +177,20 @@ class Slurm(Transport):
 
 
 def _interrupt_recorded_step(run_dir: Path, env: Mapping[str, str]):
-    """Ctrl-C of an `inv` running srun for a training run: SIGINT to the tasks of the step the nodes
-    recorded in RUN/logs/slurm-step (control.interrupt_step), so the ranks checkpoint and stop as after
-    a Ctrl-C here. Passed on to srun, two SIGINTs within a second (the terminal's and ours), or one
-    with no terminal on its stdin, ended the step instead, which lost the training."""
-    def interrupt(proc: subprocess.Popen) -> None:
+    """Ctrl-C (SIGTERM, SIGHUP) of an `inv` running srun for a training run: the signal to the tasks of
+    the step the nodes recorded in RUN/logs/slurm-step (control.interrupt_step), so the ranks checkpoint
+    and stop as after that signal here. Passed on to srun, two SIGINTs within a second (the terminal's
+    and ours), or one with no terminal on its stdin, ended the step instead, and a SIGTERM or SIGHUP
+    killed the ranks: the training since the last checkpoint was lost."""
+    def interrupt(proc: subprocess.Popen, signum: int) -> None:
         try:
             step = (Path(run_dir) / STEP_FILE).read_text().strip()
         except OSError:
             step = ""
         if step:
-            print(f"interrupted: the ranks of Slurm step {step} checkpoint and stop", file=sys.stderr, flush=True)
-        control.interrupt_step(step, proc, env)
+            print(f"{'interrupted' if signum == signal.SIGINT else signal.Signals(signum).name}: the ranks of "
+                  f"Slurm step {step} checkpoint and stop", file=sys.stderr, flush=True)
+        control.interrupt_step(step, proc, env, signum)
     return interrupt
 
 
