@@ -572,6 +572,14 @@ def _check_family(m: ModelConfig, p: ParallelConfig, need) -> None:
         need(p.strategy == "fsdp", "parallel.ep", "1 unless parallel.strategy is fsdp (experts shard with FSDP2)")
 
 
+def check_world(cfg: TrainConfig, world_size: int, src: str = "the config") -> None:
+    """ConfigError when the parallel layout does not fit `world_size` processes (known at launch)."""
+    ep = cfg.parallel.ep
+    if ep > 1 and world_size % ep:
+        raise ConfigError(f"{src}: parallel.ep: expected a divisor of the {world_size} process(es) (and of "
+                          f"model.moe.n_routed_experts, {cfg.model.moe.n_routed_experts}), got {ep}")
+
+
 def _check_blend(d: DataConfig, src: str) -> None:
     """data.blend: no data.path beside it; each source a dataset directory with a positive weight and a
     name unlike the others' (names key the per-source metrics); no dataset twice."""

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from trainer import config
 from trainer.config import TrainConfig
 from core.errors import UserError
 
@@ -125,6 +126,8 @@ def wrap(model: nn.Module, cfg: TrainConfig, info: DistInfo) -> nn.Module:
         mp = MixedPrecisionPolicy(param_dtype=compute_dtype(cfg, info.device),
                                   reduce_dtype=torch.float32)
         reshard = cfg.parallel.reshard_after_forward
+        if cfg.parallel.ep > 1:
+            _shard_experts(model, cfg, info, mp, reshard)
         untied = model.lm_head.weight is not model.model.embed_tokens.weight
         if untied:
             # Groups of their own (as torchtitan): the embedding is gathered only around its forward
@@ -145,6 +148,29 @@ def wrap(model: nn.Module, cfg: TrainConfig, info: DistInfo) -> nn.Module:
         ids = [info.device.index] if info.device.type == "cuda" else None
         return DDP(model, device_ids=ids)
     return model
+
+
+def _shard_experts(model: nn.Module, cfg: TrainConfig, info: DistInfo, mp, reshard: bool) -> None:
+    """Expert parallelism under FSDP2 (torchtitan's layout): the ranks form (world / ep) x ep; each of an ep
+    group's ranks keeps its experts (trainer/models/expert_parallel.py), and FSDP2 shards them again over
+    the ranks that hold the same experts (on dim 1, so the two shardings never split one dimension twice).
+    Their gradients are divided by the world size, as every other parameter's: each expert's gradient
+    sums the tokens of its whole ep group."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard
+
+    from trainer.models.expert_parallel import shard_experts
+    from trainer.models.moe import moe_layers
+
+    config.check_world(cfg, info.world_size)
+    ep = cfg.parallel.ep
+    mesh = init_device_mesh(info.device.type, (info.world_size // ep, ep), mesh_dim_names=("dp_mod_ep", "ep"))
+    shard_experts(model, mesh["ep"])
+    for _, moe in moe_layers(model):
+        fully_shard(moe.experts, mesh=mesh["dp_mod_ep"], mp_policy=mp, reshard_after_forward=reshard,
+                    shard_placement_fn=lambda param: Shard(1))
+        moe.experts.set_gradient_divide_factor(float(info.world_size))
 
 
 def all_reduce_mean(t: torch.Tensor, info: DistInfo) -> torch.Tensor:

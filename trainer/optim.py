@@ -133,13 +133,25 @@ def clip_grad_norm(parameters, max_norm: float, optimizer=None) -> torch.Tensor:
         norms = torch._foreach_norm(grads, 2.0, dtype=torch.float32)
         total = torch.linalg.vector_norm(torch.stack(norms), 2.0)
     else:
-        total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=None)
-    if isinstance(total, DTensor):
-        total = total.full_tensor()
+        # DTensors of one mesh at a time (expert parallelism shards the experts on a mesh of its own)
+        parts = [torch.nn.utils.get_total_norm([p.grad for p in group], norm_type=2.0, foreach=None)
+                 for group in _by_mesh(params) or [[]]]
+        parts = [p.full_tensor() if isinstance(p, DTensor) else p for p in parts]
+        total = parts[0] if len(parts) == 1 else torch.linalg.vector_norm(torch.stack(parts), 2.0)
     if max_norm > 0:
         if _takes_grad_scale(optimizer, dtensor):
             # grad / clamp((norm + 1e-6) / max_norm, min=1) == grad * clip_grads_with_norm_'s factor
             optimizer.grad_scale = torch.clamp((total + 1e-6) / max_norm, min=1.0)
         else:
-            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=None)
+            for group in _by_mesh(params):
+                torch.nn.utils.clip_grads_with_norm_(group, max_norm, total, foreach=None)
     return total
+
+
+def _by_mesh(params: list) -> list[list]:
+    """The parameters grouped by their gradients' device mesh (plain tensors: one group of their own)."""
+    from torch.distributed.tensor import DTensor
+    groups: dict = {}
+    for p in params:
+        groups.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p)
+    return list(groups.values())

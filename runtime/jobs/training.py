@@ -206,7 +206,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     from runtime.runs import outcome
     from runtime.runs.run import execute
     from trainer import hf
-    from trainer.config import DEFAULT_CONFIG, dump
+    from trainer.config import DEFAULT_CONFIG, check_world, dump
     from trainer.train import check_data
 
     if job.config is not None and not str(job.config).strip():
@@ -274,6 +274,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     if job.tool:
         _check_tool(job.tool, env.machine, here=not runtime.spans_nodes and not job.dry_run)
     layout = transport.layout(spec, environ)
+    check_world(cfg, layout.world_size, config_path)
     if job.ranks_used and max(job.ranks_used) >= layout.world_size:
         raise UserError(f"--ranks {','.join(map(str, sorted(job.ranks_used)))}: this job has {layout.world_size} "
                         f"rank(s), 0..{layout.world_size - 1}")

@@ -89,7 +89,8 @@ def sequence_balance_loss(scores: torch.Tensor, indices: torch.Tensor, batch: in
     per_seq = scores.view(batch, -1, experts)
     seq_len = per_seq.shape[1]
     counts = torch.zeros(batch, experts, device=scores.device, dtype=scores.dtype)
-    counts.scatter_add_(1, indices.view(batch, -1), torch.ones_like(indices.view(batch, -1), dtype=scores.dtype))
+    chosen = indices.reshape(batch, -1)
+    counts.scatter_add_(1, chosen, torch.ones_like(chosen, dtype=scores.dtype))
     f = counts * (experts / (k * seq_len))
     return (f * per_seq.mean(dim=1)).sum(dim=1).mean()
 
@@ -174,8 +175,14 @@ class GroupedExperts(nn.Module):
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """x [rows, dim] grouped by this rank's experts, counts [local experts] rows each."""
         offsets = torch.cumsum(counts, 0, dtype=torch.int32)
-        gate_up = self.grouped_mm(x, self.gate_up_proj.to(x.dtype), offsets)
-        return self.grouped_mm(self.act_fn(gate_up), self.down_proj.to(x.dtype), offsets)
+        gate_up = self.grouped_mm(x, _local(self.gate_up_proj).to(x.dtype), offsets)
+        return self.grouped_mm(self.act_fn(gate_up), _local(self.down_proj).to(x.dtype), offsets)
+
+
+def _local(weight: torch.Tensor) -> torch.Tensor:
+    """This rank's experts: under expert parallelism the weight is a DTensor sharded over the ep ranks."""
+    from torch.distributed.tensor import DTensor
+    return weight.to_local() if isinstance(weight, DTensor) else weight
 
 
 def _silu_mul_halves(gate_up: torch.Tensor) -> torch.Tensor:
