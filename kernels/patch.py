@@ -50,9 +50,43 @@ def _trainer_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tens
 
 
 def _is_trainer_llama(model: nn.Module) -> bool:
+    """Our trainer's model, of any family (trainer/models): its layers have the hook points."""
     layers = getattr(getattr(model, "model", None), "layers", None)
     return (hasattr(model, "loss_fn") and layers is not None and len(layers) > 0
-            and hasattr(layers[0].self_attn, "rotary_fn") and hasattr(layers[0].mlp, "act_fn"))
+            and hasattr(layers[0].self_attn, "rotary_fn"))
+
+
+def _trainer_route(logits: torch.Tensor, moe, bias: torch.Tensor | None):
+    """trainer.models.moe's Router.route_fn through kernels/router.py (model.moe -> its RouterSpec)."""
+    from kernels.router import RouterSpec, router_triton
+
+    spec = RouterSpec(moe.top_k, moe.score_func, moe.n_group, moe.topk_group, moe.norm_topk_prob, moe.route_scale)
+    return tuple(router_triton(logits, spec, bias))
+
+
+def _trainer_permute(x: torch.Tensor, indices: torch.Tensor, experts: int, capacity: int | None = None):
+    from kernels.moe_permute import permute
+
+    return permute(x, indices, experts)
+
+
+def _patch_experts(module: nn.Module) -> list[str]:
+    """A mixture-of-experts layer's ops (trainer.models.moe): the grouped GEMM, the permutation (dropless
+    layers only: a capacity stays on the reference path) and the router."""
+    from kernels.grouped_gemm import grouped_mm
+    from kernels.moe_permute import unpermute
+
+    done = []
+    if hasattr(module, "grouped_mm"):
+        module.grouped_mm = grouped_mm
+        done.append("grouped_gemm")
+    if hasattr(module, "permute") and getattr(module.moe, "capacity_factor", None) is None:
+        module.permute, module.unpermute = _trainer_permute, unpermute
+        done.append("moe_permute")
+    if hasattr(module, "route_fn"):
+        module.route_fn = _trainer_route
+        done.append("router")
+    return done
 
 
 def _patch_trainer(model: nn.Module, rms: bool, rope: bool, mlp: bool, loss: bool) -> list[str]:
@@ -67,6 +101,9 @@ def _patch_trainer(model: nn.Module, rms: bool, rope: bool, mlp: bool, loss: boo
         if mlp and hasattr(module, "act_fn") and hasattr(module, "gate_proj"):
             module.act_fn = swiglu
             done.append("swiglu")
+        if mlp and any(hasattr(module, hook) for hook in ("grouped_mm", "route_fn")) or \
+                (mlp and hasattr(module, "permute") and hasattr(module, "dispatch")):
+            done += _patch_experts(module)
     if loss:
         model.loss_fn = _trainer_loss
         done.append("fused_linear_cross_entropy")

@@ -154,7 +154,12 @@ class Device:
 # --------------------------------------------------------------------------- parameters
 
 def param_shapes(m: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every parameter of trainer.models.Transformer, by its name in named_parameters()."""
+    """Every parameter of trainer.models.Transformer, by its name in named_parameters(). Llama's are
+    written out below; the other families' are read off the model built on the meta device."""
+    if m.family != "llama":
+        if repr(m) not in _META_SHAPES:
+            _META_SHAPES[repr(m)] = _meta_shapes(m)
+        return dict(_META_SHAPES[repr(m)])
     q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
     shapes = {"model.embed_tokens.weight": (m.vocab_size, m.dim)}
     for i in range(m.n_layers):
@@ -176,6 +181,18 @@ def param_shapes(m: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+_META_SHAPES: dict[str, dict] = {}   # the model config's repr -> its shapes (the plan asks many times)
+
+
+def _meta_shapes(m: ModelConfig) -> dict:
+    import torch
+
+    from trainer.models import Transformer
+    with torch.device("meta"):
+        model = Transformer(m)
+    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+
+
 def _numel(shape) -> int:
     return math.prod(shape)
 
@@ -183,6 +200,26 @@ def _numel(shape) -> int:
 def _shard_numel(shape, world: int) -> int:
     """Elements of one rank's FSDP2 shard: dim 0 split in `world` padded chunks."""
     return -(-shape[0] // world) * _numel(shape[1:])
+
+
+def is_expert(name: str) -> bool:
+    """A routed experts' stacked weight (trainer.models.moe.GroupedExperts)."""
+    return ".mlp.experts." in name
+
+
+def _rank_numel(name: str, shape, world: int, ep: int) -> int:
+    """Elements one rank holds under FSDP2: routed experts split over the ep ranks (dim 0) and again over
+    the ranks holding the same experts (dim 1, trainer.distributed); everything else as _shard_numel."""
+    if is_expert(name) and ep > 1:
+        return shape[0] // ep * -(-shape[1] // (world // ep)) * _numel(shape[2:])
+    return _shard_numel(shape, world)
+
+
+def _gathered_numel(name: str, shape, world: int, ep: int) -> int:
+    """Elements FSDP2 all-gathers of a parameter for its layer's compute: this rank's experts only."""
+    if is_expert(name) and ep > 1:
+        return shape[0] // ep * _numel(shape[1:])
+    return world * _shard_numel(shape, world)
 
 
 @dataclass(frozen=True)
@@ -195,14 +232,16 @@ class ParamCount:
 
     @classmethod
     def of(cls, m: ModelConfig) -> "ParamCount":
+        """per_layer and layer_matmul are the largest layer's (a MoE layer's, beside dense ones)."""
         shapes = param_shapes(m)
         total = sum(_numel(s) for s in shapes.values())
-        layer = [s for n, s in shapes.items() if n.startswith("model.layers.0.")]
+        layers = [[s for n, s in shapes.items() if n.startswith(f"model.layers.{i}.")] for i in range(m.n_layers)]
+        largest = max(layers, key=lambda layer: sum(_numel(s) for s in layer))
         embed = m.vocab_size * m.dim
         return cls(total=total, non_embedding=total if m.tie_embeddings else total - embed,
-                   per_layer=sum(_numel(s) for s in layer),
-                   layer_matmul=sum(_numel(s) for s in layer if len(s) == 2),
-                   root=total - m.n_layers * sum(_numel(s) for s in layer))
+                   per_layer=sum(_numel(s) for s in largest),
+                   layer_matmul=sum(_numel(s) for s in largest if len(s) >= 2),
+                   root=total - sum(_numel(s) for layer in layers for s in layer))
 
 
 # --------------------------------------------------------------------------- activations
@@ -331,6 +370,48 @@ def layer_activation_bytes(m: ModelConfig, seq_len: int, mode: str, dt: Dtypes,
     return norms + attn_in + mlp_in + attn + mlp
 
 
+def family_layer_bytes(m: ModelConfig, layer_id: int, mode: str, dt: Dtypes) -> int:
+    """Bytes a layer of another family than Llama keeps for backward per token (latent attention, a
+    norm on each query and key head, experts): an estimate by layer_activation_bytes' rules (what each
+    op saves), not yet held against a measured run. Selective checkpointing keeps every matmul's output
+    there (trainer.models.blocks.KEEP_EVERY_MATMUL) and recomputes the rest."""
+    D, H, c, r = m.dim, m.n_heads, dt.c, dt.r
+    if mode == "full":
+        return r * D
+    if m.mla is not None:
+        a = m.mla
+        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+        latents = (a.q_lora_rank if a.q_lora_rank else 0) + a.kv_lora_rank + a.qk_rope_head_dim
+        matmuls = c * (latents + H * qk + H * (a.qk_nope_head_dim + a.v_head_dim) + H * a.v_head_dim)
+        elementwise = 4 * (a.q_lora_rank + a.kv_lora_rank) + 2 * c * H * qk     # latent norms' fp32 inputs, q and k
+    else:
+        q, kv = H * m.head_dim, m.n_kv_heads * m.head_dim
+        matmuls = c * (q + 2 * kv + q)
+        elementwise = 4 * (q + kv) + c * (q + kv) if m.family == "qwen3_moe" else c * (q + kv)
+    attn = c * D + matmuls + 4 * H                                  # its input, SDPA's log-sum-exp
+    if m.moe_layer(layer_id):
+        e = m.moe
+        rows = e.top_k * (c * D + c * 2 * e.ffn_dim + c * D + 4)    # permuted input, gate and up, down, weight
+        ffn_matmuls = c * D + rows + 4 * e.n_routed_experts + (c * 3 * e.ffn_dim * e.n_shared_experts)
+        ffn_elementwise = e.top_k * c * e.ffn_dim + (c * e.ffn_dim * e.n_shared_experts) + 4 * 2 * e.n_routed_experts
+    else:
+        ffn_matmuls = c * D + 3 * c * m.ffn_dim
+        ffn_elementwise = c * m.ffn_dim
+    norms = 2 * (4 * D + r * D + 4)
+    if mode in ("selective", "selective_lean"):
+        return r * D + attn + ffn_matmuls
+    return norms + attn + elementwise + ffn_matmuls + ffn_elementwise
+
+
+def _layers_bytes(m: ModelConfig, seq_len: int, mode: str, dt: Dtypes, kernels: bool, fp8, f8) -> tuple[int, int]:
+    """(bytes per token all layers keep, the largest layer's): Llama's exact rule, the others' estimate."""
+    if m.family == "llama":
+        one = layer_activation_bytes(m, seq_len, mode, dt, kernels, fp8, f8)
+        return m.n_layers * one, one
+    each = [family_layer_bytes(m, i, mode, dt) for i in range(m.n_layers)]
+    return sum(each), max(each)
+
+
 def _flce_chunk(n_tokens: int, m: ModelConfig) -> tuple[int, str]:
     """Tokens per chunk of the fused linear cross-entropy, as kernels computes it."""
     try:
@@ -425,13 +506,14 @@ def memory(cfg: TrainConfig, world: int, device: Device, batch_size: int | None 
     p, c = dt.p, dt.c
     shapes = param_shapes(m)
     count = ParamCount.of(m)
+    ep = cfg.parallel.ep if dt.fsdp else 1
     T = cfg.data.seq_len
     N = batch * T
     V, D, L = m.vocab_size, m.dim, m.n_layers
     notes: list[str] = []
 
     # State: full on every rank, or the rank's FSDP2 shard.
-    local = sum(_shard_numel(s, world) for s in shapes.values()) if dt.fsdp else count.total
+    local = sum(_rank_numel(n, s, world, ep) for n, s in shapes.items()) if dt.fsdp else count.total
     share = f", 1/{world} shard" if dt.fsdp else ""
     pname = "fp32" if p == 4 else "bf16"
     weights = Term("weights", f"weights ({pname}{share})", p * local, f"{count.total:,} parameters")
@@ -441,11 +523,12 @@ def memory(cfg: TrainConfig, world: int, device: Device, batch_size: int | None 
 
     # Activations and the loss.
     f8 = float8_acts(cfg, dt, fp8, N)
-    per_token_layer = layer_activation_bytes(m, T, mode, dt, kernels, fp8, f8)
-    none_layer = layer_activation_bytes(m, T, "none", dt, kernels, fp8, f8)
-    acts = L * N * per_token_layer
+    all_layers, per_token_layer = _layers_bytes(m, T, mode, dt, kernels, fp8, f8)
+    none_layer = _layers_bytes(m, T, "none", dt, kernels, fp8, f8)[1]
+    acts = N * all_layers
     act_term = Term("activations", f"activations ({L} layers, checkpointing {mode})", acts,
-                    f"{per_token_layer:,} B per token per layer x {N:,} tokens")
+                    f"{all_layers // L:,} B per token per layer x {N:,} tokens" + ("" if m.family == "llama" else
+                    f" (the largest layer {per_token_layer:,} B; {m.family}: estimated)"))
     if kernels:
         final = Term("final", "final norm", N * (dt.r * D + 4))
         chunk, why = _flce_chunk(N, m)
@@ -474,6 +557,8 @@ def memory(cfg: TrainConfig, world: int, device: Device, batch_size: int | None 
     if _stash_on(f8, mode):
         recompute += N * m.ffn_dim     # SwiGLU's float8 output, rebuilt from the stash under none too
     transient = N * (3 * c * m.ffn_dim + 2 * c * D)
+    if m.moe is not None:   # a MoE layer's gradients: its top_k rows of gate, up and their SwiGLU, and the input
+        transient = max(transient, N * (m.moe.top_k * (3 * c * m.moe.ffn_dim + 2 * c * D) + 2 * c * D))
     # Eager float8 casts (torchao: x.float() * scale, then a clamp) hold two fp32 copies of the
     # tensor they cast; the largest is a gradient of the widest converted output. Inductor fuses them.
     casts = 8 * N * fp8.widest_out if fp8 and not fp8.compiled else 0
@@ -488,9 +573,14 @@ def memory(cfg: TrainConfig, world: int, device: Device, batch_size: int | None 
     bwd_extra: list[Term] = []
     layer_extra: list[Term] = []
     end_extra: list[Term] = []
+    if ep > 1:   # the rows a MoE layer sends to its experts' ranks and receives: both buffers
+        a2a = Term("all_to_all", f"expert parallelism: all-to-all buffers (ep {ep})",
+                   2 * N * m.moe.top_k * D * c, f"{N:,} tokens x top_k {m.moe.top_k} rows, sent and received")
+        fwd_extra.append(a2a)
+        layer_extra.append(a2a)
     if dt.fsdp:
-        layer_numel = world * sum(_shard_numel(s, world) for n, s in shapes.items()
-                                  if n.startswith("model.layers.0."))
+        layer_numel = max(sum(_gathered_numel(n, s, world, ep) for n, s in shapes.items()
+                              if n.startswith(f"model.layers.{i}.")) for i in range(L))
         # Bytes of one gathered layer: float8 for the converted weights under float8 all-gather.
         f8_numel = fp8.converted if fp8 and fp8.gather else 0
         layer_gathered = c * layer_numel - (c - 1) * f8_numel
@@ -744,17 +834,32 @@ def _hints(cfg: TrainConfig, gpus: int, nodes: int, device: Device) -> list[str]
     world = gpus * nodes
     fsdp = cfg if cfg.parallel.strategy == "fsdp" else with_changes(cfg, **{"parallel.strategy": "fsdp"})
     switch = "" if fsdp is cfg else " --set parallel.strategy=fsdp"
+    if cfg.model.moe is not None and world > 1:   # experts over more ranks gather fewer of them
+        ep = math.gcd(world, cfg.model.moe.n_routed_experts)
+        if ep > cfg.parallel.ep and memory(with_changes(fsdp, **{"parallel.ep": ep}), world, device).fits(world):
+            hints.append(f"{switch} --set parallel.ep={ep}".strip())
     if world > 1 and fsdp is not cfg and memory(fsdp, world, device).fits(world):
         hints.append(switch.strip())
-    else:
+    elif not hints:
         tries = [(g, 1) for g in (2, 4, 8) if g > gpus and nodes == 1] + \
                 [(max(gpus, 8) if nodes == 1 and gpus < 8 else gpus, n) for n in range(nodes + 1, 1025)]
+        modes = AC_MODES[AC_MODES.index(cfg.train.activation_checkpoint):]
+        found = None
         for g, n in tries:
-            if g * n > world and memory(fsdp, g * n, device).fits(g * n):
-                hints.append((f"--gpus {g}" if g != gpus else "") + (f" --nodes {n}" if n != nodes else "")
-                             + switch)
-                hints[-1] = hints[-1].strip()
+            layout = fsdp if cfg.model.moe is None else \
+                with_changes(fsdp, **{"parallel.ep": math.gcd(g * n, cfg.model.moe.n_routed_experts)})
+            mode = next((mo for mo in modes if g * n > world and memory(layout, g * n, device, mode=mo).fits(g * n)),
+                        None)
+            if mode and (found is None or modes.index(mode) < modes.index(found[3])):
+                found = (g, n, layout, mode)
+            if mode == cfg.train.activation_checkpoint:   # the fewest GPUs at the config's own checkpointing
                 break
+        if found:
+            g, n, layout, mode = found
+            ep = "" if layout is fsdp else f" --set parallel.ep={layout.parallel.ep}"
+            ac = "" if mode == cfg.train.activation_checkpoint else f" --set train.activation_checkpoint={mode}"
+            hints.append(((f"--gpus {g}" if g != gpus else "") + (f" --nodes {n}" if n != nodes else "")
+                          + switch + ep + ac).strip())
     order = AC_MODES[AC_MODES.index(cfg.train.activation_checkpoint) + 1:]
     for mode in order:
         if memory(cfg, world, device, mode=mode).fits(world):
@@ -789,6 +894,18 @@ def make_plan(cfg: TrainConfig, gpus: int = 1, nodes: int = 1, device: Device = 
 
 # --------------------------------------------------------------------------- report
 
+def experts_line(cfg: TrainConfig, world: int) -> str:
+    """"64 routed (top 6) + 2 shared in 26 of 27 layers; ep 8: 8 experts a rank, 2.66 B active a token"."""
+    from trainer.models.transformer import inactive_expert_params
+    m, e = cfg.model, cfg.model.moe
+    ep = cfg.parallel.ep if world > 1 else 1
+    layers = sum(m.moe_layer(i) for i in range(m.n_layers))
+    active = ParamCount.of(m).total - inactive_expert_params(m)
+    return (f"{e.n_routed_experts} routed (top {e.top_k})" + (f" + {e.n_shared_experts} shared" if e.n_shared_experts
+            else "") + f" in {layers} of {m.n_layers} layers; ep {ep}: {e.n_routed_experts // ep} experts a rank, "
+            f"{_count(active).replace(' G', ' B')} parameters active a token")
+
+
 def render(plan: Plan) -> str:
     """The plan as text: a header, the memory table, the checkpointing table, notes, the verdict."""
     from tabulate import tabulate
@@ -812,6 +929,7 @@ def render(plan: Plan) -> str:
         ("FLOPs", f"{_count(plan.flops_per_token)}FLOP per token (trainer.models.flops_per_token, the MFU "
                   f"count); {_count(plan.flops_per_token * plan.tokens_per_step)}FLOP per optimizer step "
                   f"of {plan.tokens_per_step:,} tokens"),
+        *([("experts", experts_line(cfg, world))] if m.moe else []),
         ("batch", f"data.batch_size {mem.batch_size} x seq_len {cfg.data.seq_len} = "
                   f"{mem.batch_size * cfg.data.seq_len:,} tokens per GPU, grad_accum {cfg.data.grad_accum}"),
         ("precision", f"params {cfg.precision.params}, compute {compute}; activation checkpointing "

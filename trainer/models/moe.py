@@ -124,7 +124,8 @@ def permute(x: torch.Tensor, indices: torch.Tensor, experts: int, capacity: int 
     expert, and their slot adds nothing)."""
     flat = indices.reshape(-1)
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=experts)
+    counts = torch.zeros(experts, dtype=torch.int64, device=flat.device).scatter_add_(
+        0, flat, torch.ones_like(flat))   # (bincount would wait on the host for its max)
     if capacity is not None:
         starts = torch.cumsum(counts, 0) - counts
         place = torch.arange(flat.numel(), device=flat.device) - starts[flat[order]]
