@@ -3,13 +3,13 @@ DeepseekV2ForCausalLM, DeepseekV3ForCausalLM or Qwen3MoeForCausalLM, after model
 
     export_hf(run_or_checkpoint, out_dir=None, dtype="bfloat16") -> Path
 
-writes config.json (trainer.hf.config.to_hf, the mapping --init-from reads back), model.safetensors (tied lm_head kept once,
-as transformers expects), generation_config.json, anvil_export.json (which checkpoint, which
-training config, whether the tokenizer was written), and the dataset's tokenizer as
-transformers' AutoTokenizer loads it (tokenizer.json, tokenizer_config.json,
-special_tokens_map.json; the byte tokenizer is rebuilt as a tokenizers Tokenizer with the
-same ids). The directory appears atomically: it is
-built under a temporary name next to out_dir and renamed into place.
+writes config.json (trainer.hf.config.to_hf, the mapping --init-from reads back), model.safetensors
+(tied lm_head kept once, as transformers expects), generation_config.json, anvil_export.json
+(which checkpoint, which training config, whether the tokenizer was written), and the dataset's
+tokenizer as transformers' AutoTokenizer loads it (tokenizer.json, tokenizer_config.json,
+special_tokens_map.json; the byte tokenizer is rebuilt as a tokenizers Tokenizer with the same
+ids). The directory appears atomically: it is built under a temporary name next to out_dir and
+renamed into place.
 
 The weights go over through the family's mapping (trainer/hf/mapping.py): most unchanged, the
 stacked experts as one linear per expert (the Hub's keys), DeepSeek's RoPE rows back in its

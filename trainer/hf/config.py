@@ -79,11 +79,12 @@ def load_config(path: str | Path | None = None, overrides=()) -> TrainConfig:
     raw, config_json = read_config_json(init_from)
     table = family_of(raw, str(config_json))
     fields = table.read_config(raw, str(config_json))
-    fields["name"] = Path(init_from).expanduser().resolve().name or "hf"
+    name = Path(init_from).expanduser().resolve().name or "hf"   # model.name: the directory's, unless given
     given = _given_model_keys(path, overrides)
-    sets = {key: f"model.{key}={json.dumps(value)}" for key, value in fields.items() if key not in given}
+    sets = {key: f"model.{key}={json.dumps(value)}" for key, value in {**fields, "name": name}.items()
+            if key not in given}
     named = [] if path is not None or any(item.partition("=")[0].strip() == "name" for item in overrides) else [
-        f"name={json.dumps(fields['name'])}"]   # not "tiny": the run is named after the checkpoint
+        f"name={json.dumps(name)}"]   # not "tiny": the run is named after the checkpoint
     try:
         cfg = load_yaml_config(path, named + list(sets.values()) + overrides)
     except ConfigError as exc:   # a value of config.json against one of the config (data.seq_len > max_seq_len)
@@ -160,8 +161,10 @@ def _model_keys(section: Any) -> list[str]:
     """A model section's keys as from_hf names them: an mla or moe mapping's one by one ("moe.top_k")."""
     if not isinstance(section, dict):
         return []
-    return [f"{key}.{sub}" for key, value in section.items() if key in SECTIONS and isinstance(value, dict)
-            for sub in value] + [key for key, value in section.items() if key not in SECTIONS or not isinstance(value, dict)]
+    out = []
+    for key, value in section.items():
+        out += [f"{key}.{sub}" for sub in value] if key in SECTIONS and isinstance(value, dict) else [key]
+    return out
 
 
 def _file_section(path: str | Path | None, name: str) -> dict:

@@ -14,7 +14,8 @@ through its family's mapping (trainer/hf/mapping.py): most are the Hub's tensor 
 the stacked experts gather one tensor per expert, DeepSeek's RoPE rows are permuted.
 Under FSDP2 a parameter is a DTensor sharded on dim 0: each rank reads only its own rows of each
 tensor (safetensors' get_slice on the memory-mapped file; its own experts of a stacked tensor), so
-no rank holds a full copy of the model. DDP and a single process read one whole tensor at a time. bf16 or fp16 weights are cast
+no rank holds a full copy of the model. DDP and a single process read one whole tensor at a time.
+bf16 or fp16 weights are cast
 into the parameters' dtype (fp32 master weights by default). RoPE's frequencies are no weights:
 they come from config.json's rope_theta and rope_scaling through the model config.
 """

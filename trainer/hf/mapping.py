@@ -203,10 +203,11 @@ def _read_rope(raw: dict, fields: dict, table: HFFamily, source: str) -> tuple[f
     if kind not in table.rope_types:
         raise InitError(f"{source}: RoPE scaling of type {kind!r}: Anvil's {table.name} does "
                         f"{' or '.join(repr(t) for t in table.rope_types) or 'no'} scaling only (or none)")
-    for key, computed in (("attention_factor", None), ("truncate", True), ("partial_rotary_factor", 1.0)):
-        if scaling.get(key, computed) not in (computed,):
-            raise InitError(f"{source}: rope_scaling.{key} {scaling[key]!r}: Anvil computes "
-                            f"{key} {computed!r} only")
+    for key, computed, what in (("attention_factor", None, "derives it from factor, mscale and mscale_all_dim"),
+                                ("truncate", True, "truncates YaRN's correction range (true)"),
+                                ("partial_rotary_factor", 1.0, "rotates whole heads (1.0)")):
+        if scaling.get(key, computed) != computed:
+            raise InitError(f"{source}: rope_scaling.{key} {scaling[key]!r}: Anvil {what}")
     given = dict(scaling)
     if kind == "yarn":
         given = {**YARN_DEFAULTS, **{k: v for k, v in given.items() if v is not None}}

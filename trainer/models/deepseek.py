@@ -72,8 +72,8 @@ def _multi_token_prediction(m: ModelConfig, name: str) -> bool:
 MLA_KEYS = (Key("mla.q_lora_rank", "q_lora_rank", null=0), Key("mla.kv_lora_rank", "kv_lora_rank"),
             Key("mla.qk_nope_head_dim", "qk_nope_head_dim"), Key("mla.qk_rope_head_dim", "qk_rope_head_dim"),
             Key("mla.v_head_dim", "v_head_dim"))
-MOE_KEYS = (Key("moe.n_routed_experts", "n_routed_experts"), Key("moe.n_shared_experts", "n_shared_experts", zero_ok=True),
-            Key("moe.top_k", "num_experts_per_tok"), Key("moe.ffn_dim", "moe_intermediate_size"),
+MOE_KEYS = (Key("moe.n_routed_experts", "n_routed_experts"),
+            Key("moe.n_shared_experts", "n_shared_experts", zero_ok=True), Key("moe.top_k", "num_experts_per_tok"), Key("moe.ffn_dim", "moe_intermediate_size"),
             Key("moe.first_k_dense", "first_k_dense_replace", zero_ok=True),
             Key("moe.route_scale", "routed_scaling_factor", float), Key("moe.norm_topk_prob", "norm_topk_prob", bool),
             Key("moe.aux_loss_alpha", "aux_loss_alpha", float, OMITTED, zero_ok=True))
@@ -84,6 +84,7 @@ HF_MAPPINGS = {
     "deepseek_v2": HFFamily(
         "deepseek_v2", "DeepSeek-V2", "DeepseekV2ForCausalLM", "deepseek_v2", keys=(*MLA_KEYS, *MOE_KEYS),
         fixed={**DEEPSEEK_FIXED, "mlp_bias": False, "scoring_func": "softmax"},
+        # no balancing bias in V2's class: a config that moves one (bias_update_speed) is not a V2
         implied={"moe.score_func": "softmax", "moe.bias_update_speed": 0.0}, rope_types=("yarn",),
         read=_read_v2_routing, write=_write_v2_routing,
         derived={"moe.n_group": "topk_method, n_group", "moe.topk_group": "topk_method, topk_group"},

@@ -42,6 +42,7 @@ HF_MAPPINGS = {"qwen3_moe": HFFamily(
           Key("moe.norm_topk_prob", "norm_topk_prob", bool, False),
           Key("moe.aux_loss_alpha", "router_aux_loss_coef", float, OMITTED, zero_ok=True)),
     fixed={**COMMON_FIXED, "use_sliding_window": False},
+    # Qwen3MoeSparseMoeBlock: routed experts only, a softmax over all of them, no balancing bias
     implied={"moe.n_shared_experts": 0, "moe.score_func": "softmax", "moe.route_scale": 1.0, "moe.n_group": 1,
              "moe.topk_group": 1, "moe.bias_update_speed": 0.0},
     rope_types=("yarn",), read=_read_layout, write=_write_layout, derived={"moe.first_k_dense": "mlp_only_layers"},
