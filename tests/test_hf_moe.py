@@ -426,10 +426,12 @@ def test_inv_pretrain_deepseek_v2_debug_from_a_transformers_checkpoint(tmp_path,
 
 
 @pytest.mark.slow
-def test_fsdp2_two_gloo_ranks_read_their_experts_and_rope_rows(tmp_path, dataset):
+@pytest.mark.parametrize("ep", [1, 2])
+def test_fsdp2_two_gloo_ranks_read_their_experts_and_rope_rows(tmp_path, dataset, ep):
     """Under FSDP2 (meta init) each rank reads its own rows: its experts of each stacked tensor (from
-    several files), its permuted RoPE rows. A step at lr 1e-30 cannot move an fp32 weight, so the
-    checkpoint after it exports to exactly the Hub's tensors (V3's balancing bias, a buffer, too)."""
+    several files), its permuted RoPE rows; with parallel.ep 2 its own 4 of the 8 experts. A step at
+    lr 1e-30 cannot move an fp32 weight, so the checkpoint after it exports to exactly the Hub's
+    tensors (V3's balancing bias, a buffer, too)."""
     import os
     import subprocess
     import sys
@@ -443,7 +445,7 @@ def test_fsdp2_two_gloo_ranks_read_their_experts_and_rope_rows(tmp_path, dataset
             "-m", "trainer", "--run-dir", str(run), "--init-from", str(hub)]
     for item in [f"data.path={dataset}", "data.seq_len=32", "data.batch_size=2", "train.steps=1",
                  "train.log_interval=1", "train.val_batches=0", "parallel.strategy=fsdp", "parallel.meta_init=true",
-                 "optim.lr=1e-30", "logging.progress=false", "logging.tensorboard=false"]:
+                 "optim.lr=1e-30", "logging.progress=false", "logging.tensorboard=false", f"parallel.ep={ep}"]:
         argv += ["--set", item]
     proc = subprocess.run(argv, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", "ANVIL_LOG_RANK": "0"},
                           capture_output=True, text=True, timeout=300)
