@@ -33,8 +33,9 @@ PRETRAIN_HELP = {
     "set": "Config override KEY=VALUE with a dotted key, e.g. optim.lr=3e-4 (repeatable)",
     "nproc": "Processes per node (default: one per visible GPU, one on CPU)",
     "resume": "auto (newest checkpoint among runs/*_train.pretrain_<name>) or a run/checkpoint path",
-    "init-from": "Start from a Hugging Face Llama directory (config.json + safetensors): its weights, "
-                 "its model shape; the optimizer and the step count start fresh",
+    "init-from": "Start from a Hugging Face directory (config.json + safetensors) of Llama, DeepSeek-V2, "
+                 "DeepSeek-V3 or Qwen3-MoE: its weights, its model shape; the optimizer and the step count "
+                 "start fresh",
     "compile": "torch.compile the decoder blocks and the loss",
     "kernels": "Use the fused Triton kernels (kernels.patch)",
     "gpu": "Resolve the environment for another GPU model (default: detect)",
@@ -88,7 +89,8 @@ def pretrain(c, config=None, set_=None, nproc=0, resume=None, init_from=None, co
             "out": "Output directory (default: RUN/export/hf-step_N)",
             "dtype": "bfloat16 | float16 | float32"})
 def export(c, run, format="hf", out="", dtype="bfloat16"):
-    """Export a checkpoint for transformers' LlamaForCausalLM."""
+    """Export a checkpoint for transformers: LlamaForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM or
+    Qwen3MoeForCausalLM, after model.family."""
     if format != "hf":
         raise UserError(f"unknown --format {format!r} (hf)")
     from trainer.export import export_hf
@@ -114,7 +116,7 @@ def plot(c, run, out="", force=False):
 PLAN_HELP = {
     "config": "Training config YAML (default: configs/tiny.yaml)",
     "set": "Config override KEY=VALUE, e.g. data.batch_size=2 (repeatable)",
-    "init-from": "Plan the model of this Hugging Face Llama directory (its config.json)",
+    "init-from": "Plan the model of this Hugging Face directory (its config.json)",
     "gpus": "GPUs per node (default: the detected or named machine's count, e.g. H100:4; 1 without a GPU)",
     "nodes": "Nodes (default 1); the data-parallel world is gpus x nodes",
     "gpu": "Plan for this GPU model: H100, H200, MI300X, MI250X, A100-40GB ... (default: detect)",

@@ -121,7 +121,8 @@ def test_transformers_config_json_is_read_in_both_layouts(tmp_path):
 
 
 @pytest.mark.parametrize("change, says", [
-    ({"model_type": "mistral", "architectures": ["MistralForCausalLM"]}, "Llama checkpoints only"),
+    ({"model_type": "mistral", "architectures": ["MistralForCausalLM"]},
+     "Llama, DeepSeek-V2, DeepSeek-V3 and Qwen3-MoE checkpoints only"),
     ({"attention_bias": True}, "attention_bias True: Anvil's Llama has attention_bias False only"),
     ({"mlp_bias": True}, "mlp_bias"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),

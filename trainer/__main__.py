@@ -21,7 +21,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="torch.compile the decoder blocks")
     p.add_argument("--kernels", action="store_true", help="patch in the fused Triton kernels")
     p.add_argument("--init-from", default=None, metavar="HF_DIR",
-                   help="start from a Hugging Face Llama directory (checkpoint.init_from)")
+                   help="start from a Hugging Face directory (checkpoint.init_from)")
     return p.parse_args(argv)
 
 

@@ -216,7 +216,7 @@ class CheckpointConfig:
     keep_last: int = 3
     dir: str = "checkpoints"       # relative to the run dir
     save_final: bool = True
-    init_from: Optional[str] = None   # a Hugging Face Llama directory to start from (trainer/hf); --resume wins
+    init_from: Optional[str] = None   # a Hugging Face directory to start from (trainer/hf); --resume wins
     async_save: Optional[bool] = None   # write in the background, training paused only to copy the state to
     #                                 host memory; null: on where that copy fits in the host's memory
     write_threads: int = 4         # files each rank writes at once (DCP's thread_count): with one, two

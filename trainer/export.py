@@ -1,17 +1,20 @@
-"""Checkpoint -> Hugging Face directory that transformers' LlamaForCausalLM loads.
+"""Checkpoint -> Hugging Face directory that transformers loads: LlamaForCausalLM,
+DeepseekV2ForCausalLM, DeepseekV3ForCausalLM or Qwen3MoeForCausalLM, after model.family.
 
     export_hf(run_or_checkpoint, out_dir=None, dtype="bfloat16") -> Path
 
-writes config.json (trainer.hf.config.to_hf, the mapping --init-from reads back), model.safetensors (tied lm_head kept once,
-as transformers expects), generation_config.json, anvil_export.json (which checkpoint, which
-training config, whether the tokenizer was written), and the dataset's tokenizer as
-transformers' AutoTokenizer loads it (tokenizer.json, tokenizer_config.json,
-special_tokens_map.json; the byte tokenizer is rebuilt as a tokenizers Tokenizer with the
-same ids). The directory appears atomically: it is
-built under a temporary name next to out_dir and renamed into place.
+writes config.json (trainer.hf.config.to_hf, the mapping --init-from reads back), model.safetensors
+(tied lm_head kept once, as transformers expects), generation_config.json, anvil_export.json
+(which checkpoint, which training config, whether the tokenizer was written), and the dataset's
+tokenizer as transformers' AutoTokenizer loads it (tokenizer.json, tokenizer_config.json,
+special_tokens_map.json; the byte tokenizer is rebuilt as a tokenizers Tokenizer with the same
+ids). The directory appears atomically: it is built under a temporary name next to out_dir and
+renamed into place.
 
-Our parameter names are LlamaForCausalLM's and RoPE uses its rotate-half layout, so the
-weights go over unchanged (docs/trainer-hooks.md, export).
+The weights go over through the family's mapping (trainer/hf/mapping.py): most unchanged, the
+stacked experts as one linear per expert (the Hub's keys), DeepSeek's RoPE rows back in its
+interleaved order (docs/trainer-hooks.md, export). A config the transformers class cannot hold (a
+Qwen3-MoE with shared experts) is refused before any weight is read.
 """
 from __future__ import annotations
 
@@ -147,6 +150,7 @@ def export_hf(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike |
     from safetensors.torch import save_file
 
     from trainer.hf.config import to_hf
+    from trainer.hf.mapping import KEPT_FP32, hub_tensors
 
     if not str(run_or_checkpoint).strip():
         raise ExportError("the run is empty; expected a run directory or a checkpoint (step_N)")
@@ -163,6 +167,7 @@ def export_hf(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike |
     except ck.CheckpointError as exc:
         raise ExportError(str(exc)) from None
     cfg = _training_config(checkpoint)
+    config = to_hf(cfg.model, torch_dtype=dtype)   # InexpressibleModel (exit 2) before anything is read
     out = Path(out_dir) if out_dir else checkpoint.parent.parent / "export" / f"hf-{checkpoint.name}"
     staging = _staging_dir(out, overwrite)   # before the weights are read: a bad --out fails fast
     try:
@@ -173,13 +178,11 @@ def export_hf(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike |
         except (Exception, _dcp_exception()) as exc:  # a damaged checkpoint: a file missing or cut short
             raise ExportError(f"{checkpoint}: cannot read its weights ({_first_cause(exc)}); the "
                               f"checkpoint is damaged; export another step_N") from None
-        if cfg.model.tie_embeddings:
-            # one tensor on disk; transformers re-ties lm_head to the embedding on load
-            weights.pop("lm_head.weight", None)
-        tensors = {name: t.to(DTYPES[dtype]).contiguous() for name, t in sorted(weights.items())}
+        # a tied head is one tensor on disk (transformers re-ties lm_head to the embedding on load)
+        tensors = {name: t.to(torch.float32 if name.endswith(KEPT_FP32) else DTYPES[dtype]).contiguous()
+                   for name, t in sorted(hub_tensors(cfg.model, weights).items())}
         save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
         share(staging / "model.safetensors")  # safetensors writes 0600; the team loads exports too
-        config = to_hf(cfg.model, torch_dtype=dtype)
         token_ids, tokenizer = _tokenizer_files(_dataset_dir(cfg, checkpoint), staging,
                                                 cfg.model.max_seq_len)
         config.update(token_ids)

@@ -56,7 +56,7 @@ class TrainingJob:
     resume: str | None = None           # None (not given), "auto", or a run / checkpoint path
     compile: bool = False
     kernels: bool = False
-    init_from: str | None = None        # a Hugging Face Llama directory to start from (checkpoint.init_from)
+    init_from: str | None = None        # a Hugging Face directory to start from (checkpoint.init_from)
     gpu: str = ""
     site: str = ""
     runtime: Runtime | None = None      # None = the anvil.runtime setting

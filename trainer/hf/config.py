@@ -1,8 +1,10 @@
 """config.json <-> ModelConfig, both ways, and the training config of a run that starts from one.
 
-    to_hf(model_cfg, torch_dtype) -> dict          what train.export writes as config.json
-    from_hf(config_json, source) -> dict           ModelConfig fields, or InitError for what Anvil's
-                                                   Llama cannot do (another architecture, biases, ...)
+    to_hf(model_cfg, torch_dtype) -> dict          what train.export writes as config.json, for the
+                                                   transformers class of model.family
+    from_hf(config_json, source) -> dict           ModelConfig fields (dotted for mla and moe keys:
+                                                   "moe.top_k"), model.family among them; InitError
+                                                   for what Anvil does not compute the same way
     load_config(path, overrides) -> TrainConfig    trainer.config.load, with the model section from
                                                    checkpoint.init_from's config.json when it is set
 
@@ -10,10 +12,12 @@ A run that starts from a Hugging Face directory takes the model shape from its c
 the config file or --set give are checked against it (a difference is one line naming each key and
 where it came from), the others come from it. With no config file (the embedded tiny default) the
 whole model section comes from config.json, and the run is named after the directory.
+
+Each family's keys are a table beside its layer recipe (trainer/models/<family>.py HF_MAPPINGS,
+applied by mapping.py): Llama, DeepSeek-V2, DeepSeek-V3 and Qwen3-MoE.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import re
@@ -24,49 +28,21 @@ from trainer.config import DEFAULT_CONFIG, ConfigError, ModelConfig, TrainConfig
 from trainer.config import load as load_yaml_config
 
 from .errors import InitError
+from .mapping import SECTIONS, UNCHECKED, HFFamily, family_of, mapping_for, ours_value
 
-# ModelConfig field -> config.json key
-HF_KEYS = {"dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
-           "n_kv_heads": "num_key_value_heads", "ffn_dim": "intermediate_size", "vocab_size": "vocab_size",
-           "norm_eps": "rms_norm_eps", "rope_theta": "rope_theta", "rope_scaling": "rope_scaling",
-           "tie_embeddings": "tie_word_embeddings", "max_seq_len": "max_position_embeddings",
-           "init_std": "initializer_range"}
-# Checked against config.json when the config gives them: they change the weights or the math.
-# max_seq_len (a limit on data.seq_len; RoPE does not depend on it) and init_std (unused once the
-# weights are loaded) are taken from config.json only where the config leaves them out.
-CHECKED = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "norm_eps", "rope_theta",
-           "rope_scaling", "tie_embeddings")
-ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-ARCHITECTURE = "LlamaForCausalLM"
-EXPECTED = "a Hugging Face Llama directory (config.json + model.safetensors or model.safetensors.index.json)"
+EXPECTED = "a Hugging Face directory (config.json + model.safetensors or model.safetensors.index.json)"
 
 
 def to_hf(m: ModelConfig, torch_dtype: str = "bfloat16") -> dict:
-    """config.json for transformers' LlamaForCausalLM with this shape."""
-    rs = m.rope_scaling
-    return {
-        "architectures": [ARCHITECTURE],
-        "model_type": "llama",
-        "hidden_size": m.dim,
-        "intermediate_size": m.ffn_dim,
-        "num_attention_heads": m.n_heads,
-        "num_key_value_heads": m.n_kv_heads,
-        "num_hidden_layers": m.n_layers,
-        "head_dim": m.head_dim,
-        "vocab_size": m.vocab_size,
-        "rms_norm_eps": m.norm_eps,
-        "rope_theta": m.rope_theta,
-        "rope_scaling": None if rs is None else {"rope_type": rs.type, **rs.fields()},
-        "max_position_embeddings": m.max_seq_len,
-        "tie_word_embeddings": m.tie_embeddings,
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
-        "initializer_range": m.init_std,
-        "bos_token_id": None,
-        "eos_token_id": None,
-        "torch_dtype": torch_dtype,
-    }
+    """config.json for the transformers class of m.family with this shape; InexpressibleModel for
+    a config that class cannot hold."""
+    return mapping_for(m.family).write_config(m, torch_dtype)
+
+
+def from_hf(raw: dict, source: str) -> dict[str, Any]:
+    """ModelConfig fields of a config.json (rope_scaling as a dict or None, a section's keys dotted);
+    InitError for another architecture or anything Anvil does not compute the same way."""
+    return family_of(raw, source).read_config(raw, source)
 
 
 def read_config_json(directory: str | Path) -> tuple[dict, Path]:
@@ -89,80 +65,6 @@ def read_config_json(directory: str | Path) -> tuple[dict, Path]:
     return raw, path
 
 
-def from_hf(raw: dict, source: str) -> dict[str, Any]:
-    """ModelConfig fields (rope_scaling as a dict or None) of a Llama config.json; InitError for
-    another architecture or anything Anvil's Llama does not compute the same way."""
-    arch = raw.get("architectures")
-    if raw.get("model_type") != "llama" or (isinstance(arch, list) and ARCHITECTURE not in arch):
-        raise InitError(f"{source}: model_type {raw.get('model_type')!r}, architectures {arch!r}: Anvil "
-                        f"starts from Llama checkpoints only (model_type 'llama', {ARCHITECTURE})")
-
-    def need(key: str, kind: type, default: Any = ...) -> Any:
-        value = raw.get(key, default)
-        if value is ...:
-            raise InitError(f"{source}: no {key}; expected a Llama config.json")
-        if kind is bool:
-            ok, expected = isinstance(value, bool), "true or false"
-        elif kind is int:
-            ok, expected = isinstance(value, int) and not isinstance(value, bool) and value > 0, "a positive integer"
-        else:
-            return _number(value, f"{source}: {key}")
-        if not ok:
-            raise InitError(f"{source}: {key}: expected {expected}, got {value!r}")
-        return value
-
-    for key, supported in (("attention_bias", False), ("mlp_bias", False), ("hidden_act", "silu")):
-        if raw.get(key, supported) != supported:
-            raise InitError(f"{source}: {key} {raw[key]!r}: Anvil's Llama has {key} {supported!r} only")
-    dim, heads = need("hidden_size", int), need("num_attention_heads", int)
-    kv_heads = need("num_key_value_heads", int, heads)
-    head_dim = raw.get("head_dim") or dim / heads
-    if dim % heads or head_dim != dim // heads or (dim // heads) % 2:
-        raise InitError(f"{source}: head_dim {head_dim!r} with hidden_size {dim} and num_attention_heads "
-                        f"{heads}: Anvil's Llama needs head_dim = hidden_size / num_attention_heads, even")
-    if heads % kv_heads:
-        raise InitError(f"{source}: num_key_value_heads {kv_heads} does not divide num_attention_heads {heads}")
-    # transformers 5 writes rope_parameters (rope_theta inside); earlier ones rope_theta + rope_scaling
-    params = raw.get("rope_parameters")
-    if isinstance(params, dict) and "rope_theta" in params:
-        scaling, rope_theta = params, _number(params["rope_theta"], f"{source}: rope_parameters.rope_theta")
-    else:
-        scaling, rope_theta = raw.get("rope_scaling"), need("rope_theta", float, 10000.0)
-    return {"dim": dim, "n_layers": need("num_hidden_layers", int), "n_heads": heads, "n_kv_heads": kv_heads,
-            "ffn_dim": need("intermediate_size", int), "vocab_size": need("vocab_size", int),
-            "norm_eps": need("rms_norm_eps", float, 1e-6), "rope_theta": rope_theta,
-            "rope_scaling": _rope_scaling(scaling, source),
-            "tie_embeddings": need("tie_word_embeddings", bool, False),
-            "max_seq_len": need("max_position_embeddings", int, 2048),
-            "init_std": need("initializer_range", float, 0.02)}
-
-
-def _number(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise InitError(f"{where}: expected a positive number, got {value!r}")
-    return float(value)
-
-
-def _rope_scaling(scaling: Any, source: str) -> dict | None:
-    """Llama 3.1 frequency scaling as ModelConfig.rope_scaling; None for plain RoPE."""
-    if scaling is None:
-        return None
-    if not isinstance(scaling, dict):
-        raise InitError(f"{source}: rope_scaling: expected an object or null, got {scaling!r}")
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
-    if kind == "default":
-        return None
-    if kind != "llama3":
-        raise InitError(f"{source}: RoPE scaling of type {kind!r}: Anvil's Llama does the 'llama3' "
-                        f"type only (or none)")
-    missing = [key for key in ROPE_SCALING_KEYS if key not in scaling]
-    if missing:
-        raise InitError(f"{source}: rope_scaling of type llama3 without {', '.join(missing)}")
-    out = {key: _number(scaling[key], f"{source}: rope_scaling.{key}") for key in ROPE_SCALING_KEYS}
-    out["original_max_position_embeddings"] = int(out["original_max_position_embeddings"])
-    return out
-
-
 # --------------------------------------------------------------------------- the run's config
 
 def load_config(path: str | Path | None = None, overrides=()) -> TrainConfig:
@@ -175,40 +77,50 @@ def load_config(path: str | Path | None = None, overrides=()) -> TrainConfig:
     if not init_from.strip():
         raise InitError("checkpoint.init_from is empty; expected " + EXPECTED + ", or null")
     raw, config_json = read_config_json(init_from)
-    fields = from_hf(raw, str(config_json))
-    fields["name"] = Path(init_from).expanduser().resolve().name or "hf"
+    table = family_of(raw, str(config_json))
+    fields = table.read_config(raw, str(config_json))
+    name = Path(init_from).expanduser().resolve().name or "hf"   # model.name: the directory's, unless given
     given = _given_model_keys(path, overrides)
-    sets = {key: f"model.{key}={json.dumps(value)}" for key, value in fields.items() if key not in given}
+    sets = {key: f"model.{key}={json.dumps(value)}" for key, value in {**fields, "name": name}.items()
+            if key not in given}
     named = [] if path is not None or any(item.partition("=")[0].strip() == "name" for item in overrides) else [
-        f"name={json.dumps(fields['name'])}"]   # not "tiny": the run is named after the checkpoint
+        f"name={json.dumps(name)}"]   # not "tiny": the run is named after the checkpoint
     try:
         cfg = load_yaml_config(path, named + list(sets.values()) + overrides)
     except ConfigError as exc:   # a value of config.json against one of the config (data.seq_len > max_seq_len)
         try:   # a key the config sets and config.json contradicts is the better message
-            _check_same(load_yaml_config(path, overrides), given, fields, config_json)
+            _check_same(load_yaml_config(path, overrides), given, fields, config_json, table)
         except ConfigError:
             pass
         message = str(exc)
         for key, item in sets.items():
             message = message.replace(f" with --set {item}", "")   # not the user's --set: say where it is from
-        notes = [f"model.{key} is {HF_KEYS[key]} of {config_json}" for key in sets
-                 if key in HF_KEYS and re.search(rf"model\.{key}\b", message)]
+        notes = [f"model.{key} is {table.hf_key(key)} of {config_json}" for key in sets
+                 if key != "name" and re.search(rf"model\.{re.escape(key)}\b", message)]
         raise ConfigError("; ".join([message, *notes])) from None
-    _check_same(cfg, given, fields, config_json)
+    _check_same(cfg, given, fields, config_json, table)
     return cfg
 
 
-def _check_same(cfg: TrainConfig, given: dict[str, str], fields: dict[str, Any], config_json: Path) -> None:
-    """InitError naming each model key the config gives that config.json contradicts."""
+def _check_same(cfg: TrainConfig, given: dict[str, str], fields: dict[str, Any], config_json: Path,
+                table: HFFamily) -> None:
+    """InitError naming each model key the config gives that config.json contradicts: the family
+    first (a DeepSeek config against a Llama checkpoint), then each shape key (experts, top-k, ranks)."""
     differences = []
-    for key, where in given.items():
-        if key not in CHECKED:
+    for key, where in sorted(given.items(), key=lambda item: item[0] != "family"):
+        if key not in fields or key in UNCHECKED:
             continue
-        ours = getattr(cfg.model, key)
-        ours = ours.fields() if hasattr(ours, "fields") else dataclasses.asdict(ours) if dataclasses.is_dataclass(ours) \
-            else ours
-        if not _same(ours, fields[key]):
-            differences.append(f"model.{key} {_show(ours)} ({where}) vs {HF_KEYS[key]} {_show(fields[key])}")
+        ours = ours_value(cfg.model, key)
+        if _same(ours, fields[key]):
+            continue
+        if key == "family":
+            differences.append(f"model.family {ours} ({where}) vs {table.family} ({table.architecture} in "
+                               f"config.json)")
+        elif key in table.implied:
+            differences.append(f"model.{key} {_show(ours)} ({where}) vs {_show(fields[key])} (what "
+                               f"{table.architecture} always has)")
+        else:
+            differences.append(f"model.{key} {_show(ours)} ({where}) vs {table.hf_key(key)} {_show(fields[key])}")
     if differences:
         raise InitError(f"{config_json}: the config differs from the checkpoint: {'; '.join(differences)}; "
                         f"leave these keys out of the config (they then come from config.json), or start "
@@ -231,14 +143,28 @@ def _init_from(path: str | Path | None, overrides: list[str]) -> str | None:
 def _given_model_keys(path: str | Path | None, overrides: list[str]) -> dict[str, str]:
     """The model keys the user set, each with where: the config file (not the embedded default:
     that one's model section is the tiny model's, replaced whole) or the --set that gave it."""
-    given = {key: str(path) for key in _file_section(path, "model")} if path is not None else {}
+    given = {key: str(path) for key in _model_keys(_file_section(path, "model"))} if path is not None else {}
     for item in overrides:
-        key = item.partition("=")[0].strip()
-        if key.startswith("model."):
-            given[key.split(".")[1]] = f"--set {item}"
-        elif key == "model" and isinstance(_yaml(item.partition("=")[2]), dict):
-            given.update({k: f"--set {item}" for k in _yaml(item.partition("=")[2])})
+        key, _, value = item.partition("=")
+        key = key.strip()
+        if key == "model" or key in (f"model.{section}" for section in SECTIONS):
+            value = _yaml(value)
+            section = key.partition(".")[2]
+            given.update({k: f"--set {item}" for k in _model_keys({section: value} if section else value)})
+        elif key.startswith("model."):
+            parts = key.split(".")[1:]
+            given[".".join(parts[:2] if parts[0] in SECTIONS else parts[:1])] = f"--set {item}"
     return given
+
+
+def _model_keys(section: Any) -> list[str]:
+    """A model section's keys as from_hf names them: an mla or moe mapping's one by one ("moe.top_k")."""
+    if not isinstance(section, dict):
+        return []
+    out = []
+    for key, value in section.items():
+        out += [f"{key}.{sub}" for sub in value] if key in SECTIONS and isinstance(value, dict) else [key]
+    return out
 
 
 def _file_section(path: str | Path | None, name: str) -> dict:

@@ -9,9 +9,13 @@
                                                materialised: each tensor read once, straight into
                                                the parameter (its provenance returned)
 
+Each of our tensors (parameters and persistent buffers: DeepSeek-V3's balancing bias) is read
+through its family's mapping (trainer/hf/mapping.py): most are the Hub's tensor of the same name;
+the stacked experts gather one tensor per expert, DeepSeek's RoPE rows are permuted.
 Under FSDP2 a parameter is a DTensor sharded on dim 0: each rank reads only its own rows of each
-tensor (safetensors' get_slice on the memory-mapped file), so no rank holds a full copy of the
-model. DDP and a single process read one whole tensor at a time. bf16 or fp16 weights are cast
+tensor (safetensors' get_slice on the memory-mapped file; its own experts of a stacked tensor), so
+no rank holds a full copy of the model. DDP and a single process read one whole tensor at a time.
+bf16 or fp16 weights are cast
 into the parameters' dtype (fp32 master weights by default). RoPE's frequencies are no weights:
 they come from config.json's rope_theta and rope_scaling through the model config.
 """
@@ -24,14 +28,27 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .mapping import TIED_HEAD, HubReader, Source, hub_shapes, mapping_for, sources
 from .weights import HFWeights
 
-TIED = ("lm_head.weight",)   # a tied head is the embedding: a copy in the file is not loaded
+
+def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """name -> each parameter (a tied weight once) and persistent buffer: what a checkpoint holds."""
+    out = dict(model.named_parameters())
+    for name, buffer in model.named_buffers():
+        owner, _, leaf = name.rpartition(".")
+        if leaf not in model.get_submodule(owner)._non_persistent_buffers_set:
+            out[name] = buffer
+    return out
 
 
-def parameter_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
-    """name -> full shape of each parameter (a tied weight once; a DTensor's global shape)."""
-    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+def _open_checked(directory, cfg, tensors: dict[str, torch.Tensor]) -> tuple[HFWeights, dict[str, Source]]:
+    """The directory's weights, checked against the Hub's names and shapes of the model's tensors
+    (a DTensor's global shape)."""
+    found = sources(cfg, {name: tuple(t.shape) for name, t in tensors.items()})
+    weights = HFWeights.open(directory)
+    weights.check(hub_shapes(found), (TIED_HEAD,) if cfg.tie_embeddings else (), mapping_for(cfg.family).skipped(cfg))
+    return weights, found
 
 
 def check_before_launch(cfg) -> dict | None:
@@ -41,9 +58,8 @@ def check_before_launch(cfg) -> dict | None:
     from trainer.models import Transformer
 
     with torch.device("meta"):
-        shapes = parameter_shapes(Transformer(cfg.model))
-    weights = HFWeights.open(directory)
-    weights.check(shapes, TIED if cfg.model.tie_embeddings else ())
+        model = Transformer(cfg.model)
+    weights, _ = _open_checked(directory, cfg.model, model_tensors(model))
     return weights.provenance()
 
 
@@ -70,16 +86,12 @@ def load_weights(model: nn.Module, directory: str | Path, log=None) -> dict:
     """Copy the directory's weights into `model` (plain, DDP-wrapped's module, or FSDP2-sharded);
     InitError when the checkpoint does not fit it. Returns the provenance."""
     started = time.perf_counter()
-    weights = HFWeights.open(directory)
-    tied = getattr(getattr(model, "cfg", None), "tie_embeddings", False)
-    weights.check(parameter_shapes(model), TIED if tied else ())
-    params = dict(model.named_parameters())
-    from safetensors import safe_open
-
-    for file, names in weights.by_file().items():
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            for name in names:
-                _copy(params[name], f, name)
+    tensors = model_tensors(model)
+    weights, found = _open_checked(directory, model.cfg, tensors)
+    hub = HubReader({name: weights.tensors[name].file for name in weights.loaded})
+    first_file = {name: min(str(hub.files[n]) for n in source.hub_shapes()) for name, source in found.items()}
+    for name in sorted(found, key=lambda name: first_file[name]):   # file by file, as they lie on disk
+        _copy(tensors[name], found[name], hub, name)
     provenance = weights.provenance()
     if log is not None:
         log.info(f"initialised from {provenance['path']}: {provenance['tensors']} tensors, "
@@ -88,7 +100,7 @@ def load_weights(model: nn.Module, directory: str | Path, log=None) -> dict:
     return provenance
 
 
-def _copy(param: torch.Tensor, f, name: str) -> None:
+def _copy(param: torch.Tensor, source: Source, hub: HubReader, name: str) -> None:
     from torch.distributed.tensor import DTensor
 
     if isinstance(param, DTensor):
@@ -100,6 +112,6 @@ def _copy(param: torch.Tensor, f, name: str) -> None:
             raise RuntimeError(f"{name}: local shard {tuple(local.shape)}, expected {tuple(shape)} at {offset}")
         if local.numel() == 0:    # more ranks than rows: nothing here
             return
-        local.copy_(f.get_slice(name)[tuple(slice(o, o + n) for o, n in zip(offset, shape))])
+        local.copy_(source.read(hub, tuple(slice(o, o + n) for o, n in zip(offset, shape))))
     else:
-        param.copy_(f.get_tensor(name))
+        param.copy_(source.read(hub, tuple(slice(0, n) for n in param.shape)))

@@ -2,9 +2,10 @@
 (model.safetensors.index.json, whose weight_map names each tensor's file).
 
     weights = HFWeights.open(directory)   headers only: names, dtypes, shapes (no weight is read)
-    weights.check(shapes, optional)       each tensor the model needs, of its shape, and no other
+    weights.check(shapes, optional, skipped)   each tensor the model needs, of its shape, and no other
     weights.provenance()                  where a run started, for metadata.json and the summary
-    weights.by_file()                     {file: [names]}, to read one tensor (or slice) at a time
+    weights.loaded                        after check: the tensors that go into the model (each
+                                          tensor's file: weights.tensors[name].file)
 
 Every problem is an InitError of one line naming the file: no weights, a header that is not
 safetensors, a file cut short, an index naming a missing file or a tensor its file lacks, tensors
@@ -17,6 +18,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from .errors import InitError
 
@@ -77,10 +79,12 @@ class HFWeights:
                 tensors[name] = entries[name]
         return cls(directory, tensors, headers, index_bytes)
 
-    def check(self, shapes: dict[str, tuple[int, ...]], optional: tuple[str, ...] = ()) -> None:
+    def check(self, shapes: dict[str, tuple[int, ...]], optional: tuple[str, ...] = (),
+              skipped: Callable[[str], bool] | None = None) -> None:
         """The checkpoint holds exactly the tensors of `shapes` (name -> shape), floating point;
-        names in `optional` may be there too and are not loaded (a tied lm_head.weight)."""
-        names = set(self.tensors)
+        names in `optional` may be there too and are not loaded (a tied lm_head.weight), nor are
+        those `skipped` says (modules the model does not build: DeepSeek-V3's multi-token prediction)."""
+        names = {name for name in self.tensors if name in shapes or skipped is None or not skipped(name)}
         missing = sorted(set(shapes) - names, key=_natural)
         extra = sorted(names - set(shapes) - set(optional), key=_natural)
         wrong = [f"{n} {list(self.tensors[n].shape)} (the model's is {list(shapes[n])})"
@@ -95,12 +99,6 @@ class HFWeights:
             raise InitError(f"{self.source}: {'; '.join(problems)}, for the model of "
                             f"{self.directory / 'config.json'}")
         self.loaded = sorted(names & set(shapes), key=_natural)
-
-    def by_file(self) -> dict[Path, list[str]]:
-        out: dict[Path, list[str]] = {}
-        for name in self.loaded:
-            out.setdefault(self.tensors[name].file, []).append(name)
-        return dict(sorted(out.items()))
 
     def provenance(self) -> dict:
         """Where a run started: the directory, sha256 of its config.json and of its index (or of

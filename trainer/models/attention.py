@@ -53,6 +53,11 @@ class Attention(nn.Module):
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
+# The latents' norms take RMSNorm's default eps in DeepSeek's code and in transformers', whatever
+# rms_norm_eps says (the DeepSeek releases' 1e-6 hides the difference)
+LATENT_NORM_EPS = 1e-6
+
+
 class LatentAttention(nn.Module):
     """Multi-head latent attention (DeepSeek-V2): keys and values come from a kv_lora_rank latent of the
     hidden state (kv_b_proj expands it per head); queries from the hidden state or from a q_lora_rank
@@ -72,12 +77,12 @@ class LatentAttention(nn.Module):
         qk_dim = self.nope_dim + self.rope_dim
         if self.q_lora_rank:
             self.q_a_proj = nn.Linear(cfg.dim, self.q_lora_rank, bias=False)
-            self.q_a_layernorm = RMSNorm(self.q_lora_rank, cfg.norm_eps)
+            self.q_a_layernorm = RMSNorm(self.q_lora_rank, LATENT_NORM_EPS)
             self.q_b_proj = nn.Linear(self.q_lora_rank, cfg.n_heads * qk_dim, bias=False)
         else:
             self.q_proj = nn.Linear(cfg.dim, cfg.n_heads * qk_dim, bias=False)
         self.kv_a_proj_with_mqa = nn.Linear(cfg.dim, self.kv_lora_rank + self.rope_dim, bias=False)
-        self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, cfg.norm_eps)
+        self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, LATENT_NORM_EPS)
         self.kv_b_proj = nn.Linear(self.kv_lora_rank, cfg.n_heads * (self.nope_dim + self.v_dim), bias=False)
         self.o_proj = nn.Linear(cfg.n_heads * self.v_dim, cfg.dim, bias=False)
         self.scale = qk_dim ** -0.5
