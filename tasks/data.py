@@ -28,7 +28,7 @@ def _paths(values) -> list[str] | None:
     "val_fraction": "share of documents held out for validation (default 0.01)",
     "text_field": "JSONL field or Parquet/Arrow column holding the text (default text)",
     "workers": "worker processes (default: all cores)",
-    "shard_tokens": "tokens per shard file (default 134217728)",
+    "shard_tokens": "tokens per shard file (default 134217728, at least 1000)",
     "max_docs": "stop after this many documents",
     "max_tokens": "stop once this many tokens are written",
     "pattern": "file-name glob inside directories (default * ; *.py for the stdlib)",

@@ -8,16 +8,26 @@ from .errors import DataError
 from .tokenizers import SPECIAL_TOKENS
 
 EXPECTED_TOKENIZER = "expected byte, bpe or the path of a Hugging Face tokenizer.json"
+# The fewest tokens a shard may hold. Each shard is a file (an inode, an fsync when written), a memory map
+# in every process that reads the dataset (Linux allows 65,530 per process by default: vm.max_map_count)
+# and a manifest entry of about 130 bytes; at 1,000 tokens (2 KB of uint16) the data is still most of
+# what a shard costs, below it the bookkeeping takes over (--shard-tokens 1 wrote 391k files for the stdlib).
+MIN_SHARD_TOKENS = 1000
+DEFAULT_SHARD_TOKENS = 1 << 27
 
 
-def check_options(*, val_fraction: float = 0.01, shard_tokens: int = 1, max_docs: int | None = None,
+def check_options(*, val_fraction: float = 0.01, shard_tokens: int | None = None, max_docs: int | None = None,
                   max_tokens: int | None = None, workers: int | None = None, text_field: str = "text",
                   pattern: str | None = None) -> None:
     """DataError naming the first option whose value cannot work, and what it expects."""
     if not (isinstance(val_fraction, (int, float)) and 0 <= val_fraction < 1):  # nan fails too
         raise DataError(f"--val-fraction: expected a number in [0, 1), got {val_fraction!r}")
-    if shard_tokens < 1:
+    if shard_tokens is not None and shard_tokens < 1:
         raise DataError(f"--shard-tokens: expected a positive number of tokens per shard, got {shard_tokens}")
+    if shard_tokens is not None and shard_tokens < MIN_SHARD_TOKENS:
+        raise DataError(f"--shard-tokens {shard_tokens}: expected at least {MIN_SHARD_TOKENS:,} tokens per shard "
+                        f"(default {DEFAULT_SHARD_TOKENS:,}); each shard is a file, a memory map in every reader "
+                        f"and a manifest entry, and smaller ones cost more than the tokens they hold")
     for name, value in (("--max-docs", max_docs), ("--max-tokens", max_tokens)):
         if value is not None and value < 1:
             raise DataError(f"{name}: expected a positive number (0 or left out: no limit), got {value}")

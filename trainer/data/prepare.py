@@ -31,14 +31,13 @@ from . import sources, units, workers
 from .bpe import DEFAULT_BPE_VOCAB
 from .dataset import FORMAT, MANIFEST, dtype_for_vocab, read_manifest
 from .errors import DataError, Interrupted
-from .options import check_bpe_vocab, check_options, tokenizer_path
+from .options import DEFAULT_SHARD_TOKENS, check_bpe_vocab, check_options, tokenizer_path
 from .output import check_out, ctrl_c_deferred, is_dataset_dir, locked, recover, remove, swap_into_place, write_json
 from .parts import WorkFolder
 from .shards import assemble
 from .tokenizers import get_tokenizer, train_bpe
 
 DEFAULT_OUT = Path("data/stdlib")
-DEFAULT_SHARD_TOKENS = 1 << 27
 _DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 
 __all__ = ["DEFAULT_BPE_VOCAB", "DEFAULT_OUT", "DEFAULT_SHARD_TOKENS", "prepare"]
