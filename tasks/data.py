@@ -69,11 +69,7 @@ def prepare(c, input=None, out=DEFAULT_DATASET, tokenizer="byte", vocab_size=0, 
     from tabulate import tabulate
 
     m = result["manifest"]
-    notes = result["notes"]
-    for note in notes[:10]:
-        print(f"  note: {note}")
-    if len(notes) > 10:
-        print(f"  note: ... and {len(notes) - 10} more in {result['path']}/manifest.json")
+    _print_notes(result["notes"], f"{result['path']}/manifest.json")
     if result["status"] == "up-to-date":
         print(f"{result['path']} is up to date ({m['documents']:,} documents, {m['tokens']:,} tokens; "
               f"--force rebuilds)")
@@ -84,7 +80,7 @@ def prepare(c, input=None, out=DEFAULT_DATASET, tokenizer="byte", vocab_size=0, 
     print(f"tokenizer {m['tokenizer']['kind']} (vocab {m['tokenizer']['vocab_size']:,}, {m['dtype']}); "
           f"{m['source']['files_used']:,}/{m['source']['files']:,} files used"
           + (f" ({formats})" if formats else "") + "; skipped: "
-          + _skipped_text(m["source"]["skipped"])
+          + _skipped_text(m["source"]["skipped"]) + _changed_text(m["source"].get("changed"))
           + (" (stopped at --max-docs/--max-tokens)" if m["source"]["truncated"] else ""))
     print(f"wrote {result['path']} in {result['seconds']:.1f}s")
 
@@ -92,6 +88,19 @@ def prepare(c, input=None, out=DEFAULT_DATASET, tokenizer="byte", vocab_size=0, 
 def _skipped_text(skipped: dict | None) -> str:
     """{"empty": 3, "binary": 1} -> "1 binary, 3 empty" (the manifest's skipped-file counts by reason)."""
     return ", ".join(f"{n:,} {reason}" for reason, n in sorted((skipped or {}).items())) or "none"
+
+
+def _changed_text(changed: dict | None) -> str:
+    """"; changed: 2 replaced_unencodable" (documents kept but altered, by reason), or "" when none was."""
+    return f"; changed: {_skipped_text(changed)}" if changed else ""
+
+
+def _print_notes(notes: list[str], where: str) -> None:
+    """The first ten notes (what was skipped or changed, and where), and where the rest are."""
+    for note in notes[:10]:
+        print(f"  note: {note}")
+    if len(notes) > 10:
+        print(f"  note: ... and {len(notes) - 10} more in {where}")
 
 
 @task(iterable=["input"], help={
@@ -119,6 +128,9 @@ def tokenizer(c, vocab_size=8192, input=None, out=None, text_field="text", max_d
     if result["vocab_size"] < vocab_size:   # BPE stops when no pair is left to merge
         print(f"WARNING: the corpus gave only {result['vocab_size']:,} of the {vocab_size:,} tokens asked for "
               "(too little text to merge more pairs); a larger corpus gives the full vocabulary", file=sys.stderr)
+    if not json_ and (result["skipped"] or result["changed"]):
+        _print_notes(result["notes"], "the --json result")
+        print(f"skipped: {_skipped_text(result['skipped'])}{_changed_text(result['changed'])}")
     if json_:
         print(json.dumps(result, indent=1))
         return
@@ -175,7 +187,7 @@ def inspect_(c, path=None, samples=3, chars=400, split="train", verify=False, js
         formats = ", ".join(f"{n:,} {name}" for name, n in (src.get("formats") or {}).items())
         print(f"source: {', '.join(map(str, src.get('inputs') or ['?']))} ({src.get('files_used', '?')}/"
               f"{src.get('files', '?')} files used" + (f": {formats}" if formats else "")
-              + f", skipped: {_skipped_text(src.get('skipped'))})")
+              + f", skipped: {_skipped_text(src.get('skipped'))}{_changed_text(src.get('changed'))})")
         cols = ["documents", "tokens", "shards", "min_len", "median_len", "mean_len", "max_len"]
         rows = [[name] + [s.get(k, "") for k in cols] for name, s in report["splits"].items()]
         print(tabulate(rows, headers=["split"] + cols, intfmt=",", floatfmt=",.0f"))

@@ -15,6 +15,7 @@ from core.signals import interrupted_by
 
 from . import sources
 from .errors import DataError, Interrupted
+from .formats import Tally
 from .options import check_bpe_vocab, check_options
 from .tokenizers import train_bpe
 
@@ -30,11 +31,11 @@ def train_tokenizer(inputs: list[Path] | None, out: Path, vocab_size: int = DEFA
     check_bpe_vocab(vocab_size)
     files, input_names, _ = sources.resolve_inputs(inputs, pattern)
     out = _check_tokenizer_out(out, input_names)
-    skipped: dict[str, int] = {}
-    texts = sources.documents(files, text_field, skipped, max_docs)
+    tally = Tally()
+    texts = sources.documents(files, text_field, tally, max_docs)
     first = next(texts, None)  # a corpus with nothing usable must not give an alphabet-only BPE
     if first is None:
-        raise sources.nothing_usable(input_names, files, skipped, text_field)
+        raise sources.nothing_usable(input_names, files, tally.skipped, text_field, next(iter(tally.notes), None))
     texts = itertools.chain([first], texts)
     try:
         tok = train_bpe(texts, vocab_size, out)
@@ -45,7 +46,8 @@ def train_tokenizer(inputs: list[Path] | None, out: Path, vocab_size: int = DEFA
         raise Interrupted(f"interrupted ({what}) while training the tokenizer; nothing was written "
                           f"and {out} is as it was", code) from None
     return {"path": str(out), "vocab_size": tok.vocab_size, "inputs": input_names,
-            "files": len(files), "sha256": tok.sha256, "seconds": time.monotonic() - started}
+            "files": len(files), "sha256": tok.sha256, "seconds": time.monotonic() - started,
+            "skipped": tally.skipped, "changed": tally.changed, "notes": tally.notes}
 
 
 def _is_tokenizer_json(path: Path) -> bool:

@@ -257,7 +257,7 @@ def _manifest(counts: dict, plan: list, files, tok, tokenizer: str, settings: di
         "source": {"inputs": input_names, "default_corpus": is_default, "files": len(files),
                    "files_used": counts["files_used"], "bytes_read": counts["bytes_read"],
                    "formats": {name: len(paths) for name, paths in sorted(formats.items())},
-                   "skipped": counts["skipped"], "skipped_examples": counts["examples"],
+                   "skipped": counts["skipped"], "changed": counts["changed"], "skipped_examples": counts["examples"],
                    "truncated": counts["truncated"]},
         "settings": settings,
         "splits": counts["splits"],

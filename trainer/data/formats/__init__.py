@@ -9,14 +9,14 @@ added to FORMATS (see base.py for the three functions a format has).
 from __future__ import annotations
 
 from . import arrow, compression, jsonl, parquet, text
-from .base import PROBE_BYTES, Piece, Probe, Reading, SourceFile, Span, note_text
+from .base import PROBE_BYTES, Piece, Probe, Reading, SourceFile, Span, Tally, note_text
 
 # Binary containers first (their magic bytes are certain), then JSONL, then text (takes the rest).
 FORMATS = (parquet, arrow, jsonl, text)
 BY_NAME = {f.NAME: f for f in FORMATS}
 
-__all__ = ["BY_NAME", "FORMATS", "Piece", "Probe", "Reading", "SourceFile", "Span", "detect", "note_text",
-           "probe", "read", "spans"]
+__all__ = ["BY_NAME", "FORMATS", "Piece", "Probe", "Reading", "SourceFile", "Span", "Tally", "detect",
+           "note_text", "probe", "read", "spans"]
 
 
 def probe(source: SourceFile) -> Probe:

@@ -14,10 +14,12 @@ number names the document (`path#record`) for the validation split, so the split
 depend on how a file was cut, or by how many workers it was read.
 
 Problems with a file are counted skips (`reading.skip`), never exceptions: one bad file
-in a corpus of thousands must not stop the others.
+in a corpus of thousands must not stop the others. A document kept but altered (text no
+UTF-8 can hold, replaced) is counted as a change (`reading.change`).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -86,15 +88,65 @@ class Reading:
 
     records: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
+    changed: dict[str, int] = field(default_factory=dict)   # documents kept, altered: by reason
     notes: list[tuple[int | None, str]] = field(default_factory=list)   # (record in span, message)
 
     def skip(self, reason: str, message: str, record: int | None = None) -> None:
-        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        self._count(self.skipped, reason, message, record)
+
+    def change(self, reason: str, message: str, record: int | None = None) -> None:
+        self._count(self.changed, reason, message, record)
+
+    def _count(self, counts: dict, reason: str, message: str, record: int | None) -> None:
+        counts[reason] = counts.get(reason, 0) + 1
         if len(self.notes) < MAX_NOTES:
             self.notes.append((record, message))
 
     def to_dict(self) -> dict:
-        return {"records": self.records, "skipped": self.skipped, "notes": [list(n) for n in self.notes]}
+        return {"records": self.records, "skipped": self.skipped, "changed": self.changed,
+                "notes": [list(n) for n in self.notes]}
+
+
+@dataclass
+class Tally:
+    """What reading many spans gave, added up: skips and changes by reason, and the first notes as
+    users read them (`path:LINE: message`)."""
+
+    skipped: dict[str, int] = field(default_factory=dict)
+    changed: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    max_notes: int = 50
+
+    def add(self, path: Path, reading: dict, base: int = 0) -> None:
+        """A span's reading (Reading.to_dict()) of the file at `path`, its records numbered on from `base`."""
+        for total, counts in ((self.skipped, reading["skipped"]), (self.changed, reading.get("changed") or {})):
+            for reason, n in counts.items():
+                total[reason] = total.get(reason, 0) + n
+        for record, message in reading["notes"]:
+            if len(self.notes) < self.max_notes:
+                self.notes.append(note_text(path, None if record is None else base + record, message))
+
+
+# A lone surrogate (U+D800..U+DFFF not in a pair) is a str no UTF-8 can hold: JSON's "\ud83d" alone, common
+# in web crawls where an emoji was cut in half, made every tokenizer fail on the whole batch.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+REPLACED = "replaced_unencodable"
+
+
+def encodable(text: str, reading: Reading, record: int | None = None) -> str:
+    """`text` with its lone surrogates replaced by U+FFFD (counted as a change): what UTF-8 can hold."""
+    if text.isascii():   # (constant time: CPython knows)
+        return text
+    try:
+        text.encode("utf-8")   # ~800 MB/s, where a search for surrogates runs at ~60
+        return text
+    except UnicodeEncodeError:
+        pass
+    fixed, count = _SURROGATE.subn("\ufffd", text)
+    if count:
+        reading.change(REPLACED, f"{count} lone surrogate{'' if count == 1 else 's'} (half an emoji or other "
+                                 f"UTF-16 pair) replaced by U+FFFD", record)
+    return fixed
 
 
 def column_pieces(values: list, first: int, text_field: str, reading: Reading):

@@ -6,7 +6,8 @@ into byte ranges on line boundaries, so one large file is read by every worker: 
 holds the lines that START inside [start, end), the way Hadoop cuts text, so every line
 belongs to exactly one span. A gzip or zstd file is read from its start by one worker.
 Skipped and counted, with the line number: malformed JSON, a line without a string text
-field, an empty text, invalid UTF-8; a damaged compressed stream ends the file there.
+field, an empty text, invalid UTF-8; a damaged compressed stream ends the file there. A text
+holding lone surrogates (an escaped "\\ud83d" alone) is kept with U+FFFD in their place, counted.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import json
 import re
 
 from . import compression
-from .base import PROBE_BYTES, Piece, Probe, Reading, SourceFile, Span
+from .base import PROBE_BYTES, Piece, Probe, Reading, SourceFile, Span, encodable
 
 NAME = "jsonl"
 SUFFIXES = (".jsonl", ".ndjson")
@@ -100,7 +101,7 @@ def read(span: Span, text_field: str, reading: Reading):
             if not text.strip():
                 reading.skip("empty", "empty text", number)
                 continue
-            yield Piece(number, text)
+            yield Piece(number, encodable(text, reading, number))
         reading.records = number
         whole_file = span.start == 0 and (span.compression is not None or span.end >= span.source.size)
         if whole_file and not content and not reading.skipped:
