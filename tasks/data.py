@@ -31,6 +31,9 @@ def _paths(values) -> list[str] | None:
     "shard_tokens": "tokens per shard file (default 134217728, at least 1000)",
     "max_docs": "stop after this many documents",
     "max_tokens": "stop once this many tokens are written",
+    "max_doc_bytes": "a longer document is skipped (a text file: cut there), e.g. 64M (the default) or 1G",
+    "max_ratio": "a compressed file whose content grows more than this many times its compressed bytes is "
+                 "left out as a bomb (default 100; 0: off)",
     "pattern": "file-name glob inside directories (default * ; *.py for the stdlib)",
     "seed": "seed of the validation split",
     "force": "rebuild even if the dataset is up to date",
@@ -43,10 +46,12 @@ def _paths(values) -> list[str] | None:
 })
 def prepare(c, input=None, out=DEFAULT_DATASET, tokenizer="byte", vocab_size=0, val_fraction="0.01",
             text_field="text", workers=0, shard_tokens=1 << 27, max_docs=0, max_tokens=0, pattern=None,
-            seed=0, force=False, quiet=False, json_=False, runtime="", nodes=0, hosts=""):
+            seed=0, force=False, quiet=False, json_=False, runtime="", nodes=0, hosts="", max_doc_bytes="",
+            max_ratio=""):
     """Tokenize a corpus into train/val token shards with a manifest (streamed, parallel, resumable, multi-node)."""
     from runtime.jobs.data import prepare as prepare_dataset
     from trainer.data import DataError
+    from trainer.data.options import limit_options
     from trainer.data.prepare import DEFAULT_BPE_VOCAB
 
     try:
@@ -62,7 +67,8 @@ def prepare(c, input=None, out=DEFAULT_DATASET, tokenizer="byte", vocab_size=0, 
                              val_fraction=val_fraction, text_field=text_field, workers=workers or None,
                              shard_tokens=shard_tokens, max_docs=max_docs or None,
                              max_tokens=max_tokens or None, vocab_size=vocab_size, seed=seed,
-                             pattern=pattern, force=force, progress=not quiet)
+                             pattern=pattern, force=force, progress=not quiet,
+                             **limit_options(max_doc_bytes, max_ratio))
     if json_:
         print(json.dumps(result, indent=1))
         return
@@ -110,21 +116,24 @@ def _print_notes(notes: list[str], where: str) -> None:
     "text_field": "JSONL field holding the text",
     "max_docs": "train on at most this many documents",
     "pattern": "file-name glob inside directories",
+    "max_doc_bytes": "as for data.prepare: a longer document is left out (default 64M)",
+    "max_ratio": "as for data.prepare: a compressed file past this ratio is left out (default 100; 0: off)",
     "json": "print the result as JSON",
 })
 def tokenizer(c, vocab_size=8192, input=None, out=None, text_field="text", max_docs=0, pattern=None,
-              json_=False):
+              json_=False, max_doc_bytes="", max_ratio=""):
     """Train a byte-level BPE tokenizer (Hugging Face tokenizers) and save tokenizer.json."""
     from trainer.data import train_tokenizer
 
     from trainer.data import DataError
+    from trainer.data.options import limit_options
 
     if out is not None and not out.strip():
         raise DataError("--out is empty; expected a file path such as data/bpe8192.json "
                         f"(left out: data/tokenizer-bpe{vocab_size}.json)")
     out = out or f"data/tokenizer-bpe{vocab_size}.json"
     result = train_tokenizer(_paths(input), out, vocab_size, text_field=text_field,
-                             max_docs=max_docs or None, pattern=pattern)
+                             max_docs=max_docs or None, pattern=pattern, **limit_options(max_doc_bytes, max_ratio))
     if result["vocab_size"] < vocab_size:   # BPE stops when no pair is left to merge
         print(f"WARNING: the corpus gave only {result['vocab_size']:,} of the {vocab_size:,} tokens asked for "
               "(too little text to merge more pairs); a larger corpus gives the full vocabulary", file=sys.stderr)

@@ -2,9 +2,11 @@
 a DataError names the option, the value and what it expects."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from .errors import DataError
+from .formats import Limits
 from .tokenizers import SPECIAL_TOKENS
 
 EXPECTED_TOKENIZER = "expected byte, bpe or the path of a Hugging Face tokenizer.json"
@@ -18,7 +20,8 @@ DEFAULT_SHARD_TOKENS = 1 << 27
 
 def check_options(*, val_fraction: float = 0.01, shard_tokens: int | None = None, max_docs: int | None = None,
                   max_tokens: int | None = None, workers: int | None = None, text_field: str = "text",
-                  pattern: str | None = None) -> None:
+                  pattern: str | None = None, max_doc_bytes: int = Limits.max_doc_bytes,
+                  max_ratio: int = Limits.max_ratio) -> None:
     """DataError naming the first option whose value cannot work, and what it expects."""
     if not (isinstance(val_fraction, (int, float)) and 0 <= val_fraction < 1):  # nan fails too
         raise DataError(f"--val-fraction: expected a number in [0, 1), got {val_fraction!r}")
@@ -39,6 +42,33 @@ def check_options(*, val_fraction: float = 0.01, shard_tokens: int | None = None
     if pattern is not None and not pattern.strip():
         raise DataError("--pattern is empty; expected a file-name glob such as '*.txt' "
                         "(left out: every file)")
+    if isinstance(max_doc_bytes, bool) or not isinstance(max_doc_bytes, int) or max_doc_bytes < 1:
+        raise DataError(f"--max-doc-bytes: expected a positive size in bytes (default "
+                        f"{Limits.max_doc_bytes >> 20}M), got {max_doc_bytes!r}")
+    if isinstance(max_ratio, bool) or not isinstance(max_ratio, int) or max_ratio < 0:
+        raise DataError(f"--max-ratio: expected 0 (off) or a whole number of at least 1 (default "
+                        f"{Limits.max_ratio}), got {max_ratio!r}")
+
+
+_SIZE = re.compile(r"(\d+)\s*([kmg]?)(?:i?b)?", re.IGNORECASE)
+
+
+def limit_options(max_doc_bytes: str = "", max_ratio: str = "") -> dict:
+    """--max-doc-bytes (67108864, 64M, 1G) and --max-ratio as typed ('' = the default) -> keyword
+    arguments of prepare() and train_tokenizer()."""
+    out = {}
+    if str(max_doc_bytes).strip():
+        size = _SIZE.fullmatch(str(max_doc_bytes).strip())
+        if size is None:
+            raise DataError(f"--max-doc-bytes {max_doc_bytes}: expected a size in bytes such as 67108864, 64M or 1G")
+        out["max_doc_bytes"] = int(size[1]) << {"": 0, "k": 10, "m": 20, "g": 30}[size[2].lower()]
+    if str(max_ratio).strip():
+        try:
+            out["max_ratio"] = int(str(max_ratio).strip())
+        except ValueError:
+            raise DataError(f"--max-ratio {max_ratio}: expected 0 (off) or a whole number such as "
+                            f"{Limits.max_ratio}") from None
+    return out
 
 
 def check_bpe_vocab(vocab_size: int) -> None:

@@ -15,7 +15,7 @@ import sysconfig
 from pathlib import Path
 
 from .errors import DataError
-from .formats import Reading, SourceFile, Tally, read, spans
+from .formats import Limits, Reading, SourceFile, Tally, read, spans
 
 # The default corpus: the standard library's own modules. Test suites are left out:
 # they hold deliberately broken sources and large data tables, not library code.
@@ -122,15 +122,16 @@ def _source(path: Path, key: str) -> SourceFile:
 
 
 def documents(files: list[SourceFile], text_field: str = "text", tally: Tally | None = None,
-              max_docs: int | None = None):
+              max_docs: int | None = None, limits: Limits = Limits()):
     """The corpus's document texts in order, streamed (for training a tokenizer); skips and changes
-    are added up into `tally`. A document split into pieces comes back whole."""
+    are added up into `tally`. A document split into pieces comes back whole. (A file found to be a
+    bomb is left out from there on; the documents it gave before, at most 16 MiB, were given.)"""
     count = 0
     for source in files:
         for span in spans(source, text_field, target=1 << 62):
             reading = Reading()
             pending: list[str] = []
-            for piece in read(span, text_field, reading):
+            for piece in read(span, text_field, reading, limits):
                 if piece.text is None:
                     pending = []
                     continue
