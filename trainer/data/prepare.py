@@ -151,7 +151,7 @@ def _prepare(inputs, out, tokenizer: str, state: dict, *, val_fraction: float, t
         tokenizer_id = "json:" + tok.sha256
     fingerprint = _fingerprint(files, settings, tokenizer_id)
 
-    out = check_out(out_given, input_names)
+    out = check_out(out_given, input_names, force)
     state["out"] = out
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -172,7 +172,7 @@ def _prepare(inputs, out, tokenizer: str, state: dict, *, val_fraction: float, t
         plan = units.plan(files, text_field)
         try:
             manifest, resumed = _build(out, fingerprint, plan, files, tokenizer, tok, settings, workers,
-                                       progress, input_names, is_default, vocab_size, state, on_nodes)
+                                       progress, input_names, is_default, vocab_size, state, on_nodes, force)
         except OSError as exc:
             kept = (f"; the {state['parts']} finished parts are kept in {state['folder']} for the next run "
                     f"(delete it to free its space)") if state["parts"] else ""
@@ -188,8 +188,8 @@ def _prepare(inputs, out, tokenizer: str, state: dict, *, val_fraction: float, t
 
 
 def _build(out: Path, fingerprint: str, plan: list, files, tokenizer: str, tok, settings: dict, n_workers,
-           progress: bool, input_names: list[str], is_default: bool, vocab_size: int, state: dict, on_nodes=None
-           ) -> tuple[dict, int]:
+           progress: bool, input_names: list[str], is_default: bool, vocab_size: int, state: dict, on_nodes=None,
+           force: bool = False) -> tuple[dict, int]:
     """Parts (those not finished yet), then the dataset assembled from them and swapped in.
     Returns (manifest, how many parts an earlier run had finished)."""
     folder, _ = WorkFolder.open(out, fingerprint, {
@@ -230,7 +230,7 @@ def _build(out: Path, fingerprint: str, plan: list, files, tokenizer: str, tok, 
         manifest = seal(manifest)   # a later reader notices an edited or damaged manifest
         write_json(tmp / MANIFEST, manifest)
         with ctrl_c_deferred():  # the two renames of the swap happen both or neither
-            swap_into_place(tmp, out)
+            swap_into_place(tmp, out, force)
             state["done"] = True
     except BaseException:
         remove(tmp)
