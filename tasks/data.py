@@ -28,9 +28,12 @@ def _paths(values) -> list[str] | None:
     "val_fraction": "share of documents held out for validation (default 0.01)",
     "text_field": "JSONL field or Parquet/Arrow column holding the text (default text)",
     "workers": "worker processes (default: all cores)",
-    "shard_tokens": "tokens per shard file (default 134217728)",
+    "shard_tokens": "tokens per shard file (default 134217728, at least 1000)",
     "max_docs": "stop after this many documents",
     "max_tokens": "stop once this many tokens are written",
+    "max_doc_bytes": "a longer document is skipped (a text file: cut there), e.g. 64M (the default) or 1G",
+    "max_ratio": "a compressed file whose content grows more than this many times its compressed bytes is "
+                 "left out as a bomb (default 100; 0: off)",
     "pattern": "file-name glob inside directories (default * ; *.py for the stdlib)",
     "seed": "seed of the validation split",
     "force": "rebuild even if the dataset is up to date",
@@ -43,10 +46,12 @@ def _paths(values) -> list[str] | None:
 })
 def prepare(c, input=None, out=DEFAULT_DATASET, tokenizer="byte", vocab_size=0, val_fraction="0.01",
             text_field="text", workers=0, shard_tokens=1 << 27, max_docs=0, max_tokens=0, pattern=None,
-            seed=0, force=False, quiet=False, json_=False, runtime="", nodes=0, hosts=""):
+            seed=0, force=False, quiet=False, json_=False, runtime="", nodes=0, hosts="", max_doc_bytes="",
+            max_ratio=""):
     """Tokenize a corpus into train/val token shards with a manifest (streamed, parallel, resumable, multi-node)."""
     from runtime.jobs.data import prepare as prepare_dataset
     from trainer.data import DataError
+    from trainer.data.options import limit_options
     from trainer.data.prepare import DEFAULT_BPE_VOCAB
 
     try:
@@ -62,18 +67,15 @@ def prepare(c, input=None, out=DEFAULT_DATASET, tokenizer="byte", vocab_size=0, 
                              val_fraction=val_fraction, text_field=text_field, workers=workers or None,
                              shard_tokens=shard_tokens, max_docs=max_docs or None,
                              max_tokens=max_tokens or None, vocab_size=vocab_size, seed=seed,
-                             pattern=pattern, force=force, progress=not quiet)
+                             pattern=pattern, force=force, progress=not quiet,
+                             **limit_options(max_doc_bytes, max_ratio))
     if json_:
         print(json.dumps(result, indent=1))
         return
     from tabulate import tabulate
 
     m = result["manifest"]
-    notes = result["notes"]
-    for note in notes[:10]:
-        print(f"  note: {note}")
-    if len(notes) > 10:
-        print(f"  note: ... and {len(notes) - 10} more in {result['path']}/manifest.json")
+    _print_notes(result["notes"], f"{result['path']}/manifest.json")
     if result["status"] == "up-to-date":
         print(f"{result['path']} is up to date ({m['documents']:,} documents, {m['tokens']:,} tokens; "
               f"--force rebuilds)")
@@ -84,7 +86,7 @@ def prepare(c, input=None, out=DEFAULT_DATASET, tokenizer="byte", vocab_size=0, 
     print(f"tokenizer {m['tokenizer']['kind']} (vocab {m['tokenizer']['vocab_size']:,}, {m['dtype']}); "
           f"{m['source']['files_used']:,}/{m['source']['files']:,} files used"
           + (f" ({formats})" if formats else "") + "; skipped: "
-          + _skipped_text(m["source"]["skipped"])
+          + _skipped_text(m["source"]["skipped"]) + _changed_text(m["source"].get("changed"))
           + (" (stopped at --max-docs/--max-tokens)" if m["source"]["truncated"] else ""))
     print(f"wrote {result['path']} in {result['seconds']:.1f}s")
 
@@ -94,6 +96,19 @@ def _skipped_text(skipped: dict | None) -> str:
     return ", ".join(f"{n:,} {reason}" for reason, n in sorted((skipped or {}).items())) or "none"
 
 
+def _changed_text(changed: dict | None) -> str:
+    """"; changed: 2 replaced_unencodable" (documents kept but altered, by reason), or "" when none was."""
+    return f"; changed: {_skipped_text(changed)}" if changed else ""
+
+
+def _print_notes(notes: list[str], where: str) -> None:
+    """The first ten notes (what was skipped or changed, and where), and where the rest are."""
+    for note in notes[:10]:
+        print(f"  note: {note}")
+    if len(notes) > 10:
+        print(f"  note: ... and {len(notes) - 10} more in {where}")
+
+
 @task(iterable=["input"], help={
     "vocab_size": "vocabulary size including the 3 special tokens",
     "input": "corpus files/directories as for data.prepare (default: the Python stdlib)",
@@ -101,24 +116,30 @@ def _skipped_text(skipped: dict | None) -> str:
     "text_field": "JSONL field holding the text",
     "max_docs": "train on at most this many documents",
     "pattern": "file-name glob inside directories",
+    "max_doc_bytes": "as for data.prepare: a longer document is left out (default 64M)",
+    "max_ratio": "as for data.prepare: a compressed file past this ratio is left out (default 100; 0: off)",
     "json": "print the result as JSON",
 })
 def tokenizer(c, vocab_size=8192, input=None, out=None, text_field="text", max_docs=0, pattern=None,
-              json_=False):
+              json_=False, max_doc_bytes="", max_ratio=""):
     """Train a byte-level BPE tokenizer (Hugging Face tokenizers) and save tokenizer.json."""
     from trainer.data import train_tokenizer
 
     from trainer.data import DataError
+    from trainer.data.options import limit_options
 
     if out is not None and not out.strip():
         raise DataError("--out is empty; expected a file path such as data/bpe8192.json "
                         f"(left out: data/tokenizer-bpe{vocab_size}.json)")
     out = out or f"data/tokenizer-bpe{vocab_size}.json"
     result = train_tokenizer(_paths(input), out, vocab_size, text_field=text_field,
-                             max_docs=max_docs or None, pattern=pattern)
+                             max_docs=max_docs or None, pattern=pattern, **limit_options(max_doc_bytes, max_ratio))
     if result["vocab_size"] < vocab_size:   # BPE stops when no pair is left to merge
         print(f"WARNING: the corpus gave only {result['vocab_size']:,} of the {vocab_size:,} tokens asked for "
               "(too little text to merge more pairs); a larger corpus gives the full vocabulary", file=sys.stderr)
+    if not json_ and (result["skipped"] or result["changed"]):
+        _print_notes(result["notes"], "the --json result")
+        print(f"skipped: {_skipped_text(result['skipped'])}{_changed_text(result['changed'])}")
     if json_:
         print(json.dumps(result, indent=1))
         return
@@ -175,7 +196,7 @@ def inspect_(c, path=None, samples=3, chars=400, split="train", verify=False, js
         formats = ", ".join(f"{n:,} {name}" for name, n in (src.get("formats") or {}).items())
         print(f"source: {', '.join(map(str, src.get('inputs') or ['?']))} ({src.get('files_used', '?')}/"
               f"{src.get('files', '?')} files used" + (f": {formats}" if formats else "")
-              + f", skipped: {_skipped_text(src.get('skipped'))})")
+              + f", skipped: {_skipped_text(src.get('skipped'))}{_changed_text(src.get('changed'))})")
         cols = ["documents", "tokens", "shards", "min_len", "median_len", "mean_len", "max_len"]
         rows = [[name] + [s.get(k, "") for k in cols] for name, s in report["splits"].items()]
         print(tabulate(rows, headers=["split"] + cols, intfmt=",", floatfmt=",.0f"))

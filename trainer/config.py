@@ -137,8 +137,8 @@ class BlendSource:
 
 @dataclass
 class DataConfig:
-    path: Optional[str] = None     # prepared dataset dir (inv data.prepare), or "synthetic";
-    #                                null: data/stdlib, unless data.blend names the datasets
+    path: Optional[str] = None     # prepared dataset dir (inv data.prepare), or "synthetic"; left out:
+    #                                data/stdlib; null only beside data.blend (load refuses it alone)
     blend: list[BlendSource] = field(default_factory=list)  # weighted datasets instead of data.path
     seq_len: int = 256
     batch_size: int = 8            # micro batch per rank
@@ -282,11 +282,22 @@ def load(path: str | Path | None = None, overrides: typing.Iterable[str] = ()) -
     for item in overrides:
         _apply_override(raw, item, src)
     try:
+        _refuse_null_data_path(raw, src)
         cfg = _build(TrainConfig, raw, "", src)
         _check_values(cfg, src)
     except ConfigError as exc:
         raise _blame_override(exc, src, overrides) from None
     return cfg
+
+
+def _refuse_null_data_path(raw: dict, src: str) -> None:
+    """data.path set to null with no data.blend: refused. Null is how a blend drops data.path
+    (--set data.path=null --set data.blend=...); alone it used to fall back to data/stdlib and train
+    on the standard library without a word. A config that leaves data.path out still gets that default."""
+    data = raw.get("data")
+    if isinstance(data, dict) and "path" in data and data["path"] is None and not data.get("blend"):
+        raise ConfigError(f"{src}: data.path: expected a prepared dataset directory or 'synthetic', got null "
+                          f"(null only makes way for data.blend, which names no datasets here)")
 
 
 def _blame_override(exc: ConfigError, src: str, overrides: list[str]) -> ConfigError:

@@ -15,6 +15,7 @@ import torch
 
 from core import names, runfiles
 from trainer import ranklog
+from trainer.data.blend import fold, folded
 
 GIB = 1024 ** 3
 
@@ -240,7 +241,7 @@ class Metrics:
         if self.is_main:
             self._write(record)
             self.bar.clear()
-            each = ", ".join(f"{name} {loss:.4f}" for name, loss in (by_source or {}).items())
+            each = ", ".join(folded([f"{name} {loss:.4f}" for name, loss in (by_source or {}).items()]))
             self.log.info(f"step {step}/{self.total_steps} | val_loss {val_loss:.4f}"
                           + (f" (mixed; {each})" if each else ""))
         return record
@@ -425,7 +426,9 @@ def summary_table(summary: dict) -> str:
             continue
         rows.append([label, "n/a" if value is None else fmt.format(value)])
         if key == "data":
-            rows += [[f"  {name}", source_text(figures)] for name, figures in (summary.get("sources") or {}).items()]
+            kept, hidden = fold(list((summary.get("sources") or {}).items()))
+            rows += [[f"  {name}", source_text(figures)] for name, figures in kept]
+            rows += [[f"  ... {hidden} more", "in summary.json"]] if hidden else []
     return tabulate(rows, tablefmt="simple_outline")
 
 

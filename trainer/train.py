@@ -58,14 +58,14 @@ def check_data(cfg: TrainConfig) -> str:
         tok = _check_dataset(cfg, "data.path", Path(cfg.data.path))
         return f"{Path(cfg.data.path)} ({_tokenizer_label(tok)})"
     from trainer.data import read_manifest
-    from trainer.data.blend import check_same_tokenizer, shares
+    from trainer.data.blend import check_same_tokenizer, folded, shares
     sources = [(f"data.blend[{i}].path", Path(source.path)) for i, source in enumerate(cfg.data.blend)]
     for key, path in sources:   # every one there before their tokenizers are compared
         _require_dataset(cfg, key, path)
     check_same_tokenizer([(f"{key} {str(path)!r}", read_manifest(path)) for key, path in sources])
     tok = [_check_dataset(cfg, key, path) for key, path in sources][0]
-    parts = [f"{source.name} {share:.1%} ({source.path})"
-             for source, share in zip(cfg.data.blend, shares([s.weight for s in cfg.data.blend]))]
+    parts = folded([f"{source.name} {share:.1%} ({source.path})"
+                    for source, share in zip(cfg.data.blend, shares([s.weight for s in cfg.data.blend]))])
     return f"blend of {', '.join(parts)} ({_tokenizer_label(tok)})"
 
 

@@ -79,6 +79,23 @@ def blend_counts(weights, samples: int) -> tuple[list[int], bool]:
     return counts, False
 
 
+SHOWN = 5   # sources a console line names before "... N more" (1000 of them made every summary row 114k wide)
+
+
+def fold(items: list, shown: int = SHOWN) -> tuple[list, int]:
+    """(the items a console line shows, how many it leaves out): the first `shown` of a long blend's
+    per-source items, so a line stays short however many sources there are (the run's files keep all)."""
+    if len(items) <= shown + 1:   # "... 1 more" would take the room of the one it hides
+        return list(items), 0
+    return list(items[:shown]), len(items) - shown
+
+
+def folded(texts: list[str], shown: int = SHOWN) -> list[str]:
+    """The texts fold() keeps, then "... N more" for those it leaves out."""
+    kept, hidden = fold(texts, shown)
+    return kept + ([f"... {hidden} more"] if hidden else [])
+
+
 def tokenizer_text(spec: dict) -> str:
     """"byte, vocab 259" or "bpe, vocab 8192, sha256 1a2b3c4d5e6f": how a tokenizer is told apart."""
     text = f"{spec.get('kind')}, vocab {spec.get('vocab_size')}"
@@ -181,6 +198,6 @@ class BlendLoader(Loader):
         self.counts = list(counts)
 
     def describe(self) -> str:
-        parts = [f"{name} {source.stream.tokens:,} tokens" for name, source in zip(self.names, self.sources)]
+        parts = folded([f"{name} {source.stream.tokens:,} tokens" for name, source in zip(self.names, self.sources)])
         return (f"blend [{self.split}]: {', '.join(parts)}; windows of {self.seq_len}+1, "
                 f"rank {self.rank}/{self.world_size}")

@@ -15,6 +15,7 @@ from core.signals import interrupted_by
 
 from . import sources
 from .errors import DataError, Interrupted
+from .formats import Limits, Tally
 from .options import check_bpe_vocab, check_options
 from .tokenizers import train_bpe
 
@@ -23,18 +24,21 @@ DEFAULT_BPE_VOCAB = 8192
 
 def train_tokenizer(inputs: list[Path] | None, out: Path, vocab_size: int = DEFAULT_BPE_VOCAB, *,
                     text_field: str = "text", max_docs: int | None = None,
-                    pattern: str | None = None) -> dict:
-    """Train a byte-level BPE tokenizer on a corpus (default: the stdlib) and save it."""
+                    pattern: str | None = None, max_doc_bytes: int = Limits.max_doc_bytes,
+                    max_ratio: int = Limits.max_ratio) -> dict:
+    """Train a byte-level BPE tokenizer on a corpus (default: the stdlib) and save it; the corpus is
+    read within the limits data.prepare reads it (formats.Limits)."""
     started = time.monotonic()
-    check_options(text_field=text_field, pattern=pattern, max_docs=max_docs)
+    check_options(text_field=text_field, pattern=pattern, max_docs=max_docs, max_doc_bytes=max_doc_bytes,
+                  max_ratio=max_ratio)
     check_bpe_vocab(vocab_size)
     files, input_names, _ = sources.resolve_inputs(inputs, pattern)
     out = _check_tokenizer_out(out, input_names)
-    skipped: dict[str, int] = {}
-    texts = sources.documents(files, text_field, skipped, max_docs)
+    tally = Tally()
+    texts = sources.documents(files, text_field, tally, max_docs, Limits(max_doc_bytes, max_ratio))
     first = next(texts, None)  # a corpus with nothing usable must not give an alphabet-only BPE
     if first is None:
-        raise sources.nothing_usable(input_names, files, skipped, text_field)
+        raise sources.nothing_usable(input_names, files, tally.skipped, text_field, next(iter(tally.notes), None))
     texts = itertools.chain([first], texts)
     try:
         tok = train_bpe(texts, vocab_size, out)
@@ -45,7 +49,8 @@ def train_tokenizer(inputs: list[Path] | None, out: Path, vocab_size: int = DEFA
         raise Interrupted(f"interrupted ({what}) while training the tokenizer; nothing was written "
                           f"and {out} is as it was", code) from None
     return {"path": str(out), "vocab_size": tok.vocab_size, "inputs": input_names,
-            "files": len(files), "sha256": tok.sha256, "seconds": time.monotonic() - started}
+            "files": len(files), "sha256": tok.sha256, "seconds": time.monotonic() - started,
+            "skipped": tally.skipped, "changed": tally.changed, "notes": tally.notes}
 
 
 def _is_tokenizer_json(path: Path) -> bool:

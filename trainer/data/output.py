@@ -1,24 +1,31 @@
 """The dataset folder a prepare writes: checked before anything is touched, locked while it is
 built, put in place in one step, and repaired after a kill.
 
-The promise: an existing dataset is never damaged. The new one is assembled in OUT.tmp-XXXX
-beside OUT and swapped in by two renames (OUT -> OUT.old-X, tmp -> OUT), which a lock
-(flock on .OUT.lock, removed before it is released) keeps to one run at a time; whatever a
-killed run left (a tmp, an old, a swap cut between its renames) is finished or undone by
-the next run while it holds the lock (`recover`). `check_out` refuses, before anything is
-written, an --out that the swap would damage: the filesystem root, the working directory or
-one above it, a folder holding other things, a place inside or around an input.
+The promise: an existing dataset is never damaged, and nothing Anvil did not write is lost.
+The new one is assembled in OUT.tmp-XXXX beside OUT and swapped in by two renames (OUT ->
+OUT.old-X, tmp -> OUT), which a lock (flock on .OUT.lock, removed before it is released)
+keeps to one run at a time; then whatever in OUT.old-X is not Anvil's (`theirs`: anything
+but the files the old manifest lists, in the dataset's layout) is moved back into OUT, and
+only Anvil's files go with OUT.old-X. Whatever a killed run left (a tmp, an old, a swap cut
+between its renames or before the move back) is finished or undone by the next run while it
+holds the lock (`recover`). `check_out` refuses, before anything is written, an --out that
+the swap would damage: the filesystem root, the working directory or one above it, a place
+inside or around an input, and a folder holding other things, unless --force (then the
+dataset is written beside them, none of them touched) and none of them has a name the
+dataset uses (manifest.json, tokenizer.json, train/, val/).
 """
 from __future__ import annotations
 
 import fcntl
 import json
 import os
+import re
 import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from core.files import seal_problem
 from core.signals import deferred
 
 from .dataset import FORMAT, MANIFEST
@@ -26,6 +33,10 @@ from .errors import DataError
 from .parts import stale_folders
 
 EXPECTED_OUT = "expected a new or empty directory, or an existing Anvil dataset to rebuild"
+SPLITS = ("train", "val")
+NAMES = (MANIFEST, "tokenizer.json", *SPLITS)   # what a dataset puts at the top of its folder
+# Every file a prepare writes in a dataset: no other name is ever taken for Anvil's, whatever a manifest says.
+_LAYOUT = re.compile(rf"(?:{re.escape(MANIFEST)}|tokenizer\.json|(?:train|val)/(?:\d{{6}}\.bin|documents\.bin))")
 
 
 def is_dataset_dir(path: Path) -> bool:
@@ -44,11 +55,11 @@ def is_dataset_dir(path: Path) -> bool:
     return isinstance(data, dict) and data.get("format") == FORMAT
 
 
-def check_out(out, inputs: list[str]) -> Path:
+def check_out(out, inputs: list[str], force: bool = False) -> Path:
     """The absolute --out, or DataError before anything is touched: --out must be missing,
-    an empty directory or an Anvil dataset, and neither the filesystem root, the current
-    directory or one of its parents, nor inside an input or holding one (the swap that
-    puts a new dataset in place removes what was at --out)."""
+    an empty directory or an Anvil dataset (with `force`, a folder holding other things too,
+    none of them named as the dataset's files are), and neither the filesystem root, the
+    current directory or one of its parents, nor inside an input or holding one."""
     given = str(out)
     if not given.strip():
         raise DataError("--out is empty; expected a dataset directory such as data/mine")
@@ -87,11 +98,82 @@ def check_out(out, inputs: list[str]) -> Path:
             raise DataError(f"--out {given}: cannot read it ({exc.strerror or exc}); "
                             f"{EXPECTED_OUT}") from None
         if entries and not is_dataset_dir(out):
-            shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
-            raise DataError(f"--out {given} is a directory holding other things ({len(entries)} "
-                            f"{'entry' if len(entries) == 1 else 'entries'}: {shown}) and not an Anvil dataset (no {MANIFEST} with "
-                            f"format {FORMAT!r}); {EXPECTED_OUT}")
+            taken = [name for name in NAMES if name in entries]
+            if force and taken:
+                raise DataError(f"--out {given} is not an Anvil dataset but holds {taken[0]}, a name the dataset's "
+                                f"own files take ({', '.join(NAMES)}); expected a folder without them (nothing "
+                                f"was written)")
+            if not force:
+                shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+                raise DataError(f"--out {given} is a directory holding other things ({len(entries)} "
+                                f"{'entry' if len(entries) == 1 else 'entries'}: {shown}) and not an Anvil dataset "
+                                f"(no {MANIFEST} with format {FORMAT!r}); {EXPECTED_OUT} (--force writes the "
+                                f"dataset beside them, touching none of them)")
     return out
+
+
+def anvils(folder: Path) -> set[str]:
+    """The files Anvil wrote in the dataset at `folder`, relative to it: those its manifest lists (itself,
+    the shards, the document indexes, tokenizer.json), or every file of the layout when the manifest
+    cannot be trusted (damaged, or edited: its seal broken); nothing in a folder that is no dataset."""
+    if not is_dataset_dir(folder):
+        return set()
+    layout = {f"{split}/{p.name}" for split in SPLITS for p in _entries(folder / split)} | {MANIFEST, "tokenizer.json"}
+    layout = {name for name in layout if _LAYOUT.fullmatch(name)}
+    try:
+        manifest = json.loads((folder / MANIFEST).read_bytes())
+        if seal_problem(manifest):
+            return layout
+        listed = {MANIFEST, str(manifest["tokenizer"].get("path") or "")}
+        for split in manifest["splits"].values():
+            listed |= {shard["file"] for shard in split["shards"]} | {(split.get("doc_index") or {}).get("file")}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return layout
+    return listed & layout
+
+
+def _entries(folder: Path) -> list[Path]:
+    """What a real folder holds (nothing for a missing folder, a file or a link to a folder)."""
+    if folder.is_symlink() or not folder.is_dir():
+        return []
+    return sorted(folder.iterdir())
+
+
+def theirs(folder: Path) -> list[str]:
+    """What in `folder` Anvil did not write, relative to it: its entries other than the files of
+    anvils() and the split folders holding them (inside those, what is not Anvil's)."""
+    ours = anvils(folder)
+    out = []
+    for entry in _entries(folder):
+        inside = _entries(entry) if entry.name in SPLITS and not entry.is_symlink() else None
+        if inside is None:
+            if entry.name not in ours:
+                out.append(entry.name)
+            continue
+        out += [f"{entry.name}/{p.name}" for p in inside if f"{entry.name}/{p.name}" not in ours]
+    return out
+
+
+def put_back(old: Path, out: Path) -> list[str]:
+    """Move what in `old` is not Anvil's to the same place in `out` (where that place is free);
+    returns what could not be (its place in `out` is taken), which stays in `old`."""
+    left = []
+    for name in theirs(old):
+        target = out / name
+        if target.exists() or target.is_symlink():
+            left.append(name)
+            continue
+        target.parent.mkdir(exist_ok=True)
+        os.rename(old / name, target)
+    return left
+
+
+def remove_old(old: Path) -> bool:
+    """Remove a replaced dataset (OUT.old-X) if nothing in it is the user's; whether it was."""
+    if theirs(old):
+        return False
+    shutil.rmtree(old, ignore_errors=True)
+    return True
 
 
 @contextmanager
@@ -146,13 +228,23 @@ def recover(out: Path, fingerprint: str | None = None) -> list[str]:
     olds = sorted(out.parent.glob(f"{out.name}.old-*"))
     if not out.exists():
         for old in olds:
-            if (old / MANIFEST).is_file():  # killed between the two renames of a swap
+            if _entries(old):  # killed between the two renames of a swap: a dataset, or the user's folder
                 old.rename(out)
                 actions.append(f"restored {out} from {old.name}")
                 break
-    for leftover in [*out.parent.glob(f"{out.name}.tmp-*"), *out.parent.glob(f"{out.name}.old-*")]:
+    for leftover in out.parent.glob(f"{out.name}.tmp-*"):   # (only ever Anvil's)
         shutil.rmtree(leftover, ignore_errors=True)
         actions.append(f"removed stale {leftover.name}")
+    for old in out.parent.glob(f"{out.name}.old-*"):   # killed before the user's files were put back
+        moved = theirs(old)
+        left = put_back(old, out) if out.is_dir() else moved
+        if len(left) < len(moved):
+            actions.append(f"put {len(moved) - len(left)} of your files back in {out} from {old.name}")
+        if remove_old(old):
+            actions.append(f"removed stale {old.name}")
+        else:
+            actions.append(f"kept {old.name}: it holds {len(left)} files that are not Anvil's and whose places in "
+                           f"{out} are taken (first: {left[0]})")
     for folder in stale_folders(out, fingerprint):
         shutil.rmtree(folder, ignore_errors=True)
         actions.append(f"removed the finished parts of an earlier prepare with other inputs or settings "
@@ -180,19 +272,25 @@ def write_json(path: Path, obj) -> None:
         os.fsync(f.fileno())
 
 
-def swap_into_place(tmp: Path, out: Path) -> None:
-    """tmp -> out. With an existing out: out -> out.old-X, tmp -> out, drop old; a kill
-    between the renames is repaired by _recover on the next run."""
+def swap_into_place(tmp: Path, out: Path, force: bool = False) -> None:
+    """tmp -> out. With an existing out: out -> out.old-X, tmp -> out, what in old is not Anvil's
+    moved back into out, drop old; a kill on the way is repaired by `recover` on the next run."""
     if not out.exists():
         tmp.rename(out)
         return
-    if os.listdir(out) and not is_dataset_dir(out):  # filled since check_out looked: keep it
+    if not force and os.listdir(out) and not is_dataset_dir(out):  # filled since check_out looked: keep it
         raise DataError(f"--out {out} was filled with other things while the dataset was being "
                         f"built; it was left as it is; {EXPECTED_OUT}")
+    clash = [name for name in theirs(out) if (tmp / name).exists() or (tmp / name).is_symlink()]
+    if clash:
+        raise DataError(f"--out {out} holds {clash[0]}, which the dataset there does not list as its own, and the "
+                        f"new dataset writes a file of that name; both were left as they are: move it elsewhere "
+                        f"and run the same command again")
     old = Path(tempfile.mkdtemp(prefix=f"{out.name}.old-", dir=out.parent))
     old.rmdir()
     out.rename(old)
     tmp.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
+    put_back(old, out)
+    remove_old(old)
 
 

@@ -102,7 +102,8 @@ class PartWriter:
     """Writes one unit's documents: tokens as they come, the document table and record at the end.
 
     Whole documents come in batches (`add`); a long document comes in pieces (`begin`,
-    `extend`..., `end`), and `drop` takes back the one begun (a problem found in its middle)."""
+    `extend`..., `end`), and `drop` takes back the one begun (a problem found in its middle);
+    `rollback(mark())` takes back everything written since the mark (a file found to be a bomb)."""
 
     def __init__(self, folder: WorkFolder, index: int, dtype, bos: int, eos: int):
         self.folder, self.index, self.dtype = folder, index, np.dtype(dtype)
@@ -114,7 +115,7 @@ class PartWriter:
         self._hash = hashlib.sha256()
         self.docs = array("q")
         self.tokens = 0
-        self._open: tuple | None = None   # a long document begun: (span, record, tokens, file offset, hash) at its start
+        self._open: tuple | None = None   # a long document begun: (span, record, the mark at its start)
 
     @property
     def in_document(self) -> bool:
@@ -144,8 +145,20 @@ class PartWriter:
         for record, length in zip(records, lengths.tolist()):
             self.docs.extend((span, record, length))
 
+    def mark(self) -> tuple:
+        """Where the part is now (tokens, file offset, hash, documents): what rollback returns to."""
+        return self.tokens, self._file.tell(), self._hash.copy(), len(self.docs)
+
+    def rollback(self, mark: tuple) -> None:
+        """Take back every token and document written since `mark`."""
+        tokens, offset, digest, docs = mark
+        self._file.seek(offset)
+        self._file.truncate()
+        self.tokens, self._hash, self._open = tokens, digest.copy(), None
+        del self.docs[docs:]
+
     def begin(self, span: int, record: int) -> None:
-        self._open = (span, record, self.tokens, self._file.tell(), self._hash.copy())
+        self._open = (span, record, self.mark())
         self._write(np.array([self.bos]))
 
     def extend(self, ids) -> None:
@@ -153,17 +166,13 @@ class PartWriter:
 
     def end(self) -> None:
         self._write(np.array([self.eos]))
-        span, record, start = self._open[:3]
-        self.docs.extend((span, record, self.tokens - start))
+        span, record, mark = self._open
+        self.docs.extend((span, record, self.tokens - mark[0]))
         self._open = None
 
     def drop(self) -> None:
-        if self._open is None:
-            return
-        _span, _record, start, offset, digest = self._open
-        self._file.seek(offset)
-        self._file.truncate()
-        self.tokens, self._hash, self._open = start, digest, None
+        if self._open is not None:
+            self.rollback(self._open[2])
 
     def finish(self, readings: list[dict], size: int) -> dict:
         """Close the part: files renamed into place, the record (.json) last; returns the record."""

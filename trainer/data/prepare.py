@@ -31,14 +31,14 @@ from . import sources, units, workers
 from .bpe import DEFAULT_BPE_VOCAB
 from .dataset import FORMAT, MANIFEST, dtype_for_vocab, read_manifest
 from .errors import DataError, Interrupted
-from .options import check_bpe_vocab, check_options, tokenizer_path
+from .formats import Limits
+from .options import DEFAULT_SHARD_TOKENS, check_bpe_vocab, check_options, tokenizer_path
 from .output import check_out, ctrl_c_deferred, is_dataset_dir, locked, recover, remove, swap_into_place, write_json
 from .parts import WorkFolder
 from .shards import assemble
 from .tokenizers import get_tokenizer, train_bpe
 
 DEFAULT_OUT = Path("data/stdlib")
-DEFAULT_SHARD_TOKENS = 1 << 27
 _DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 
 __all__ = ["DEFAULT_BPE_VOCAB", "DEFAULT_OUT", "DEFAULT_SHARD_TOKENS", "prepare"]
@@ -78,7 +78,8 @@ def prepare(inputs: list[Path] | None = None, out: Path = DEFAULT_OUT, tokenizer
             shard_tokens: int = DEFAULT_SHARD_TOKENS, max_docs: int | None = None,
             max_tokens: int | None = None, vocab_size: int = DEFAULT_BPE_VOCAB, seed: int = 0,
             pattern: str | None = None, force: bool = False, progress: bool = True,
-            on_nodes: Callable[[Path], None] | None = None) -> dict:
+            on_nodes: Callable[[Path], None] | None = None, max_doc_bytes: int = Limits.max_doc_bytes,
+            max_ratio: int = Limits.max_ratio) -> dict:
     """Build (or find up to date) the dataset at `out`. Returns a summary dict with
     "status" ("built" | "up-to-date"), "path", "seconds", "manifest", "notes".
     Ctrl-C becomes Interrupted (exit 130): the finished parts are kept for the next run.
@@ -86,13 +87,17 @@ def prepare(inputs: list[Path] | None = None, out: Path = DEFAULT_OUT, tokenizer
     on_nodes(folder): make the parts elsewhere instead of here, and return when they are made:
     the runner starts `python -m trainer.data.node FOLDER` once on every node (the folder is on
     a file system they share, and its plan.json says everything a node needs); this process
-    then checks the parts and assembles the dataset as it would its own."""
+    then checks the parts and assembles the dataset as it would its own.
+
+    max_doc_bytes, max_ratio: what a hostile file may cost (formats.Limits): a longer document is
+    skipped or cut, a compressed file past the ratio left out; both counted in the manifest."""
     state = {"out": None, "had_dataset": False, "folder": None, "parts": 0, "units": 0, "done": False}
     try:
         return _prepare(inputs, out, tokenizer, state, val_fraction=val_fraction, text_field=text_field,
                         workers=workers, shard_tokens=shard_tokens, max_docs=max_docs,
                         max_tokens=max_tokens, vocab_size=vocab_size, seed=seed, pattern=pattern,
-                        force=force, progress=progress, on_nodes=on_nodes)
+                        force=force, progress=progress, on_nodes=on_nodes, max_doc_bytes=max_doc_bytes,
+                        max_ratio=max_ratio)
     except KeyboardInterrupt as exc:   # Ctrl-C, or a stop signal inv turned into one (core.signals)
         what, code = interrupted_by(exc)
         raise Interrupted(_interrupted(state, what), code) from None
@@ -120,11 +125,13 @@ def _interrupted(state: dict, what: str = "Ctrl-C") -> str:
 
 def _prepare(inputs, out, tokenizer: str, state: dict, *, val_fraction: float, text_field: str,
              workers: int | None, shard_tokens: int, max_docs: int | None, max_tokens: int | None,
-             vocab_size: int, seed: int, pattern: str | None, force: bool, progress: bool, on_nodes=None) -> dict:
+             vocab_size: int, seed: int, pattern: str | None, force: bool, progress: bool, on_nodes=None,
+             max_doc_bytes: int, max_ratio: int) -> dict:
     started = time.monotonic()
     out_given = str(out)
     check_options(val_fraction=val_fraction, shard_tokens=shard_tokens, max_docs=max_docs,
-                  max_tokens=max_tokens, workers=workers, text_field=text_field, pattern=pattern)
+                  max_tokens=max_tokens, workers=workers, text_field=text_field, pattern=pattern,
+                  max_doc_bytes=max_doc_bytes, max_ratio=max_ratio)
     tok = None
     if tokenizer == "bpe":
         check_bpe_vocab(vocab_size)
@@ -133,7 +140,8 @@ def _prepare(inputs, out, tokenizer: str, state: dict, *, val_fraction: float, t
     files, input_names, is_default = sources.resolve_inputs(inputs, pattern)
 
     settings = {"val_fraction": val_fraction, "text_field": text_field, "shard_tokens": shard_tokens,
-                "max_docs": max_docs, "max_tokens": max_tokens, "seed": seed, "pattern": pattern}
+                "max_docs": max_docs, "max_tokens": max_tokens, "seed": seed, "pattern": pattern,
+                "max_doc_bytes": max_doc_bytes, "max_ratio": max_ratio}
     if tokenizer == "bpe":
         tokenizer_id = f"bpe:{vocab_size}"
         settings["vocab_size"] = vocab_size
@@ -143,7 +151,7 @@ def _prepare(inputs, out, tokenizer: str, state: dict, *, val_fraction: float, t
         tokenizer_id = "json:" + tok.sha256
     fingerprint = _fingerprint(files, settings, tokenizer_id)
 
-    out = check_out(out_given, input_names)
+    out = check_out(out_given, input_names, force)
     state["out"] = out
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -164,7 +172,7 @@ def _prepare(inputs, out, tokenizer: str, state: dict, *, val_fraction: float, t
         plan = units.plan(files, text_field)
         try:
             manifest, resumed = _build(out, fingerprint, plan, files, tokenizer, tok, settings, workers,
-                                       progress, input_names, is_default, vocab_size, state, on_nodes)
+                                       progress, input_names, is_default, vocab_size, state, on_nodes, force)
         except OSError as exc:
             kept = (f"; the {state['parts']} finished parts are kept in {state['folder']} for the next run "
                     f"(delete it to free its space)") if state["parts"] else ""
@@ -180,8 +188,8 @@ def _prepare(inputs, out, tokenizer: str, state: dict, *, val_fraction: float, t
 
 
 def _build(out: Path, fingerprint: str, plan: list, files, tokenizer: str, tok, settings: dict, n_workers,
-           progress: bool, input_names: list[str], is_default: bool, vocab_size: int, state: dict, on_nodes=None
-           ) -> tuple[dict, int]:
+           progress: bool, input_names: list[str], is_default: bool, vocab_size: int, state: dict, on_nodes=None,
+           force: bool = False) -> tuple[dict, int]:
     """Parts (those not finished yet), then the dataset assembled from them and swapped in.
     Returns (manifest, how many parts an earlier run had finished)."""
     folder, _ = WorkFolder.open(out, fingerprint, {
@@ -222,7 +230,7 @@ def _build(out: Path, fingerprint: str, plan: list, files, tokenizer: str, tok, 
         manifest = seal(manifest)   # a later reader notices an edited or damaged manifest
         write_json(tmp / MANIFEST, manifest)
         with ctrl_c_deferred():  # the two renames of the swap happen both or neither
-            swap_into_place(tmp, out)
+            swap_into_place(tmp, out, force)
             state["done"] = True
     except BaseException:
         remove(tmp)
@@ -236,7 +244,8 @@ def _trained_bpe(folder: WorkFolder, files, settings: dict, vocab_size: int):
     path = folder.path / "tokenizer.json"
     if path.is_file():
         return get_tokenizer(path)
-    texts = sources.documents(files, settings["text_field"], max_docs=settings["max_docs"])
+    texts = sources.documents(files, settings["text_field"], max_docs=settings["max_docs"],
+                              limits=Limits.of(settings))
     return train_bpe(texts, vocab_size, path)
 
 
@@ -258,7 +267,7 @@ def _manifest(counts: dict, plan: list, files, tok, tokenizer: str, settings: di
         "source": {"inputs": input_names, "default_corpus": is_default, "files": len(files),
                    "files_used": counts["files_used"], "bytes_read": counts["bytes_read"],
                    "formats": {name: len(paths) for name, paths in sorted(formats.items())},
-                   "skipped": counts["skipped"], "skipped_examples": counts["examples"],
+                   "skipped": counts["skipped"], "changed": counts["changed"], "skipped_examples": counts["examples"],
                    "truncated": counts["truncated"]},
         "settings": settings,
         "splits": counts["splits"],

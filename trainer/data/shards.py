@@ -15,10 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .formats import note_text
+from .formats import Tally
 from .parts import WorkFolder
-
-MAX_EXAMPLES = 50   # skip notes kept in the manifest
 
 
 class ShardWriter:
@@ -92,14 +90,13 @@ def _rows(table: np.ndarray, block: int = 1 << 16):
 def assemble(units: list, parts: dict[int, dict], folder: WorkFolder, out: Path, dtype: np.dtype,
              settings: dict) -> dict:
     """Write the splits of `out` from the parts of `units` (all finished); returns the counts
-    the manifest records: splits, documents, tokens, skipped, examples, files used, truncated."""
+    the manifest records: splits, documents, tokens, skipped, changed, examples, files used, truncated."""
     max_docs, max_tokens = settings["max_docs"], settings["max_tokens"]
     seed, val_fraction = settings["seed"], settings["val_fraction"]
     writers = {s: ShardWriter(out, s, dtype, settings["shard_tokens"]) for s in ("train", "val")}
     records: dict[Path, int] = {}       # records of each file read so far: numbers in the whole file
     used: set[Path] = set()
-    skipped: dict[str, int] = {}
-    examples: list[str] = []
+    tally = Tally()     # skips and changes by reason; the first notes (the manifest's examples)
     docs = total_tokens = done_bytes = 0
     pending = None   # the latest document, held back so val or train can be made non-empty
     truncated = False
@@ -114,12 +111,7 @@ def assemble(units: list, parts: dict[int, dict], folder: WorkFolder, out: Path,
                 base = records.get(span.source.path, 0)
                 bases.append(base)
                 records[span.source.path] = base + reading["records"]
-                for reason, n in reading["skipped"].items():
-                    skipped[reason] = skipped.get(reason, 0) + n
-                for record, message in reading["notes"]:
-                    if len(examples) < MAX_EXAMPLES:
-                        examples.append(note_text(span.source.path, None if record is None else base + record,
-                                                  message))
+                tally.add(span.source.path, reading, base)
             position = 0
             for span_number, record, length in _rows(table):
                 span = unit.spans[span_number]
@@ -149,5 +141,6 @@ def assemble(units: list, parts: dict[int, dict], folder: WorkFolder, out: Path,
         for w in writers.values():
             w.abort()
         raise
-    return {"splits": splits, "documents": docs, "tokens": total_tokens, "skipped": skipped,
-            "examples": examples, "files_used": len(used), "bytes_read": done_bytes, "truncated": truncated}
+    return {"splits": splits, "documents": docs, "tokens": total_tokens, "skipped": tally.skipped,
+            "changed": tally.changed, "examples": tally.notes, "files_used": len(used), "bytes_read": done_bytes,
+            "truncated": truncated}

@@ -15,7 +15,7 @@ import sysconfig
 from pathlib import Path
 
 from .errors import DataError
-from .formats import Reading, SourceFile, read, spans
+from .formats import Limits, Reading, SourceFile, Tally, read, spans
 
 # The default corpus: the standard library's own modules. Test suites are left out:
 # they hold deliberately broken sources and large data tables, not library code.
@@ -121,16 +121,17 @@ def _source(path: Path, key: str) -> SourceFile:
     return SourceFile(path=path, key=key, size=st.st_size, mtime_ns=st.st_mtime_ns)
 
 
-def documents(files: list[SourceFile], text_field: str = "text", skipped: dict | None = None,
-              max_docs: int | None = None):
-    """The corpus's document texts in order, streamed (for training a tokenizer); skips are
-    added up by reason into `skipped`. A document split into pieces comes back whole."""
+def documents(files: list[SourceFile], text_field: str = "text", tally: Tally | None = None,
+              max_docs: int | None = None, limits: Limits = Limits()):
+    """The corpus's document texts in order, streamed (for training a tokenizer); skips and changes
+    are added up into `tally`. A document split into pieces comes back whole. (A file found to be a
+    bomb is left out from there on; the documents it gave before, at most 16 MiB, were given.)"""
     count = 0
     for source in files:
         for span in spans(source, text_field, target=1 << 62):
             reading = Reading()
             pending: list[str] = []
-            for piece in read(span, text_field, reading):
+            for piece in read(span, text_field, reading, limits):
                 if piece.text is None:
                     pending = []
                     continue
@@ -141,6 +142,5 @@ def documents(files: list[SourceFile], text_field: str = "text", skipped: dict |
                     count += 1
                     yield "".join(pending)
                     pending = []
-            if skipped is not None:
-                for reason, n in reading.skipped.items():
-                    skipped[reason] = skipped.get(reason, 0) + n
+            if tally is not None:
+                tally.add(source.path, reading.to_dict())

@@ -38,14 +38,14 @@ class _Stopped(Exception):
 class Worker:
     """What one process needs to turn units into parts."""
 
-    def __init__(self, tokenizer: str, folder: Path, dtype: str, text_field: str, stop=None,
-                 in_pool: bool = False):
+    def __init__(self, tokenizer: str, folder: Path, dtype: str, text_field: str, limits: formats.Limits,
+                 stop=None, in_pool: bool = False):
         if in_pool:
             os.environ["TOKENIZERS_PARALLELISM"] = "false"
         self.tok = get_tokenizer(tokenizer)
         self.pieces = splits_at_newlines(self.tok)
         self.folder = WorkFolder(Path(folder))
-        self.dtype, self.text_field, self.stop = dtype, text_field, stop
+        self.dtype, self.text_field, self.limits, self.stop = dtype, text_field, limits, stop
         self.parent = os.getppid() if in_pool else None   # a pool worker outliving its parent stops
 
     def _check(self) -> None:
@@ -82,7 +82,8 @@ class Worker:
                 writer.add(number, records, self.tok.encode_many(texts))
             texts, records, size = [], [], 0
 
-        for piece in formats.read(span, self.text_field, reading):
+        start = writer.mark()
+        for piece in formats.read(span, self.text_field, reading, self.limits):
             if piece.text is None:      # the document begun is dropped
                 writer.drop()
                 long_doc = None
@@ -107,7 +108,10 @@ class Worker:
             writer.extend(self.tok.encode_many([piece.text])[0])
             if piece.last:
                 writer.end()
-        flush()
+        if reading.void:   # (a bomb, found after its first documents were written)
+            writer.rollback(start)
+        else:
+            flush()
         return reading.to_dict()
 
 
@@ -127,7 +131,8 @@ def make_parts(plan: list, parts: dict, folder: WorkFolder, tok, tok_name: str, 
         meter.update(len(parts), len(plan), docs, tokens, done_bytes, final=True)
         return
     n = max(1, min(n_workers or auto_workers(todo, tok), len(todo)))
-    with results(todo, tok_name, folder.path, dtype.name, settings["text_field"], n) as (finished, stop):
+    with results(todo, tok_name, folder.path, dtype.name, settings["text_field"], formats.Limits.of(settings),
+                 n) as (finished, stop):
         for index, info in finished:
             if info is None:
                 continue
@@ -180,13 +185,13 @@ def auto_workers(todo, tok) -> int:
 _worker: Worker | None = None
 
 
-def _init(tokenizer: str, folder: str, dtype: str, text_field: str, stop) -> None:
+def _init(tokenizer: str, folder: str, dtype: str, text_field: str, limits, stop) -> None:
     global _worker
     # A terminal's Ctrl-C and a scheduler's SIGTERM reach the whole process group: the main
     # process stops the pool (`stop`) and the workers finish or drop their unit, never die mid-part.
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR2):
         signal.signal(signum, signal.SIG_IGN)
-    _worker = Worker(tokenizer, Path(folder), dtype, text_field, stop, in_pool=True)
+    _worker = Worker(tokenizer, Path(folder), dtype, text_field, limits, stop, in_pool=True)
 
 
 def _run(unit):
@@ -194,12 +199,12 @@ def _run(unit):
 
 
 @contextmanager
-def results(units: list, tokenizer: str, folder: Path, dtype: str, text_field: str, workers: int):
+def results(units: list, tokenizer: str, folder: Path, dtype: str, text_field: str, limits, workers: int):
     """(index, part record or None) of every unit, as they finish; `.stop()` on the iterator's
     holder ends the rest early. Yields (iterator, stop event)."""
     if workers <= 1 or len(units) <= 1:
         stop = threading.Event()
-        worker = Worker(tokenizer, folder, dtype, text_field, stop)
+        worker = Worker(tokenizer, folder, dtype, text_field, limits, stop)
         yield ((u.index, worker.run(u)) for u in units), stop
         return
     ctx = multiprocessing.get_context("spawn")
@@ -215,7 +220,7 @@ def results(units: list, tokenizer: str, folder: Path, dtype: str, text_field: s
         signal.pthread_sigmask(signal.SIG_BLOCK, held)
         stop = ctx.Event()
         pool = ctx.Pool(min(workers, len(units)), initializer=_init,
-                        initargs=(tokenizer, str(folder), dtype, text_field, stop))
+                        initargs=(tokenizer, str(folder), dtype, text_field, limits, stop))
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     try:

@@ -4,19 +4,19 @@ added to FORMATS (see base.py for the three functions a format has).
     probe(source) -> Probe             the file's first bytes (decompressed too)
     detect(probe) -> format module     the first in FORMATS whose sniff() claims it
     spans(source, text_field, target)  how the file is cut into work for the workers
-    read(span, text_field, reading)    the span's documents
+    read(span, text_field, reading, limits)   the span's documents, within the limits
 """
 from __future__ import annotations
 
 from . import arrow, compression, jsonl, parquet, text
-from .base import PROBE_BYTES, Piece, Probe, Reading, SourceFile, Span, note_text
+from .base import PROBE_BYTES, Limits, Piece, Probe, Reading, SourceFile, Span, Tally, note_text
 
 # Binary containers first (their magic bytes are certain), then JSONL, then text (takes the rest).
 FORMATS = (parquet, arrow, jsonl, text)
 BY_NAME = {f.NAME: f for f in FORMATS}
 
-__all__ = ["BY_NAME", "FORMATS", "Piece", "Probe", "Reading", "SourceFile", "Span", "detect", "note_text",
-           "probe", "read", "spans"]
+__all__ = ["BY_NAME", "FORMATS", "Limits", "Piece", "Probe", "Reading", "SourceFile", "Span", "Tally", "detect",
+           "note_text", "probe", "read", "spans"]
 
 
 def probe(source: SourceFile) -> Probe:
@@ -44,9 +44,9 @@ def spans(source: SourceFile, text_field: str, target: int) -> list[Span]:
     return detect(found).spans(source, found, target, text_field)
 
 
-def read(span: Span, text_field: str, reading: Reading):
-    """The documents of a span, as Pieces; skips counted in `reading`."""
+def read(span: Span, text_field: str, reading: Reading, limits: Limits = Limits()):
+    """The documents of a span, as Pieces; skips and changes counted in `reading`."""
     if span.broken:
         reading.skip(*span.broken)
         return iter(())
-    return BY_NAME[span.format].read(span, text_field, reading)
+    return BY_NAME[span.format].read(span, text_field, reading, limits)

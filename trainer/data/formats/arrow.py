@@ -9,7 +9,7 @@ a null or blank text.
 """
 from __future__ import annotations
 
-from .base import Probe, Reading, SourceFile, Span, column_pieces
+from .base import Limits, Probe, Reading, SourceFile, Span, column_pieces
 from .parquet import table_spans, text_column_problem
 
 NAME = "arrow"
@@ -48,7 +48,7 @@ def spans(source: SourceFile, probe: Probe, target: int, text_field: str = "text
     return table_spans(source, NAME, schema, text_field, sizes, target, "record batches")
 
 
-def read(span: Span, text_field: str, reading: Reading):
+def read(span: Span, text_field: str, reading: Reading, limits: Limits):
     number = 0
     try:
         schema, batches = _batches(span.source.path)
@@ -59,7 +59,7 @@ def read(span: Span, text_field: str, reading: Reading):
             if index >= span.end:
                 break
             values = batch.column(column).to_pylist()
-            yield from column_pieces(values, number, text_field, reading)
+            yield from column_pieces(values, number, text_field, reading, limits)
             number += len(values)
     except _errors() as exc:
         reading.skip("bad_arrow", f"unreadable after row {number} ({exc})")

@@ -6,7 +6,9 @@ into byte ranges on line boundaries, so one large file is read by every worker: 
 holds the lines that START inside [start, end), the way Hadoop cuts text, so every line
 belongs to exactly one span. A gzip or zstd file is read from its start by one worker.
 Skipped and counted, with the line number: malformed JSON, a line without a string text
-field, an empty text, invalid UTF-8; a damaged compressed stream ends the file there.
+field, an empty text, invalid UTF-8, a line longer than --max-doc-bytes (read past to its end
+a block at a time, never held whole); a damaged compressed stream ends the file there. A text
+holding lone surrogates (an escaped "\\ud83d" alone) is kept with U+FFFD in their place, counted.
 """
 from __future__ import annotations
 
@@ -14,10 +16,12 @@ import json
 import re
 
 from . import compression
-from .base import PROBE_BYTES, Piece, Probe, Reading, SourceFile, Span
+from .base import PROBE_BYTES, Limits, Piece, Probe, Reading, SourceFile, Span, encodable
 
 NAME = "jsonl"
 SUFFIXES = (".jsonl", ".ndjson")
+SKIP_BLOCK = 1 << 20   # what is held at a time of a line too long to keep
+_END = object()
 
 
 _OBJECT_START = re.compile(rb'\s*\{\s*"(?:[^"\\]|\\.)*"\s*:')
@@ -47,41 +51,56 @@ def spans(source: SourceFile, probe: Probe, target: int, text_field: str = "text
     return [Span(source, NAME, a, b, b - a) for a, b in zip(bounds, bounds[1:])]
 
 
-def _lines(span: Span, stream):
-    """(line, is it inside the span) for the span's lines; a stream holds the whole file."""
-    if span.compression is not None:
-        yield from stream
-        return
+def read_line(stream, limit: int) -> tuple[bytes | None, int]:
+    """(the next line, or None when it is longer than `limit` bytes; the bytes it took), (b"", 0) at
+    the end. A longer line is read past to its end SKIP_BLOCK at a time: at most the limit is held."""
+    line = stream.readline(limit + 1)
+    if len(line) <= limit or line.endswith(b"\n"):
+        return line, len(line)
+    size, line = len(line), None
+    while True:
+        block = stream.readline(SKIP_BLOCK)
+        size += len(block)
+        if len(block) < SKIP_BLOCK or block.endswith(b"\n"):   # its newline, or the end of the file
+            return None, size
+
+
+def _lines(span: Span, stream, limit: int):
+    """The span's lines (None for one longer than `limit`); a stream holds the whole file."""
     position = span.start
-    if span.start > 0:    # the line running over the start belongs to the span before
+    if span.start > 0 and span.compression is None:   # the line running over the start belongs to the span before
         stream.seek(span.start - 1)
         if stream.read(1) != b"\n":
-            position += len(stream.readline())
-    while position < span.end:
-        line = stream.readline()
-        if not line:
+            position += read_line(stream, 0)[1]
+    while span.compression is not None or position < span.end:
+        line, size = read_line(stream, limit)
+        if not size:
             return
-        position += len(line)
+        position += size
         yield line
 
 
-def read(span: Span, text_field: str, reading: Reading):
-    stream = compression.open_span(span, reading)
+def read(span: Span, text_field: str, reading: Reading, limits: Limits):
+    stream = compression.open_span(span, reading, limits)
     if stream is None:
         return
     with stream:
         number = 0
         content = False
-        lines = _lines(span, stream)
+        lines = _lines(span, stream, limits.max_doc_bytes)
         while True:
             try:
-                line = next(lines, None)
+                line = next(lines, _END)
             except compression.READ_ERRORS as exc:
                 compression.skip_damaged(span, reading, exc, f"after line {number}; the lines before were read")
                 break
-            if line is None:
+            if line is _END:
                 break
             number += 1
+            if line is None:
+                content = True
+                limits.too_long(reading, number)
+                continue
             if not line.strip():
                 continue
             content = True
@@ -100,7 +119,7 @@ def read(span: Span, text_field: str, reading: Reading):
             if not text.strip():
                 reading.skip("empty", "empty text", number)
                 continue
-            yield Piece(number, text)
+            yield Piece(number, encodable(text, reading, number))
         reading.records = number
         whole_file = span.start == 0 and (span.compression is not None or span.end >= span.source.size)
         if whole_file and not content and not reading.skipped:

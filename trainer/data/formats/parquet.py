@@ -9,7 +9,7 @@ is skipped by row.
 """
 from __future__ import annotations
 
-from .base import Probe, Reading, SourceFile, Span, column_pieces, group_spans
+from .base import Limits, Probe, Reading, SourceFile, Span, column_pieces, group_spans
 
 NAME = "parquet"
 MAGIC = b"PAR1"
@@ -64,7 +64,7 @@ def table_spans(source: SourceFile, name: str, schema, text_field: str, sizes: l
     return group_spans(source, name, sizes, target)
 
 
-def read(span: Span, text_field: str, reading: Reading):
+def read(span: Span, text_field: str, reading: Reading, limits: Limits):
     number = 0
     try:
         parquet = _open(span.source.path)
@@ -74,7 +74,7 @@ def read(span: Span, text_field: str, reading: Reading):
                                        columns=[text_field], use_threads=False)
         for batch in batches:
             values = batch.column(0).to_pylist()
-            yield from column_pieces(values, number, text_field, reading)
+            yield from column_pieces(values, number, text_field, reading, limits)
             number += len(values)
     except _errors() as exc:
         reading.skip("bad_parquet", f"unreadable after row {number} of row groups "

@@ -6,14 +6,16 @@ characters across such a place, so the pieces tokenize to the document's own tok
 memory is a piece, not the file (workers check this of their tokenizer before they cut).
 A file is skipped, by reason, when it is empty or blank, holds a NUL byte (binary), is not
 UTF-8, or its compressed stream is damaged; a problem found after the first piece drops
-the pieces given so far.
+the pieces given so far. A file longer than --max-doc-bytes is cut there: its start is the
+document (counted as changed) and the rest is not read, so a file without a newline to cut
+at never takes more memory than the limit.
 """
 from __future__ import annotations
 
 import codecs
 
 from . import compression
-from .base import Piece, Probe, Reading, SourceFile, Span
+from .base import CUT, Limits, Piece, Probe, Reading, SourceFile, Span
 
 NAME = "text"
 PIECE_BYTES = 4 << 20
@@ -41,13 +43,13 @@ def cut_point(data: bytes) -> int:
         end = i
 
 
-def read(span: Span, text_field: str, reading: Reading):
+def read(span: Span, text_field: str, reading: Reading, limits: Limits):
     reading.records = 1
     decoder = codecs.getincrementaldecoder("utf-8")()
     given = offset = 0      # pieces given out; bytes of the content consumed
     blank = True
     carry = b""
-    stream = compression.open_span(span, reading)
+    stream = compression.open_span(span, reading, limits)
     if stream is None:
         return
     with stream:
@@ -61,6 +63,10 @@ def read(span: Span, text_field: str, reading: Reading):
                 return
             data = carry + block
             final = not block
+            over = offset + len(data) - limits.max_doc_bytes
+            cut_short = over > 0     # past the limit: what comes before it ends the document
+            if cut_short:
+                data, final = data[:len(data) - over], True
             cut = len(data) if final else cut_point(data)
             if not cut and not final:   # no place to cut yet: read on (a file without newlines is one piece)
                 carry = data
@@ -72,8 +78,8 @@ def read(span: Span, text_field: str, reading: Reading):
                 if given:
                     yield Piece(1, None)
                 return
-            try:
-                text = decoder.decode(piece, final=final)
+            try:   # (cut short: the bytes of a character the limit cuts in two are left in the decoder)
+                text = decoder.decode(piece, final=final and not cut_short)
             except UnicodeDecodeError as exc:
                 reading.skip("invalid_utf8", f"invalid UTF-8 at byte {offset + exc.start}")
                 if given:
@@ -87,6 +93,9 @@ def read(span: Span, text_field: str, reading: Reading):
                     if given:
                         yield Piece(1, None)
                     return
+                if cut_short:
+                    reading.change(CUT, f"longer than --max-doc-bytes ({limits.max_doc_bytes:,} bytes): its "
+                                        f"first {offset:,} bytes are the document, the rest is not read")
                 yield Piece(1, text, True)
                 return
             if text:

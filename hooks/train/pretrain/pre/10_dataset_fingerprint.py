@@ -33,7 +33,8 @@ def hook(ctx):
         record = {"blend": [{"name": source.get("name") or Path(source["path"]).name,
                              "weight": source["weight"], "share": float(source["weight"]) / total,
                              **dataset_record(source["path"])} for source in blend]}
-        said = ", ".join(f"{s['name']} {s['manifest_sha256'][:16]}" for s in record["blend"])
+        from trainer.data.blend import folded   # a long blend's line names the first few ("... N more")
+        said = ", ".join(folded([f"{s['name']} {s['manifest_sha256'][:16]}" for s in record["blend"]]))
     elif path and path != "synthetic":
         record = dataset_record(path)
         said = record["manifest_sha256"][:16]
