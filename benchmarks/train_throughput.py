@@ -215,7 +215,7 @@ def run_hf(args, liger: bool, out: Path) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from trainer.models import hf_config
+    from trainer.hf.config import to_hf as hf_config
 
     cfg = _train_cfg(args)
     if liger:

@@ -24,6 +24,7 @@ from trainer import config as config_mod
 from trainer.hf import InitError, from_hf, load_config, load_weights, to_hf
 from trainer.hf.errors import InexpressibleModel
 from trainer.hf.load import model_tensors
+from trainer.hf.config import mapping_for
 from trainer.hf.mapping import HubReader, ours_value, sources
 from trainer.hf.weights import HFWeights
 from trainer.models import Transformer
@@ -151,7 +152,7 @@ def test_a_shard_reads_its_own_box(tmp_path, variant):
     weights = HFWeights.open(tmp_path)
     reader = HubReader({name: info.file for name, info in weights.tensors.items()})
     tensors = model_tensors(model)
-    for name, source in sources(model.cfg, {n: tuple(t.shape) for n, t in tensors.items()}).items():
+    for name, source in sources(mapping_for(model.cfg.family), model.cfg, {n: tuple(t.shape) for n, t in tensors.items()}).items():
         rows = tensors[name].shape[0]
         for start, stop in ((0, rows // 3 + 1), (rows // 3 + 1, rows)):
             box = (slice(start, stop), *(slice(0, n) for n in tensors[name].shape[1:]))

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from trainer.config import ModelConfig, RopeScaling
-from trainer.models import Transformer, flops_per_token, hf_config
+from trainer.hf.config import to_hf as hf_config
+from trainer.models import Transformer, flops_per_token
 
 SMALL = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=160, vocab_size=97,
              max_seq_len=128)

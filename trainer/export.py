@@ -150,6 +150,7 @@ def export_hf(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike |
     from safetensors.torch import save_file
 
     from trainer.hf.config import to_hf
+    from trainer.hf.config import mapping_for
     from trainer.hf.mapping import KEPT_FP32, hub_tensors
 
     if not str(run_or_checkpoint).strip():
@@ -180,7 +181,7 @@ def export_hf(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike |
                               f"checkpoint is damaged; export another step_N") from None
         # a tied head is one tensor on disk (transformers re-ties lm_head to the embedding on load)
         tensors = {name: t.to(torch.float32 if name.endswith(KEPT_FP32) else DTYPES[dtype]).contiguous()
-                   for name, t in sorted(hub_tensors(cfg.model, weights).items())}
+                   for name, t in sorted(hub_tensors(mapping_for(cfg.model.family), cfg.model, weights).items())}
         save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
         share(staging / "model.safetensors")  # safetensors writes 0600; the team loads exports too
         token_ids, tokenizer = _tokenizer_files(_dataset_dir(cfg, checkpoint), staging,

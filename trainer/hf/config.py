@@ -28,9 +28,36 @@ from trainer.config import DEFAULT_CONFIG, ConfigError, ModelConfig, TrainConfig
 from trainer.config import load as load_yaml_config
 
 from .errors import InitError
-from .mapping import SECTIONS, UNCHECKED, HFFamily, family_of, mapping_for, ours_value
+from .mapping import SECTIONS, UNCHECKED, HFFamily, ours_value
 
 EXPECTED = "a Hugging Face directory (config.json + model.safetensors or model.safetensors.index.json)"
+
+
+def tables() -> dict[str, HFFamily]:
+    """model.family -> its table, from the families' modules (trainer.models.transformer.FAMILIES)."""
+    from trainer.models.transformer import FAMILIES   # (the families import trainer.hf.mapping)
+
+    found: dict[str, HFFamily] = {}
+    for module in dict.fromkeys(FAMILIES.values()):
+        found.update(module.HF_MAPPINGS)
+    return found
+
+
+def mapping_for(family: str) -> HFFamily:
+    return tables()[family]
+
+
+def family_of(raw: dict, source: str) -> HFFamily:
+    """The table of config.json's architecture; InitError naming the ones Anvil starts from."""
+    arch, model_type = raw.get("architectures"), raw.get("model_type")
+    known = list(tables().values())
+    for table in known:
+        if model_type == table.model_type and (not isinstance(arch, list) or table.architecture in arch):
+            return table
+    names = [t.name for t in known]
+    raise InitError(f"{source}: model_type {model_type!r}, architectures {arch!r}: Anvil starts from "
+                    f"{', '.join(names[:-1])} and {names[-1]} checkpoints only (architectures "
+                    f"{', '.join(t.architecture for t in known)})")
 
 
 def to_hf(m: ModelConfig, torch_dtype: str = "bfloat16") -> dict:

@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .mapping import TIED_HEAD, HubReader, Source, hub_shapes, mapping_for, sources
+from .config import mapping_for
+from .mapping import TIED_HEAD, HubReader, Source, hub_shapes, sources
 from .weights import HFWeights
 
 
@@ -45,7 +46,7 @@ def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
 def _open_checked(directory, cfg, tensors: dict[str, torch.Tensor]) -> tuple[HFWeights, dict[str, Source]]:
     """The directory's weights, checked against the Hub's names and shapes of the model's tensors
     (a DTensor's global shape)."""
-    found = sources(cfg, {name: tuple(t.shape) for name, t in tensors.items()})
+    found = sources(mapping_for(cfg.family), cfg, {name: tuple(t.shape) for name, t in tensors.items()})
     weights = HFWeights.open(directory)
     weights.check(hub_shapes(found), (TIED_HEAD,) if cfg.tie_embeddings else (), mapping_for(cfg.family).skipped(cfg))
     return weights, found

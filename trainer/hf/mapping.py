@@ -7,12 +7,12 @@ tensor of ours into the Hub's and back. The table sits with the recipe because t
 and parameter names are transformers' names: a family that renames a module, or a new family,
 changes one file. What the tables share lives here:
 
-    family_of(raw, source) -> HFFamily        config.json's architecture's table; InitError for another
-    mapping_for(family) -> HFFamily           model.family's table
     table.read_config(raw, source) -> dict    ModelConfig fields, dotted for a section's ("moe.top_k")
     table.write_config(m) -> dict             config.json (transformers' keys) for this shape
-    sources(m, shapes) -> {name: Source}      how each tensor of ours is read from the Hub's tensors
-    hub_tensors(m, state) -> dict             our state dict as the Hub's tensors (export)
+    sources(table, m, shapes) -> {name: Source}   how each tensor of ours is read from the Hub's tensors
+    hub_tensors(table, m, state) -> dict           our state dict as the Hub's tensors (export)
+(trainer/hf/config.py's mapping_for(family) finds a family's table: it imports the families, which
+import this module)
 
 Weights: most tensors go over unchanged, under the same name. Two rules move them:
 - the routed experts: ours are stacked and input-major (GroupedExperts: gate_up_proj [E, dim, 2 x
@@ -237,35 +237,6 @@ def ours_value(m: ModelConfig, dotted: str) -> Any:
     return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
 
 
-# --------------------------------------------------------------------------- the families' tables
-
-def tables() -> dict[str, HFFamily]:
-    """model.family -> its table, from the families' modules (trainer.models.transformer.FAMILIES)."""
-    from trainer.models.transformer import FAMILIES
-
-    found: dict[str, HFFamily] = {}
-    for module in dict.fromkeys(FAMILIES.values()):
-        found.update(module.HF_MAPPINGS)
-    return found
-
-
-def mapping_for(family: str) -> HFFamily:
-    return tables()[family]
-
-
-def family_of(raw: dict, source: str) -> HFFamily:
-    """The table of config.json's architecture; InitError naming the ones Anvil starts from."""
-    arch, model_type = raw.get("architectures"), raw.get("model_type")
-    known = list(tables().values())
-    for table in known:
-        if model_type == table.model_type and (not isinstance(arch, list) or table.architecture in arch):
-            return table
-    names = [t.name for t in known]
-    raise InitError(f"{source}: model_type {model_type!r}, architectures {arch!r}: Anvil starts from "
-                    f"{', '.join(names[:-1])} and {names[-1]} checkpoints only (architectures "
-                    f"{', '.join(t.architecture for t in known)})")
-
-
 def check_not_quantized(raw: dict, source: str) -> None:
     quantized = raw.get("quantization_config")
     if quantized:
@@ -407,9 +378,9 @@ TIED_HEAD = "lm_head.weight"
 KEPT_FP32 = (".mlp.gate.e_score_correction_bias",)
 
 
-def sources(m: ModelConfig, shapes: dict[str, tuple[int, ...]]) -> dict[str, Source]:
+def sources(table: HFFamily, m: ModelConfig, shapes: dict[str, tuple[int, ...]]) -> dict[str, Source]:
     """Our tensor name -> its Source, for the tensors of `shapes` (a tied head is the embedding's)."""
-    rules = mapping_for(m.family).weight_rules
+    rules = table.weight_rules
     out = {}
     for name, shape in shapes.items():
         if m.tie_embeddings and name == TIED_HEAD:
@@ -423,9 +394,9 @@ def hub_shapes(found: dict[str, Source]) -> dict[str, tuple[int, ...]]:
     return {name: shape for source in found.values() for name, shape in source.hub_shapes().items()}
 
 
-def hub_tensors(m: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def hub_tensors(table: HFFamily, m: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Our full state dict (a checkpoint's) as the Hub's tensors, contiguous."""
-    found = sources(m, {name: tuple(t.shape) for name, t in state.items()})
+    found = sources(table, m, {name: tuple(t.shape) for name, t in state.items()})
     return {hub: t.contiguous() for name, source in found.items() for hub, t in source.write(state[name]).items()}
 
 

@@ -8,4 +8,4 @@ transformer.py; model.family picks one.
 """
 from trainer.models.blocks import IGNORE_INDEX, LMHead, MLP, RMSNorm, RotaryEmbedding, _SAVE_OPS  # noqa: F401
 from trainer.models.blocks import linear_cross_entropy  # noqa: F401
-from trainer.models.transformer import FAMILIES, Transformer, flops_per_token, hf_config  # noqa: F401
+from trainer.models.transformer import FAMILIES, Transformer, flops_per_token  # noqa: F401

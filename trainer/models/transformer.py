@@ -92,10 +92,3 @@ def flops_per_token(cfg: ModelConfig, n_params: int, seq_len: int) -> int:
     else:
         qk = v = cfg.head_dim
     return 6 * (n_params - inactive_expert_params(cfg)) + 6 * cfg.n_layers * cfg.n_heads * (qk + v) * seq_len
-
-
-def hf_config(cfg: ModelConfig, torch_dtype: str = "bfloat16") -> dict:
-    """config.json for transformers' *ForCausalLM of this family and shape (trainer.hf.config.to_hf,
-    the one mapping; --init-from reads it back with from_hf)."""
-    from trainer.hf.config import to_hf
-    return to_hf(cfg, torch_dtype)
