@@ -3,6 +3,7 @@
     log = read_metrics(run_dir / names.METRICS)   # MetricsLog; OSError when the file cannot be read
     writer = MetricsWriter(run_dir); writer.write({"kind": "train", "step": 3, ...}); writer.close()
     summary = read_summary(run_dir)               # the trainer's summary.json (OSError, ValueError)
+    wall_time_text(summary), experts_text(summary["experts"])   # how its figures read, wherever shown
 
 metrics.jsonl: the trainer appends to one run directory's file (trainer/metrics.py, and the
 straggler detector's "straggler" and "rank_times" records, trainer/health.py), each through a
@@ -125,3 +126,23 @@ def read_summary(run_dir: str | Path) -> dict:
 
 def write_summary(run_dir: str | Path, summary: dict) -> None:
     write_json_atomic(Path(run_dir) / names.SUMMARY, summary)
+
+
+def wall_time_text(summary: dict) -> str:
+    """"12.3 s", or "12.3 s (this segment; 3 segments, 40.1 s in all)" for a resumed run: the summary
+    table's words and snapshot.show's."""
+    wall, segments, total = summary.get("wall_s"), summary.get("segments"), summary.get("wall_s_total")
+    if not isinstance(wall, (int, float)) or isinstance(wall, bool):
+        return "n/a"
+    text = f"{wall:.1f} s"
+    if isinstance(segments, int) and segments > 1 and isinstance(total, (int, float)):
+        text += f" (this segment; {segments} segments, {total:.1f} s in all)"
+    return text
+
+
+def experts_text(experts: dict) -> str:
+    """"most: layer 3 expert 5 (21.0% of its layer's tokens); least: layer 1 expert 2 (4.1%); load CV 0.32"."""
+    most, least = experts["most"], experts["least"]
+    return (f"most: layer {most['layer']} expert {most['expert']} ({most['share']:.1%} of its layer's tokens); "
+            f"least: layer {least['layer']} expert {least['expert']} ({least['share']:.1%}); "
+            f"load CV {experts['load_cv']:.2f}")

@@ -208,3 +208,27 @@ def test_bad_output_paths_are_one_line_exit_2_and_leave_nothing(runs, tmp_path):
     assert missing.returncode == 2 and "no such run directory" in missing.stderr
     after = (runs["seg1"] / "report.html").read_bytes() if (runs["seg1"] / "report.html").exists() else None
     assert before == after and not list(tmp_path.glob("**/.*.tmp"))
+
+
+def test_experts_load_is_drawn_and_labels_from_the_run_stay_text(runs, chromium, tmp_path):
+    """A mixture-of-experts run's load (its "moe" records): the layer x expert heatmap, the step x expert
+    one and the balance curves are drawn. A metrics key holding markup (a blend source named
+    <a href=...>, written into the run directory by anyone) reaches the page as text: no link."""
+    run = _copy_run(runs["seg1"], tmp_path / "runs" / "moe_train.pretrain_rep")
+    link = '<a href="https://example.invalid/x">click</a>'
+    with open(run / "metrics.jsonl", "a") as f:
+        for step in (2, 4, 6, 8):
+            f.write(json.dumps({"kind": "moe", "step": step, "layers": [1, 2],
+                                "load": [[10 + step, 20, 30, 40], [25, 25, 25, 25 + step]],
+                                "load_min": [10, 25], "load_max": [40, 25 + step], "load_cv": [0.4, 0.05],
+                                "aux_loss": 1.01 + step / 100}) + "\n")
+            f.write(json.dumps({"kind": "val", "step": step, "val_loss": 3.0, f"val_loss/{link}": 3.1}) + "\n")
+    made = inv(tmp_path / "runs", "snapshot.report", run.name)
+    assert made.returncode == 0, made.stderr
+    page = check_page(chromium, Path(made.stdout.strip()), min_charts=7)
+    titles = page.evaluate("Array.from(document.querySelectorAll('.chart')).map(e => e.dataset.title)")
+    assert {"experts' load over the run", "load balance", "balance loss"} <= set(titles), titles
+    assert "layer 1's load over the steps" in titles      # its CV (0.4) the least even
+    assert page.evaluate("document.querySelectorAll('.chart a[href]').length") == 0
+    legend = page.evaluate("Array.from(document.querySelectorAll('.chart .legendtext')).map(e => e.textContent)")
+    assert link in legend, legend

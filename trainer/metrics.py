@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from core import names, runfiles
+from core.runfiles import experts_text, wall_time_text
 from trainer import ranklog
 from trainer.data.blend import fold, folded
 
@@ -384,18 +385,6 @@ def wall_times(segment_s: float, prior_s: float = 0.0, prior_segments: int = 0) 
     return {"wall_s": segment_s, "segments": prior_segments + 1, "wall_s_total": prior_s + segment_s}
 
 
-def wall_time_text(summary: dict) -> str:
-    """"12.3 s", or "12.3 s (this segment; 3 segments, 40.1 s in all)" for a resumed run
-    (runtime.runs.history.wall_time_text says the same for snapshot.show)."""
-    wall, segments, total = summary.get("wall_s"), summary.get("segments"), summary.get("wall_s_total")
-    if wall is None:
-        return "n/a"
-    text = f"{wall:.1f} s"
-    if isinstance(segments, int) and segments > 1 and total is not None:
-        text += f" (this segment; {segments} segments, {total:.1f} s in all)"
-    return text
-
-
 def summary_table(summary: dict) -> str:
     """Two-column tabulate table of a summary dict (None shown as n/a)."""
     from tabulate import tabulate
@@ -442,14 +431,6 @@ def median_and_average(summary: dict, key: str, fmt: str) -> str:
     text = f"{fmt.format(summary[key])} ({what})"
     average = summary.get(f"{key}_avg")
     return text + (f"; {fmt.format(average)} average over the run" if average is not None else "")
-
-
-def experts_text(experts: dict) -> str:
-    """"most: layer 3 expert 5 (21.0% of its layer's tokens); least: layer 1 expert 2 (4.1%); load CV 0.32"."""
-    most, least = experts["most"], experts["least"]
-    return (f"most: layer {most['layer']} expert {most['expert']} ({most['share']:.1%} of its layer's tokens); "
-            f"least: layer {least['layer']} expert {least['expert']} ({least['share']:.1%}); "
-            f"load CV {experts['load_cv']:.2f}")
 
 
 def source_text(figures: dict) -> str:

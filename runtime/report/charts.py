@@ -82,13 +82,18 @@ def bars(categories: list, series: dict[str, list], title: str, ytitle: str, *, 
     return {"data": data, "layout": layout}
 
 
-def heatmap(labels: list, matrix: list[list], title: str, unit: str, hover: list[list] | None = None) -> dict | None:
+def heatmap(labels: list, matrix: list[list], title: str, unit: str, hover: list[list] | None = None, *,
+            ylabels: list | None = None, xtitle: str = "", ytitle: str = "", colorscale: str = "RdYlGn") -> dict | None:
+    """labels along x (and y, for a square matrix such as link speeds); `ylabels` for rows of their own."""
+    ylabels = labels if ylabels is None else ylabels
     if not labels or not any(v is not None for row in matrix for v in row):
         return None
-    trace = {"type": "heatmap", "x": labels, "y": labels, "z": matrix, "colorscale": "RdYlGn",
+    trace = {"type": "heatmap", "x": labels, "y": ylabels, "z": matrix, "colorscale": colorscale,
              "colorbar": {"title": {"text": unit}}, "hoverongaps": False}
     if hover is not None:
         trace["text"], trace["hoverinfo"] = hover, "text"
     return {"data": [trace],
-            "layout": {"title": {"text": title, "x": 0, "font": {"size": 14}}, "height": 120 + 36 * len(labels),
-                       "margin": {"l": 100, "r": 20, "t": 40, "b": 100}, "yaxis": {"autorange": "reversed"}}}
+            "layout": {"title": {"text": title, "x": 0, "font": {"size": 14}},
+                       "height": 120 + max(8, min(36, 600 // max(1, len(ylabels)))) * len(ylabels),
+                       "margin": {"l": 100, "r": 20, "t": 40, "b": 100},
+                       "xaxis": {"title": {"text": xtitle}}, "yaxis": {"autorange": "reversed", "title": {"text": ytitle}}}}

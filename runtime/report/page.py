@@ -62,9 +62,13 @@ def _table(block: dict) -> str:
 
 
 def _finite(value):
-    """NaN and infinity (a diverged loss) become null: JSON.parse takes no NaN."""
+    """NaN and infinity (a diverged loss) become null: JSON.parse takes no NaN. Every string becomes
+    plain text for Plotly, which draws a subset of HTML in names, titles and hover text (a link among
+    it): a metrics key or a source's name from a run directory is data, shown as written."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        return value.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     if isinstance(value, dict):
         return {k: _finite(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

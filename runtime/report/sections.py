@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from core import names
-from runtime.report import charts
+from runtime.report import charts, experts
 from runtime.runs import history, metrics, rundir
 
 TRAINING_TASKS = ("train.pretrain", "profile.train")
@@ -279,6 +279,7 @@ def _training(rec: history.Recorded, notes: list[str]) -> list:
     if not curves.train:
         notes.append("no training step logged yet: no curves to draw")
     blocks += training_figures(curves)
+    blocks += experts.blocks(curves)
     blocks += _rank_spread(curves)
     blocks.append(_hangs(rec.path, notes))
     blocks += _profile(rec.path, notes)

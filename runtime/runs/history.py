@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from core import names
+from core.runfiles import experts_text, wall_time_text
 from runtime.runs import rundir
 from core.files import seal_problem, unsealed
 
@@ -123,7 +124,7 @@ def load(path: str | Path, runs_dir: Path | None = None) -> Recorded:
 # trainer writes (trainer.metrics.Metrics.summary, summary_table formats it the same way)
 RESULTS = (("status", "status"), ("steps", "steps"), ("final_loss", "final train loss"),
            ("val_loss", "final val loss"), ("tokens_per_s", "tokens/s"), ("mfu", "MFU"),
-           ("wall_s", "wall time"), ("init_from", "started from"))
+           ("wall_s", "wall time"), ("init_from", "started from"), ("experts", "experts' load"))
 
 
 def training_summary(run_dir: Path) -> tuple[dict, str]:
@@ -250,24 +251,16 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def wall_time_text(summary: dict) -> str:
-    """"12.3 s", or "12.3 s (this segment; 3 segments, 40.1 s in all)" for a resumed run
-    (the same words as trainer.metrics.summary_table)."""
-    wall = _number(summary.get("wall_s"))
-    if wall is None:
-        return "n/a"
-    text = f"{wall:.1f} s"
-    segments, total = summary.get("segments"), _number(summary.get("wall_s_total"))
-    if isinstance(segments, int) and segments > 1 and total is not None:
-        text += f" (this segment; {segments} segments, {total:.1f} s in all)"
-    return text
-
-
 def _result_text(key: str, value: Any, summary: dict) -> str:
     if key == "wall_s":
         return wall_time_text(summary)
     if key == "init_from" and isinstance(value, dict):   # train.pretrain --init-from: the directory
         return str(value.get("path"))
+    if key == "experts" and isinstance(value, dict):      # a mixture-of-experts run: the least and most loaded
+        try:
+            return experts_text(value)
+        except (KeyError, TypeError, ValueError):
+            return "n/a (damaged)"
     number = _number(value)
     if value is None:
         return "n/a"
