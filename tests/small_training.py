@@ -18,6 +18,12 @@ def train_args(dataset, *extra, steps=None) -> list[str]:
     return [*out, "--env", "OMP_NUM_THREADS=1", *extra]
 
 
+#: The seed's model in miniature (DeepSeek-V2: latent attention, shared + routed experts), split over 2
+#: ranks by expert parallelism: what the multi-node tests train where they check the experts' path.
+MOE_ARGS = ["--config", str(Path(__file__).resolve().parents[1] / "configs" / "deepseek_v2_debug.yaml"),
+            "--set", "parallel.ep=2"]
+
+
 def train_losses(run: Path) -> dict[int, float]:
     """{step: train loss} from a run's metrics.jsonl."""
     out = {}

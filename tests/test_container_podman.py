@@ -86,9 +86,9 @@ def podman(tmp_path_factory):
     shutil.rmtree(work / "graph", ignore_errors=True)
 
 
-def _train(env, tmp_path, dataset, runtime: str) -> subprocess.CompletedProcess:
-    argv = [str(INV), "train.pretrain", "--runtime", runtime, "--nproc", "2", "--name", runtime,
-            "--env", "OMP_NUM_THREADS=1"]
+def _train(env, tmp_path, dataset, runtime: str, *extra: str, name: str = "") -> subprocess.CompletedProcess:
+    argv = [str(INV), "train.pretrain", "--runtime", runtime, "--nproc", "2", "--name", name or runtime,
+            "--env", "OMP_NUM_THREADS=1", *extra]
     for item in (f"data.path={dataset}", "train.steps=6", "data.seq_len=32", "data.batch_size=4",
                  "train.log_interval=1", "train.val_interval=0", "checkpoint.interval=0"):
         argv += ["--set", item]
@@ -124,3 +124,19 @@ def test_a_missing_image_is_one_line_with_the_engine_error(podman, dataset, tmp_
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     line = next(line for line in proc.stderr.splitlines() if line.startswith("train.pretrain failed"))
     assert "left no report" in line and "the launch printed:" in line and "anvil-no-such-image" in line, line
+
+
+def test_the_seed_model_trains_in_a_podman_container_as_it_does_directly(podman, dataset, tmp_path):
+    """The seed's container step: DeepSeek-V2 in miniature, 2 ranks at parallel.ep=2, in the image and
+    directly: the same losses bit for bit."""
+    env, _image = podman
+    moe = ["--config", str(REPO / "configs" / "deepseek_v2_debug.yaml"), "--set", "parallel.ep=2"]
+    contained = _train(env, tmp_path, dataset, "container", *moe, name="moe_container")
+    assert contained.returncode == 0, contained.stdout[-2000:] + contained.stderr[-3000:]
+    direct = _train(env, tmp_path, dataset, "direct", *moe, name="moe_direct")
+    assert direct.returncode == 0, direct.stderr[-3000:]
+    (run_c,) = (tmp_path / "runs").glob("*_moe_container")
+    (run_d,) = (tmp_path / "runs").glob("*_moe_direct")
+    assert "podman run --rm" in (run_c / "logs" / "launcher.log").read_text()
+    assert _losses(run_c) == _losses(run_d) and len(_losses(run_c)) == 6 and _losses(run_c)[-1] < _losses(run_c)[0]
+

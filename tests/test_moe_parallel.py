@@ -123,3 +123,37 @@ def test_a_layout_that_cannot_run_is_one_line_before_launch(inv_bin, tmp_path, s
     assert says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def _inv(inv_bin, runs: Path, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([str(inv_bin), *args], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          stdin=subprocess.DEVNULL,
+                          env={**os.environ, names.setting_variable("runs_dir"): str(runs), "OMP_NUM_THREADS": "1"})
+
+
+def test_the_seed_scenario_trains_resumes_and_replays_on_the_cpu(inv_bin, dataset, tmp_path):
+    """`inv train.pretrain --config configs/deepseek_v2_debug.yaml` as the seed's first step: the loss
+    falls, checkpoints are written, a resume from the middle continues the same curve, and a replay of
+    the run's snapshot trains it again to the same curve."""
+    runs = tmp_path / "runs"
+    sets = [f"data.path={dataset}", "data.seq_len=64", "data.batch_size=4", "train.steps=8", "train.log_interval=1",
+            "train.val_interval=0", "train.val_batches=0", "schedule.warmup_steps=2", "checkpoint.interval=4"]
+    args = ["train.pretrain", "--config", str(CONFIG), *[a for s in sets for a in ("--set", s)]]
+    first = _inv(inv_bin, runs, *args, "--name", "first")
+    assert first.returncode == 0, first.stderr[-3000:]
+    (run,) = runs.glob("*_first")
+    losses = {r["step"]: r["loss"] for r in runfiles.metrics_records(run) if r["kind"] == "train"}
+    assert sorted(losses) == list(range(1, 9)) and losses[8] < losses[1] - 0.5, losses
+    assert {p.name for p in (run / "checkpoints").iterdir()} >= {"step_4", "step_8"}
+    assert "experts' load" in first.stderr and runfiles.read_summary(run)["experts"]["most"]["share"] > 0
+
+    resumed = _inv(inv_bin, runs, *args, "--name", "resumed", "--resume", str(run / "checkpoints" / "step_4"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    (again,) = runs.glob("*_resumed")
+    tail = {r["step"]: r["loss"] for r in runfiles.metrics_records(again) if r["kind"] == "train"}
+    assert close(tail, {s: losses[s] for s in (5, 6, 7, 8)}), (tail, losses)
+
+    replay = _inv(inv_bin, runs, "snapshot.replay", str(run))
+    assert replay.returncode == 0, replay.stderr[-3000:]
+    (replayed,) = [p for p in runs.iterdir() if p not in (run, again)]
+    assert {r["step"]: r["loss"] for r in runfiles.metrics_records(replayed) if r["kind"] == "train"} == losses

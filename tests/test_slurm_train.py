@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from cluster import trainer_pids
-from small_training import train_args, train_losses
+from small_training import MOE_ARGS, train_args, train_losses
 from core.files import seal
 
 REPO = Path(__file__).resolve().parents[1]
@@ -378,3 +378,28 @@ def test_ctrl_c_of_a_run_in_an_allocation_checkpoints_on_every_node(slurm_cluste
     # nodes' slurmd report back, longer on a loaded machine: it must leave the queue, not linger.
     _wait_for(lambda: not slurm_cluster.slurm_run("squeue", "-h").stdout.strip(), 60,
               "the allocation to leave the queue")
+
+
+def test_the_seed_model_trains_in_an_allocation_with_its_experts_split_and_resumes(slurm_cluster, dataset,
+                                                                                   tmp_path):
+    """The seed's second step: `salloc -N2 inv train.pretrain --runtime slurm` with DeepSeek-V2 in miniature,
+    one rank a node, parallel.ep=2 (each node holds half the experts); the loss falls, and a resume from
+    its middle checkpoint in a new allocation continues the same curve."""
+    def train(name: str, *extra: str) -> Path:
+        proc = subprocess.run(["salloc", "-N2", "--quiet", str(INV), "train.pretrain", "--runtime", "slurm",
+                               "--nproc", "1", "--name", name, *MOE_ARGS, *extra], cwd=REPO,
+                              env=_env(slurm_cluster, tmp_path), capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        (run,) = (tmp_path / "runs").glob(f"*_{name}")
+        return run
+
+    run = train("moe", *train_args(dataset, "--set", "checkpoint.interval=3", steps=6))
+    losses = train_losses(run)
+    assert sorted(losses) == list(range(1, 7)) and losses[6] < losses[1], losses
+    md = json.loads((run / "metadata.json").read_text())
+    assert md["hosts"] == ["node1", "node2"] and md["world_size"] == 2
+    again = train("moe_resumed", *train_args(dataset, steps=6), "--resume", str(run / "checkpoints" / "step_3"))
+    resumed = train_losses(again)
+    assert sorted(resumed) == [4, 5, 6]
+    assert all(abs(resumed[s] - losses[s]) <= 1e-4 * abs(losses[s]) for s in resumed), (resumed, losses)
+

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from cluster import _cmdline, _netns_pids, trainer_pids
-from small_training import train_args, train_losses
+from small_training import MOE_ARGS, train_args, train_losses
 from process_utils import start_as_from_a_terminal, wait_until
 from runtime.runs.nodes import failing
 
@@ -247,3 +247,21 @@ def test_bad_ssh_input_is_one_line_before_any_run_directory(hosts, dataset):
         assert result.returncode == 2, explain(result)
         assert said in result.stderr and "Traceback" not in result.stderr, explain(result)
     assert not hosts.runs.exists()
+
+
+def test_the_seed_model_trains_on_two_hosts_with_its_experts_split_and_resumes(hosts, dataset):
+    """DeepSeek-V2 in miniature over -H, one rank a host, parallel.ep=2: each host holds half the experts and
+    the tokens cross between the namespaces; the loss falls, and a resume from its middle checkpoint on
+    the same hosts continues the same curve."""
+    args = ["train.pretrain", "--nproc", "1", *MOE_ARGS]
+    first = hosts.run(hosts.up, *args, "--name", "moe", *train_args(dataset, "--set", "checkpoint.interval=3", steps=6))
+    assert first.returncode == 0, explain(first)
+    run = hosts.only_run("*_moe")
+    losses = train_losses(run)
+    assert sorted(losses) == list(range(1, 7)) and losses[6] < losses[1], losses
+    assert json.loads((run / "metadata.json").read_text())["hosts"] == hosts.up
+    again = hosts.run(hosts.up, *args, "--name", "moe_resumed", *train_args(dataset, steps=6),
+                      "--resume", str(run / "checkpoints" / "step_3"))
+    assert again.returncode == 0, explain(again)
+    _same_curve(train_losses(hosts.only_run("*_moe_resumed")), {s: losses[s] for s in (4, 5, 6)})
+
