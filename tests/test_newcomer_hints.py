@@ -1,0 +1,38 @@
+"""What a newcomer is told at the end of a task: what was written, how, and what to type next.
+
+train.export says the dtype it wrote and that bfloat16 is its default (its --help too).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+INV = REPO / ".venv" / "bin" / "inv"
+
+
+def inv(*args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(INV), *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **env})
+
+
+def test_train_export_help_names_bfloat16_as_the_default_dtype():
+    shown = inv("--help", "train.export")
+    assert shown.returncode == 0, shown.stderr
+    text = " ".join(shown.stdout.split())
+    assert "--dtype=STRING dtype of the exported weights: bfloat16 (the default" in text
+    assert "weights in bfloat16 unless --dtype says so" in text
+
+
+def test_train_export_says_which_dtype_it_wrote():
+    from trainer.export import ExportError, exported
+
+    assert exported("out/hf", "bfloat16") == ("exported to out/hf: weights in bfloat16 (the default; --dtype "
+                                              "float16, float32 for another)")
+    assert exported("out/hf", "bf16").startswith("exported to out/hf: weights in bfloat16 (the default")
+    assert exported("out/hf", "fp32") == "exported to out/hf: weights in float32 (--dtype; the default is bfloat16)"
+    with pytest.raises(ExportError, match="expected one of bfloat16, float16, float32"):
+        exported("out/hf", "int8")
