@@ -1,9 +1,11 @@
 """What a newcomer is told at the end of a task: what was written, how, and what to type next.
 
-train.export says the dtype it wrote and that bfloat16 is its default (its --help too).
+train.export says the dtype it wrote and that bfloat16 is its default (its --help too); data.tokenizer
+says how many documents it trained on.
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -36,3 +38,19 @@ def test_train_export_says_which_dtype_it_wrote():
     assert exported("out/hf", "fp32") == "exported to out/hf: weights in float32 (--dtype; the default is bfloat16)"
     with pytest.raises(ExportError, match="expected one of bfloat16, float16, float32"):
         exported("out/hf", "int8")
+
+
+def test_data_tokenizer_says_how_many_documents_it_trained_on(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(12):
+        (corpus / f"doc{i}.py").write_text(f"def function_{i}(x):\n    return x * {i}\n" * 5)
+    (corpus / "notes.jsonl").write_text("".join(f'{{"text": "note {i} about function_{i}"}}\n' for i in range(3)))
+    out = tmp_path / "tok.json"
+    made = inv("data.tokenizer", "--vocab-size", "300", "--input", str(corpus), "--out", str(out))
+    assert made.returncode == 0, made.stderr[-2000:]
+    assert "trained BPE (vocab " in made.stdout and ") on 15 documents from 13 files in " in made.stdout, made.stdout
+    first = inv("data.tokenizer", "--vocab-size", "300", "--input", str(corpus), "--out", str(out), "--max-docs", "5")
+    assert ") on 5 documents from 13 files (stopped at --max-docs) in " in first.stdout, first.stdout
+    as_json = inv("data.tokenizer", "--vocab-size", "300", "--input", str(corpus), "--out", str(out), "--json")
+    assert json.loads(as_json.stdout)["documents"] == 15
