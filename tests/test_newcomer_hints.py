@@ -1,12 +1,13 @@
 """What a newcomer is told at the end of a task: what was written, how, and what to type next.
 
 train.export says the dtype it wrote and that bfloat16 is its default (its --help too); data.tokenizer
-says how many documents it trained on.
+says how many documents it trained on; the training summary says where --init-from started.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -54,3 +55,12 @@ def test_data_tokenizer_says_how_many_documents_it_trained_on(tmp_path):
     assert ") on 5 documents from 13 files (stopped at --max-docs) in " in first.stdout, first.stdout
     as_json = inv("data.tokenizer", "--vocab-size", "300", "--input", str(corpus), "--out", str(out), "--json")
     assert json.loads(as_json.stdout)["documents"] == 15
+
+
+def test_the_training_summary_says_where_init_from_started():
+    from trainer.metrics import summary_table
+
+    text = summary_table({"status": "ok", "steps": 2, "data": "data/stdlib", "wall_s": 1.0,
+                          "init_from": {"path": "/models/Llama-3.2-1B", "tensors": 147, "files": 1}})
+    assert re.search(r"│ started from +│ /models/Llama-3.2-1B +│", text), text
+    assert "started from" not in summary_table({"status": "ok", "steps": 2})

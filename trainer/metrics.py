@@ -408,7 +408,8 @@ def summary_table(summary: dict) -> str:
               ("mfu", "MFU", "{:.1%}"), ("peak_mem_gib", "peak GPU memory", "{:.2f} GiB"),
               ("peak_rss_gib", "peak process RSS", "{:.2f} GiB"), ("params", "parameters", "{:,}"),
               ("world_size", "processes", "{}"), ("device", "device", "{}"),
-              ("data", "data", "{}"), ("experts", "experts' load", "{}"), ("wall_s", "wall time", "{:.1f} s"),
+              ("data", "data", "{}"), ("experts", "experts' load", "{}"), ("init_from", "started from", "{}"),
+              ("wall_s", "wall time", "{:.1f} s"),
               ("checkpoint", "last checkpoint", "{}")]
     rows = []
     for key, label, fmt in labels:
@@ -421,6 +422,8 @@ def summary_table(summary: dict) -> str:
         if key == "experts" and value:
             rows.append([label, experts_text(value)])
             continue
+        if key == "init_from" and isinstance(value, dict):   # --init-from: the Hugging Face directory
+            value = value.get("path")
         if key in ("tokens_per_s", "step_time_s") and value is not None and summary.get("median_steps"):
             rows.append([label, median_and_average(summary, key, fmt)])
             continue

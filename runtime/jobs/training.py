@@ -296,6 +296,9 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     def body(run):
         if started_from:
             run.update_metadata(init_from=started_from)
+            run.log.info(f"started from {started_from['path']}: its weights; the optimizer and the step count start "
+                         "fresh" if resume in ("", "auto") else f"resumes from {resume}: its checkpoint's weights, not "
+                         f"those of {started_from['path']} (checkpoint.init_from)")
         if excluded:
             run.update_metadata(excluded_nodes=excluded)
             print(f"excluding {len(excluded)} node(s) that failed preflight in {job.exclude_from}: "
