@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import time
@@ -373,6 +374,9 @@ def test_ctrl_c_of_a_run_in_an_allocation_checkpoints_on_every_node(slurm_cluste
     md = json.loads((run / "metadata.json").read_text())
     assert md["status"] == "interrupted" and md["hosts"] == ["node1", "node2"], md
     assert (run / "checkpoints").is_dir() and list((run / "checkpoints").glob("step_*/COMPLETE"))
+    typed = shlex.join(["train.pretrain", "--runtime", "slurm", "--name", "intr", *train_args(dataset, steps=100000)])
+    # --runtime slurm kept, and the allocation's node count pinned, as a replay pins it
+    assert f"continue where it ran with `inv {typed} --resume {run} --nodes 2`" in err, err[-3000:]
     assert "CANCELLED" not in err and "Traceback" not in err
     # The allocation ends with salloc; its job may show CG (completing) for a few seconds while the
     # nodes' slurmd report back, longer on a loaded machine: it must leave the queue, not linger.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -161,6 +162,9 @@ def test_a_preemption_signal_reaches_every_host_and_resume_auto_continues_the_cu
     first = hosts.only_run("*_pre")
     md = json.loads((first / "metadata.json").read_text())
     assert md["status"] == "preempted" and md["hosts"] == ["node1", "node2"], md
+    typed = shlex.join(hosts.argv(hosts.up, "train.pretrain", "--nproc", "2", "--name", "pre",
+                                  *train_args(dataset))[1:])
+    assert f"continue where it ran with `inv {typed} --resume {first}`" in err, err[-3000:]   # -H and its flags kept
     stopped = max(train_losses(first))
     assert stopped < 16 and (first / "checkpoints" / f"step_{stopped}" / "COMPLETE").is_file()
     for node in (0, 1):          # every host's ranks stopped on the signal, after the checkpoint

@@ -204,6 +204,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     from runtime.launch import LaunchSpec
     from runtime.runs import nodes as nodes_mod
     from runtime.runs import outcome
+    from runtime.runs.replay import resume_command
     from runtime.runs.run import execute
     from trainer import hf
     from trainer.config import DEFAULT_CONFIG, check_world, dump
@@ -325,12 +326,11 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
                              "command starts it again", code if code in (EXIT_REQUEUE, EXIT_INTERRUPTED)
                              else exit_status(code - 128, training=True), "interrupted")
         if code == EXIT_REQUEUE:
-            raise JobStopped(f"stopped on a signal after checkpointing; continue with "
-                             f"`inv train.pretrain --resume {run.path}` (same config)", EXIT_REQUEUE, "preempted")
+            raise JobStopped(f"stopped on a signal after checkpointing; continue where it ran with "
+                             f"`{resume_command(run.metadata, run.path)}`", EXIT_REQUEUE, "preempted")
         if code == EXIT_INTERRUPTED:
-            raise JobStopped(f"interrupted (Ctrl-C) after checkpointing; continue with "
-                             f"`inv train.pretrain --resume {run.path}` (same config)", EXIT_INTERRUPTED,
-                             "interrupted")
+            raise JobStopped(f"interrupted (Ctrl-C) after checkpointing; continue where it ran with "
+                             f"`{resume_command(run.metadata, run.path)}`", EXIT_INTERRUPTED, "interrupted")
         if code != 0:
             cause = outcome.failure_summary(run.path, expected_nodes=layout.nodes)
             raise AnvilError(cause or f"the trainer exited with status {code}; see {run.path}/logs/", code)
