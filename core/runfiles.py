@@ -6,10 +6,14 @@
 
 metrics.jsonl: the trainer appends to one run directory's file (trainer/metrics.py, and the
 straggler detector's "straggler" and "rank_times" records, trainer/health.py), each through a
-MetricsWriter, a whole line a write. A run that resumes into the same directory (a requeued
-Slurm job) logs again from its checkpoint's step: a step logged twice keeps its last record, and
-the step where the log restarted is kept in `restarts`. A line cut short by a kill, or still being
-written, is counted, never fatal. No torch: the report and the plot read it on any machine.
+MetricsWriter, a whole line a write. A run that resumes writes a "resume" record first, at its
+checkpoint's step; one that resumes into the same directory (a requeued Slurm job) then logs again
+from there: a step logged twice keeps its last record. Each restart's step is kept in `restarts`:
+the resume record's, the checkpoint the curve goes on from (a log written before that record
+existed: the first step logged again, a log interval later). `resumed_at` is the step of a resume
+record the log starts with (a run resumed into a new directory). A line cut short by a kill, or
+still being written, is counted, never fatal. No torch: the report and the plot read it on any
+machine.
 """
 from __future__ import annotations
 
@@ -28,7 +32,8 @@ class MetricsLog:
     train: dict[int, dict] = field(default_factory=dict)    # step -> its last "train" record
     val: dict[int, dict] = field(default_factory=dict)      # step -> its last "val" record
     events: list[dict] = field(default_factory=list)        # every other kind with a step, in file order
-    restarts: list[int] = field(default_factory=list)       # first step logged after each restart
+    restarts: list[int] = field(default_factory=list)       # the step each restart went on from
+    resumed_at: int | None = None                           # the resume record's step, when the log starts with one
     damaged: list[int] = field(default_factory=list)        # line numbers (1-based) that are no record
     unfinished: bool = False                                # the last line has no newline yet (being written)
     lines: int = 0
@@ -61,7 +66,12 @@ def parse(lines, log: MetricsLog | None = None) -> MetricsLog:
             log.damaged.append(number)
             continue
         kind = record.get("kind")
-        if kind == "train":
+        if kind == "resume":
+            if not log.train and not log.val and log.resumed_at is None:
+                log.resumed_at = step
+            log.restarts.append(step)
+            last = step       # the steps logged after it, from step + 1, are no restart of their own
+        elif kind == "train":
             if step <= last:
                 log.restarts.append(step)
             last = step

@@ -293,6 +293,12 @@ class Metrics:
             last = self.history[-1]["loss"] if self.history else None
             self.bar.update(step, f"loss {last:.4f}" if last is not None else "")
 
+    def resumed(self, step: int, checkpoint: str | Path) -> None:
+        """Record where the run resumed: the checkpoint's step, from which its curve goes on (a report's and
+        a plot's resume mark), before the first step it logs."""
+        if self.is_main:
+            self._write({"kind": "resume", "step": step, "time": time.time(), "checkpoint": str(checkpoint)})
+
     def _console_line(self, r: dict) -> str:
         parts = [f"step {r['step']}/{self.total_steps}", f"loss {r['loss']:.4f}",
                  f"lr {r['lr']:.2e}", f"gnorm {r['grad_norm']:.3f}",

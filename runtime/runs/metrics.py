@@ -27,7 +27,7 @@ class Curves:
     train: dict[int, dict] = field(default_factory=dict)
     val: dict[int, dict] = field(default_factory=dict)
     events: list[dict] = field(default_factory=list)      # straggler, rank_times, ... in step order
-    resumes: list[int] = field(default_factory=list)      # first step logged after each resume
+    resumes: list[int] = field(default_factory=list)      # each resume's checkpoint step: the curve goes on from there
     segments: list[Path] = field(default_factory=list)    # run directories, oldest first
     notes: list[str] = field(default_factory=list)        # what could not be read, in words
 
@@ -103,18 +103,19 @@ def read(run_dir: str | Path) -> Curves:
     curves = Curves(segments=[path for path, _ in segments], notes=notes)
     for index, ((path, upto), log) in enumerate(zip(segments, logs)):
         later = next((lg for lg in logs[index + 1:] if lg.train), None)
-        if later is not None:
-            first_later = min(later.train)
-            limit = upto if upto is not None else first_later - 1
+        if later is not None:   # where the next segment went on from: its resume record, what it named, or
+            #                     (neither: a log from before the record, --resume RUN) its first step logged
+            limit = next((s for s in (later.resumed_at, upto) if s is not None), min(later.train) - 1)
         else:
             limit = None
         keep = (lambda step: step <= limit) if limit is not None else (lambda step: True)
         curves.train.update({s: r for s, r in log.train.items() if keep(s)})
         curves.val.update({s: r for s, r in log.val.items() if keep(s)})
         curves.events += [e for e in log.events if keep(_step(e))]
-        curves.resumes += [s for s in log.restarts if keep(s)]
-        if index and log.train:
-            curves.resumes.append(min(log.train))
+        curves.resumes += [s for s in log.restarts if keep(s)]   # its resume record's step among them
+        if index and log.train and log.resumed_at is None:
+            named = segments[index - 1][1]      # the checkpoint step this segment's --resume named
+            curves.resumes.append(named if named is not None else min(log.train))
     curves.train = dict(sorted(curves.train.items()))
     curves.val = dict(sorted(curves.val.items()))
     curves.events.sort(key=_step)
