@@ -2,7 +2,8 @@
 
 The resume mark sits at the checkpoint step a segment went on from (it sat at the first step the
 resumed run logged, a log interval late): from the trainer's "resume" record, else the step_N its
---resume named (runs from before the record).
+--resume named (runs from before the record). The summary names the config file the run started from
+(it read "config: run", the name a config without `name:` gets).
 """
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import json
 import os
 import subprocess
 from pathlib import Path
+
+import pytest
 
 from core.files import seal
 from runtime.runs import metrics
@@ -89,3 +92,63 @@ def test_a_real_run_resumed_from_its_directory_is_marked_where_the_trainer_went_
     assert records[0]["checkpoint"] == str(first / "checkpoints" / "step_7")
     curves = metrics.read(second)
     assert curves.resumes == [7] and sorted(curves.train) == [5, 7, 10, 12]   # the last step is logged too
+
+
+# ---------------------------------------------------------------- the page
+
+def inv(runs: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(runs), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([str(INV), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, dataset) -> dict[str, Path]:
+    """A blend (dataset 70%, another 30%) trained from a config file without `name:`, validated; and a run
+    on the default config."""
+    import sysconfig
+
+    from trainer.data import prepare
+
+    root = tmp_path_factory.mktemp("newcomer-report")
+    other = root / "stdlib10"
+    prepare(sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[30:40], other, progress=False)
+    config = root / "mine.yaml"
+    config.write_text("".join(line for line in (REPO / "configs" / "tiny.yaml").read_text().splitlines(True)
+                              if not line.startswith("name:")))
+    sets = ["data.seq_len=32", "data.batch_size=4", "train.steps=6", "train.log_interval=2", "train.val_interval=3",
+            "train.val_batches=2", "schedule.warmup_steps=2", "checkpoint.interval=0"]
+    blend = f"data.blend=[{{path: {dataset}, weight: 0.7}}, {{path: {other}, weight: 0.3, name: other}}]"
+    made = inv(root / "runs", "train.pretrain", "--config", str(config), "--set", "data.path=null", "--set", blend,
+               *[a for s in sets for a in ("--set", s)])
+    assert made.returncode == 0, made.stderr[-3000:]
+    (blended,) = (root / "runs").iterdir()
+    plain = inv(root / "runs", "train.pretrain", "--set", f"data.path={dataset}",
+                *[a for s in sets for a in ("--set", s)])
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    (single,) = set((root / "runs").iterdir()) - {blended}
+    return {"blend": blended, "single": single, "config": config, "root": root, "dataset": dataset}
+
+
+def report(runs: dict, *args: str) -> Path:
+    made = inv(runs["root"] / "runs", "snapshot.report", *args, timeout=120)
+    assert made.returncode == 0, made.stderr[-3000:]
+    return Path(made.stdout.strip())
+
+
+def table_rows(page, title: str) -> list[list[str]]:
+    """The rows of the table under the <summary> that starts with `title`, as text."""
+    return page.evaluate(f"""(function(){{
+      var d = Array.from(document.querySelectorAll('details')).find(function(d){{
+        return d.querySelector('summary').textContent.indexOf({json.dumps(title)}) === 0; }});
+      return d ? Array.from(d.querySelectorAll('tbody tr')).map(function(tr){{
+        return Array.from(tr.cells).map(function(td){{ return td.textContent; }}); }}) : null;
+    }})()""")
+
+
+def test_the_summary_names_the_config_file_the_run_started_from(runs, chromium):
+    assert runs["blend"].name.endswith("_train.pretrain_run")      # a config without name: is named "run"
+    page = chromium.open(report(runs, str(runs["blend"])))
+    rows = dict(row for row in table_rows(page, "summary") if len(row) == 2)
+    assert rows["config"] == f"{runs['config']} (name: run)"
+    single = dict(row for row in table_rows(chromium.open(report(runs, str(runs["single"]))), "summary"))
+    assert single["config"] == str(REPO / "configs" / "tiny.yaml")    # the default, named as its file

@@ -36,16 +36,6 @@ def inv(runs: Path, *args, timeout=300):
 
 
 @pytest.fixture(scope="module")
-def chromium():
-    if browser.chromium() is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is not installed; .ci/run installs Debian's chromium package")
-        pytest.skip("chromium is not installed (apt-get install chromium)")
-    with browser.Browser(1400, 900) as b:
-        yield b
-
-
-@pytest.fixture(scope="module")
 def runs(tmp_path_factory, dataset) -> dict[str, Path]:
     """Real runs: two training segments (2 ranks, stragglers checked every 4 steps), preflight, gemm."""
     root = tmp_path_factory.mktemp("report") / "runs"

@@ -257,6 +257,17 @@ def _share(value) -> str:
     return f"{ms:.2f}" + (f" ({share:.0%})" if isinstance(share, (int, float)) else "")
 
 
+def _config_text(md: dict, name: Any) -> str:
+    """The config a training run was started with: the file given (or the default, or a replay's copy), from
+    metadata.json's config_sources, and the `name:` inside it where that is not the file's own name (the
+    summary's "config" is that name alone, and a config without one is named "run")."""
+    sources = md.get("config_sources") if isinstance(md.get("config_sources"), dict) else {}
+    source = next((str(v) for _, v in sorted(sources.items()) if v), "")
+    if not source:
+        return _fmt(name)
+    return source if name in (None, "", Path(source).stem) else f"{source} (name: {name})"
+
+
 def _training(rec: history.Recorded, notes: list[str]) -> list:
     curves = metrics.read(rec.path)
     notes += curves.notes
@@ -269,7 +280,7 @@ def _training(rec: history.Recorded, notes: list[str]) -> list:
         summary = rec.summary
         extra = [("params", summary.get("params")), ("world size", summary.get("world_size")),
                  ("device", summary.get("device")), ("data", summary.get("data")),
-                 ("config", summary.get("config"))]
+                 ("config", _config_text(rec.metadata, summary.get("config")))]
         blocks.append(_table("summary", ["", ""], [list(r) for r in results]
                              + [[k, _fmt(v)] for k, v in extra if v not in (None, "")]))
     elif rec.summary_problem:
