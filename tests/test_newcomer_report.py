@@ -3,7 +3,8 @@
 The resume mark sits at the checkpoint step a segment went on from (it sat at the first step the
 resumed run logged, a log interval late): from the trainer's "resume" record, else the step_N its
 --resume named (runs from before the record). The summary names the config file the run started from
-(it read "config: run", the name a config without `name:` gets).
+(it read "config: run", the name a config without `name:` gets). `--also`'s diff table, opened in a
+real Chromium (tests/browser.py), wraps at spaces: no word broken in two, the table within the window.
 """
 from __future__ import annotations
 
@@ -152,3 +153,38 @@ def test_the_summary_names_the_config_file_the_run_started_from(runs, chromium):
     assert rows["config"] == f"{runs['config']} (name: run)"
     single = dict(row for row in table_rows(chromium.open(report(runs, str(runs["single"]))), "summary"))
     assert single["config"] == str(REPO / "configs" / "tiny.yaml")    # the default, named as its file
+
+
+LONG_TOKEN = 32     # runtime.report.page.LONG_TOKEN: a longer word may break anywhere
+# Every word of the table's text that spans two lines (a range over it with boxes at two heights).
+BROKEN_WORDS = """(function(title){
+  var d = Array.from(document.querySelectorAll('details')).find(function(d){
+    return d.querySelector('summary').textContent.indexOf(title) === 0; });
+  d.open = true;
+  var out = [], walker = document.createTreeWalker(d.querySelector('table'), NodeFilter.SHOW_TEXT), node;
+  while ((node = walker.nextNode())) {
+    var re = /\\S+/g, m;
+    while ((m = re.exec(node.data))) {
+      var r = document.createRange(); r.setStart(node, m.index); r.setEnd(node, m.index + m[0].length);
+      var tops = new Set(Array.from(r.getClientRects()).map(function(x){ return Math.round(x.top); }));
+      if (tops.size > 1) out.push(m[0]);
+    }
+  }
+  return {broken: out, right: d.querySelector('table').getBoundingClientRect().right, width: window.innerWidth};
+})"""
+
+
+@pytest.mark.parametrize("width", [1400, 800])
+def test_the_also_diff_table_wraps_at_spaces_and_fits_the_window(runs, chromium, tmp_path, width):
+    """Its cells broke words anywhere (word-break: break-word), and the table squeezed its narrow columns
+    to a few letters: "resu|lt", "conf|ig", "--|set". A word breaks only where it is longer than
+    LONG_TOKEN (a path, a digest: overflow-wrap: anywhere on it alone)."""
+    out = report(runs, str(runs["blend"]), "--also", str(runs["single"]), "--out", str(tmp_path / "both.html"))
+    page = chromium.open(out)
+    chromium.send("Emulation.setDeviceMetricsOverride", {"width": width, "height": 900, "deviceScaleFactor": 1,
+                                                         "mobile": False}, session=page.session)
+    seen = page.evaluate(f"({BROKEN_WORDS})('snapshot.diff')")
+    assert [w for w in seen["broken"] if len(w) <= LONG_TOKEN] == [], seen["broken"]   # hyphens, slashes too
+    assert seen["right"] <= seen["width"], seen
+    rows = table_rows(page, "snapshot.diff")
+    assert ["run", "argv"] == rows[-1][:2] and "--set" in rows[-1][2]
