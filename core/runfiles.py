@@ -3,6 +3,7 @@
     log = read_metrics(run_dir / names.METRICS)   # MetricsLog; OSError when the file cannot be read
     writer = MetricsWriter(run_dir); writer.write({"kind": "train", "step": 3, ...}); writer.close()
     summary = read_summary(run_dir)               # the trainer's summary.json (OSError, ValueError)
+    source_text(summary["sources"][name])         # a blend's source, in words
 
 metrics.jsonl: the trainer appends to one run directory's file (trainer/metrics.py, and the
 straggler detector's "straggler" and "rank_times" records, trainer/health.py), each through a
@@ -135,3 +136,19 @@ def read_summary(run_dir: str | Path) -> dict:
 
 def write_summary(run_dir: str | Path, summary: dict) -> None:
     write_json_atomic(Path(run_dir) / names.SUMMARY, summary)
+
+
+def source_text(figures: dict) -> str:
+    """One source of a blend in the summary (summary.json's "sources"), as the trainer's summary table and
+    the report say it: "70.1% of the tokens (weight 70.0%), 0.42 epochs, val loss 2.1234"; the figures a
+    run's metrics do not give (read back from metrics.jsonl: no epochs; no weight without the config)
+    are left out."""
+    share, weight, epochs, loss = (figures.get(k) for k in ("token_share", "weight", "epochs", "val_loss"))
+    parts = []
+    if share is not None:
+        parts.append(f"{share:.1%} of the tokens" + (f" (weight {weight:.1%})" if weight is not None else ""))
+    elif weight is not None:
+        parts.append(f"weight {weight:.1%}")
+    parts += [f"{epochs:.2f} epochs"] if epochs is not None else []
+    parts += [f"val loss {loss:.4f}"] if loss is not None else []
+    return ", ".join(parts)

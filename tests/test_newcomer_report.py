@@ -3,13 +3,17 @@
 The resume mark sits at the checkpoint step a segment went on from (it sat at the first step the
 resumed run logged, a log interval late): from the trainer's "resume" record, else the step_N its
 --resume named (runs from before the record). The summary names the config file the run started from
-(it read "config: run", the name a config without `name:` gets). `--also`'s diff table, opened in a
-real Chromium (tests/browser.py), wraps at spaces: no word broken in two, the table within the window.
+(it read "config: run", the name a config without `name:` gets), and a blend's share of the tokens and
+val loss per source (also from the metrics of a run without a summary). `--also`'s diff table, opened
+in a real Chromium (tests/browser.py), wraps at spaces: no word broken in two, the table within the
+window.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -153,6 +157,38 @@ def test_the_summary_names_the_config_file_the_run_started_from(runs, chromium):
     assert rows["config"] == f"{runs['config']} (name: run)"
     single = dict(row for row in table_rows(chromium.open(report(runs, str(runs["single"]))), "summary"))
     assert single["config"] == str(REPO / "configs" / "tiny.yaml")    # the default, named as its file
+
+
+def shares(rows: list[list[str]]) -> dict[str, str]:
+    return {name.strip(): text for name, text in rows if name.startswith("  ")}
+
+
+def test_a_blends_shares_and_val_loss_per_source_are_in_the_summary(runs, chromium):
+    page = chromium.open(report(runs, str(runs["blend"])))
+    rows = table_rows(page, "summary")
+    said = shares(rows)
+    assert set(said) == {runs["dataset"].name, "other"}, rows
+    for name, weight in ((runs["dataset"].name, "70.0%"), ("other", "30.0%")):
+        assert re.fullmatch(rf"\d+\.\d% of the tokens \(weight {re.escape(weight)}\), \d+\.\d\d epochs, "
+                            rf"val loss \d+\.\d{{4}}", said[name]), said[name]
+    labels = [row[0] for row in rows]
+    assert labels.index("data") < labels.index(f"  {runs['dataset'].name}") < labels.index("config")
+
+
+def test_a_blend_without_a_summary_is_shown_from_its_metrics(runs, chromium, tmp_path):
+    copy = tmp_path / "runs" / runs["blend"].name
+    shutil.copytree(runs["blend"], copy, ignore=shutil.ignore_patterns("checkpoints", "report.html"))
+    (copy / "summary.json").unlink()
+    (copy / "result.json").unlink()
+    made = inv(tmp_path / "runs", "snapshot.report", copy.name, timeout=120)
+    assert made.returncode == 0, made.stderr[-3000:]
+    last = [json.loads(line) for line in (copy / "metrics.jsonl").read_text().splitlines()]
+    tokens = [r for r in last if r["kind"] == "train"][-1]
+    val = [r for r in last if r["kind"] == "val"][-1]
+    said = shares(table_rows(chromium.open(Path(made.stdout.strip())), "blend: each source so far"))
+    name = runs["dataset"].name
+    share = tokens[f"tokens/{name}"] / (tokens[f"tokens/{name}"] + tokens["tokens/other"])
+    assert said[name] == f"{share:.1%} of the tokens (weight 70.0%), val loss {val[f'val_loss/{name}']:.4f}"
 
 
 LONG_TOKEN = 32     # runtime.report.page.LONG_TOKEN: a longer word may break anywhere

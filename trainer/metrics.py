@@ -436,7 +436,7 @@ def summary_table(summary: dict) -> str:
         rows.append([label, "n/a" if value is None else fmt.format(value)])
         if key == "data":
             kept, hidden = fold(list((summary.get("sources") or {}).items()))
-            rows += [[f"  {name}", source_text(figures)] for name, figures in kept]
+            rows += [[f"  {name}", runfiles.source_text(figures)] for name, figures in kept]
             rows += [[f"  ... {hidden} more", "in summary.json"]] if hidden else []
     return tabulate(rows, tablefmt="simple_outline")
 
@@ -460,9 +460,3 @@ def experts_text(experts: dict) -> str:
             f"least: layer {least['layer']} expert {least['expert']} ({least['share']:.1%}); "
             f"load CV {experts['load_cv']:.2f}")
 
-
-def source_text(figures: dict) -> str:
-    """One source of a blend in the summary: "70.1% of the tokens (weight 70.0%), 0.42 epochs, val loss 2.1234"."""
-    text = (f"{figures['token_share']:.1%} of the tokens (weight {figures['weight']:.1%}), "
-            f"{figures['epochs']:.2f} epochs")
-    return text + (f", val loss {figures['val_loss']:.4f}" if figures.get("val_loss") is not None else "")

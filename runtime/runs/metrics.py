@@ -1,6 +1,7 @@
 """A training run's metrics over every segment it took.
 
     curves = read(run_dir)     # Curves: train/val records by step, events, resume marks, notes
+    sources(curves, blend)     # a blend's share of the tokens and val loss per source, from its records
 
 `inv train.pretrain --resume RUN` (and `--resume auto`) makes a new run directory whose
 metrics.jsonl starts at the checkpoint's step; its metadata.json names what it resumed from
@@ -121,6 +122,37 @@ def read(run_dir: str | Path) -> Curves:
     curves.events.sort(key=_step)
     curves.resumes = sorted(set(curves.resumes))
     return curves
+
+
+def sources(curves: Curves, blend: list | None = None) -> dict[str, dict]:
+    """A blend's figures for each source from the run's metrics (trainer.metrics_log.source_text says them):
+    the share of the tokens it gave so far (the last train record's tokens/<name>), its last val loss
+    (val_loss/<name>), and with the config's data.blend its weight as a share. {} for one dataset."""
+    last = curves.train[max(curves.train)] if curves.train else {}
+    tokens = {k.split("/", 1)[1]: v for k, v in last.items() if k.startswith("tokens/") and _is_number(v)}
+    val = next((r for _, r in sorted(curves.val.items(), reverse=True) if any(k.startswith("val_loss/") for k in r)),
+               {})
+    losses = {k.split("/", 1)[1]: v for k, v in val.items() if k.startswith("val_loss/") and _is_number(v)}
+    weights = {str(s.get("name")): s["weight"] for s in blend or []
+               if isinstance(s, dict) and s.get("name") and _is_number(s.get("weight"))}
+    if not (tokens or losses):
+        return {}
+    total_tokens, total_weight = sum(tokens.values()), sum(weights.values())
+    out = {}
+    for name in dict.fromkeys([*weights, *tokens, *losses]):
+        figures = {}
+        if name in tokens and total_tokens > 0:
+            figures["token_share"] = tokens[name] / total_tokens
+        if name in weights and total_weight > 0:
+            figures["weight"] = weights[name] / total_weight
+        if name in losses:
+            figures["val_loss"] = losses[name]
+        out[name] = figures
+    return out
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _step(record: dict) -> int:
