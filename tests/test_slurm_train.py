@@ -59,6 +59,8 @@ def test_two_nodes_in_an_allocation_train_like_one_node(slurm_cluster, dataset, 
     run = _only_run(tmp_path)
     md = json.loads((run / "metadata.json").read_text())
     assert md["status"] == "ok" and md["hosts"] == ["node1", "node2"] and md["world_size"] == 4
+    # No warning a newcomer can't act on: runpy's about the step module, c10d's about the master's name
+    assert "RuntimeWarning" not in proc.stderr and "[c10d]" not in proc.stderr, proc.stderr[-3000:]
     for rank, host in ((0, "node1"), (1, "node1"), (2, "node2"), (3, "node2")):
         assert f"[{host} r{rank}/l{rank % 2}]" in (run / "logs" / f"rank{rank}.log").read_text()
     losses = train_losses(run)

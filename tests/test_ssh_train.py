@@ -121,6 +121,7 @@ def test_two_hosts_train_like_one_host_and_a_replay_trains_there_again(hosts, da
     assert launched[1].startswith(f"$ {hosts.up[1]}: ") and "--node-rank 1 " in launched[1]
     assert "OMP_NUM_THREADS" not in (run / "logs" / "launcher.log").read_text()   # values go over stdin
     assert not (run / "config.yaml").exists()             # the one config: configs/train.yaml
+    assert "[c10d]" not in result.stderr and "RuntimeWarning" not in result.stderr   # no noise to act on
     _same_curve(train_losses(run), one_host_losses)
     print(f"2 hosts x 2 processes over SSH: {elapsed:.1f} s wall")
 
