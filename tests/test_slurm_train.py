@@ -264,6 +264,9 @@ def test_scancel_of_a_followed_job_cancels_it_and_it_stays_cancelled(slurm_clust
         assert proc.returncode == 130, out[-2000:] + err[-2000:]
         assert f"Slurm job {job} was cancelled" in err and "Traceback" not in err, err[-2000:]
         run = _only_run(tmp_path)
+        typed = shlex.join(["train.pretrain", "--runtime", "slurm", "--nodes", "1", "--name", "cancel",
+                            *train_args(dataset, steps=400)])
+        assert f"continue where it ran with `inv {typed} --resume {run}`" in err, err[-2000:]   # not here, alone
         assert json.loads((run / "metadata.json").read_text())["status"] == "cancelled"
         log = run / "logs" / f"slurm-{job}.out"
         _wait_for(lambda: "step exited with status" in log.read_text(), 60, "the batch script's end")

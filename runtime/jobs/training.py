@@ -198,7 +198,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     the run once the launch succeeded) what it returned, under "after"."""
     import envs
     from runtime import settings as settings_mod
-    from runtime.cluster.slurm.batch import submitted_job_id
+    from runtime.cluster.slurm.batch import FollowStopped, submitted_job_id
     from runtime.jobs import planning, tuning
     from runtime.jobs.environment import print_warnings
     from runtime.launch import LaunchSpec
@@ -304,8 +304,14 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
             run.update_metadata(excluded_nodes=excluded)
             print(f"excluding {len(excluded)} node(s) that failed preflight in {job.exclude_from}: "
                   + ", ".join(f"{h} ({'; '.join(r)[:80]})" for h, r in sorted(excluded.items())), file=sys.stderr)
-        with tuning.kept(run):   # --tune-gemm: which TunableOp results file, before and after, kept with the run
-            code = transport.launch(spec, run.env, run.path, masker=run.masker, stdout=sys.stderr)   # stdout: result
+        try:
+            with tuning.kept(run):   # --tune-gemm: which TunableOp results file, before and after, kept with the run
+                code = transport.launch(spec, run.env, run.path, masker=run.masker, stdout=sys.stderr)  # stdout: result
+        except FollowStopped as exc:   # a batch job cancelled while followed: how to continue it, where it ran
+            if exc.status != "cancelled":
+                raise
+            raise FollowStopped(f"{exc}; continue where it ran with `{resume_command(run.metadata, run.path)}`",
+                                exc.status, exc.exit_code) from None
         job_id = submitted_job_id(run.path)
         if job_id:
             run.update_metadata(slurm_job_id=job_id)
