@@ -4,13 +4,18 @@
     writer = MetricsWriter(run_dir); writer.write({"kind": "train", "step": 3, ...}); writer.close()
     summary = read_summary(run_dir)               # the trainer's summary.json (OSError, ValueError)
     wall_time_text(summary), experts_text(summary["experts"])   # how its figures read, wherever shown
+    source_text(summary["sources"][name])         # a blend's source, in words
 
 metrics.jsonl: the trainer appends to one run directory's file (trainer/metrics.py, and the
 straggler detector's "straggler" and "rank_times" records, trainer/health.py), each through a
-MetricsWriter, a whole line a write. A run that resumes into the same directory (a requeued
-Slurm job) logs again from its checkpoint's step: a step logged twice keeps its last record, and
-the step where the log restarted is kept in `restarts`. A line cut short by a kill, or still being
-written, is counted, never fatal. No torch: the report and the plot read it on any machine.
+MetricsWriter, a whole line a write. A run that resumes writes a "resume" record first, at its
+checkpoint's step; one that resumes into the same directory (a requeued Slurm job) then logs again
+from there: a step logged twice keeps its last record. Each restart's step is kept in `restarts`:
+the resume record's, the checkpoint the curve goes on from (a log written before that record
+existed: the first step logged again, a log interval later). `resumed_at` is the step of a resume
+record the log starts with (a run resumed into a new directory). A line cut short by a kill, or
+still being written, is counted, never fatal. No torch: the report and the plot read it on any
+machine.
 """
 from __future__ import annotations
 
@@ -29,7 +34,8 @@ class MetricsLog:
     train: dict[int, dict] = field(default_factory=dict)    # step -> its last "train" record
     val: dict[int, dict] = field(default_factory=dict)      # step -> its last "val" record
     events: list[dict] = field(default_factory=list)        # every other kind with a step, in file order
-    restarts: list[int] = field(default_factory=list)       # first step logged after each restart
+    restarts: list[int] = field(default_factory=list)       # the step each restart went on from
+    resumed_at: int | None = None                           # the resume record's step, when the log starts with one
     damaged: list[int] = field(default_factory=list)        # line numbers (1-based) that are no record
     unfinished: bool = False                                # the last line has no newline yet (being written)
     lines: int = 0
@@ -62,7 +68,12 @@ def parse(lines, log: MetricsLog | None = None) -> MetricsLog:
             log.damaged.append(number)
             continue
         kind = record.get("kind")
-        if kind == "train":
+        if kind == "resume":
+            if not log.train and not log.val and log.resumed_at is None:
+                log.resumed_at = step
+            log.restarts.append(step)
+            last = step       # the steps logged after it, from step + 1, are no restart of their own
+        elif kind == "train":
             if step <= last:
                 log.restarts.append(step)
             last = step
@@ -146,3 +157,19 @@ def experts_text(experts: dict) -> str:
     return (f"most: layer {most['layer']} expert {most['expert']} ({most['share']:.1%} of its layer's tokens); "
             f"least: layer {least['layer']} expert {least['expert']} ({least['share']:.1%}); "
             f"load CV {experts['load_cv']:.2f}")
+
+
+def source_text(figures: dict) -> str:
+    """One source of a blend in the summary (summary.json's "sources"), as the trainer's summary table and
+    the report say it: "70.1% of the tokens (weight 70.0%), 0.42 epochs, val loss 2.1234"; the figures a
+    run's metrics do not give (read back from metrics.jsonl: no epochs; no weight without the config)
+    are left out."""
+    share, weight, epochs, loss = (figures.get(k) for k in ("token_share", "weight", "epochs", "val_loss"))
+    parts = []
+    if share is not None:
+        parts.append(f"{share:.1%} of the tokens" + (f" (weight {weight:.1%})" if weight is not None else ""))
+    elif weight is not None:
+        parts.append(f"weight {weight:.1%}")
+    parts += [f"{epochs:.2f} epochs"] if epochs is not None else []
+    parts += [f"val loss {loss:.4f}"] if loss is not None else []
+    return ", ".join(parts)

@@ -109,6 +109,15 @@ def _print_notes(notes: list[str], where: str) -> None:
         print(f"  note: ... and {len(notes) - 10} more in {where}")
 
 
+def _documents_text(result: dict) -> str:
+    """What data.tokenizer trained on: "1,234 documents from 30 files", and where it stopped early."""
+    documents, files = result["documents"], result["files"]
+    text = f"{documents:,} document{'' if documents == 1 else 's'} from {files:,} file{'' if files == 1 else 's'}"
+    if result.get("max_docs") and documents >= result["max_docs"]:
+        text += " (stopped at --max-docs)"
+    return text
+
+
 @task(iterable=["input"], help={
     "vocab_size": "vocabulary size including the 3 special tokens",
     "input": "corpus files/directories as for data.prepare (default: the Python stdlib)",
@@ -143,8 +152,7 @@ def tokenizer(c, vocab_size=8192, input=None, out=None, text_field="text", max_d
     if json_:
         print(json.dumps(result, indent=1))
         return
-    print(f"trained BPE (vocab {result['vocab_size']:,}) on {result['files']:,} "
-          f"file{'' if result['files'] == 1 else 's'} in "
+    print(f"trained BPE (vocab {result['vocab_size']:,}) on {_documents_text(result)} in "
           f"{result['seconds']:.1f}s -> {result['path']}")
     print(f"use it: inv data.prepare --tokenizer {out}")
 

@@ -4,7 +4,7 @@
                        [--resume auto|PATH] [--init-from HF_DIR] [--compile] [--kernels] [--gpu X] [--site S]
                        [--runtime R] [-H a,b [--master a]] [--nodes N ...]
                        [--force] [--name X] [--env K=V]... [--no-hooks] [--patch FILE] [--json] [--tune-gemm]
-    inv train.export RUN [--format hf] [--out DIR] [--dtype bfloat16]
+    inv train.export RUN [--format hf] [--out DIR] [--dtype bfloat16 (default) | float16 | float32]
     inv train.plot RUN [--out DIR]
     inv train.plan [--config X] [--init-from HF_DIR] [--gpus N] [--nodes M] [--gpu MODEL] [--set k=v]... [--json]
 
@@ -87,15 +87,16 @@ def pretrain(c, config=None, set_=None, nproc=0, resume=None, init_from=None, co
 @task(help={"run": "Run directory or checkpoint (step_N) to export",
             "format": "Output format: hf (config.json + model.safetensors)",
             "out": "Output directory (default: RUN/export/hf-step_N)",
-            "dtype": "bfloat16 | float16 | float32"})
+            "dtype": "dtype of the exported weights: bfloat16 (the default; half the bytes of fp32), float16 or "
+                     "float32"})
 def export(c, run, format="hf", out="", dtype="bfloat16"):
     """Export a checkpoint for transformers: LlamaForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM or
-    Qwen3MoeForCausalLM, after model.family."""
+    Qwen3MoeForCausalLM, after model.family; weights in bfloat16 unless --dtype says so."""
     if format != "hf":
         raise UserError(f"unknown --format {format!r} (hf)")
-    from trainer.export import export_hf
+    from trainer.export import export_hf, exported
     path = export_hf(run, out or None, dtype=dtype)      # ExportError: a UserError, one line, exit 2
-    print(f"exported to {path}")
+    print(exported(path, dtype))
 
 
 @task(help={"run": "Run directory (reads its metrics.jsonl, and those of the runs it resumed from)",

@@ -7,7 +7,9 @@ addresses inside namespaces that the cluster itself created are ever used.
 
     root namespace  bridge anvbrN, address 10.213.N.1  (where `inv -H` runs)
     host i          namespace anvN-hI, interface eth0 (node1) or enp<i>s0, address 10.213.N.(10+i),
-                    its own UTS namespace (hostname nodeI) and its own sshd
+                    its own UTS namespace (hostname nodeI) and its own sshd, which sees the
+                    cluster's hosts file as /etc/hosts (/etc/netns/anvN-hI/hosts: ip netns exec
+                    binds it there), so every host has a name on every host
     down host j     namespace anvN-dJ with an address but no sshd: connecting
                     is refused at once, as for a node whose sshd is dead
 
@@ -78,6 +80,7 @@ import time
 from pathlib import Path
 
 STATE_DIR = Path("/run/anvil-testnet")
+NETNS_ETC = Path("/etc/netns")   # /etc/netns/<ns>/hosts: ip netns exec binds it on /etc/hosts
 SSHD = "/usr/sbin/sshd"
 PREFIX = os.environ.get("ANVIL_TESTNET_PREFIX", "10.213")
 SSH_PORT = 22
@@ -232,6 +235,9 @@ class Cluster:
                 _stop_pid(pid)
             _ip("netns", "del", host.netns, check=False)
             _ip("link", "del", host.veth, check=False)     # gone with the namespace, normally
+            shutil.rmtree(NETNS_ETC / host.netns, ignore_errors=True)   # its hosts file (_start_sshd)
+        with contextlib.suppress(OSError):
+            NETNS_ETC.rmdir()      # only when no other cluster's namespace has a folder there
         _ip("link", "del", self.bridge, check=False)
         left = {line.split()[0] for line in _ip("netns", "list", check=False).splitlines() if line}
         for name in [h.netns for h in self.hosts + self.down_hosts]:
@@ -438,6 +444,10 @@ class Cluster:
 
     def _start_sshd(self, host: Host) -> None:
         work = Path(self.workdir)
+        # ip netns exec binds /etc/netns/<ns>/* over /etc/*: sshd and its sessions see the cluster's hosts file.
+        netns_etc = NETNS_ETC / host.netns
+        netns_etc.mkdir(parents=True, exist_ok=True)
+        (netns_etc / "hosts").write_text(self._hosts_file())
         sshd = [SSHD, "-f", str(work / "sshd_config"), "-o", f"ListenAddress={host.address}",
                 "-o", f"PidFile={host.pidfile}", "-E", str(work / f"sshd-{host.name}.log")]
         # unshare -u: each host has its own hostname, as real nodes do.
@@ -573,11 +583,17 @@ class Cluster:
         return bool(pid) and _process_start(pid) == start
 
     def _hosts_file(self) -> str:
-        """/etc/hosts as the nodes see it: the node names, and the controller."""
+        """/etc/hosts as the hosts see it (the Slurm nodes' bind mount, the SSH hosts' /etc/netns/<ns>/hosts):
+        the node names, and the controller. Each address also in its IPv4-mapped IPv6 form: torch's c10d
+        connects to the master over a dual-stack socket (::ffff:10.213.N.11) and names the peer with
+        getnameinfo, which looks a mapped address up as IPv6. The namespaces reach no DNS server, so a
+        name not here fails at once ('[c10d] The hostname of the client socket cannot be retrieved.
+        err=-3', once per rank of every multi-node run)."""
         lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback",
-                 f"# anvil-testnet {self.number}: Slurm nodes (bind-mounted on the nodes' /etc/hosts)"]
-        lines += [f"{host.address}\t{host.name}" for host in self.hosts]
-        lines.append(f"{self.bridge_address}\t{_short_hostname()}")
+                 f"# anvil-testnet {self.number}: its hosts (bind-mounted on the hosts' /etc/hosts)"]
+        named = [(host.address, host.name) for host in self.hosts] + [(self.bridge_address, _short_hostname())]
+        lines += [f"{address}\t{name}" for address, name in named]
+        lines += [f"::ffff:{address}\t{name}" for address, name in named]
         return "\n".join(lines) + "\n"
 
     def _slurm_conf_text(self) -> str:

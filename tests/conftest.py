@@ -167,3 +167,19 @@ def slurm_cluster(slurm_prerequisites, tmp_path_factory):
     Commands need cluster.slurm_env() ({"SLURM_CONF": ...}) in their environment,
     or use cluster.slurm_run("srun", ...). Node names resolve on the nodes."""
     yield from _session_cluster(tmp_path_factory.mktemp("slurm"), n_hosts=2, n_down=0, slurm=True)
+
+
+# ---- a real headless Chromium for the HTML reports (tests/browser.py) ----------------------------
+
+@pytest.fixture(scope="module")
+def chromium():
+    """A headless Chromium, 1400 x 900, for a test file's reports; skipped where chromium is not installed
+    (failed in CI, which installs it)."""
+    import browser
+
+    if browser.chromium() is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed; .ci/run installs Debian's chromium package")
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    with browser.Browser(1400, 900) as b:
+        yield b

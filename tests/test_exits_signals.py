@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import time
@@ -201,6 +202,8 @@ def test_after_the_first_step_a_signal_still_checkpoints(tmp_path, dataset):
     (run,) = runs(tmp_path)
     assert code == 3 and "stopped on a signal after checkpointing" in err, err[-3000:]
     assert metadata(run)["status"] == "preempted" and list(run.glob("checkpoints/step_*"))
+    typed = shlex.join(["train.pretrain", *sets(f"data.path={dataset}", *TINY)])   # the hint: the command as typed
+    assert f"continue where it ran with `inv {typed} --resume {run}`" in err, err[-3000:]
 
 
 # ---------------------------------------------------------------- data.prepare

@@ -138,7 +138,7 @@ def test_inv_export_writes_a_tokenizer_with_anvils_ids(tmp_path, kind):
                           env={**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs")},
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"exported to {out}" in proc.stdout
+    assert f"exported to {out}: weights in bfloat16 (the default; --dtype float16, float32 for another)" in proc.stdout
     assert {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"} <= {p.name for p in out.iterdir()}
 
     ours = load_tokenizer(dataset)

@@ -347,6 +347,8 @@ def test_inv_pretrain_from_a_directory_with_its_tokenizer(tmp_path):
     assert json.loads((run / "metadata.json").read_text())["init_from"] == started
     assert config_mod.load(run / "configs" / "train.yaml").checkpoint.init_from == str(hf)   # replays and ranks see it
     assert "initialised from" in (run / "logs" / "rank0.log").read_text()
+    assert re.search(rf"│ started from +│ {re.escape(str(hf))} +│", (run / "logs" / "rank0.log").read_text())  # summary
+    assert f"started from {hf}: its weights" in (run / "logs" / "runner.log").read_text()
     first = next(json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
                  if json.loads(line)["kind"] == "train")
     x, y = first_batch(run)

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import time
@@ -58,6 +59,8 @@ def test_two_nodes_in_an_allocation_train_like_one_node(slurm_cluster, dataset, 
     run = _only_run(tmp_path)
     md = json.loads((run / "metadata.json").read_text())
     assert md["status"] == "ok" and md["hosts"] == ["node1", "node2"] and md["world_size"] == 4
+    # No warning a newcomer can't act on: runpy's about the step module, c10d's about the master's name
+    assert "RuntimeWarning" not in proc.stderr and "[c10d]" not in proc.stderr, proc.stderr[-3000:]
     for rank, host in ((0, "node1"), (1, "node1"), (2, "node2"), (3, "node2")):
         assert f"[{host} r{rank}/l{rank % 2}]" in (run / "logs" / f"rank{rank}.log").read_text()
     losses = train_losses(run)
@@ -261,6 +264,9 @@ def test_scancel_of_a_followed_job_cancels_it_and_it_stays_cancelled(slurm_clust
         assert proc.returncode == 130, out[-2000:] + err[-2000:]
         assert f"Slurm job {job} was cancelled" in err and "Traceback" not in err, err[-2000:]
         run = _only_run(tmp_path)
+        typed = shlex.join(["train.pretrain", "--runtime", "slurm", "--nodes", "1", "--name", "cancel",
+                            *train_args(dataset, steps=400)])
+        assert f"continue where it ran with `inv {typed} --resume {run}`" in err, err[-2000:]   # not here, alone
         assert json.loads((run / "metadata.json").read_text())["status"] == "cancelled"
         log = run / "logs" / f"slurm-{job}.out"
         _wait_for(lambda: "step exited with status" in log.read_text(), 60, "the batch script's end")
@@ -373,6 +379,9 @@ def test_ctrl_c_of_a_run_in_an_allocation_checkpoints_on_every_node(slurm_cluste
     md = json.loads((run / "metadata.json").read_text())
     assert md["status"] == "interrupted" and md["hosts"] == ["node1", "node2"], md
     assert (run / "checkpoints").is_dir() and list((run / "checkpoints").glob("step_*/COMPLETE"))
+    typed = shlex.join(["train.pretrain", "--runtime", "slurm", "--name", "intr", *train_args(dataset, steps=100000)])
+    # --runtime slurm kept, and the allocation's node count pinned, as a replay pins it
+    assert f"continue where it ran with `inv {typed} --resume {run} --nodes 2`" in err, err[-3000:]
     assert "CANCELLED" not in err and "Traceback" not in err
     # The allocation ends with salloc; its job may show CG (completing) for a few seconds while the
     # nodes' slurmd report back, longer on a loaded machine: it must leave the queue, not linger.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -120,6 +121,7 @@ def test_two_hosts_train_like_one_host_and_a_replay_trains_there_again(hosts, da
     assert launched[1].startswith(f"$ {hosts.up[1]}: ") and "--node-rank 1 " in launched[1]
     assert "OMP_NUM_THREADS" not in (run / "logs" / "launcher.log").read_text()   # values go over stdin
     assert not (run / "config.yaml").exists()             # the one config: configs/train.yaml
+    assert "[c10d]" not in result.stderr and "RuntimeWarning" not in result.stderr   # no noise to act on
     _same_curve(train_losses(run), one_host_losses)
     print(f"2 hosts x 2 processes over SSH: {elapsed:.1f} s wall")
 
@@ -141,9 +143,10 @@ def test_runtime_ssh_trains_on_anvil_hosts_and_the_master_named_takes_node_rank_
                             env={**_env(), "INVOKE_ANVIL_HOSTS": ",".join(hosts.up)})
     assert result.returncode == 0, explain(result)
     run = hosts.only_run()
-    assert "[node2 r0/l0]" in (run / "logs" / "rank0.log").read_text()
-    assert "[node1 r1/l0]" in (run / "logs" / "rank1.log").read_text()
-    assert json.loads((run / "metadata.json").read_text())["hosts"] == ["node2", "node1"]
+    # each host by the name it was reached by (its address in anvil.hosts), the master first
+    assert f"[{hosts.up[1]} r0/l0]" in (run / "logs" / "rank0.log").read_text()
+    assert f"[{hosts.up[0]} r1/l0]" in (run / "logs" / "rank1.log").read_text()
+    assert json.loads((run / "metadata.json").read_text())["hosts"] == [hosts.up[1], hosts.up[0]]
 
 
 def test_a_preemption_signal_reaches_every_host_and_resume_auto_continues_the_curve(hosts, dataset,
@@ -160,7 +163,10 @@ def test_a_preemption_signal_reaches_every_host_and_resume_auto_continues_the_cu
     assert proc.returncode == 3, f"exit {proc.returncode}\n{err[-4000:]}"
     first = hosts.only_run("*_pre")
     md = json.loads((first / "metadata.json").read_text())
-    assert md["status"] == "preempted" and md["hosts"] == ["node1", "node2"], md
+    assert md["status"] == "preempted" and md["hosts"] == hosts.up, md     # as -H named them
+    typed = shlex.join(hosts.argv(hosts.up, "train.pretrain", "--nproc", "2", "--name", "pre",
+                                  *train_args(dataset))[1:])
+    assert f"continue where it ran with `inv {typed} --resume {first}`" in err, err[-3000:]   # -H and its flags kept
     stopped = max(train_losses(first))
     assert stopped < 16 and (first / "checkpoints" / f"step_{stopped}" / "COMPLETE").is_file()
     for node in (0, 1):          # every host's ranks stopped on the signal, after the checkpoint
@@ -190,7 +196,7 @@ def test_ctrl_c_checkpoints_on_every_host(hosts, dataset):
     assert "Traceback" not in err
     run = hosts.only_run("*_intr")
     md = json.loads((run / "metadata.json").read_text())
-    assert md["status"] == "interrupted" and md["hosts"] == ["node1", "node2"], md
+    assert md["status"] == "interrupted" and md["hosts"] == hosts.up, md
     assert list((run / "checkpoints").glob("step_*/COMPLETE"))
     for node in (0, 1):
         assert json.loads((run / "logs" / f"agent-{node}.json").read_text())["exit_code"] == 130
@@ -233,7 +239,7 @@ def test_exclude_from_a_preflight_run_leaves_the_failing_host_out(hosts, dataset
     assert train.returncode == 0, explain(train)
     assert f"excluding 1 node(s) that failed preflight in {checked}" in train.stderr
     md = json.loads((hosts.only_run("*_train.pretrain_*") / "metadata.json").read_text())
-    assert md["status"] == "ok" and md["hosts"] == ["node1", "node2"] and list(md["excluded_nodes"]) == [hosts.down]
+    assert md["status"] == "ok" and md["hosts"] == hosts.up and list(md["excluded_nodes"]) == [hosts.down]
 
 
 def test_bad_ssh_input_is_one_line_before_any_run_directory(hosts, dataset):

@@ -1,7 +1,8 @@
 """Checkpoint -> Hugging Face directory that transformers loads: LlamaForCausalLM,
 DeepseekV2ForCausalLM, DeepseekV3ForCausalLM or Qwen3MoeForCausalLM, after model.family.
 
-    export_hf(run_or_checkpoint, out_dir=None, dtype="bfloat16") -> Path
+    export_hf(run_or_checkpoint, out_dir=None, dtype="bfloat16") -> Path    (bf16 by default)
+    exported(out, dtype) -> str          the line that says where, and in which dtype
 
 writes config.json (trainer.hf.config.to_hf, the mapping --init-from reads back), model.safetensors
 (tied lm_head kept once, as transformers expects), generation_config.json, anvil_export.json
@@ -30,6 +31,7 @@ from core.errors import UserError
 from core.files import file_in_the_way, make_parent, make_temp_dir, share
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DEFAULT_DTYPE = "bfloat16"   # half the bytes of fp32 weights, the dtype Llama checkpoints are published in
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32",
                   "float": "float32"}
 
@@ -143,8 +145,27 @@ def _json_hf_tokenizer(path: Path):
     return Tokenizer.from_file(str(path))
 
 
+def dtype_name(dtype: str) -> str:
+    """The dtype an export writes for --dtype `dtype` (an alias such as bf16 named in full); ExportError for
+    one it cannot write."""
+    name = _DTYPE_ALIASES.get(dtype, dtype)
+    if name not in DTYPES:
+        raise ExportError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+    return name
+
+
+def exported(out: str | os.PathLike, dtype: str) -> str:
+    """train.export's last line: where, and the dtype its weights were written in (and that bf16 is the
+    default, whichever was written)."""
+    name = dtype_name(dtype)
+    other = ", ".join(d for d in DTYPES if d != DEFAULT_DTYPE)
+    return (f"exported to {out}: weights in {name}"
+            + (f" (the default; --dtype {other} for another)" if name == DEFAULT_DTYPE
+               else f" (--dtype; the default is {DEFAULT_DTYPE})"))
+
+
 def export_hf(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike | None = None,
-              dtype: str = "bfloat16", overwrite: bool = False) -> Path:
+              dtype: str = DEFAULT_DTYPE, overwrite: bool = False) -> Path:
     """Export the newest complete checkpoint of a run dir (or the named step_N) to out_dir
     (default RUN_DIR/export/hf-step_N). Returns out_dir."""
     from safetensors.torch import save_file
@@ -160,9 +181,7 @@ def export_hf(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike |
         raise ExportError(f"{source}: no such run or checkpoint directory")
     if not source.is_dir():
         raise ExportError(f"{source}: not a directory; expected a run directory or a checkpoint (step_N)")
-    dtype = _DTYPE_ALIASES.get(dtype, dtype)
-    if dtype not in DTYPES:
-        raise ExportError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+    dtype = dtype_name(dtype)
     try:
         checkpoint = ck.resolve(str(source), source, what="the run")
     except ck.CheckpointError as exc:

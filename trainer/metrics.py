@@ -294,6 +294,12 @@ class Metrics:
             last = self.history[-1]["loss"] if self.history else None
             self.bar.update(step, f"loss {last:.4f}" if last is not None else "")
 
+    def resumed(self, step: int, checkpoint: str | Path) -> None:
+        """Record where the run resumed: the checkpoint's step, from which its curve goes on (a report's and
+        a plot's resume mark), before the first step it logs."""
+        if self.is_main:
+            self._write({"kind": "resume", "step": step, "time": time.time(), "checkpoint": str(checkpoint)})
+
     def _console_line(self, r: dict) -> str:
         parts = [f"step {r['step']}/{self.total_steps}", f"loss {r['loss']:.4f}",
                  f"lr {r['lr']:.2e}", f"gnorm {r['grad_norm']:.3f}",
@@ -397,7 +403,8 @@ def summary_table(summary: dict) -> str:
               ("mfu", "MFU", "{:.1%}"), ("peak_mem_gib", "peak GPU memory", "{:.2f} GiB"),
               ("peak_rss_gib", "peak process RSS", "{:.2f} GiB"), ("params", "parameters", "{:,}"),
               ("world_size", "processes", "{}"), ("device", "device", "{}"),
-              ("data", "data", "{}"), ("experts", "experts' load", "{}"), ("wall_s", "wall time", "{:.1f} s"),
+              ("data", "data", "{}"), ("experts", "experts' load", "{}"), ("init_from", "started from", "{}"),
+              ("wall_s", "wall time", "{:.1f} s"),
               ("checkpoint", "last checkpoint", "{}")]
     rows = []
     for key, label, fmt in labels:
@@ -410,13 +417,15 @@ def summary_table(summary: dict) -> str:
         if key == "experts" and value:
             rows.append([label, experts_text(value)])
             continue
+        if key == "init_from" and isinstance(value, dict):   # --init-from: the Hugging Face directory
+            value = value.get("path")
         if key in ("tokens_per_s", "step_time_s") and value is not None and summary.get("median_steps"):
             rows.append([label, median_and_average(summary, key, fmt)])
             continue
         rows.append([label, "n/a" if value is None else fmt.format(value)])
         if key == "data":
             kept, hidden = fold(list((summary.get("sources") or {}).items()))
-            rows += [[f"  {name}", source_text(figures)] for name, figures in kept]
+            rows += [[f"  {name}", runfiles.source_text(figures)] for name, figures in kept]
             rows += [[f"  ... {hidden} more", "in summary.json"]] if hidden else []
     return tabulate(rows, tablefmt="simple_outline")
 
@@ -433,8 +442,3 @@ def median_and_average(summary: dict, key: str, fmt: str) -> str:
     return text + (f"; {fmt.format(average)} average over the run" if average is not None else "")
 
 
-def source_text(figures: dict) -> str:
-    """One source of a blend in the summary: "70.1% of the tokens (weight 70.0%), 0.42 epochs, val loss 2.1234"."""
-    text = (f"{figures['token_share']:.1%} of the tokens (weight {figures['weight']:.1%}), "
-            f"{figures['epochs']:.2f} epochs")
-    return text + (f", val loss {figures['val_loss']:.4f}" if figures.get("val_loss") is not None else "")

@@ -338,6 +338,8 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
                           world_size=info.world_size, total_steps=cfg.train.steps,
                           flops_per_token=fpt, tensorboard=cfg.logging.tensorboard,
                           progress=cfg.logging.progress, gpu_stats=cfg.logging.gpu_stats)
+    if state is not None:
+        met.resumed(step, state["path"])
     if met.peak_tflops is None and info.device.type == "cuda":
         log.info(f"MFU: n/a ({names.GPU_PEAK_TFLOPS} not set by the environment profile)")
     from trainer.profiling import StepProfiler

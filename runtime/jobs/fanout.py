@@ -44,6 +44,7 @@ STATUSES = ("PASS", "WARN", "FAIL")
 DIFFERS = "≠"
 SLOW_SHARE = 0.9      # a measurement under 90% of the hosts' median marks a straggler
 NOTE_WIDTH = 64       # the reason / fix column wraps here
+VALUE_WIDTH = 40      # and the value column here
 
 
 def _cell(value: Any) -> str:
@@ -162,7 +163,7 @@ def render(report: MergedReport, task: str = "", run_dir: Path | str | None = No
                         table.append([check["name"] if first else "", host, "-", "(not reported)", ""])
                         first = False
                     continue
-                value = _short(_cell(c.get("value")), 40)
+                value = _cell(c.get("value"))
                 if check["differs"]:
                     value = f"{DIFFERS} {value}"
                 note = " ".join(str(c.get("reason") or "").split())
@@ -171,9 +172,9 @@ def render(report: MergedReport, task: str = "", run_dir: Path | str | None = No
                 shown = "(as above)" if note and note == previous_note else note
                 table.append([check["name"] if first else "", host, c.get("status", "?"), value, shown])
                 first, previous_note = False, note
-        # The reason and its fix are wrapped, not cut: the fix is what the reader came for.
+        # The value, the reason and its fix are wrapped, not cut: the fix is what the reader came for.
         out.append(tabulate(table, headers=["check", "host", "status", "value", "reason / fix"],
-                            maxcolwidths=[None, None, None, None, NOTE_WIDTH]))
+                            maxcolwidths=[None, None, None, VALUE_WIDTH, NOTE_WIDTH]))
         if any(c["differs"] for c in report.checks):
             out.append(f"{DIFFERS} = value differs between hosts")
         out.append("")

@@ -198,12 +198,13 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     the run once the launch succeeded) what it returned, under "after"."""
     import envs
     from runtime import settings as settings_mod
-    from runtime.cluster.slurm.batch import submitted_job_id
+    from runtime.cluster.slurm.batch import FollowStopped, submitted_job_id
     from runtime.jobs import planning, tuning
     from runtime.jobs.environment import print_warnings
     from runtime.launch import LaunchSpec
     from runtime.runs import nodes as nodes_mod
     from runtime.runs import outcome
+    from runtime.runs.replay import resume_command
     from runtime.runs.run import execute
     from trainer import hf
     from trainer.config import DEFAULT_CONFIG, check_world, dump
@@ -296,12 +297,21 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     def body(run):
         if started_from:
             run.update_metadata(init_from=started_from)
+            run.log.info(f"started from {started_from['path']}: its weights; the optimizer and the step count start "
+                         "fresh" if resume in ("", "auto") else f"resumes from {resume}: its checkpoint's weights, not "
+                         f"those of {started_from['path']} (checkpoint.init_from)")
         if excluded:
             run.update_metadata(excluded_nodes=excluded)
             print(f"excluding {len(excluded)} node(s) that failed preflight in {job.exclude_from}: "
                   + ", ".join(f"{h} ({'; '.join(r)[:80]})" for h, r in sorted(excluded.items())), file=sys.stderr)
-        with tuning.kept(run):   # --tune-gemm: which TunableOp results file, before and after, kept with the run
-            code = transport.launch(spec, run.env, run.path, masker=run.masker, stdout=sys.stderr)   # stdout: result
+        try:
+            with tuning.kept(run):   # --tune-gemm: which TunableOp results file, before and after, kept with the run
+                code = transport.launch(spec, run.env, run.path, masker=run.masker, stdout=sys.stderr)  # stdout: result
+        except FollowStopped as exc:   # a batch job cancelled while followed: how to continue it, where it ran
+            if exc.status != "cancelled":
+                raise
+            raise FollowStopped(f"{exc}; continue where it ran with `{resume_command(run.metadata, run.path)}`",
+                                exc.status, exc.exit_code) from None
         job_id = submitted_job_id(run.path)
         if job_id:
             run.update_metadata(slurm_job_id=job_id)
@@ -322,12 +332,11 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
                              "command starts it again", code if code in (EXIT_REQUEUE, EXIT_INTERRUPTED)
                              else exit_status(code - 128, training=True), "interrupted")
         if code == EXIT_REQUEUE:
-            raise JobStopped(f"stopped on a signal after checkpointing; continue with "
-                             f"`inv train.pretrain --resume {run.path}` (same config)", EXIT_REQUEUE, "preempted")
+            raise JobStopped(f"stopped on a signal after checkpointing; continue where it ran with "
+                             f"`{resume_command(run.metadata, run.path)}`", EXIT_REQUEUE, "preempted")
         if code == EXIT_INTERRUPTED:
-            raise JobStopped(f"interrupted (Ctrl-C) after checkpointing; continue with "
-                             f"`inv train.pretrain --resume {run.path}` (same config)", EXIT_INTERRUPTED,
-                             "interrupted")
+            raise JobStopped(f"interrupted (Ctrl-C) after checkpointing; continue where it ran with "
+                             f"`{resume_command(run.metadata, run.path)}`", EXIT_INTERRUPTED, "interrupted")
         if code != 0:
             cause = outcome.failure_summary(run.path, expected_nodes=layout.nodes)
             raise AnvilError(cause or f"the trainer exited with status {code}; see {run.path}/logs/", code)

@@ -53,13 +53,13 @@ def worst(results) -> str:
     return max((r.status for r in results), key=_RANK.__getitem__, default=PASS)
 
 
+#: The value column wraps here (at spaces; a longer word is broken): a value is shown whole, never cut short.
+VALUE_WIDTH = 48
+
+
 def table(results) -> str:
     from tabulate import tabulate
-    rows = [(r.name, r.status, _short(r.value), r.reason + (f"\n  fix: {r.fix}" if r.fix else "")) for r in results]
+    rows = [(r.name, r.status, "" if r.value is None else str(r.value),
+             r.reason + (f"\n  fix: {r.fix}" if r.fix else "")) for r in results]
     return tabulate(rows, headers=("check", "status", "value", "reason / fix"), tablefmt="simple",
-                    disable_numparse=True)
-
-
-def _short(value, width: int = 48) -> str:
-    text = "" if value is None else str(value)
-    return text if len(text) <= width else text[: width - 3] + "..."
+                    disable_numparse=True, maxcolwidths=[None, None, VALUE_WIDTH, None])

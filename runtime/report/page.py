@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import re
 from html import escape
 
 STYLE = """
@@ -27,7 +28,8 @@ section.run{border-top:3px solid #2b6cb0;margin-top:24px}section.run>h2{margin:1
 details{margin:10px 0}summary{cursor:pointer;font-weight:600;font-size:14px}
 table{border-collapse:collapse;font-size:12px;margin:6px 0;max-width:100%}
 th,td{border:1px solid #e2e8f0;padding:3px 6px;text-align:left;vertical-align:top;white-space:pre-wrap;
-word-break:break-word;max-width:520px}th{background:#edf2f7}
+max-width:520px}th{background:#edf2f7}
+.nb{white-space:nowrap}.any{overflow-wrap:anywhere}
 td.PASS{background:#f0fff4}td.WARN{background:#fffaf0}td.FAIL{background:#fff5f5;font-weight:600}
 pre{background:#f7fafc;border:1px solid #e2e8f0;padding:8px;font-size:12px;overflow:auto;max-height:480px}
 .svg{overflow-x:auto}
@@ -46,15 +48,37 @@ SCRIPT = """
 """
 
 
+#: A token (what lies between spaces) longer than this may break anywhere; a shorter one never breaks.
+LONG_TOKEN = 32
+_PLAIN = re.compile(r"[\w.,:;]+")     # a token a browser breaks nowhere inside
+
+
+def _wrapping(text: str) -> str:
+    """Escaped text whose lines break at its spaces only: a token a browser would break at a hyphen or a
+    slash ("--set", "h-newcomer/ds_a") is kept whole, and one longer than LONG_TOKEN (a path, a digest)
+    may break anywhere (overflow-wrap: anywhere), so no column needs its whole width. A cell's
+    overflow-wrap: anywhere, or word-break: break-word, would let a table squeeze its columns below
+    their words ("resu|lt")."""
+    out = []
+    for part in re.split(r"(\s+)", text):
+        if len(part) > LONG_TOKEN and not part.isspace():
+            out.append(f'<span class="any">{escape(part)}</span>')
+        elif part and not part.isspace() and not _PLAIN.fullmatch(part):
+            out.append(f'<span class="nb">{escape(part)}</span>')
+        else:
+            out.append(escape(part))
+    return "".join(out)
+
+
 def _cell(value, status_cells: bool) -> str:
     text = "" if value is None else str(value)
     first = text.split(":", 1)[0]
     css = f' class="{first}"' if status_cells and first in ("PASS", "WARN", "FAIL") else ""
-    return f"<td{css}>{escape(text)}</td>"
+    return f"<td{css}>{_wrapping(text)}</td>"
 
 
 def _table(block: dict) -> str:
-    head = "".join(f"<th>{escape(str(h))}</th>" for h in block["headers"]) if any(block["headers"]) else ""
+    head = "".join(f"<th>{_wrapping(str(h))}</th>" for h in block["headers"]) if any(block["headers"]) else ""
     rows = "".join("<tr>" + "".join(_cell(c, True) for c in row) + "</tr>" for row in block["rows"])
     opened = " open" if block.get("open", True) else ""
     return (f'<details{opened}><summary>{escape(block["title"])}</summary><table>'

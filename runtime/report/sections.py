@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from core import names
+from core.runfiles import source_text
 from runtime.report import charts, experts
 from runtime.runs import history, metrics, rundir
 
@@ -257,6 +258,28 @@ def _share(value) -> str:
     return f"{ms:.2f}" + (f" ({share:.0%})" if isinstance(share, (int, float)) else "")
 
 
+def _blend_rows(rec: history.Recorded, curves: metrics.Curves) -> list[list[str]]:
+    """One row per source of a blend: its share of the tokens (and weight), epochs and last val loss, from
+    the summary, else from the run's metrics (runtime.runs.metrics.sources); [] for one dataset."""
+    figures = rec.summary.get("sources") if isinstance(rec.summary.get("sources"), dict) else None
+    if not figures:
+        config = next(iter(rec.configs.values()), None)      # a training run's one: the config as used
+        data = config.get("data") if isinstance(config, dict) else None
+        figures = metrics.sources(curves, data.get("blend") if isinstance(data, dict) else None)
+    return [[f"  {name}", source_text(f) if isinstance(f, dict) else _fmt(f)] for name, f in figures.items()]
+
+
+def _config_text(md: dict, name: Any) -> str:
+    """The config a training run was started with: the file given (or the default, or a replay's copy), from
+    metadata.json's config_sources, and the `name:` inside it where that is not the file's own name (the
+    summary's "config" is that name alone, and a config without one is named "run")."""
+    sources = md.get("config_sources") if isinstance(md.get("config_sources"), dict) else {}
+    source = next((str(v) for _, v in sorted(sources.items()) if v), "")
+    if not source:
+        return _fmt(name)
+    return source if name in (None, "", Path(source).stem) else f"{source} (name: {name})"
+
+
 def _training(rec: history.Recorded, notes: list[str]) -> list:
     curves = metrics.read(rec.path)
     notes += curves.notes
@@ -265,17 +288,21 @@ def _training(rec: history.Recorded, notes: list[str]) -> list:
         blocks.append(_table(f"segments: resumed {len(curves.segments) - 1} time(s); the curves join them",
                              ["", "run directory"], [[i + 1, str(p)] for i, p in enumerate(curves.segments)]))
     results = history.result_rows(rec)
+    blend = _blend_rows(rec, curves)
     if results:
         summary = rec.summary
         extra = [("params", summary.get("params")), ("world size", summary.get("world_size")),
-                 ("device", summary.get("device")), ("data", summary.get("data")),
-                 ("config", summary.get("config"))]
+                 ("device", summary.get("device")), ("data", summary.get("data"))]
+        after = [("config", _config_text(rec.metadata, summary.get("config")))]
         blocks.append(_table("summary", ["", ""], [list(r) for r in results]
-                             + [[k, _fmt(v)] for k, v in extra if v not in (None, "")]))
+                             + [[k, _fmt(v)] for k, v in extra if v not in (None, "")] + blend
+                             + [[k, _fmt(v)] for k, v in after if v not in (None, "")]))
     elif rec.summary_problem:
         notes.append(f"no summary: {rec.summary_problem}")
     elif rec.metadata.get("status") != "running":
         notes.append("no summary.json: the trainer stopped before writing it")
+    if blend and not results:   # no summary (yet): the blend as its metrics have it so far
+        blocks.append(_table("blend: each source so far", ["", ""], blend))
     if not curves.train:
         notes.append("no training step logged yet: no curves to draw")
     blocks += training_figures(curves)

@@ -1,6 +1,7 @@
 """A training run's metrics over every segment it took.
 
     curves = read(run_dir)     # Curves: train/val records by step, events, resume marks, notes
+    sources(curves, blend)     # a blend's share of the tokens and val loss per source, from its records
 
 `inv train.pretrain --resume RUN` (and `--resume auto`) makes a new run directory whose
 metrics.jsonl starts at the checkpoint's step; its metadata.json names what it resumed from
@@ -27,7 +28,7 @@ class Curves:
     train: dict[int, dict] = field(default_factory=dict)
     val: dict[int, dict] = field(default_factory=dict)
     events: list[dict] = field(default_factory=list)      # straggler, rank_times, ... in step order
-    resumes: list[int] = field(default_factory=list)      # first step logged after each resume
+    resumes: list[int] = field(default_factory=list)      # each resume's checkpoint step: the curve goes on from there
     segments: list[Path] = field(default_factory=list)    # run directories, oldest first
     notes: list[str] = field(default_factory=list)        # what could not be read, in words
 
@@ -103,23 +104,55 @@ def read(run_dir: str | Path) -> Curves:
     curves = Curves(segments=[path for path, _ in segments], notes=notes)
     for index, ((path, upto), log) in enumerate(zip(segments, logs)):
         later = next((lg for lg in logs[index + 1:] if lg.train), None)
-        if later is not None:
-            first_later = min(later.train)
-            limit = upto if upto is not None else first_later - 1
+        if later is not None:   # where the next segment went on from: its resume record, what it named, or
+            #                     (neither: a log from before the record, --resume RUN) its first step logged
+            limit = next((s for s in (later.resumed_at, upto) if s is not None), min(later.train) - 1)
         else:
             limit = None
         keep = (lambda step: step <= limit) if limit is not None else (lambda step: True)
         curves.train.update({s: r for s, r in log.train.items() if keep(s)})
         curves.val.update({s: r for s, r in log.val.items() if keep(s)})
         curves.events += [e for e in log.events if keep(_step(e))]
-        curves.resumes += [s for s in log.restarts if keep(s)]
-        if index and log.train:
-            curves.resumes.append(min(log.train))
+        curves.resumes += [s for s in log.restarts if keep(s)]   # its resume record's step among them
+        if index and log.train and log.resumed_at is None:
+            named = segments[index - 1][1]      # the checkpoint step this segment's --resume named
+            curves.resumes.append(named if named is not None else min(log.train))
     curves.train = dict(sorted(curves.train.items()))
     curves.val = dict(sorted(curves.val.items()))
     curves.events.sort(key=_step)
     curves.resumes = sorted(set(curves.resumes))
     return curves
+
+
+def sources(curves: Curves, blend: list | None = None) -> dict[str, dict]:
+    """A blend's figures for each source from the run's metrics (trainer.metrics_log.source_text says them):
+    the share of the tokens it gave so far (the last train record's tokens/<name>), its last val loss
+    (val_loss/<name>), and with the config's data.blend its weight as a share. {} for one dataset."""
+    last = curves.train[max(curves.train)] if curves.train else {}
+    tokens = {k.split("/", 1)[1]: v for k, v in last.items() if k.startswith("tokens/") and _is_number(v)}
+    val = next((r for _, r in sorted(curves.val.items(), reverse=True) if any(k.startswith("val_loss/") for k in r)),
+               {})
+    losses = {k.split("/", 1)[1]: v for k, v in val.items() if k.startswith("val_loss/") and _is_number(v)}
+    weights = {str(s.get("name")): s["weight"] for s in blend or []
+               if isinstance(s, dict) and s.get("name") and _is_number(s.get("weight"))}
+    if not (tokens or losses):
+        return {}
+    total_tokens, total_weight = sum(tokens.values()), sum(weights.values())
+    out = {}
+    for name in dict.fromkeys([*weights, *tokens, *losses]):
+        figures = {}
+        if name in tokens and total_tokens > 0:
+            figures["token_share"] = tokens[name] / total_tokens
+        if name in weights and total_weight > 0:
+            figures["weight"] = weights[name] / total_weight
+        if name in losses:
+            figures["val_loss"] = losses[name]
+        out[name] = figures
+    return out
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _step(record: dict) -> int:

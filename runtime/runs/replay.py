@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -294,6 +295,35 @@ def _pinned_resume(metadata: dict, argv: list[str], notes: list[str]) -> list[st
         notes.append("dropped --resume auto (the run found no checkpoint and started fresh)")
         return argv[:i] + argv[end:]
     return argv
+
+
+def resume_command(metadata: dict, run_dir: Path | str) -> str:
+    """What continues a stopped train.pretrain run, where it ran: the command line as it was typed (its -H
+    hosts and inv's SSH and settings flags, --runtime, --nodes, --partition, --master, --exclude, its config
+    and --set overrides; secrets masked), its --resume pointing at `run_dir`, and the runtime and node
+    count it ran with where the command line left them to the settings (a scheduler's, as a replay pins
+    them; or ssh over anvil.hosts, a container)."""
+    argv = list(metadata.get("argv") or [])[1:]
+    if metadata.get("task") != "train.pretrain" or "train.pretrain" not in argv:   # profile.train: no --resume
+        return f"inv train.pretrain --resume {shlex.quote(str(run_dir))}"
+    start = argv.index("train.pretrain") + 1
+    out, i = argv[:start], start
+    while i < len(argv):
+        flag, attached, _ = argv[i].partition("=")
+        if flag == "--resume":
+            i += 1 if attached else 2
+            continue
+        out.append(argv[i])
+        i += 1
+    out += ["--resume", str(run_dir)]
+    out += _pinned_topology(metadata, out, [])
+    runtime = recorded_runtime(metadata)
+
+    def given(*options: str) -> bool:
+        return any(t.split("=", 1)[0] in options for t in out)
+    if runtime is not None and str(runtime) != "direct" and not given("--runtime", "-H", "--hosts"):
+        out += ["--runtime", str(runtime)]
+    return shlex.join(["inv", *out])
 
 
 def _pinned_sizes(metadata: dict, run_dir: Path, argv: list[str], notes: list[str]) -> list[str]:

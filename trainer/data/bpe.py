@@ -39,9 +39,15 @@ def train_tokenizer(inputs: list[Path] | None, out: Path, vocab_size: int = DEFA
     first = next(texts, None)  # a corpus with nothing usable must not give an alphabet-only BPE
     if first is None:
         raise sources.nothing_usable(input_names, files, tally.skipped, text_field, next(iter(tally.notes), None))
-    texts = itertools.chain([first], texts)
+    documents = 0
+
+    def counted(texts):   # the documents the trainer read, for the result line
+        nonlocal documents
+        for text in texts:
+            documents += 1
+            yield text
     try:
-        tok = train_bpe(texts, vocab_size, out)
+        tok = train_bpe(counted(itertools.chain([first], texts)), vocab_size, out)
     except OSError as exc:
         raise DataError(f"--out {out}: cannot write it ({exc.strerror or exc}); it is as it was") from None
     except KeyboardInterrupt as exc:   # Ctrl-C, or a stop signal inv turned into one (core.signals)
@@ -49,8 +55,9 @@ def train_tokenizer(inputs: list[Path] | None, out: Path, vocab_size: int = DEFA
         raise Interrupted(f"interrupted ({what}) while training the tokenizer; nothing was written "
                           f"and {out} is as it was", code) from None
     return {"path": str(out), "vocab_size": tok.vocab_size, "inputs": input_names,
-            "files": len(files), "sha256": tok.sha256, "seconds": time.monotonic() - started,
-            "skipped": tally.skipped, "changed": tally.changed, "notes": tally.notes}
+            "files": len(files), "documents": documents, "max_docs": max_docs, "sha256": tok.sha256,
+            "seconds": time.monotonic() - started, "skipped": tally.skipped, "changed": tally.changed,
+            "notes": tally.notes}
 
 
 def _is_tokenizer_json(path: Path) -> bool:

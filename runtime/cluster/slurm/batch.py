@@ -160,7 +160,7 @@ def follow(job_id: str, env: Mapping[str, str], log: Path | None, out: IO) -> in
         tail.poll()
     if info.get("JobState") == "CANCELLED":
         raise FollowStopped(f"Slurm job {job_id} was cancelled (scancel); its ranks checkpoint on the way out "
-                            "when they can, and `inv train.pretrain --resume RUN` continues", "cancelled")
+                            "when they can", "cancelled")   # (a training job's says how to continue it)
     return exit_status(info)
 
 
@@ -192,8 +192,8 @@ def _ask_cancel(job_id: str, env: Mapping[str, str], out: IO) -> None:
             answer = ""
         if answer.strip().lower() in ("y", "yes"):
             cancel(job_id, env)
-            raise FollowStopped(f"Slurm job {job_id} cancelled (its ranks checkpoint on the way out when "
-                                "they can; `inv train.pretrain --resume RUN` continues)", "cancelled")
+            raise FollowStopped(f"Slurm job {job_id} cancelled; its ranks checkpoint on the way out when "
+                                "they can", "cancelled")
     raise FollowStopped(f"stopped following Slurm job {job_id}; it keeps running (`scancel {job_id}` stops it, "
                         f"`scontrol show job {job_id}` shows it)", "detached")
 

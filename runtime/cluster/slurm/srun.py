@@ -21,6 +21,9 @@ from runtime.launch.spec import LaunchError
 #: between srun and the step gets them by name.
 TASK_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST", "SLURM_NNODES", "SLURM_STEP_NUM_NODES",
              "SLURM_NODEID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_RESTART_COUNT", "SLURM_STEP_ID")
+#: RUN_DIR/<this>: JOB.STEP of a training step srun started (the nodes write it; Ctrl-C signals it). Here, not in
+#: step.py: the transport that reads it must not import the module `python -m` runs on every node (runpy warns).
+STEP_FILE = "logs/slurm-step"
 
 
 # Slurm's time formats: minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S; or no limit.

@@ -23,13 +23,10 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
-from runtime.cluster.slurm.srun import expand_hostlist
+from runtime.cluster.slurm.srun import STEP_FILE, expand_hostlist
 from runtime.launch.agent import Agent, parse_args
 from runtime.launch.spec import EXIT_INTERRUPTED, EXIT_REQUEUE, RUN_DIR_VAR
 from core.files import write_atomic
-
-#: RUN_DIR/<this>: JOB.STEP of a training step srun started (the nodes write it; Ctrl-C signals it).
-STEP_FILE = "logs/slurm-step"
 
 
 def layout(environ: Mapping[str, str]) -> tuple[int, int, str, int]:

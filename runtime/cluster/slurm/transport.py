@@ -33,9 +33,8 @@ from core import names
 from runtime.cluster.options import SLURM_MODES
 from runtime.cluster.results import HostResult, Interrupted, error_line, parse_json_output
 from runtime.cluster.slurm import batch, control
-from runtime.cluster.slurm.srun import (TASK_VARS, allocated_nodes, check_options, in_allocation, srun_options,
-                                        step_nodes)
-from runtime.cluster.slurm.step import STEP_FILE
+from runtime.cluster.slurm.srun import (STEP_FILE, TASK_VARS, allocated_nodes, check_options, in_allocation,
+                                        srun_options, step_nodes)
 from runtime.cluster.transport import Progress, Transport, Wrap
 from runtime.launch.commands import agent_command, launch_env, travelling
 from runtime.launch.process import run_logged
