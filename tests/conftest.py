@@ -10,12 +10,16 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))   # tests/cluster.py as `cluster`
+# tests/ for the package `helpers`; the checkout too, because tests/kernels/, tests/envs/ and tests/trainer/
+# bear the names of the project's packages: with tests/ on sys.path (pytest puts this file's folder there
+# anyway) they would be imported as empty namespace packages, the editable install's finder coming after
+# sys.path; a package with an __init__.py in any sys.path entry wins over them.
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(REPO)]
 
-import kernel_utils  # noqa: E402,F401  (sets TRITON_INTERPRET=1 without a GPU before any test imports kernels:
+import helpers.kernels  # noqa: E402,F401  (sets TRITON_INTERPRET=1 without a GPU before any test imports kernels:
 #                         @triton.jit reads it when a kernel module is imported, and a helper jit function
 #                         made before it was set cannot be called from an interpreted kernel)
-from cluster import Cluster, ClusterUnavailable, missing_prerequisites  # noqa: E402
+from helpers.cluster import Cluster, ClusterUnavailable, missing_prerequisites  # noqa: E402
 
 
 # ---- no test reaches a Slurm it did not start -----------------------------------------------
@@ -25,7 +29,7 @@ from cluster import Cluster, ClusterUnavailable, missing_prerequisites  # noqa: 
 # /etc/slurm/slurm.conf, or ask DNS for a cluster (configless Slurm): a job step of the test suite would
 # go to whatever cluster the machine running it belongs to.
 NO_CLUSTER = """\
-# tests/conftest.py: no cluster. Tests that need Slurm start their own (tests/cluster.py) and pass its
+# tests/conftest.py: no cluster. Tests that need Slurm start their own (tests/helpers/cluster.py) and pass its
 # SLURM_CONF; every other test sees this one.
 ClusterName=anvil-tests-none
 SlurmctldHost=localhost(127.0.0.1)
@@ -89,7 +93,7 @@ def dataset(tmp_path_factory) -> Path:
     return out
 
 
-# ---- network-namespace SSH hosts (tests/cluster.py) ----------------------------------------
+# ---- network-namespace SSH hosts (tests/helpers/cluster.py) ----------------------------------------
 
 def _unavailable(reason: str):
     # CI installs iproute2 and openssh-server and runs as root: there the
@@ -126,7 +130,7 @@ def netns_cluster(netns_prerequisites, tmp_path_factory):
     yield from _session_cluster(tmp_path_factory.mktemp("netns"), n_hosts=2, n_down=1)
 
 
-# ---- a Slurm cluster on namespace hosts (tests/cluster.py, slurm=True) ------------------------
+# ---- a Slurm cluster on namespace hosts (tests/helpers/cluster.py, slurm=True) ------------------------
 
 @pytest.fixture(scope="session")
 def slurm_prerequisites() -> None:
