@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 
 from benchmarks import kernels as kb  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from helpers.program import REPO, run_inv  # noqa: E402
 
 
 def tiny_case():
@@ -96,12 +96,11 @@ def test_loss_cases_are_registered():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
 def test_no_gpu_says_so_and_fails():
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.kernels", "--op", "cross_entropy"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.kernels", "--op", "cross_entropy"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "needs a CUDA or ROCm GPU" in proc.stderr and "Traceback" not in proc.stderr
-    inv = os.path.join(os.path.dirname(sys.executable), "inv")
-    proc = subprocess.run([inv, "bench.kernels", "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = run_inv("bench.kernels", "--quick", timeout=120)
     assert proc.returncode != 0
     assert "needs a CUDA or ROCm GPU" in proc.stderr + proc.stdout and "Traceback" not in proc.stderr
 
@@ -136,7 +135,7 @@ def test_ce_floor_walks_touch_what_their_labels_say(walk1):
 def test_ce_floor_without_a_gpu_says_so():
     if torch.cuda.is_available():
         pytest.skip("has a GPU")
-    out = subprocess.run([sys.executable, "-m", "benchmarks.ce_floor"], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "benchmarks.ce_floor"], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 2 and "needs a GPU" in out.stderr
 
 
@@ -239,6 +238,6 @@ def test_flce_variants_compute_the_shipped_loop(monkeypatch):
 def test_flce_variants_without_a_gpu_says_so():
     if torch.cuda.is_available():
         pytest.skip("has a GPU")
-    out = subprocess.run([sys.executable, "-m", "benchmarks.flce_variants"], cwd=ROOT, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "benchmarks.flce_variants"], cwd=REPO, capture_output=True,
                          text=True)
     assert out.returncode == 2 and "needs a GPU" in out.stderr

@@ -1,6 +1,7 @@
 """inv bench.gemm / bench.allreduce input, as a user types it: bad values are one line and exit 2
 before any run directory, --json is the only thing on stdout, and the CPU default is CPU-sized;
-the per-node tasks (bench, preflight) take no container runtime.
+the per-node tasks (bench, preflight) take no container runtime; a GEMM larger than this machine's
+memory is refused before a run unless forced.
 
 Every command runs in a fresh temporary folder with its run directories under it (cwd/runs).
 """
@@ -9,7 +10,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers.program import inv, one_line_error, runs
+
+from helpers.program import ONE_THREAD, inv, metadata, one_line_error, runs
 
 
 def has_gpu() -> bool:
@@ -133,3 +135,32 @@ def test_gemm_on_a_cpu_is_not_compared_with_a_named_gpus_peak(tmp_path):
     assert result["device"] == "cpu" and result["peak_tflops"] is None and result["percent_of_peak"] is None
     table = inv(tmp_path, *args)
     assert table.returncode == 0 and "n/a (ran on the CPU)" in table.stdout and "%" not in table.stdout, table.stdout
+
+
+# ---- a GEMM that cannot fit in this machine's memory: refused before a run, unless forced
+
+def test_a_gemm_larger_than_memory_is_refused(tmp_path):
+    """It used to launch and fail with exit 1 and an allocator's message."""
+    proc = inv(tmp_path, "bench.gemm", "-M", "10000000", env=ONE_THREAD)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == ("bench.gemm: -M 10000000 -N 10000000 -K 10000000 bf16: A, B and the product take "
+                                   f"558,793.5 GiB, more than this machine's memory ({_ram():.0f} GiB); choose a "
+                                   "smaller M, N or K (--force runs it anyway)")
+    assert runs(tmp_path) == []
+    thin = inv(tmp_path, "bench.gemm", "-M", "10000000", "-N", "8", "-K", "8", "--dtype", "fp32", "--iters", "1",
+               "--json", env=ONE_THREAD)
+    assert thin.returncode == 0, thin.stderr          # what fits runs, however tall
+    assert inv(tmp_path, "bench.gemm", "-M", "10000000", "--dry-run", env=ONE_THREAD).returncode == 0
+
+
+def test_a_forced_gemm_that_cannot_allocate_fails_in_one_line(tmp_path):
+    proc = inv(tmp_path, "bench.gemm", "-M", "10000000", "--force", env=ONE_THREAD)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "bench.gemm failed: the benchmark failed: gemm: " in proc.stderr and "allocate" in proc.stderr
+    (run,) = runs(tmp_path)
+    assert metadata(run)["status"] == "failed"
+
+
+def _ram() -> float:
+    from runtime.jobs.planning import host_memory_gib
+    return host_memory_gib()

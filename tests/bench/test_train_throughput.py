@@ -6,7 +6,7 @@ import pytest
 
 from benchmarks import train_throughput as tt
 
-ROOT = Path(__file__).resolve().parents[2]
+from helpers.program import REPO
 
 
 def test_variant_names():
@@ -64,7 +64,7 @@ def test_anvil_command_line():
 
 
 def test_torchtitan_command_line_follows_anvils_config():
-    args = tt.parse_args(["--config", str(ROOT / "configs" / "llama3_8b.yaml"), "--batch", "1",
+    args = tt.parse_args(["--config", str(REPO / "configs" / "llama3_8b.yaml"), "--batch", "1",
                           "--seq", "8192", "--steps", "12"])
     argv = tt.titan_job_args(args, "titan_compile_fp32_fp8", Path("/tmp/d"), tie=False)
     opts = dict(zip(argv[::1], argv[1:] + [""]))
@@ -86,7 +86,7 @@ def test_torchtitan_model_has_anvils_shape():
     import torch
     from torchtitan.models.llama3.model.model import Transformer
     for config, seq in (("llama3_1b.yaml", 4096), ("llama3_8b.yaml", 8192), ("tiny.yaml", 256)):
-        args = tt.parse_args(["--config", str(ROOT / "configs" / config), "--seq", str(seq)])
+        args = tt.parse_args(["--config", str(REPO / "configs" / config), "--seq", str(seq)])
         cfg = tt._train_cfg(args)
         with torch.device("meta"):
             model = Transformer(tt.titan_model_args(cfg.model, seq))

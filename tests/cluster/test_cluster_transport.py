@@ -6,18 +6,19 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-INV = REPO / ".venv" / "bin" / "inv"
+from helpers.program import ONE_THREAD, REPO, run_inv, sets
+from helpers.training import train_losses
+
+# The marker in docs/extending.md before the block this file runs (it names the file where it used to be).
 MARK = "<!-- the localnodes transport: tests/test_cluster_transport.py runs this block -->"
-SETS = ["data.seq_len=32", "data.batch_size=4", "train.steps=6", "train.log_interval=1", "train.val_interval=0",
-        "train.val_batches=0", "schedule.warmup_steps=2", "checkpoint.interval=0"]
+LOCAL_NODES_RUN = ["data.seq_len=32", "data.batch_size=4", "train.steps=6", "train.log_interval=1",
+                   "train.val_interval=0", "train.val_batches=0", "schedule.warmup_steps=2", "checkpoint.interval=0"]
 
 
 def transport_source() -> str:
@@ -35,16 +36,11 @@ def site(tmp_path) -> Path:
     return folder
 
 
-def _inv(tmp_path, site, *argv, runs="runs") -> subprocess.CompletedProcess:
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("INVOKE_", "ANVIL_"))},
-           "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / runs), "ANVIL_TASKS_PATH": str(site), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([str(INV), *argv], cwd=REPO, env=env, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=600)
-
-
-def _losses(run: Path) -> dict[int, float]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in rows if r.get("kind") == "train"}
+def inv_with_site(tmp_path, site, *argv, runs="runs") -> subprocess.CompletedProcess:
+    """The installed inv with the site folder's tasks and transports (ANVIL_TASKS_PATH), none of this
+    shell's settings, its run directories in tmp_path/`runs`."""
+    return run_inv(*argv, runs=tmp_path / runs, clean=True, env={"ANVIL_TASKS_PATH": str(site), **ONE_THREAD},
+                   timeout=600)
 
 
 def test_one_registration_makes_a_runtime(site):
@@ -67,20 +63,21 @@ def test_one_registration_makes_a_runtime(site):
 
 
 def test_two_local_nodes_train_like_one_and_a_per_node_task_fans_out_over_them(site, dataset, tmp_path):
-    sets = [arg for item in SETS + [f"data.path={dataset}"] for arg in ("--set", item)]
-    reference = _inv(tmp_path, site, "train.pretrain", "--nproc", "2", "--name", "ref", *sets, runs="ref")
+    run_sets = sets(*LOCAL_NODES_RUN, f"data.path={dataset}")
+    reference = inv_with_site(tmp_path, site, "train.pretrain", "--nproc", "2", "--name", "ref", *run_sets, runs="ref")
     assert reference.returncode == 0, reference.stderr[-3000:]
     (ref_run,) = (tmp_path / "ref").iterdir()
 
-    trained = _inv(tmp_path, site, "train.pretrain", "--runtime", "localnodes", "--nproc", "1", "--name", "two", *sets)
+    trained = inv_with_site(tmp_path, site, "train.pretrain", "--runtime", "localnodes", "--nproc", "1", "--name",
+                            "two", *run_sets)
     assert trained.returncode == 0, trained.stderr[-3000:]
     (run,) = (tmp_path / "runs").iterdir()
     md = json.loads((run / "metadata.json").read_text())
     assert (md["status"], md["runtime"], md["hosts"], md["world_size"]) == ("ok", "localnodes", ["lnode0", "lnode1"], 2)
     assert "[lnode1 r1/l0]" in (run / "logs" / "rank1.log").read_text()     # each node's own environment
-    assert _losses(run) == pytest.approx(_losses(ref_run), rel=1e-4)
+    assert train_losses(run) == pytest.approx(train_losses(ref_run), rel=1e-4)
 
-    fanned = _inv(tmp_path, site, "preflight.host", "--runtime", "localnodes", runs="fan")
+    fanned = inv_with_site(tmp_path, site, "preflight.host", "--runtime", "localnodes", runs="fan")
     assert fanned.returncode in (0, 1) and "passing hosts:" in fanned.stdout, fanned.stderr[-3000:]
     (fan,) = (tmp_path / "fan").iterdir()
     report = json.loads((fan / "report.json").read_text())
@@ -90,5 +87,6 @@ def test_two_local_nodes_train_like_one_and_a_per_node_task_fans_out_over_them(s
         (own,) = (fan / "hosts" / node).glob("*_preflight.host")
         assert json.loads((own / "preflight.json").read_text())["host"] == node
 
-    refused = _inv(tmp_path, site, "train.pretrain", "--runtime", "localnodes", "--nodes", "2", *sets, runs="no")
+    refused = inv_with_site(tmp_path, site, "train.pretrain", "--runtime", "localnodes", "--nodes", "2", *run_sets,
+                            runs="no")
     assert refused.returncode == 2 and "need --runtime slurm (runtime is localnodes)" in refused.stderr

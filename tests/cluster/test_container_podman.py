@@ -24,8 +24,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-INV = REPO / ".venv" / "bin" / "inv"
+from helpers.program import REPO, run_inv, sets
+from helpers.training import train_losses
+
 pytestmark = pytest.mark.slow
 
 CONTAINERS_CONF = """\
@@ -87,18 +88,11 @@ def podman(tmp_path_factory):
 
 
 def _train(env, tmp_path, dataset, runtime: str) -> subprocess.CompletedProcess:
-    argv = [str(INV), "train.pretrain", "--runtime", runtime, "--nproc", "2", "--name", runtime,
-            "--env", "OMP_NUM_THREADS=1"]
-    for item in (f"data.path={dataset}", "train.steps=6", "data.seq_len=32", "data.batch_size=4",
-                 "train.log_interval=1", "train.val_interval=0", "checkpoint.interval=0"):
-        argv += ["--set", item]
-    return subprocess.run(argv, cwd=REPO, env={**env, "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs")},
-                          capture_output=True, text=True, timeout=600)
-
-
-def _losses(run: Path) -> list[float]:
-    return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()
-            if '"loss"' in line and json.loads(line).get("kind", "train") == "train"]
+    """train.pretrain, 6 tiny steps on 2 ranks, under `runtime`; `env`: the podman fixture's environment."""
+    run_sets = sets(f"data.path={dataset}", "train.steps=6", "data.seq_len=32", "data.batch_size=4",
+                    "train.log_interval=1", "train.val_interval=0", "checkpoint.interval=0")
+    return run_inv("train.pretrain", "--runtime", runtime, "--nproc", "2", "--name", runtime, "--env",
+                   "OMP_NUM_THREADS=1", *run_sets, runs=tmp_path / "runs", env=env, timeout=600)
 
 
 def test_training_in_a_podman_container_matches_the_direct_run(podman, dataset, tmp_path):
@@ -114,7 +108,7 @@ def test_training_in_a_podman_container_matches_the_direct_run(podman, dataset, 
     assert agent["container"] == "podman" and agent["world_size"] == 2 and agent["exit_code"] == 0
     # (the direct run reports whatever this machine itself runs in, never podman)
     assert json.loads((run_d / "logs" / "agent-0.json").read_text())["container"] != "podman"
-    assert _losses(run_c) == _losses(run_d) and len(_losses(run_c)) == 6
+    assert train_losses(run_c) == train_losses(run_d) and len(train_losses(run_c)) == 6
 
 
 def test_a_missing_image_is_one_line_with_the_engine_error(podman, dataset, tmp_path):

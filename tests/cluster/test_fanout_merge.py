@@ -2,14 +2,13 @@
 transports (runtime/cluster/ssh/): host lists, the remote line, the far end of a session.
 
 Real SSH fan-out is tested in test_fanout_netns.py (namespace hosts) and
-test_cli.py (unreachable host through the installed inv).
+runner/test_cli.py (unreachable host through the installed inv).
 """
 from __future__ import annotations
 
 import json
 import os
 import shlex
-from pathlib import Path
 
 import pytest
 from invoke import Collection, task
@@ -19,7 +18,7 @@ from runtime.cluster import SshOptions, results, ssh
 from runtime.cluster.results import HostResult
 from runtime.jobs import fanout
 
-REPO = Path(__file__).resolve().parents[2]
+from helpers.program import REPO
 
 
 def checks(*rows):

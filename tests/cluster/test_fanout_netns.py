@@ -1,5 +1,5 @@
 """`inv -H` for real: the installed inv fans out over SSH to hosts in network
-namespaces (tests/cluster.py), each running this same checkout's inv, as on
+namespaces (tests/helpers/cluster.py), each running this same checkout's inv, as on
 a cluster with a shared home.
 
 SSH settings travel the way a user passes them: the key with -i, the rest in
@@ -22,7 +22,9 @@ from pathlib import Path
 import pytest
 
 from helpers import cluster as cluster_mod
+from helpers.interrupts import LONG_GEMM
 from helpers.processes import start_as_from_a_terminal, wait_until
+from helpers.program import explain
 
 pytestmark = [pytest.mark.netns]
 
@@ -71,10 +73,6 @@ def listed(result: subprocess.CompletedProcess, label: str) -> list[str]:
     match = re.search(rf"^{label} hosts: (.*)$", result.stdout, re.M)
     assert match, f"no '{label} hosts:' line in:\n{result.stdout}"
     return [] if match.group(1) == "(none)" else match.group(1).split(",")
-
-
-def explain(result: subprocess.CompletedProcess) -> str:
-    return f"exit {result.returncode}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
 
 
 # ---- a plain task: per-host JSON comes back --------------------------------------------------
@@ -223,9 +221,6 @@ def test_hosts_run_at_the_same_time(fanout):
 
 # ---- Ctrl-C, and a dropped connection --------------------------------------------------------
 
-LONG_GEMM = ("bench.gemm", "-M", "512", "--dtype", "fp32", "--iters", "10000000")   # hours on a CPU
-
-
 def _host_runs(fanout: Fanout, task: str) -> dict[str, Path]:
     """Each host's own run of `task`, under the fan-out's run (RUN/hosts/<host>/<run>)."""
     found = {}
@@ -276,6 +271,25 @@ def test_ctrl_c_stops_the_task_on_every_host_and_records_it(fanout):
     assert not any(_alive(pid) for pid in _remote_pids(runs))
 
 
+def test_sigterm_stops_the_task_on_every_host_and_records_it(fanout):
+    """A scheduler ends inv alone: the fan-out stops as at a Ctrl-C, exit 143 (SIGTERM's 128+N). It used
+    to kill inv at once: the hosts' tasks went on unwatched and the run stayed "running"."""
+    proc, runs = _start_long_gemm(fanout)
+    os.kill(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 143, f"exit {proc.returncode}\n{out}\n{err}"
+    assert "Traceback" not in err and "interrupted: stopping the task on 2 host(s)" in err, err
+    for host in fanout.up:
+        assert re.search(rf"^{re.escape(host)}\s+INTERRUPTED\s", err, re.M), err
+    (run,) = fanout.runs.glob("*_bench.gemm")
+    metadata = json.loads((run / "metadata.json").read_text())
+    assert (metadata["status"], metadata["exit_code"], metadata["error"]) == ("interrupted", 143,
+                                                                              "interrupted (SIGTERM)")
+    for host, own in runs.items():               # each host's run ended as at a Ctrl-C there
+        assert json.loads((own / "metadata.json").read_text())["status"] == "interrupted", host
+    assert not any(_alive(pid) for pid in _remote_pids(runs))
+
+
 def test_a_dropped_connection_stops_the_task_on_the_hosts(fanout):
     proc, runs = _start_long_gemm(fanout)
     proc.kill()                                  # inv gone at once: its SSH connections drop
@@ -288,10 +302,10 @@ def test_a_dropped_connection_stops_the_task_on_the_hosts(fanout):
 
 # ---- the testbed itself ----------------------------------------------------------------------
 
-def test_leftovers_of_a_killed_cluster_are_removed(netns_prerequisites, repo):
+def test_leftovers_of_a_killed_cluster_are_removed(netns_prerequisites):
     """A run killed with SIGKILL leaves namespaces, a bridge and sshds behind;
     the next cluster's start (remove_stale) must clear exactly those."""
-    child = subprocess.Popen([sys.executable, str(repo / "tests" / "cluster.py"), "up", "--hosts", "1"],
+    child = subprocess.Popen([sys.executable, cluster_mod.__file__, "up", "--hosts", "1"],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              stdin=subprocess.DEVNULL)
     first = child.stdout.readline()

@@ -76,7 +76,7 @@ def _wait_for_ranks(tmp_path, n: int) -> None:
     time.sleep(0.3)
 
 
-def _env(tmp_path, **extra):
+def worker_environ(tmp_path, **extra):
     (tmp_path / "anvil_worker.py").write_text(WORKER)
     (tmp_path / "sync").mkdir(exist_ok=True)
     return {**os.environ, "PYTHONPATH": str(tmp_path), "MY_TOKEN": "tok-9876543", "OMP_NUM_THREADS": "1",
@@ -84,7 +84,7 @@ def _env(tmp_path, **extra):
 
 
 def test_agent_streams_tees_masks_and_keeps_exit_3(tmp_path):
-    env = _env(tmp_path, WORKER_EXIT="3")
+    env = worker_environ(tmp_path, WORKER_EXIT="3")
     out, err = io.StringIO(), io.StringIO()
     code = launch(LaunchSpec(module="anvil_worker", nproc=2, workdir=str(tmp_path)), env=env,
                   run_dir=tmp_path / "run", masker=Masker.from_environ(env), stdout=out, stderr=err)
@@ -100,7 +100,7 @@ def test_agent_streams_tees_masks_and_keeps_exit_3(tmp_path):
 
 
 def test_agent_stops_the_others_when_one_rank_fails(tmp_path):
-    env = _env(tmp_path, FAIL_RANK="1")
+    env = worker_environ(tmp_path, FAIL_RANK="1")
     err = io.StringIO()
     started = time.monotonic()
     code = launch(LaunchSpec(module="anvil_worker", nproc=3, workdir=str(tmp_path)), env=env,
@@ -113,7 +113,7 @@ def test_agent_stops_the_others_when_one_rank_fails(tmp_path):
 
 def test_signal_to_the_launcher_reaches_every_rank_and_exit_3_survives(tmp_path):
     """What a scheduler does: signal the launching process; ranks checkpoint (here: exit 3)."""
-    env = _env(tmp_path, WAIT_SIGNAL="1")
+    env = worker_environ(tmp_path, WAIT_SIGNAL="1")
     cmd = [sys.executable, "-c", "import sys; from runtime.launch import LaunchSpec, launch; "
            f"sys.exit(launch(LaunchSpec(module='anvil_worker', nproc=2, workdir={str(tmp_path)!r}), "
            f"dict(__import__('os').environ), run_dir=__import__('pathlib').Path({str(tmp_path / 'run')!r})))"]
@@ -128,7 +128,7 @@ def test_signal_to_the_launcher_reaches_every_rank_and_exit_3_survives(tmp_path)
 
 def test_an_agent_that_stopped_on_a_signal_keeps_exit_3_through_more_signals(tmp_path):
     """A scheduler may signal again (scancel's TERM after the USR2 warning) while the agent ends."""
-    env = _env(tmp_path, WAIT_SIGNAL="1")
+    env = worker_environ(tmp_path, WAIT_SIGNAL="1")
     proc = subprocess.Popen([sys.executable, "-m", "runtime.launch.agent", "--nproc", "2", "--",
                              sys.executable, "-m", "anvil_worker"], env=env, cwd=os.getcwd(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
@@ -351,7 +351,7 @@ def test_an_unfollowed_batch_job_records_its_own_end(tmp_path):
 
 def test_a_job_that_ended_unrecorded_gets_slurms_verdict_and_nothing_is_guessed(tmp_path):
     """runtime.jobs.settle: what Slurm's record of a job says the run ended as; and where no
-    controller answers, every run keeps what it said (tests/test_slurm_train.py runs it live)."""
+    controller answers, every run keeps what it said (tests/cluster/test_slurm_train.py runs it live)."""
     import json as jsonlib
 
     from runtime.jobs import settle

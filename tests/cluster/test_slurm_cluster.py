@@ -1,4 +1,4 @@
-"""The Slurm cluster of tests/cluster.py for real: munged, slurmctld in the root
+"""The Slurm cluster of tests/helpers/cluster.py for real: munged, slurmctld in the root
 namespace and a slurmd per network-namespace host (node1, node2). These test
 the cluster itself (what the Slurm runtime's tests stand on): scheduling across
 both nodes, node names resolving on the nodes (torch's gloo rendezvous over
@@ -14,12 +14,9 @@ from pathlib import Path
 import pytest
 
 from helpers.cluster import Cluster
+from helpers.program import explain
 
 pytestmark = [pytest.mark.netns]
-
-
-def explain(result) -> str:
-    return f"exit {result.returncode}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
 
 
 def wait_for_text(path: Path, pattern: str, timeout: float) -> str:

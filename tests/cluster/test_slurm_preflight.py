@@ -1,4 +1,4 @@
-"""Per-node tasks on a live two-node Slurm cluster (tests/cluster.py, slurm=True), and the exclude loop.
+"""Per-node tasks on a live two-node Slurm cluster (tests/helpers/cluster.py, slurm=True), and the exclude loop.
 
 `inv preflight.all --runtime slurm` and the single-node benchmarks run once
 on every node of the allocation (srun, one task per node) and report per node
@@ -18,22 +18,25 @@ import time
 from pathlib import Path
 
 import pytest
+
+from helpers.interrupts import LONG_GEMM
 from helpers.processes import start_as_from_a_terminal, wait_until
+from helpers.program import INV, ONE_THREAD, REPO, explain, inv_environ, run_inv
 from runtime.runs.nodes import failing
 
-REPO = Path(__file__).resolve().parents[2]
-INV = REPO / ".venv" / "bin" / "inv"
 pytestmark = pytest.mark.slow
 
 
-def _env(cluster, tmp_path, **extra) -> dict[str, str]:
-    return {**os.environ, **cluster.slurm_env(), "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs"),
-            "INVOKE_ANVIL_RUNTIME": "slurm", "OMP_NUM_THREADS": "1", **extra}
+def slurm_runtime_environ(cluster, tmp_path, **extra) -> dict[str, str]:
+    """inv's environment on the cluster's Slurm, runtime slurm as the setting, its runs in tmp_path/runs."""
+    return inv_environ(tmp_path / "runs", {**cluster.slurm_env(), "INVOKE_ANVIL_RUNTIME": "slurm", **ONE_THREAD,
+                                           **extra})
 
 
 def _salloc(cluster, tmp_path, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(["salloc", "-N2", "--quiet", str(INV), *argv], cwd=REPO, env=_env(cluster, tmp_path),
-                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout)
+    return subprocess.run(["salloc", "-N2", "--quiet", str(INV), *argv], cwd=REPO,
+                          env=slurm_runtime_environ(cluster, tmp_path), capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=timeout)
 
 
 def _run_of(tmp_path, task: str) -> Path:
@@ -41,14 +44,10 @@ def _run_of(tmp_path, task: str) -> Path:
     return run
 
 
-def _explain(proc) -> str:
-    return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
-
-
 def test_preflight_runs_once_per_node_and_writes_the_node_lists(slurm_cluster, tmp_path):
     proc = _salloc(slurm_cluster, tmp_path, "preflight.all")
-    assert proc.returncode == 0, _explain(proc)
-    assert "passing hosts: node1,node2" in proc.stdout and "failing hosts: (none)" in proc.stdout, _explain(proc)
+    assert proc.returncode == 0, explain(proc)
+    assert "passing hosts: node1,node2" in proc.stdout and "failing hosts: (none)" in proc.stdout, explain(proc)
     run = _run_of(tmp_path, "preflight.all")
     assert (run / "nodes" / "pass.txt").read_text() == "node1\nnode2\n"
     assert failing(run) == {}
@@ -70,8 +69,8 @@ def test_a_node_failing_preflight_is_left_out_of_the_next_launch(slurm_cluster, 
     slurm_cluster.node_tmpfs("node1", "/dev/shm", "1m")      # node1's /dev/shm: 1 MiB
     try:
         preflight = _salloc(slurm_cluster, tmp_path, "preflight.all")
-        assert preflight.returncode == 1, _explain(preflight)
-        assert "failing hosts: node1" in preflight.stdout, _explain(preflight)
+        assert preflight.returncode == 1, explain(preflight)
+        assert "failing hosts: node1" in preflight.stdout, explain(preflight)
         run = _run_of(tmp_path, "preflight.all")
         assert f"--exclude-from {run}" in preflight.stdout
         failed = failing(run)
@@ -83,7 +82,7 @@ def test_a_node_failing_preflight_is_left_out_of_the_next_launch(slurm_cluster, 
                         "--set", "data.batch_size=4", "--set", "train.val_interval=0")
     finally:
         slurm_cluster.node_tmpfs("node1", "/dev/shm", None)
-    assert train.returncode == 0, _explain(train)
+    assert train.returncode == 0, explain(train)
     assert "excluding 1 node(s) that failed preflight" in train.stderr and "node1 (host.shm" in train.stderr
     metadata = json.loads((_run_of(tmp_path, "train.pretrain_tiny") / "metadata.json").read_text())
     assert metadata["status"] == "ok" and metadata["hosts"] == ["node2"], metadata
@@ -92,7 +91,7 @@ def test_a_node_failing_preflight_is_left_out_of_the_next_launch(slurm_cluster, 
 
 def test_benchmarks_run_once_per_node_with_a_row_each(slurm_cluster, tmp_path):
     gemm = _salloc(slurm_cluster, tmp_path, "bench.gemm", "-M", "64", "--iters", "3")
-    assert gemm.returncode == 0, _explain(gemm)
+    assert gemm.returncode == 0, explain(gemm)
     report = json.loads((_run_of(tmp_path, "bench.gemm") / "report.json").read_text())
     (row,) = report["checks"]
     assert row["name"] == "gemm 64x64x64 bf16" and set(row["hosts"]) == {"node1", "node2"}
@@ -100,7 +99,7 @@ def test_benchmarks_run_once_per_node_with_a_row_each(slurm_cluster, tmp_path):
     assert "passing hosts: node1,node2" in gemm.stdout
 
     collective = _salloc(slurm_cluster, tmp_path, "bench.allreduce", "--sizes", "64K", "--iters", "3")
-    assert collective.returncode == 0, _explain(collective)
+    assert collective.returncode == 0, explain(collective)
     report = json.loads((_run_of(tmp_path, "bench.allreduce") / "report.json").read_text())
     (row,) = report["checks"]
     assert row["name"].startswith("all_reduce 65536 B x 2") and set(row["hosts"]) == {"node1", "node2"}
@@ -115,29 +114,28 @@ def test_a_config_file_given_with_f_is_read_on_every_node(slurm_cluster, tmp_pat
     config = tmp_path / "site.yaml"
     config.write_text(json.dumps({"anvil": {"hooks_dir": str(tmp_path / "hooks")}}))
     proc = _salloc(slurm_cluster, tmp_path, "-f", str(config), "preflight.host")
-    assert proc.returncode in (0, 1) and "passing hosts:" in proc.stdout, _explain(proc)
-    assert sorted(p.name for p in tmp_path.glob("ran-on-*")) == ["ran-on-node1", "ran-on-node2"], _explain(proc)
+    assert proc.returncode in (0, 1) and "passing hosts:" in proc.stdout, explain(proc)
+    assert sorted(p.name for p in tmp_path.glob("ran-on-*")) == ["ran-on-node1", "ran-on-node2"], explain(proc)
 
 
 def test_bad_per_node_input_is_one_message(slurm_cluster, dataset, tmp_path):
     too_many = _salloc(slurm_cluster, tmp_path, "preflight.host", "--nodes", "3")
-    assert too_many.returncode == 2 and "has only 2 node(s)" in too_many.stderr, _explain(too_many)
+    assert too_many.returncode == 2 and "has only 2 node(s)" in too_many.stderr, explain(too_many)
 
-    env = _env(slurm_cluster, tmp_path, INVOKE_ANVIL_SLURM_PARTITION="nosuchpart")
-    bad_partition = subprocess.run([str(INV), "preflight.host"], cwd=REPO, env=env, capture_output=True, text=True,
-                                   timeout=120)
-    assert bad_partition.returncode == 2, _explain(bad_partition)
+    env = slurm_runtime_environ(slurm_cluster, tmp_path, INVOKE_ANVIL_SLURM_PARTITION="nosuchpart")
+    bad_partition = run_inv("preflight.host", env=env, timeout=120)
+    assert bad_partition.returncode == 2, explain(bad_partition)
     assert "Slurm cannot run this" in bad_partition.stderr and "partition" in bad_partition.stderr.lower()
     # outside an allocation, more nodes than the cluster has: srun would wait for ever without a word
     runs_before = sorted((tmp_path / "runs").glob("*"))
-    never = subprocess.run([str(INV), "preflight.host", "--runtime", "slurm", "--nodes", "5"], cwd=REPO,
-                           env=_env(slurm_cluster, tmp_path), capture_output=True, text=True, timeout=120)
-    assert never.returncode == 2 and "--nodes 5: Slurm cannot run this" in never.stderr, _explain(never)
+    never = run_inv("preflight.host", "--runtime", "slurm", "--nodes", "5",
+                    env=slurm_runtime_environ(slurm_cluster, tmp_path), timeout=120)
+    assert never.returncode == 2 and "--nodes 5: Slurm cannot run this" in never.stderr, explain(never)
     assert sorted((tmp_path / "runs").glob("*")) == runs_before      # refused before a run directory
 
-    direct = subprocess.run([str(INV), "preflight.host", "--runtime", "direct", "--nodes", "2"], cwd=REPO,
-                            env=_env(slurm_cluster, tmp_path), capture_output=True, text=True, timeout=120)
-    assert direct.returncode == 2 and "--nodes needs --runtime slurm" in direct.stderr, _explain(direct)
+    direct = run_inv("preflight.host", "--runtime", "direct", "--nodes", "2",
+                     env=slurm_runtime_environ(slurm_cluster, tmp_path), timeout=120)
+    assert direct.returncode == 2 and "--nodes needs --runtime slurm" in direct.stderr, explain(direct)
 
     # A dead controller, as every client sees one: nobody answers on its address and port.
     conf = Path(slurm_cluster.slurm_conf).read_text().splitlines()
@@ -146,9 +144,8 @@ def test_bad_per_node_input_is_one_message(slurm_cluster, dataset, tmp_path):
                               for line in conf) + "\n")
     before = sorted(p.name for p in (tmp_path / "runs").glob("*"))
     for argv in (["preflight.all"], ["train.pretrain", "--set", f"data.path={dataset}"]):
-        proc = subprocess.run([str(INV), *argv], cwd=REPO, env={**env, "SLURM_CONF": str(dead)},
-                              capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 2 and "controller does not answer" in proc.stderr, _explain(proc)
+        proc = run_inv(*argv, env={**env, "SLURM_CONF": str(dead)}, timeout=120)
+        assert proc.returncode == 2 and "controller does not answer" in proc.stderr, explain(proc)
         assert "Traceback" not in proc.stderr
     assert sorted(p.name for p in (tmp_path / "runs").glob("*")) == before   # no run directory was made
     for proc in (too_many, bad_partition, direct, never):
@@ -159,8 +156,8 @@ def test_ctrl_c_stops_the_task_on_every_node_and_records_it(slurm_cluster, tmp_p
     """Outside an allocation, as typed on the login node: Ctrl-C reaches every node's task as SIGINT
     (through scancel: srun alone would end the step), each node's end is recorded, and no node is
     written down as failing for it."""
-    proc = start_as_from_a_terminal([str(INV), "bench.gemm", "-M", "512", "--dtype", "fp32", "--iters", "10000000",
-                                     "--nodes", "2"], cwd=REPO, env=_env(slurm_cluster, tmp_path),
+    proc = start_as_from_a_terminal([str(INV), *LONG_GEMM, "--nodes", "2"], cwd=REPO,
+                                    env=slurm_runtime_environ(slurm_cluster, tmp_path),
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                     stdin=subprocess.DEVNULL)
 

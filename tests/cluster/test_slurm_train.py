@@ -1,4 +1,4 @@
-"""`inv train.pretrain` on a live two-node Slurm cluster (tests/cluster.py, slurm=True).
+"""`inv train.pretrain` on a live two-node Slurm cluster (tests/helpers/cluster.py, slurm=True).
 
 Real slurmctld and slurmd in network namespaces, real srun/sbatch, real ranks
 over gloo between the two nodes. Covers: a run inside an allocation matching a
@@ -18,41 +18,33 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.cluster import trainer_pids
-from helpers.training import train_args, train_losses
-from core.files import seal
 
-REPO = Path(__file__).resolve().parents[2]
-INV = REPO / ".venv" / "bin" / "inv"
+from core.files import seal
+from helpers.cluster import trainer_pids
+from helpers.processes import start_as_from_a_terminal
+from helpers.program import INV, REPO, inv_environ, run_inv, runs
+from helpers.training import assert_same_curve, last_step, train_args, train_losses
+
 pytestmark = pytest.mark.slow
 
 
-def _env(cluster, tmp_path, **extra):
-    return {**os.environ, **cluster.slurm_env(), "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs"),
-            "ANVIL_AGENT_GRACE": "3", **extra}
+def training_environ(cluster, tmp_path, **extra):
+    """inv's environment on the cluster's Slurm, its runs in tmp_path/runs, an agent that waits 3 s for ranks
+    to end."""
+    return inv_environ(tmp_path / "runs", {**cluster.slurm_env(), "ANVIL_AGENT_GRACE": "3", **extra})
 
 
 def _only_run(tmp_path) -> Path:
-    (run,) = sorted((tmp_path / "runs").iterdir())
+    (run,) = runs(tmp_path)
     return run
 
 
-@pytest.fixture(scope="module")
-def one_node_losses(dataset, tmp_path_factory):
-    """The reference: one node, four processes, same global batch."""
-    tmp = tmp_path_factory.mktemp("ref")
-    proc = subprocess.run([str(INV), "train.pretrain", "--nproc", "4", "--name", "ref", *train_args(dataset)],
-                          cwd=REPO, env={**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(tmp / "runs")},
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return train_losses(_only_run(tmp))
-
-
-def test_two_nodes_in_an_allocation_train_like_one_node(slurm_cluster, dataset, tmp_path, one_node_losses):
+def test_two_nodes_in_an_allocation_train_like_one_node(slurm_cluster, dataset, tmp_path, four_process_losses):
     started = time.monotonic()
     proc = subprocess.run(["salloc", "-N2", "--quiet", str(INV), "train.pretrain", "--runtime", "slurm",
                            "--nproc", "2", "--name", "two", *train_args(dataset)],
-                          cwd=REPO, env=_env(slurm_cluster, tmp_path), capture_output=True, text=True, timeout=600)
+                          cwd=REPO, env=training_environ(slurm_cluster, tmp_path), capture_output=True, text=True,
+                          timeout=600)
     elapsed = time.monotonic() - started
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     run = _only_run(tmp_path)
@@ -61,14 +53,12 @@ def test_two_nodes_in_an_allocation_train_like_one_node(slurm_cluster, dataset, 
     for rank, host in ((0, "node1"), (1, "node1"), (2, "node2"), (3, "node2")):
         assert f"[{host} r{rank}/l{rank % 2}]" in (run / "logs" / f"rank{rank}.log").read_text()
     losses = train_losses(run)
-    assert sorted(losses) == sorted(one_node_losses) and losses[16] < losses[1]
-    for step, loss in one_node_losses.items():
-        assert abs(losses[step] - loss) < 1e-4 * max(1.0, abs(loss)), (step, losses[step], loss)
+    assert_same_curve(losses, four_process_losses)
+    assert losses[16] < losses[1]
     print(f"2 nodes x 2 processes: {elapsed:.1f} s wall")
 
     # Replayed from outside the allocation, it runs on two nodes again (a batch job of --nodes 2), not one.
-    replay = subprocess.run([str(INV), "snapshot.replay", str(run)], cwd=REPO, env=_env(slurm_cluster, tmp_path),
-                            capture_output=True, text=True, timeout=600)
+    replay = run_inv("snapshot.replay", str(run), env=training_environ(slurm_cluster, tmp_path), timeout=600)
     assert replay.returncode == 0, replay.stdout[-2000:] + replay.stderr[-3000:]
     assert "note: added --nodes 2 (the run had 2 node(s), world size 4)" in replay.stdout, replay.stdout
     (again,) = [p for p in (tmp_path / "runs").iterdir() if p != run]
@@ -97,15 +87,14 @@ def _job_id(tmp_path):
 
 
 def _steps_done(tmp_path) -> int:
-    runs = sorted((tmp_path / "runs").iterdir()) if (tmp_path / "runs").is_dir() else []
-    if not runs or not (runs[0] / "metrics.jsonl").is_file():
-        return 0
-    return max(train_losses(runs[0]) or [0])
+    """The last step the first run under tmp_path/runs logged (0 before it has one)."""
+    found = runs(tmp_path)
+    return last_step(found[0]) if found else 0
 
 
 def test_sbatch_job_is_preempted_requeued_and_resumes_the_same_curve(slurm_cluster, dataset, tmp_path,
-                                                                     one_node_losses):
-    env = _env(slurm_cluster, tmp_path)
+                                                                     four_process_losses):
+    env = training_environ(slurm_cluster, tmp_path)
     proc = subprocess.Popen([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "2", "--nproc", "2",
                              "--name", "pre", *train_args(dataset, steps=16)],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -126,8 +115,8 @@ def test_sbatch_job_is_preempted_requeued_and_resumes_the_same_curve(slurm_clust
     rank0 = (run / "logs" / "rank0.log").read_text()
     assert "stopping after step" in rank0 and "resumed from" in rank0
     losses = train_losses(run)
-    assert losses == one_node_losses or all(abs(losses[s] - l) < 1e-4 * max(1.0, abs(l))
-                                            for s, l in one_node_losses.items())
+    assert losses == four_process_losses or all(abs(losses[s] - l) < 1e-4 * max(1.0, abs(l))
+                                                for s, l in four_process_losses.items())
     records = [json.loads(p.read_text()) for p in sorted((run / "logs").glob("agent-*.json"))]
     assert {r["host"] for r in records} == {"node1", "node2"} and {r["restart_count"] for r in records} == {1}
     print(f"preemption signal to finished requeued job: {time.monotonic() - signalled:.1f} s")
@@ -137,10 +126,9 @@ def test_a_job_submitted_without_waiting_records_its_own_end(slurm_cluster, data
     """--no-wait returns once sbatch took the job; the run says "submitted" until the batch script
     writes the job's end into metadata.json (runtime.runs.jobend), and "resumed" while a requeued
     attempt runs."""
-    env = _env(slurm_cluster, tmp_path)
-    proc = subprocess.run([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "2", "--nproc", "2",
-                           "--name", "nowait", "--no-wait", *train_args(dataset, steps=8)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    env = training_environ(slurm_cluster, tmp_path)
+    proc = run_inv("train.pretrain", "--runtime", "slurm", "--nodes", "2", "--nproc", "2", "--name", "nowait",
+                   "--no-wait", *train_args(dataset, steps=8), env=env, timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     run = _only_run(tmp_path)
     job = _job_id(tmp_path)
@@ -162,7 +150,7 @@ def test_a_job_submitted_without_waiting_records_its_own_end(slurm_cluster, data
 
 
 def test_a_node_whose_ranks_die_ends_the_job_and_is_named(slurm_cluster, dataset, tmp_path):
-    env = _env(slurm_cluster, tmp_path)
+    env = training_environ(slurm_cluster, tmp_path)
     proc = subprocess.Popen(["salloc", "-N2", "--quiet", str(INV), "train.pretrain", "--runtime", "slurm",
                              "--nproc", "2", "--name", "dies", *train_args(dataset, steps=400)],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -189,10 +177,9 @@ def test_a_node_whose_ranks_die_ends_the_job_and_is_named(slurm_cluster, dataset
 
 
 def test_bad_slurm_input_is_one_message(slurm_cluster, dataset, tmp_path):
-    env = _env(slurm_cluster, tmp_path)
-    rejected = subprocess.run([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "2",
-                               "--partition", "nosuchpart", *train_args(dataset)],
-                              cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    env = training_environ(slurm_cluster, tmp_path)
+    rejected = run_inv("train.pretrain", "--runtime", "slurm", "--nodes", "2", "--partition", "nosuchpart",
+                       *train_args(dataset), env=env, timeout=120)
     assert rejected.returncode == 2 and "sbatch rejected the job" in rejected.stderr, rejected.stderr[-2000:]
     assert "Traceback" not in rejected.stderr
     too_many = subprocess.run(["salloc", "-N2", "--quiet", str(INV), "train.pretrain", "--runtime", "slurm",
@@ -208,14 +195,13 @@ def test_bad_slurm_input_is_one_message(slurm_cluster, dataset, tmp_path):
                                "--exclude", "node1", "--exclude", "node2", *train_args(dataset)],
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert everyone.returncode == 2 and "every node of this allocation" in everyone.stderr, everyone.stderr[-2000:]
-    never = subprocess.run([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "5", *train_args(dataset)],
-                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)   # the cluster has 2
+    never = run_inv("train.pretrain", "--runtime", "slurm", "--nodes", "5", *train_args(dataset), env=env,
+                    timeout=120)   # the cluster has 2
     assert never.returncode == 2 and "Slurm will not start job" in never.stderr, never.stderr[-2000:]
     assert "so it was cancelled" in never.stderr and "Traceback" not in never.stderr
     assert slurm_cluster.slurm_run("squeue", "-h").stdout.strip() == ""      # nothing left pending
-    no_slurm = subprocess.run([str(INV), "train.pretrain", "--runtime", "slurm", *train_args(dataset)],
-                              cwd=REPO, env={**env, "PATH": str(INV.parent) + ":/usr/bin/none"},
-                              capture_output=True, text=True, timeout=120)
+    no_slurm = run_inv("train.pretrain", "--runtime", "slurm", *train_args(dataset),
+                       env={**env, "PATH": str(INV.parent) + ":/usr/bin/none"}, timeout=120)
     assert no_slurm.returncode == 2 and "`sbatch` not found" in no_slurm.stderr, no_slurm.stderr[-2000:]
     assert "Traceback" not in too_many.stderr + no_slurm.stderr
     assert not any((run / "metrics.jsonl").exists() for run in (tmp_path / "runs").glob("*"))
@@ -225,7 +211,7 @@ def test_bad_slurm_input_is_one_message(slurm_cluster, dataset, tmp_path):
 def _following(cluster, dataset, tmp_path, name: str, steps: int):
     """inv following a one-node batch job (no terminal): yields (proc, job id); kills what is left after."""
     proc = subprocess.Popen([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "1", "--name", name,
-                             *train_args(dataset, steps=steps)], cwd=REPO, env=_env(cluster, tmp_path),
+                             *train_args(dataset, steps=steps)], cwd=REPO, env=training_environ(cluster, tmp_path),
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     job = None
     try:
@@ -288,10 +274,9 @@ def test_sigterm_to_the_follower_detaches_and_the_job_records_its_end(slurm_clus
 def test_a_job_killed_outright_is_recorded_when_runs_are_listed(slurm_cluster, dataset, tmp_path):
     """A batch shell killed with SIGKILL cannot run runtime.runs.jobend: the run said "submitted"
     for ever. Listing or showing runs asks Slurm (runtime.jobs.settle) and records the end."""
-    env = _env(slurm_cluster, tmp_path)
-    proc = subprocess.run([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "1", "--name", "killed",
-                           "--no-wait", *train_args(dataset, steps=400)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    env = training_environ(slurm_cluster, tmp_path)
+    proc = run_inv("train.pretrain", "--runtime", "slurm", "--nodes", "1", "--name", "killed", "--no-wait",
+                   *train_args(dataset, steps=400), env=env, timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     run, job = _only_run(tmp_path), _job_id(tmp_path)
 
@@ -299,8 +284,7 @@ def test_a_job_killed_outright_is_recorded_when_runs_are_listed(slurm_cluster, d
         return json.loads((run / "metadata.json").read_text())
 
     def snapshot(*argv):
-        return subprocess.run([str(INV), "snapshot." + argv[0], *argv[1:]], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=120)
+        return run_inv("snapshot." + argv[0], *argv[1:], env=env, timeout=120)
 
     try:
         _wait_for(lambda: _steps_done(tmp_path) >= 2, 300, "two steps")
@@ -343,11 +327,9 @@ def test_ctrl_c_of_a_run_in_an_allocation_checkpoints_on_every_node(slurm_cluste
     """`salloc -N2 inv train.pretrain --runtime slurm` (srun inside the allocation), then Ctrl-C: every rank
     finishes its step and checkpoints, 130, interrupted. srun read the terminal's SIGINT and the one inv passed
     on as a double Ctrl-C and killed the step (no checkpoint, 'failed'); one SIGINT to inv alone did nothing."""
-    from helpers.processes import start_as_from_a_terminal
-
     proc = start_as_from_a_terminal(["salloc", "-N2", "--quiet", str(INV), "train.pretrain", "--runtime", "slurm",
                                      "--name", "intr", *train_args(dataset, steps=100000)],
-                                    cwd=REPO, env=_env(slurm_cluster, tmp_path), stdout=subprocess.PIPE,
+                                    cwd=REPO, env=training_environ(slurm_cluster, tmp_path), stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True)
     inv = None
     try:

@@ -1,6 +1,6 @@
 """`inv -H a,b train.pretrain`: training across SSH hosts without a scheduler (runtime ssh).
 
-The hosts are network-namespace hosts (tests/cluster.py) sharing this checkout
+The hosts are network-namespace hosts (tests/helpers/cluster.py) sharing this checkout
 and file system, as a cluster with a shared home; the ranks talk gloo between
 the namespaces. Covers: two hosts train like one host of the same world size
 (and a replay trains there again); the master named with --master takes node
@@ -20,9 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from helpers.cluster import _cmdline, _netns_pids, trainer_pids
-from helpers.training import train_args, train_losses
 from helpers.processes import start_as_from_a_terminal, wait_until
+from helpers.program import explain, inv_environ
+from helpers.training import assert_same_curve, last_step, train_args, train_losses
 from runtime.runs.nodes import failing
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
@@ -44,21 +46,23 @@ class Hosts:
 
     def run(self, hosts: list[str], *task: str, timeout: float = 600) -> subprocess.CompletedProcess:
         return subprocess.run(self.argv(hosts, *task), cwd=self.repo, capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, timeout=timeout, env=_env())
+                              stdin=subprocess.DEVNULL, timeout=timeout, env=hosts_environ())
 
     def start(self, hosts: list[str], *task: str) -> subprocess.Popen:
         """As typed on a terminal: os.killpg(proc.pid, SIGINT) is its Ctrl-C."""
         return start_as_from_a_terminal(self.argv(hosts, *task), cwd=self.repo, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, env=_env())
+                                        stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                                        env=hosts_environ())
 
     def only_run(self, pattern: str = "*_train.pretrain_*") -> Path:
         (run,) = sorted(self.runs.glob(pattern))
         return run
 
 
-def _env() -> dict[str, str]:
-    return {**{k: v for k, v in os.environ.items() if not k.startswith(("INVOKE_", "ANVIL_"))},
-            "ANVIL_AGENT_GRACE": "3"}
+def hosts_environ(**extra: str) -> dict[str, str]:
+    """inv's environment here: none of this shell's settings (the hosts' come with -f), an agent that waits
+    3 s for its ranks to end, `extra`."""
+    return inv_environ(env={"ANVIL_AGENT_GRACE": "3", **extra}, clean=True)
 
 
 @pytest.fixture
@@ -73,37 +77,13 @@ def hosts(netns_cluster, inv_bin, repo, tmp_path) -> Hosts:
                  down=netns_cluster.down_hosts[0].address, runs=tmp_path / "runs")
 
 
-def explain(result) -> str:
-    return f"exit {result.returncode}\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-4000:]}"
-
-
-def _same_curve(losses: dict[int, float], reference: dict[int, float]) -> None:
-    assert sorted(losses) == sorted(reference), (sorted(losses), sorted(reference))
-    for step, loss in reference.items():
-        assert abs(losses[step] - loss) < 1e-4 * max(1.0, abs(loss)), (step, losses[step], loss)
-
-
-def _steps_done(runs: Path, pattern: str) -> int:
+def _steps_of(runs: Path, pattern: str) -> int:
+    """The last step the newest run under `runs` matching `pattern` logged (0 before it has one)."""
     found = sorted(runs.glob(pattern)) if runs.is_dir() else []
-    if not found or not (found[-1] / "metrics.jsonl").is_file():
-        return 0
-    return max(train_losses(found[-1]) or [0])
+    return last_step(found[-1]) if found else 0
 
 
-@pytest.fixture(scope="module")
-def one_host_losses(dataset, tmp_path_factory):
-    """The reference: this machine, four processes, the same global batch."""
-    tmp = tmp_path_factory.mktemp("ref")
-    proc = subprocess.run([str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "inv"), "train.pretrain",
-                           "--nproc", "4", "--name", "ref", *train_args(dataset)],
-                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=600,
-                          env={**_env(), "INVOKE_ANVIL_RUNS_DIR": str(tmp / "runs")})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (run,) = (tmp / "runs").iterdir()
-    return train_losses(run)
-
-
-def test_two_hosts_train_like_one_host_and_a_replay_trains_there_again(hosts, dataset, one_host_losses):
+def test_two_hosts_train_like_one_host_and_a_replay_trains_there_again(hosts, dataset, four_process_losses):
     started = time.monotonic()
     result = hosts.run(hosts.up, "train.pretrain", "--nproc", "2", "--name", "two", *train_args(dataset))
     elapsed = time.monotonic() - started
@@ -120,12 +100,12 @@ def test_two_hosts_train_like_one_host_and_a_replay_trains_there_again(hosts, da
     assert launched[1].startswith(f"$ {hosts.up[1]}: ") and "--node-rank 1 " in launched[1]
     assert "OMP_NUM_THREADS" not in (run / "logs" / "launcher.log").read_text()   # values go over stdin
     assert not (run / "config.yaml").exists()             # the one config: configs/train.yaml
-    _same_curve(train_losses(run), one_host_losses)
+    assert_same_curve(train_losses(run), four_process_losses)
     print(f"2 hosts x 2 processes over SSH: {elapsed:.1f} s wall")
 
     # A replay keeps -H (the hosts were the task's input): the same hosts, the same curve.
     replay = subprocess.run([str(hosts.inv), "-f", str(hosts.settings), "snapshot.replay", str(run)], cwd=hosts.repo,
-                            capture_output=True, text=True, timeout=600, env=_env())
+                            capture_output=True, text=True, timeout=600, env=hosts_environ())
     assert replay.returncode == 0, explain(replay)
     (again,) = [p for p in hosts.runs.iterdir() if p != run]
     md = json.loads((again / "metadata.json").read_text())
@@ -138,7 +118,7 @@ def test_runtime_ssh_trains_on_anvil_hosts_and_the_master_named_takes_node_rank_
     result = subprocess.run([str(hosts.inv), "-f", str(hosts.settings), "-i", hosts.key, "train.pretrain",
                              "--runtime", "ssh", "--nproc", "1", "--master", hosts.up[1], *train_args(dataset, steps=2)],
                             cwd=hosts.repo, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600,
-                            env={**_env(), "INVOKE_ANVIL_HOSTS": ",".join(hosts.up)})
+                            env=hosts_environ(INVOKE_ANVIL_HOSTS=",".join(hosts.up)))
     assert result.returncode == 0, explain(result)
     run = hosts.only_run()
     assert "[node2 r0/l0]" in (run / "logs" / "rank0.log").read_text()
@@ -147,10 +127,10 @@ def test_runtime_ssh_trains_on_anvil_hosts_and_the_master_named_takes_node_rank_
 
 
 def test_a_preemption_signal_reaches_every_host_and_resume_auto_continues_the_curve(hosts, dataset,
-                                                                                     one_host_losses):
+                                                                                     four_process_losses):
     proc = hosts.start(hosts.up, "train.pretrain", "--nproc", "2", "--name", "pre", *train_args(dataset))
     try:
-        assert wait_until(lambda: _steps_done(hosts.runs, "*_pre") >= 4, proc, timeout=300), \
+        assert wait_until(lambda: _steps_of(hosts.runs, "*_pre") >= 4, proc, timeout=300), \
             proc.communicate(timeout=60)
         os.kill(proc.pid, signal.SIGUSR2)            # to inv alone, as a scheduler's warning would come
         out, err = proc.communicate(timeout=300)
@@ -172,13 +152,13 @@ def test_a_preemption_signal_reaches_every_host_and_resume_auto_continues_the_cu
     assert resumed.returncode == 0, explain(resumed)
     (second,) = [p for p in hosts.runs.glob("*_pre") if p != first]
     assert f"resumed from {first / 'checkpoints' / f'step_{stopped}'}" in (second / "logs" / "rank0.log").read_text()
-    _same_curve({**train_losses(first), **train_losses(second)}, one_host_losses)
+    assert_same_curve({**train_losses(first), **train_losses(second)}, four_process_losses)
 
 
 def test_ctrl_c_checkpoints_on_every_host(hosts, dataset):
     proc = hosts.start(hosts.up, "train.pretrain", "--nproc", "2", "--name", "intr", *train_args(dataset, steps=100000))
     try:
-        assert wait_until(lambda: _steps_done(hosts.runs, "*_intr") >= 3, proc, timeout=300), \
+        assert wait_until(lambda: _steps_of(hosts.runs, "*_intr") >= 3, proc, timeout=300), \
             proc.communicate(timeout=60)
         os.killpg(proc.pid, signal.SIGINT)           # the terminal's Ctrl-C, to inv's whole group
         out, err = proc.communicate(timeout=300)
@@ -199,7 +179,7 @@ def test_ctrl_c_checkpoints_on_every_host(hosts, dataset):
 def test_a_host_whose_ranks_die_ends_the_job_and_is_named(hosts, dataset):
     proc = hosts.start(hosts.up, "train.pretrain", "--nproc", "2", "--name", "dies", *train_args(dataset, steps=100000))
     try:
-        assert wait_until(lambda: _steps_done(hosts.runs, "*_dies") >= 3, proc, timeout=300), \
+        assert wait_until(lambda: _steps_of(hosts.runs, "*_dies") >= 3, proc, timeout=300), \
             proc.communicate(timeout=60)
         victims = trainer_pids(hosts.netns[1])
         assert victims, "no trainer processes found on the second host"

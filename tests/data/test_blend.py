@@ -5,9 +5,6 @@ errors as one line; per-source and mixed validation, token shares and dataset.js
 import json
 import random
 import re
-import subprocess
-import sys
-import sysconfig
 from pathlib import Path
 
 import numpy as np
@@ -19,13 +16,14 @@ from trainer.data import BlendLoader, DataError, TokenLoader, prepare
 from trainer.data import blend as blend_mod
 from trainer.data.blend import assign, blend_counts, shares
 
-REPO = Path(__file__).resolve().parents[2]
-INV = REPO / ".venv" / "bin" / "inv"
+from helpers.corpus import STDLIB, take
+from helpers.program import ONE_THREAD, inv, sets
+
 SEQ = 32
 
 
 def stdlib_files(start: int, stop: int) -> list[Path]:
-    return sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[start:stop]
+    return sorted(STDLIB.glob("*.py"))[start:stop]
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +43,6 @@ def blend(datasets, names=("big", "small"), weights=(0.7, 0.3), **kwargs) -> Ble
     sources = [(name, datasets[name], weight) for name, weight in zip(names, weights)]
     kwargs = {"split": "train", "seq_len": SEQ, "batch_size": 4, "rank": 0, "world_size": 1, "seed": 3} | kwargs
     return BlendLoader(sources, **kwargs)
-
-
-def take(loader, n):
-    return [next(loader) for _ in range(n)]
 
 
 # ---- the rule ----------------------------------------------------------------------------------
@@ -302,15 +296,12 @@ def test_inv_train_pretrain_on_a_blend_records_every_source(tmp_path, datasets):
     """Through the installed inv: dataset.json lists each source's manifest fingerprint; a missing
     source is one line before any run directory exists."""
     import hashlib
-    sets = [*blend_sets(datasets), "data.seq_len=32", "data.batch_size=4", "train.steps=3", "train.val_batches=1",
-            "checkpoint.interval=0", "logging.progress=false", "logging.tensorboard=false",
-            "logging.gpu_stats=false"]
-    import os
-    environ = dict(os.environ, INVOKE_ANVIL_RUNS_DIR=str(tmp_path / "runs"), OMP_NUM_THREADS="1")
+    run_sets = [*blend_sets(datasets), "data.seq_len=32", "data.batch_size=4", "train.steps=3",
+                "train.val_batches=1", "checkpoint.interval=0", "logging.progress=false",
+                "logging.tensorboard=false", "logging.gpu_stats=false"]
 
     def pretrain(*more):
-        argv = [str(INV), "train.pretrain", *[a for s in [*sets, *more] for a in ("--set", s)]]
-        return subprocess.run(argv, cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=300)
+        return inv(tmp_path, "train.pretrain", *sets(*run_sets, *more), env=ONE_THREAD)
 
     proc = pretrain()
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -339,8 +330,7 @@ def test_inv_data_inspect_shows_a_blends_shares_and_repeats(tmp_path, datasets):
                       f"    - {{path: {datasets['small']}, weight: 1, name: few}}\ntrain:\n  steps: 200\n")
 
     def inspect(*args):
-        proc = subprocess.run([str(INV), "data.inspect", "--config", str(config), *args], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=300)
+        proc = inv(tmp_path, "data.inspect", "--config", config, *args)
         assert proc.returncode == 0, proc.stderr
         return proc.stdout
 
@@ -353,7 +343,6 @@ def test_inv_data_inspect_shows_a_blends_shares_and_repeats(tmp_path, datasets):
     assert "3,200 samples of 64+1" in text and "25.00%" in text
     assert f"note: few repeats, {few['epochs']:.2f} epochs of its {few['windows']:,} windows: its share of the " \
            f"run (25.0%) is larger than its share of the data" in text
-    both = subprocess.run([str(INV), "data.inspect", "--config", str(config), "--path", str(datasets["big"])],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    both = inv(tmp_path, "data.inspect", "--config", config, "--path", datasets["big"])
     assert both.returncode == 2 and both.stderr.strip().endswith("give one (--config reads data.path or "
                                                                  "data.blend from the training config)")

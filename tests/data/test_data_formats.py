@@ -7,7 +7,6 @@ from __future__ import annotations
 import gzip
 import json
 import subprocess
-import sysconfig
 from pathlib import Path
 
 import pyarrow as pa
@@ -15,13 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from test_data_prepare import decoded_documents
+from helpers.corpus import STDLIB, decoded_documents
+from helpers.program import INV
 from trainer.data import DataError, Dataset, load_tokenizer, prepare
 from trainer.data import formats, units
 from trainer.data.tokenizers import ByteTokenizer, JsonTokenizer, splits_at_newlines, train_bpe
-
-STDLIB = Path(sysconfig.get_paths()["stdlib"])
-INV = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "inv"
 
 
 def stdlib_texts(count: int) -> list[str]:
@@ -47,7 +44,7 @@ def all_documents(path: Path) -> list[str]:
     return sorted(docs["train"] + docs["val"])
 
 
-def build(inputs, out: Path, **options) -> dict:
+def quiet_prepare(inputs, out: Path, **options) -> dict:
     return prepare(inputs, out, progress=False, **options)
 
 
@@ -102,7 +99,7 @@ def _as_arrow_file(d: Path) -> Path:
     ids=["jsonl", "jsonl.gz", "jsonl.zst", "parquet", "save_to_disk", "DatasetDict", "arrow-file"])
 def test_each_format_gives_the_corpus_documents(tmp_path, make, format_name):
     source = make(tmp_path)
-    result = build([source], tmp_path / "ds", val_fraction=0.2, workers=1)
+    result = quiet_prepare([source], tmp_path / "ds", val_fraction=0.2, workers=1)
     m = result["manifest"]
     assert all_documents(tmp_path / "ds") == sorted(TEXTS)
     assert m["documents"] == len(TEXTS) and m["source"]["skipped"] == {}
@@ -113,7 +110,7 @@ def test_save_to_disk_files_are_read_in_the_folders_order(tmp_path):
     source = _as_save_to_disk(tmp_path)
     files = json.loads((source / "state.json").read_text())["_data_files"]
     assert len(files) > 1, "the test needs a dataset written in several Arrow files"
-    m = build([source], tmp_path / "ds", val_fraction=0, workers=1)["manifest"]
+    m = quiet_prepare([source], tmp_path / "ds", val_fraction=0, workers=1)["manifest"]
     stream = Dataset(tmp_path / "ds").split("train")
     tok = load_tokenizer(tmp_path / "ds")
     first_and_last = [tok.decode(stream.document(i)[1:-1].tolist()) for i in (0, stream.documents - 1)]
@@ -131,7 +128,7 @@ def test_formats_are_recognised_by_content_where_the_suffix_lies(tmp_path):
     (corpus / "d.dat").write_bytes(jsonl_bytes(TEXTS[15:20]))                              # JSONL as .dat
     (corpus / "e.json.gz").write_bytes(gzip.compress(jsonl_bytes(TEXTS[20:25])))           # Dolma's naming
     (corpus / "f.py").write_text(TEXTS[25])                                                # text stays text
-    m = build([corpus], tmp_path / "ds", workers=1)["manifest"]
+    m = quiet_prepare([corpus], tmp_path / "ds", workers=1)["manifest"]
     assert all_documents(tmp_path / "ds") == sorted(TEXTS[:26])
     assert m["source"]["formats"] == {"jsonl": 4, "parquet": 1, "text": 1}
 
@@ -150,10 +147,10 @@ def test_a_large_file_is_cut_into_units_and_the_output_does_not_depend_on_the_cu
                                              0), "text", target=1 << 20)
     assert len(spans) >= 3 and spans[0].start == 0 and spans[-1].end == (corpus / "big.jsonl").stat().st_size
 
-    one = build([corpus], tmp_path / "one", workers=1, val_fraction=0.1)
-    two = build([corpus], tmp_path / "two", workers=2, val_fraction=0.1)
+    one = quiet_prepare([corpus], tmp_path / "one", workers=1, val_fraction=0.1)
+    two = quiet_prepare([corpus], tmp_path / "two", workers=2, val_fraction=0.1)
     monkeypatch.setattr(units, "MIN_TARGET", 64 << 10)        # many more, smaller units
-    small = build([corpus], tmp_path / "small", workers=2, val_fraction=0.1)
+    small = quiet_prepare([corpus], tmp_path / "small", workers=2, val_fraction=0.1)
     assert len(units.plan(units_files(corpus), "text")) > 2 * len(units.plan(units_files(corpus), "text", 4 << 20))
     for other in (two, small):
         assert other["manifest"]["splits"] == one["manifest"]["splits"]   # shards' sha256 included
@@ -197,7 +194,7 @@ def test_a_long_text_file_is_tokenized_in_pieces_as_a_whole(tmp_path, monkeypatc
     assert splits_at_newlines(bpe)
     for tokenizer, tok in ((str(bpe.path), bpe), ("byte", ByteTokenizer())):
         out = tmp_path / f"ds-{tok.kind}"
-        build([tmp_path / "long.txt"], out, tokenizer=tokenizer, workers=1, val_fraction=0)
+        quiet_prepare([tmp_path / "long.txt"], out, tokenizer=tokenizer, workers=1, val_fraction=0)
         doc = Dataset(out).split("train").document(0)
         assert doc[1:-1].tolist() == [int(i) for i in tok.encode(whole)]
 
@@ -219,7 +216,7 @@ def test_a_tokenizer_that_cannot_take_pieces_gets_the_document_whole(tmp_path, m
     monkeypatch.setattr(text_format, "PIECE_BYTES", 2000)
     whole = "\n".join(stdlib_texts(5))
     (tmp_path / "long.txt").write_text(whole)
-    build([tmp_path / "long.txt"], tmp_path / "ds", tokenizer=str(tmp_path / "sp.json"), workers=1, val_fraction=0)
+    quiet_prepare([tmp_path / "long.txt"], tmp_path / "ds", tokenizer=str(tmp_path / "sp.json"), workers=1, val_fraction=0)
     assert Dataset(tmp_path / "ds").split("train").document(0)[1:-1].tolist() == tok.encode(whole)
 
 
@@ -235,7 +232,7 @@ def test_damaged_files_are_counted_skips_and_the_rest_is_read(tmp_path):
     frame = zstandard.ZstdCompressor().compress(raw)
     (corpus / "cut.jsonl.zst").write_bytes(frame[: len(frame) * 2 // 3])                  # cut mid-frame
     (corpus / "cut.jsonl.gz").write_bytes(gzip.compress(raw)[:-30])                        # gzip cut short
-    m = build([corpus], tmp_path / "ds", workers=1)["manifest"]
+    m = quiet_prepare([corpus], tmp_path / "ds", workers=1)["manifest"]
     skipped, notes = m["source"]["skipped"], "\n".join(m["source"]["skipped_examples"])
     assert skipped == {"bad_parquet": 1, "missing_text_field": 1, "bad_zstd": 1, "bad_gzip": 1}
     assert "other.parquet: no column 'text' (columns: id, content)" in notes
@@ -251,9 +248,9 @@ def test_a_corpus_without_the_text_column_is_one_line_naming_the_columns(tmp_pat
     write_parquet(tmp_path / "c.parquet", TEXTS[:3], field="content")
     with pytest.raises(DataError, match=r"skipped: 1 missing_text_field; first: .*c\.parquet: no column 'text' "
                                         r"\(columns: id, content\); give the text column with --text-field"):
-        build([tmp_path / "c.parquet"], tmp_path / "ds", workers=1)
+        quiet_prepare([tmp_path / "c.parquet"], tmp_path / "ds", workers=1)
     assert not list(tmp_path.glob("*ds*")) and not list(tmp_path.glob(".ds*"))
-    m = build([tmp_path / "c.parquet"], tmp_path / "ds", workers=1, text_field="content")["manifest"]
+    m = quiet_prepare([tmp_path / "c.parquet"], tmp_path / "ds", workers=1, text_field="content")["manifest"]
     assert m["documents"] == 3
 
 

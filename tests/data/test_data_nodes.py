@@ -1,5 +1,5 @@
 """data.prepare on several nodes: the live two-node Slurm cluster and the SSH namespace hosts
-(tests/cluster.py) share the work of one prepare, and the dataset is the one a single node makes.
+(tests/helpers/cluster.py) share the work of one prepare, and the dataset is the one a single node makes.
 
 Each node runs `python -m trainer.data.node` on its share of the units, in the checkout and on
 the file system the nodes share (as a cluster's home); the inv that was started assembles it.
@@ -10,16 +10,14 @@ made use of by the next run, and bad input before anything is written.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sysconfig
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-INV = REPO / ".venv" / "bin" / "inv"
-STDLIB = Path(sysconfig.get_paths()["stdlib"])
+from helpers.corpus import STDLIB, comparable_manifest
+from helpers.program import INV, ONE_THREAD, REPO, explain, inv_environ, run_inv
+
 pytestmark = pytest.mark.slow
 
 
@@ -45,45 +43,37 @@ def one_node(corpus, tmp_path_factory) -> dict:
     return prepare([corpus], out, workers=1, progress=False)["manifest"]
 
 
-def comparable(manifest: dict) -> dict:
-    return {k: v for k, v in manifest.items() if k not in ("created", "record_sha256")}
+def slurm_environ(cluster, tmp_path) -> dict[str, str]:
+    """inv's environment for the cluster's Slurm (conftest's own_slurm keeps this shell's SLURM_* out)."""
+    return inv_environ(tmp_path / "runs", {**cluster.slurm_env(), **ONE_THREAD}, clean=True)
 
 
-def _slurm_env(cluster, tmp_path) -> dict[str, str]:
-    return {**{k: v for k, v in os.environ.items() if not k.startswith(("INVOKE_", "ANVIL_", "SLURM_"))},
-            **cluster.slurm_env(), "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1"}
-
-
-def _explain(proc) -> str:
-    return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
-
-
-def _prepare_argv(corpus: Path, out: Path, *extra: str) -> list[str]:
-    return [str(INV), "data.prepare", "--input", str(corpus), "--out", str(out), "--workers", "1", "--json",
-            *extra]
+def prepare_args(corpus: Path, out: Path, *extra: str) -> list[str]:
+    """data.prepare's arguments: `corpus` into `out`, one worker a node, the result as JSON."""
+    return ["data.prepare", "--input", str(corpus), "--out", str(out), "--workers", "1", "--json", *extra]
 
 
 def test_inside_an_allocation_both_nodes_make_parts_of_the_one_node_dataset(slurm_cluster, corpus, one_node,
                                                                          tmp_path):
     out = tmp_path / "ds"
-    proc = subprocess.run(["salloc", "-N2", "--quiet", *_prepare_argv(corpus, out, "--runtime", "slurm")],
-                          cwd=REPO, env=_slurm_env(slurm_cluster, tmp_path), capture_output=True, text=True,
+    proc = subprocess.run(["salloc", "-N2", "--quiet", str(INV), *prepare_args(corpus, out, "--runtime", "slurm")],
+                          cwd=REPO, env=slurm_environ(slurm_cluster, tmp_path), capture_output=True, text=True,
                           stdin=subprocess.DEVNULL, timeout=600)
-    assert proc.returncode == 0, _explain(proc)
+    assert proc.returncode == 0, explain(proc)
     result = json.loads(proc.stdout)
     assert result["runtime"] == "slurm" and "making the parts on every node (srun)" in proc.stderr
-    assert comparable(result["manifest"]) == comparable(one_node)       # the same shards, sha256 and all
+    assert comparable_manifest(result["manifest"]) == comparable_manifest(one_node)   # the same shards, sha256, all
     assert json.loads((out / "manifest.json").read_text())["fingerprint"] == one_node["fingerprint"]
     assert sorted(p.name for p in tmp_path.iterdir() if "ds" in p.name) == ["ds"]   # no work folder left
 
 
 def test_nodes_from_outside_an_allocation(slurm_cluster, corpus, one_node, tmp_path):
     out = tmp_path / "ds"
-    proc = subprocess.run(_prepare_argv(corpus, out, "--runtime", "slurm", "--nodes", "2"), cwd=REPO,
-                          env=_slurm_env(slurm_cluster, tmp_path), capture_output=True, text=True,
+    proc = subprocess.run([str(INV), *prepare_args(corpus, out, "--runtime", "slurm", "--nodes", "2")], cwd=REPO,
+                          env=slurm_environ(slurm_cluster, tmp_path), capture_output=True, text=True,
                           stdin=subprocess.DEVNULL, timeout=600)
-    assert proc.returncode == 0, _explain(proc)
-    assert comparable(json.loads(proc.stdout)["manifest"]) == comparable(one_node)
+    assert proc.returncode == 0, explain(proc)
+    assert comparable_manifest(json.loads(proc.stdout)["manifest"]) == comparable_manifest(one_node)
 
 
 def test_a_node_that_fails_is_named_and_the_next_run_makes_only_what_is_missing(slurm_cluster, corpus, one_node,
@@ -92,28 +82,28 @@ def test_a_node_that_fails_is_named_and_the_next_run_makes_only_what_is_missing(
     folder that is not on a shared file system): one line names node2; node1's parts are kept, and
     the same command on this machine alone finishes from them."""
     out = tmp_path / "ds"
-    env = _slurm_env(slurm_cluster, tmp_path)
+    env = slurm_environ(slurm_cluster, tmp_path)
     slurm_cluster.node_tmpfs("node2", str(tmp_path), "1m")
     try:
-        proc = subprocess.run(["salloc", "-N2", "--quiet", *_prepare_argv(corpus, out, "--runtime", "slurm")],
+        proc = subprocess.run(["salloc", "-N2", "--quiet", str(INV), *prepare_args(corpus, out, "--runtime", "slurm")],
                               cwd=REPO, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
                               timeout=600)
     finally:
         slurm_cluster.node_tmpfs("node2", str(tmp_path), None)
-    assert proc.returncode == 2, _explain(proc)
+    assert proc.returncode == 2, explain(proc)
     line = proc.stderr.strip().splitlines()[-1]
-    assert line.startswith("data.prepare: the parts were not all made: node2:"), _explain(proc)
+    assert line.startswith("data.prepare: the parts were not all made: node2:"), explain(proc)
     assert "a file system every node shares" in line and "the same command again makes the rest" in line
     assert not out.exists() and "Traceback" not in proc.stderr
     (folder,) = tmp_path.glob(".ds.parts-*")
     kept = [p for p in folder.glob("*.json") if p.name != "plan.json"]
     assert kept, "node1's parts were not kept"
-    again = subprocess.run(_prepare_argv(corpus, out, "--runtime", "direct"), cwd=REPO, env=env,
+    again = subprocess.run([str(INV), *prepare_args(corpus, out, "--runtime", "direct")], cwd=REPO, env=env,
                            capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
-    assert again.returncode == 0, _explain(again)
+    assert again.returncode == 0, explain(again)
     result = json.loads(again.stdout)
     assert result["resumed_parts"] == len(kept)
-    assert comparable(result["manifest"]) == comparable(one_node)
+    assert comparable_manifest(result["manifest"]) == comparable_manifest(one_node)
 
 
 def test_over_ssh_hosts_with_dash_h(netns_cluster, corpus, one_node, tmp_path, repo):
@@ -122,20 +112,16 @@ def test_over_ssh_hosts_with_dash_h(netns_cluster, corpus, one_node, tmp_path, r
     path.write_text(json.dumps(settings))
     out = tmp_path / "ds"
     hosts = ",".join(h.address for h in netns_cluster.hosts)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("INVOKE_", "ANVIL_"))}
-    proc = subprocess.run([str(INV), "-f", str(path), "-H", hosts, *_prepare_argv(corpus, out)[1:]], cwd=REPO,
-                          env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
-    assert proc.returncode == 0, _explain(proc)
+    proc = run_inv("-f", path, "-H", hosts, *prepare_args(corpus, out), clean=True, timeout=600)
+    assert proc.returncode == 0, explain(proc)
     result = json.loads(proc.stdout)
-    assert result["runtime"] == "ssh" and comparable(result["manifest"]) == comparable(one_node)
+    assert result["runtime"] == "ssh" and comparable_manifest(result["manifest"]) == comparable_manifest(one_node)
 
 
 def test_bad_input_is_one_line_before_anything_is_written(tmp_path, corpus):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("INVOKE_", "ANVIL_"))}
     for extra, fragment in ((["--runtime", "slurm+container"], "--runtime slurm+container is not supported here"),
                             (["--nodes", "2"], "--nodes needs --runtime slurm (runtime is direct)"),
                             (["--runtime", "direct", "--hosts", "a,b"], "--runtime direct with --hosts a,b")):
-        proc = subprocess.run(_prepare_argv(corpus, tmp_path / "ds", *extra), cwd=REPO, env=env,
-                              capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
-        assert proc.returncode == 2 and fragment in proc.stderr and "Traceback" not in proc.stderr, _explain(proc)
+        proc = run_inv(*prepare_args(corpus, tmp_path / "ds", *extra), clean=True, timeout=120)
+        assert proc.returncode == 2 and fragment in proc.stderr and "Traceback" not in proc.stderr, explain(proc)
         assert not list(tmp_path.glob("*ds*"))

@@ -1,69 +1,20 @@
 """data.prepare on real files: counts, checksums, exact roundtrip, split, bad inputs,
 full disk, a SIGKILL mid-way, reruns."""
-import gzip
-import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from trainer.data import DataError, Dataset, load_tokenizer, prepare
+from helpers.corpus import STDLIB_FILES, decoded_documents, make_corpus
+from helpers.files import tmpfs, tree
+from helpers.program import inv
+from trainer.data import DataError, Dataset, prepare
 from trainer.data.inspect import verify
-
-STDLIB = Path(sysconfig.get_paths()["stdlib"])
-STDLIB_FILES = ["bisect.py", "colorsys.py", "keyword.py", "this.py", "abc.py", "fnmatch.py",
-                "glob.py", "shlex.py"]
-JSONL_TEXTS = ["first JSONL document\nwith two lines", "second: unicode ✓ 日本語", "third"]
-
-
-def make_corpus(root: Path) -> tuple[Path, set[str]]:
-    """A small real corpus with every kind of bad file; returns (dir, expected texts)."""
-    corpus = root / "corpus"
-    (corpus / "py").mkdir(parents=True)
-    expected = set()
-    for name in STDLIB_FILES:
-        text = (STDLIB / name).read_text(encoding="utf-8")
-        (corpus / "py" / name).write_text(text, encoding="utf-8")
-        expected.add(text)
-    (corpus / "empty.txt").write_bytes(b"")
-    (corpus / "blank.txt").write_bytes(b" \n\n")
-    (corpus / "latin1.txt").write_bytes("caf\u00e9 cr\u00e8me".encode("latin-1"))
-    (corpus / "junk.bin").write_bytes(bytes(range(256)) * 4)
-    (corpus / "corrupt.txt.gz").write_bytes(b"\x1f\x8b\x08\x00garbage, not deflate")
-    gz_text = "a gzipped text document\n" * 3
-    (corpus / "plain.txt.gz").write_bytes(gzip.compress(gz_text.encode()))
-    expected.add(gz_text)
-    lines = [json.dumps({"text": JSONL_TEXTS[0], "id": 1}), "{not json", json.dumps({"body": "x"}),
-             "", json.dumps({"text": ""}), json.dumps({"text": JSONL_TEXTS[1]}), json.dumps([1, 2])]
-    (corpus / "docs.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    (corpus / "more.jsonl.gz").write_bytes(gzip.compress((json.dumps({"text": JSONL_TEXTS[2]}) + "\n").encode()))
-    expected.update(JSONL_TEXTS)
-    return corpus, expected
-
-
-def decoded_documents(path: Path) -> dict[str, list[str]]:
-    ds, tok = Dataset(path), load_tokenizer(path)
-    out = {}
-    for name in ds.manifest["splits"]:
-        stream = ds.split(name)
-        docs = []
-        for i in range(stream.documents):
-            doc = stream.document(i)
-            assert doc[0] == tok.bos_id and doc[-1] == tok.eos_id
-            docs.append(tok.decode(doc[1:-1].tolist()))
-        out[name] = docs
-    return out
-
-
-def tree_digest(path: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
 
 
 def test_prepare_counts_checksums_roundtrip(tmp_path):
@@ -141,10 +92,10 @@ def test_bad_inputs_are_clear_errors(tmp_path):
         shutil.copy(corpus / name, bad / name)
     good = tmp_path / "ds"
     prepare([corpus / "py"], good, workers=1, progress=False)
-    before = tree_digest(good)
+    before = tree(good)
     with pytest.raises(DataError, match="no usable documents.*1 bad_gzip, 1 binary, 1 empty, 1 invalid_utf8"):
         prepare([bad], good, workers=1, progress=False)
-    assert tree_digest(good) == before
+    assert tree(good) == before
     with pytest.raises(DataError, match="val-fraction"):
         prepare([corpus], good, val_fraction=1.5, progress=False)
     with pytest.raises(DataError, match="gpt2: no such file; expected byte, bpe or the path of a Hugging Face tokenizer.json"):
@@ -170,44 +121,37 @@ def test_file_size_limit_is_disk_full_and_keeps_old_dataset(tmp_path):
     corpus, _ = make_corpus(tmp_path)
     out = tmp_path / "ds"
     prepare([corpus / "py"], out, workers=1, progress=False)
-    before = tree_digest(out)
+    before = tree(out)
     limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))  # noqa: E731
     rc, stdout, stderr = _prepare_in_subprocess(
         f"None, Path({str(out)!r}), max_docs=50, workers=1", preexec=limit)
     assert rc == 0 and "Traceback" not in stderr
     assert "DataError: disk full" in stdout and "unchanged" in stdout
-    assert tree_digest(out) == before
+    assert tree(out) == before
     assert not list(tmp_path.glob("ds.tmp-*"))
 
 
 def test_full_tmpfs_is_clear_error(tmp_path):
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(disk)],
-                      capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here (needs root)")
-    try:
+    with tmpfs(tmp_path / "disk", "512k") as disk:
         corpus, _ = make_corpus(tmp_path)
         out = disk / "ds"
         prepare([corpus / "py"], out, workers=1, progress=False)
-        before = tree_digest(out)
+        before = tree(out)
         with pytest.raises(DataError, match="disk full.*No space left.*unchanged"):
             prepare(None, out, max_docs=60, workers=1, progress=False)
-        assert tree_digest(out) == before
+        assert tree(out) == before
         assert [p.name for p in disk.iterdir() if not p.name.startswith(".ds.parts-")] == ["ds"]
         # with room again, the same command builds it (from the parts kept) and leaves nothing beside it
         subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
         assert prepare(None, out, max_docs=60, workers=1, progress=False)["manifest"]["documents"] == 60
         assert sorted(p.name for p in disk.iterdir()) == ["ds"]
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)
 
 
 def test_sigkill_midway_keeps_dataset_and_rerun_is_clean(tmp_path):
     corpus, _ = make_corpus(tmp_path)
     out = tmp_path / "ds"
     prepare([corpus / "py"], out, workers=1, progress=False)
-    before = tree_digest(out)
+    before = tree(out)
     # the default corpus (the stdlib) in 20k-token shards, each fsynced: long enough to be caught
     proc = _prepare_in_subprocess(f"None, Path({str(out)!r}), shard_tokens=20_000, "
                                   f"workers=1, force=True", wait=False)
@@ -221,7 +165,7 @@ def test_sigkill_midway_keeps_dataset_and_rerun_is_clean(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert list(tmp_path.glob("ds.tmp-*")), "the killed run left its temp dir"
-    assert tree_digest(out) == before  # the dataset in place is untouched
+    assert tree(out) == before  # the dataset in place is untouched
     result = prepare([corpus / "py"], out, workers=1, progress=False)
     assert result["status"] == "up-to-date" and any("removed stale ds.tmp-" in n for n in result["notes"])
     assert not list(tmp_path.glob("ds.tmp-*"))
@@ -232,12 +176,12 @@ def test_interrupted_swap_is_repaired(tmp_path):
     corpus, _ = make_corpus(tmp_path)
     out = tmp_path / "ds"
     prepare([corpus / "py"], out, workers=1, progress=False)
-    before = tree_digest(out)
+    before = tree(out)
     out.rename(tmp_path / "ds.old-abc123")
     (tmp_path / "ds.tmp-xyz").mkdir()
     result = prepare([corpus / "py"], out, workers=1, progress=False)
     assert result["status"] == "up-to-date"
-    assert tree_digest(out) == before
+    assert tree(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus", "ds"]
 
 
@@ -281,14 +225,11 @@ def test_concurrent_prepare_is_refused(tmp_path):
 def test_inv_data_prepare_leaves_no_lock_file(tmp_path):
     """The lock file beside the dataset goes when the run ends: built, up to date, failed,
     or after a run killed with SIGKILL left one."""
-    inv = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "inv"
     corpus, _ = make_corpus(tmp_path)
-    environ = {**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs")}
 
     def prepare_here(*args):
-        return subprocess.run([str(inv), "data.prepare", "--input", str(corpus / "py"), "--out",
-                               str(tmp_path / "data" / "ds"), "-q", "--workers", "1", *args],
-                              cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=300)
+        return inv(tmp_path, "data.prepare", "--input", corpus / "py", "--out", tmp_path / "data" / "ds", "-q",
+                   "--workers", "1", *args)
 
     for args in ((), (), ("--force",)):   # built, up to date, rebuilt
         proc = prepare_here(*args)

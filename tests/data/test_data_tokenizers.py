@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from test_data_prepare import STDLIB, STDLIB_FILES, decoded_documents, make_corpus
+from helpers.corpus import STDLIB, STDLIB_FILES, decoded_documents, make_corpus
 from trainer.data import ByteTokenizer, DataError, get_tokenizer, load_tokenizer, prepare, train_tokenizer
 from trainer.data.tokenizers import SPECIAL_TOKENS, train_bpe
 

@@ -1,4 +1,4 @@
-"""envs.topology and preflight's topology check, on recorded tool outputs (tests/data/topology/,
+"""envs.topology and preflight's topology check, on recorded tool outputs (tests/envs/topology/,
 SOURCES.md says where each comes from: a real H200 capture, public NVIDIA and AMD examples) and on
 a sysfs tree written to disk; `inv env.topology` as a user runs it."""
 from __future__ import annotations
@@ -7,7 +7,6 @@ import json
 import subprocess
 from pathlib import Path
 
-import pytest
 
 from envs import synthesize, topology
 from envs.machine import Gpu, Machine
@@ -17,7 +16,7 @@ from runtime.report import svg
 DATA = Path(__file__).resolve().parent / "topology"
 
 
-def statuses(results):
+def status_by_check(results):
     return {r.name: r.status for r in results}
 
 
@@ -26,7 +25,7 @@ def test_nvidia_h200_capture_one_gpu_with_its_numa_and_cpus():
     assert topo.vendor == "nvidia" and [(g.index, g.numa, g.cpus) for g in topo.gpus] == [(0, 0, "0-15")]
     assert topo.links == {} and topo.nics == [] and not topo.notes
     results = check.judge(topo, synthesize("H200:1"))
-    assert statuses(results) == {"topology.map": "PASS", "topology.gpu_links": "PASS", "topology.nic_numa": "PASS"}
+    assert status_by_check(results) == {"topology.map": "PASS", "topology.gpu_links": "PASS", "topology.nic_numa": "PASS"}
 
 
 def test_dgx_h100_every_pair_nvlink_passes_and_is_drawn_as_one_fabric():
@@ -50,7 +49,7 @@ def test_pcie_only_gpus_against_an_hgx_profile_warn_with_the_fix():
     # the PCIe form factor is not expected to have NVLink between every pair
     pcie = Machine(vendor="nvidia", model="H100", name="NVIDIA H100 PCIe", arch="sm_90", count=8, memory_gib=80,
                    gpus=[Gpu(i, "NVIDIA H100 PCIe") for i in range(8)])
-    assert statuses(check.judge(topo, pcie))["topology.gpu_links"] == "PASS"
+    assert status_by_check(check.judge(topo, pcie))["topology.gpu_links"] == "PASS"
 
 
 def test_amd_rocm_smi_showtopo_pcie_against_mi300x_warns():
@@ -90,7 +89,7 @@ def test_gpus_on_a_numa_node_without_an_rdma_nic_warn(tmp_path):
     # one NIC per node: fine
     (tmp_path / "sys/class/infiniband/mlx5_1/device/numa_node").write_text("1\n")
     topo = topology.merge_sysfs(topology.Topology(vendor="nvidia", source="test"), machine, tmp_path)
-    assert statuses(check.judge(topo, machine))["topology.nic_numa"] == "PASS"
+    assert status_by_check(check.judge(topo, machine))["topology.nic_numa"] == "PASS"
 
 
 def test_a_nic_on_another_node_than_the_gpus_on_its_switch_warns():

@@ -2,23 +2,18 @@
 build), env.explain showing it, the run recording which file it used (and keeping a copy), and a replay reading the
 same file."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from invoke import Context
 
 import envs
 from envs import computed
+from helpers.program import anvil_context, run_inv
 from runtime.jobs import tuning
-from runtime.program.cli import AnvilConfig
 from runtime.runs.run import RunSpec, execute
-
-REPO = Path(__file__).resolve().parents[2]
-INV = REPO / ".venv" / "bin" / "inv"
 
 
 def fake_torch(tmp_path, version="2.11.0+cu130", cuda="'13.0'", hip="None"):
@@ -61,14 +56,12 @@ def test_tune_gemm_adds_the_tuning_layer_with_its_file_in_the_keyed_cache(tmp_pa
 
 
 def test_env_explain_shows_the_results_file_and_says_where_it_comes_from(tmp_path):
-    env = {**os.environ, "ANVIL_CACHE_DIR": str(tmp_path)}
-    proc = subprocess.run([str(INV), "env.explain", "pytorch_tunableop_filename", "--gpu", "H200", "--tune-gemm"],
-                          cwd=REPO, env=env, capture_output=True, text=True)
+    env = {"ANVIL_CACHE_DIR": str(tmp_path)}
+    proc = run_inv("env.explain", "pytorch_tunableop_filename", "--gpu", "H200", "--tune-gemm", env=env)
     assert proc.returncode == 0, proc.stderr
     assert f"PYTORCH_TUNABLEOP_FILENAME={tmp_path}/tunableop/H200-torch" in proc.stdout
     assert "tuning:tunableop" in proc.stdout and "reused by every later run with the same key" in proc.stdout
-    without = subprocess.run([str(INV), "env.explain", "PYTORCH_TUNABLEOP_FILENAME", "--gpu", "H200"],
-                             cwd=REPO, env=env, capture_output=True, text=True)
+    without = run_inv("env.explain", "PYTORCH_TUNABLEOP_FILENAME", "--gpu", "H200", env=env)
     assert without.returncode == 2 and "see it with --tune-gemm" in without.stderr
 
 
@@ -84,8 +77,7 @@ def _kept(run):
 
 
 def _ctx(tmp_path):
-    return Context(config=AnvilConfig(overrides={"anvil": {"runs_dir": str(tmp_path / "runs"),
-                                                           "hooks_dir": str(tmp_path / "no-hooks")}}))
+    return anvil_context(tmp_path / "runs", hooks_dir=tmp_path / "no-hooks")
 
 
 def test_a_run_records_the_results_file_it_used_and_keeps_a_copy(tmp_path):
@@ -143,17 +135,16 @@ def test_without_tunableop_nothing_is_recorded(tmp_path):
 
 @pytest.mark.slow
 def test_train_pretrain_tune_gemm_records_the_file_and_its_replay_uses_it(tmp_path, dataset):
-    env = {**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs"), "ANVIL_CACHE_DIR": str(tmp_path / "cache")}
+    env = {"ANVIL_CACHE_DIR": str(tmp_path / "cache")}
     args = ["train.pretrain", "--tune-gemm", "--gpu", "H200", "--nproc", "2", "--set", f"data.path={dataset}", "--set",
             "data.seq_len=32", "--set", "model.n_layers=1", "--set", "train.steps=2", "--set", "train.val_interval=0",
             "--set", "checkpoint.save_final=false", "--env", "OMP_NUM_THREADS=1"]
-    proc = subprocess.run([str(INV), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_inv(*args, runs=tmp_path / "runs", env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = (tmp_path / "runs").iterdir()
     record = json.loads((run / "metadata.json").read_text())["tunableop"]
     assert record["file"].startswith(str(tmp_path / "cache" / "tunableop" / "H200-torch"))
-    replay = subprocess.run([str(INV), "snapshot.replay", str(run)], cwd=REPO, env=env, capture_output=True,
-                            text=True, timeout=300)
+    replay = run_inv("snapshot.replay", run, runs=tmp_path / "runs", env=env)
     assert replay.returncode == 0, replay.stderr[-3000:]
     (second,) = [p for p in (tmp_path / "runs").iterdir() if p != run]
     again = json.loads((second / "env.json").read_text())["vars"]["PYTORCH_TUNABLEOP_FILENAME"]

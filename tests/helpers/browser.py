@@ -209,7 +209,7 @@ class Page:
         return Path(out)
 
 
-def main(argv: list[str]) -> int:
+def _main(argv: list[str]) -> int:
     if len(argv) >= 3 and argv[0] == "shot":
         width = int(argv[3]) if len(argv) > 3 else 1400
         height = int(argv[4]) if len(argv) > 4 else 900
@@ -229,4 +229,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(_main(sys.argv[1:]))

@@ -653,7 +653,7 @@ Subsystem sftp internal-sftp
 # Slurm 22.05 without systemd or cgroups: processes tracked through /proc, no task
 # binding (so no --cpu-bind), no accounting (no sacct). Everything in {slurm}.
 _SLURM_CONF = """\
-# anvil-testnet cluster {number} (tests/cluster.py): one machine, nodes in network namespaces.
+# anvil-testnet cluster {number} (tests/helpers/cluster.py): one machine, nodes in network namespaces.
 ClusterName=anvil{number}
 SlurmctldHost={ctld_host}({ctld_addr})
 SlurmctldPort={ctld_port}

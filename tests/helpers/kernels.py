@@ -30,6 +30,9 @@ DEVICE = "cpu" if INTERPRET or not torch.cuda.is_available() else "cuda"
 ON_GPU = DEVICE == "cuda"
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# A CUDA GPU is visible (interpreted or not): the loss kernels' tests then run at real sizes, there.
+CUDA = torch.cuda.is_available()
+CUDA_OR_CPU = "cuda" if CUDA else "cpu"
 
 # (atol, rtol) against an fp64 reference. Liger's table in brackets.
 _TOLERANCES = {

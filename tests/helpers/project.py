@@ -1,4 +1,4 @@
-"""A throwaway Invoke project for the runner's tests (test_cli, test_hooks, test_replay, ...).
+"""A throwaway Invoke project for the runner's tests (runner/test_cli.py, test_hooks.py, test_replay.py, ...).
 
 Its tasks.py defines a few small tasks of its own (a run-creating one, a
 check-shaped one, one with auto short flags) and mounts the checkout's real
@@ -7,14 +7,11 @@ depending on what other collections do.
 """
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-INV = REPO / ".venv" / "bin" / "inv"
+from helpers.program import run_inv
 
 TASKS_PY = textwrap.dedent('''
     import importlib.util
@@ -110,25 +107,8 @@ def make_project(root: Path) -> Path:
     return root
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("INVOKE_", "ANVIL_"))}
-    env.update(extra)
-    return env
-
-
-def inv(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 120,
-        program: Path = INV) -> subprocess.CompletedProcess:
-    return subprocess.run([str(program), *args], cwd=cwd, env=env or clean_env(), capture_output=True,
-                          text=True, stdin=subprocess.DEVNULL, timeout=timeout)
-
-
-def runs(root: Path) -> list[Path]:
-    folder = root / "runs"
-    return sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
-
-
-def explain(result: subprocess.CompletedProcess) -> str:
-    return f"exit {result.returncode}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
-
-
-__all__ = ["REPO", "INV", "make_project", "clean_env", "inv", "runs", "explain", "sys"]
+def in_project(project: Path, *args, env: dict[str, str] | None = None,
+               timeout: float = 120) -> subprocess.CompletedProcess:
+    """The installed inv in `project` as its own user would run it: none of this shell's INVOKE_* and
+    ANVIL_* settings (the project's invoke.yaml says where its runs go), `env` on top."""
+    return run_inv(*args, cwd=project, clean=True, env=env, timeout=timeout)

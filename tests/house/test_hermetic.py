@@ -30,7 +30,7 @@ def test_a_slurm_command_a_test_reaches_finds_no_controller_at_once(tmp_path):
 
 @pytest.mark.skipif(shutil.which("scontrol") is None, reason="Slurm's client commands are not installed")
 def test_a_per_node_task_over_slurm_outside_a_cluster_stops_at_the_missing_controller(tmp_path):
-    """What tests/test_bench_input.py's slurm+container test reaches: the suite's nowhere controller, not
+    """What tests/bench/test_bench_input.py's slurm+container test reaches: the suite's nowhere controller, not
     the machine's cluster (before, it sent a real job step to /etc/slurm/slurm.conf's cluster)."""
     proc = inv(tmp_path, "preflight.host", "--runtime", "slurm")
     one_line_error(proc, "preflight.host", "Slurm's controller does not answer")

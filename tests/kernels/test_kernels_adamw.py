@@ -26,7 +26,7 @@ def groups(ps):
             {"params": [p for p in ps if p.dim() < 2], "weight_decay": 0.0}]
 
 
-def run(opt_cls, ps, steps, clip=0.0, seed=1, **kw):
+def stepped(opt_cls, ps, steps, clip=0.0, seed=1, **kw):
     opt = opt_cls(groups(ps), **HYPER, **kw)
     g = torch.Generator().manual_seed(seed)
     for _ in range(steps):
@@ -46,8 +46,8 @@ def run(opt_cls, ps, steps, clip=0.0, seed=1, **kw):
 @pytest.mark.parametrize("clip", [0.0, 1.0], ids=["no-clip", "clip"])
 def test_matches_torch_adamw(dtype, steps, tol, ref_kw, clip):
     ref, ours = params(dtype), params(dtype)
-    ref_opt = run(torch.optim.AdamW, ref, steps=steps, clip=clip, **ref_kw)
-    our_opt = run(TritonAdamW, ours, steps=steps, clip=clip)
+    ref_opt = stepped(torch.optim.AdamW, ref, steps=steps, clip=clip, **ref_kw)
+    our_opt = stepped(TritonAdamW, ours, steps=steps, clip=clip)
     if clip:
         assert our_opt.grad_scale is not None and float(our_opt.grad_scale) > 1   # clipped, by the kernel
     for a, b in zip(ref, ours):
@@ -62,7 +62,7 @@ def test_matches_torch_adamw(dtype, steps, tol, ref_kw, clip):
 def test_checkpoints_move_between_torch_and_triton():
     """A run saved by torch's AdamW resumes under TritonAdamW (and back) on the same trajectory."""
     ref, ours = params(torch.float32), params(torch.float32)
-    ref_opt = run(torch.optim.AdamW, ref, steps=2, foreach=False)
+    ref_opt = stepped(torch.optim.AdamW, ref, steps=2, foreach=False)
     for a, b in zip(ref, ours):
         b.data.copy_(a.data)
     our_opt = TritonAdamW(groups(ours), **HYPER)
@@ -102,8 +102,8 @@ def test_dtensor_parameters_are_updated_through_their_shards(tmp_path):
         mesh = init_device_mesh(DEVICE, (1,))
         plain = params(torch.float32)
         dts = [torch.nn.Parameter(distribute_tensor(p.detach().clone(), mesh, [Shard(0)])) for p in plain]
-        run(torch.optim.AdamW, plain, steps=3, clip=1.0, foreach=False)
-        our_opt = run(TritonAdamW, dts, steps=3, clip=1.0)
+        stepped(torch.optim.AdamW, plain, steps=3, clip=1.0, foreach=False)
+        our_opt = stepped(TritonAdamW, dts, steps=3, clip=1.0)
         assert our_opt.grad_scale is not None
         for a, b in zip(plain, dts):
             torch.testing.assert_close(b.full_tensor(), a.detach(), rtol=1e-6, atol=1e-6)
@@ -119,8 +119,8 @@ def test_float8_all_gather_weights_are_updated_inside_their_wrapper():
     plain = params(torch.float32)
     wrapped = [torch.nn.Parameter(fsdp_utils.WeightWithDynamicFloat8CastTensor(
         p.detach().clone(), LinearMMConfig(), torch.float8_e4m3fn)) for p in plain]
-    run(torch.optim.AdamW, plain, steps=2, foreach=False)
-    run(TritonAdamW, wrapped, steps=2)
+    stepped(torch.optim.AdamW, plain, steps=2, foreach=False)
+    stepped(TritonAdamW, wrapped, steps=2)
     for a, b in zip(plain, wrapped):
         torch.testing.assert_close(b._tensor, a.detach(), rtol=1e-6, atol=1e-6)
 
@@ -138,7 +138,7 @@ def test_float8_wrappers_are_opened_without_a_host_sync(monkeypatch):
     def flatten_syncs(self):
         raise AssertionError("__tensor_flatten__ called: bool(_precomputed_scale) syncs the host with the GPU")
     monkeypatch.setattr(cls, "__tensor_flatten__", flatten_syncs)
-    run(torch.optim.AdamW, plain, steps=2, foreach=False)
-    run(TritonAdamW, wrapped, steps=2)
+    stepped(torch.optim.AdamW, plain, steps=2, foreach=False)
+    stepped(TritonAdamW, wrapped, steps=2)
     for a, b in zip(plain, wrapped):
         torch.testing.assert_close(b._tensor, a.detach(), rtol=1e-6, atol=1e-6)

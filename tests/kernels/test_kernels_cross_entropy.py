@@ -19,7 +19,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
 import pytest  # noqa: E402
-from helpers.kernels import rel_err, uninitialized_memory_filled  # noqa: E402
+from helpers.kernels import CUDA, CUDA_OR_CPU, rel_err  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import importlib  # noqa: E402
@@ -28,23 +28,17 @@ from kernels.cross_entropy import cross_entropy  # noqa: E402
 
 ce = importlib.import_module("kernels.cross_entropy")  # the module (its name is also the function's)
 
-GPU = torch.cuda.is_available()
-DEV = "cuda" if GPU else "cpu"
-ROWS = 512 if GPU else 5
-VOCABS = (32003, 128256) if GPU else (1003, 32003)
+# torch.empty NaN-filled in every test: an output element a kernel never writes shows
+pytestmark = pytest.mark.usefixtures("nan_filled_empty")
+ROWS = 512 if CUDA else 5
+VOCABS = (32003, 128256) if CUDA else (1003, 32003)
 # ||out - ref|| / ||ref|| against fp64 (grad rounding to the dtype dominates).
 REL_TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
 
 
-@pytest.fixture(autouse=True)
-def poisoned_empty():
-    with uninitialized_memory_filled():
-        yield
-
-
-def make(rows, vocab, dtype, ignore_every=3):
-    logits = (torch.randn(rows, vocab, device=DEV) * 4).to(dtype)
-    target = torch.randint(0, vocab, (rows,), device=DEV)
+def logits_and_targets(rows, vocab, dtype, ignore_every=3):
+    logits = (torch.randn(rows, vocab, device=CUDA_OR_CPU) * 4).to(dtype)
+    target = torch.randint(0, vocab, (rows,), device=CUDA_OR_CPU)
     target[::ignore_every] = -100
     return logits, target
 
@@ -64,7 +58,7 @@ def run_both(logits, target, **kw):
 @pytest.mark.parametrize("vocab", VOCABS)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_matches_torch(dtype, vocab, reduction):
-    logits, target = make(ROWS, vocab, dtype)
+    logits, target = logits_and_targets(ROWS, vocab, dtype)
     out, ref, g, g_ref = run_both(logits, target, reduction=reduction)
     assert out.dtype == dtype and out.shape == ref.shape
     assert rel_err(out, ref) < REL_TOL[dtype]
@@ -74,13 +68,13 @@ def test_matches_torch(dtype, vocab, reduction):
 
 
 def test_label_smoothing_matches_torch():
-    logits, target = make(ROWS, VOCABS[0], torch.float32)
+    logits, target = logits_and_targets(ROWS, VOCABS[0], torch.float32)
     out, ref, g, g_ref = run_both(logits, target, label_smoothing=0.1)
     assert rel_err(out, ref) < 1e-5 and rel_err(g, g_ref) < 1e-5
 
 
 def test_z_loss_matches_formula():
-    logits, target = make(ROWS, VOCABS[0], torch.float32)
+    logits, target = logits_and_targets(ROWS, VOCABS[0], torch.float32)
     z = 1e-3
     a = logits.clone().requires_grad_()
     b = logits.double().requires_grad_()
@@ -96,8 +90,8 @@ def test_z_loss_matches_formula():
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 def test_all_ignored_matches_torch(reduction):
-    logits, _ = make(ROWS, VOCABS[0], torch.float32)
-    target = torch.full((ROWS,), -100, device=DEV)
+    logits, _ = logits_and_targets(ROWS, VOCABS[0], torch.float32)
+    target = torch.full((ROWS,), -100, device=CUDA_OR_CPU)
     a = logits.clone().requires_grad_()
     b = logits.clone().requires_grad_()
     out = cross_entropy(a, target, reduction=reduction)
@@ -112,31 +106,31 @@ def test_all_ignored_matches_torch(reduction):
 
 def test_scale_inplace_strides_over_every_block():
     """More blocks than programs (CPU: 8 programs of 1024), a partial last block; S == 1 leaves x as it was."""
-    block, _ = ce.arch.elementwise_config(ce.arch.detect(torch.device(DEV)))
-    programs = ce.arch.detect(torch.device(DEV)).sm_count * ce._SCALE_PROGRAMS_PER_SM
-    x = torch.randn(programs * block * 3 + 17, device=DEV, dtype=torch.bfloat16)
+    block, _ = ce.arch.elementwise_config(ce.arch.detect(torch.device(CUDA_OR_CPU)))
+    programs = ce.arch.detect(torch.device(CUDA_OR_CPU)).sm_count * ce._SCALE_PROGRAMS_PER_SM
+    x = torch.randn(programs * block * 3 + 17, device=CUDA_OR_CPU, dtype=torch.bfloat16)
     before = x.clone()
-    ce.scale_inplace(x, torch.tensor(1.0, device=DEV))
+    ce.scale_inplace(x, torch.tensor(1.0, device=CUDA_OR_CPU))
     assert torch.equal(x, before)
-    ce.scale_inplace(x, torch.tensor(0.5, device=DEV))
+    ce.scale_inplace(x, torch.tensor(0.5, device=CUDA_OR_CPU))
     assert torch.equal(x, (before.float() * 0.5).to(torch.bfloat16))
 
 
 def test_upstream_gradient_scales():
-    logits, target = make(ROWS, VOCABS[0], torch.float32)
+    logits, target = logits_and_targets(ROWS, VOCABS[0], torch.float32)
     a, b = logits.clone().requires_grad_(), logits.double().requires_grad_()
     (cross_entropy(a, target) * 2.5).backward()
     (F.cross_entropy(b, target) * 2.5).backward()
     assert rel_err(a.grad, b.grad) < 1e-5
     a.grad, b.grad = None, None
-    w = torch.rand(ROWS, device=DEV)
+    w = torch.rand(ROWS, device=CUDA_OR_CPU)
     (cross_entropy(a, target, reduction="none") * w).sum().backward()
     (F.cross_entropy(b, target, reduction="none") * w.double()).sum().backward()
     assert rel_err(a.grad, b.grad) < 1e-5
 
 
 def test_inplace_grad_overwrites_logits_and_is_guarded():
-    logits, target = make(ROWS, VOCABS[0], torch.bfloat16)
+    logits, target = logits_and_targets(ROWS, VOCABS[0], torch.bfloat16)
     ref_out, _, _, g_ref = run_both(logits, target)
     x = logits.clone().requires_grad_()
     h = x * 1.0  # non-leaf, as logits from an LM head are
@@ -147,7 +141,7 @@ def test_inplace_grad_overwrites_logits_and_is_guarded():
     assert torch.equal(h.detach(), x.grad)  # the gradient lives in the logits' own storage
     assert rel_err(out, ref_out) < 1e-2 and rel_err(x.grad, g_ref) < 1e-2
     # Something that saved the logits for its own backward fails loudly, not silently.
-    w = torch.ones((), device=DEV, requires_grad=True)
+    w = torch.ones((), device=CUDA_OR_CPU, requires_grad=True)
     h2 = logits.clone().requires_grad_() * 1.0
     saved_it = (h2 * w).sum()  # mul saves h2 to compute w's gradient
     loss = cross_entropy(h2, target, inplace_grad=True) + saved_it
@@ -156,7 +150,7 @@ def test_inplace_grad_overwrites_logits_and_is_guarded():
 
 
 def test_default_leaves_logits_untouched_and_no_grad_path():
-    logits, target = make(ROWS, VOCABS[0], torch.float32)
+    logits, target = logits_and_targets(ROWS, VOCABS[0], torch.float32)
     x = logits.clone().requires_grad_()
     cross_entropy(x, target).backward()
     assert torch.equal(x.detach(), logits)
@@ -167,9 +161,9 @@ def test_default_leaves_logits_untouched_and_no_grad_path():
 
 def test_3d_noncontiguous_and_int32_targets():
     b, s, v = 2, (ROWS + 1) // 2 + 1, VOCABS[0]
-    base = (torch.randn(b, v, s, device=DEV) * 3)
+    base = (torch.randn(b, v, s, device=CUDA_OR_CPU) * 3)
     logits = base.transpose(1, 2)  # [b, s, v] with stride(-1) != 1
-    target = torch.randint(0, v, (b, s), device=DEV, dtype=torch.int32)
+    target = torch.randint(0, v, (b, s), device=CUDA_OR_CPU, dtype=torch.int32)
     target[0, 0] = -100
     a = logits.clone().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()  # same non-contiguous layout
     ref = F.cross_entropy(logits.double().reshape(-1, v), target.long().reshape(-1))
@@ -180,14 +174,14 @@ def test_3d_noncontiguous_and_int32_targets():
 
 
 def test_num_items_divides_the_sum():
-    logits, target = make(ROWS, VOCABS[0], torch.float32)
+    logits, target = logits_and_targets(ROWS, VOCABS[0], torch.float32)
     out = cross_entropy(logits, target, num_items=7)
     ref = F.cross_entropy(logits.double(), target, reduction="sum") / 7
     assert rel_err(out, ref) < 1e-5
 
 
 def test_compiles_without_graph_breaks():
-    logits, target = make(ROWS, VOCABS[0], torch.float32)
+    logits, target = logits_and_targets(ROWS, VOCABS[0], torch.float32)
     fn = torch.compile(lambda x, t: cross_entropy(x * 1.0, t, inplace_grad=True), backend="aot_eager",
                        fullgraph=True)
     a, b = logits.clone().requires_grad_(), logits.double().requires_grad_()
@@ -198,7 +192,7 @@ def test_compiles_without_graph_breaks():
 
 
 def test_bad_arguments_raise_clear_errors():
-    logits, target = make(4, 100, torch.float32)
+    logits, target = logits_and_targets(4, 100, torch.float32)
     with pytest.raises(ValueError, match="reduction"):
         cross_entropy(logits, target, reduction="avg")
     with pytest.raises(ValueError, match="target"):
@@ -214,11 +208,11 @@ def test_bad_arguments_raise_clear_errors():
 # the per-lane update, 8 the default's grouped one.
 PERSISTENT_PATHS = ([("persistent", 4096, 1, True, 1, False), ("persistent", 8192, 2, False, 1, False),
                      ("persistent", 8192, 2, True, 8, True), ("persistent", 2048, 1, True, 4, True)]
-                    if GPU else [("persistent", 256, 1, True, 1, False), ("persistent", 1024, 2, False, 1, True),
+                    if CUDA else [("persistent", 256, 1, True, 1, False), ("persistent", 1024, 2, False, 1, True),
                                  ("persistent", 256, 2, True, 8, True), ("persistent", 1024, 1, False, 4, False)])
 PATHS = ([("split", 2048), ("split", 4096), ("split", 8192), ("split", 16384), ("two_pass", 8192),
-          ("row", None)] if GPU else [("two_pass", 256), ("split", 1 << 15), ("row", None)]) + PERSISTENT_PATHS
-PATH_VOCABS = VOCABS if GPU else (700,)
+          ("row", None)] if CUDA else [("two_pass", 256), ("split", 1 << 15), ("row", None)]) + PERSISTENT_PATHS
+PATH_VOCABS = VOCABS if CUDA else (700,)
 
 
 @pytest.fixture(params=PATHS, ids=lambda p: "-".join(str(x) for x in p))
@@ -237,7 +231,7 @@ def path(request, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("options", [{}, {"reduction": "none"}, {"label_smoothing": 0.1, "reduction": "sum"}])
 def test_path_matches_torch(path, vocab, dtype, options):
-    logits, target = make(ROWS, vocab, dtype)
+    logits, target = logits_and_targets(ROWS, vocab, dtype)
     out, ref, g, g_ref = run_both(logits, target, **options)
     assert rel_err(out, ref) < REL_TOL[dtype]
     assert rel_err(g, g_ref) < REL_TOL[dtype]
@@ -245,7 +239,7 @@ def test_path_matches_torch(path, vocab, dtype, options):
 
 
 def test_path_z_loss_inplace_and_no_grad(path):
-    logits, target = make(ROWS, PATH_VOCABS[0], torch.float32)
+    logits, target = logits_and_targets(ROWS, PATH_VOCABS[0], torch.float32)
     z, eps = 1e-3, 0.05
     b = logits.double().requires_grad_()
     valid = target != -100
@@ -267,7 +261,7 @@ def test_row_one_exp_update_matches_torch(monkeypatch):
     """The row kernel's optional one-exp online update (off by default: slower on an H200)."""
     monkeypatch.setattr(ce, "_CE_MODE", "row")
     monkeypatch.setattr(ce, "_ROW_ONE_EXP", True)
-    logits, target = make(ROWS, VOCABS[1], torch.float32)
+    logits, target = logits_and_targets(ROWS, VOCABS[1], torch.float32)
     logits[1, : VOCABS[1] // 2] = float("-inf")  # a running max that starts at -inf lanes
     target[1] = VOCABS[1] - 1  # a finite target logit
     out, ref, g, g_ref = run_both(logits, target, label_smoothing=0.0)
@@ -278,11 +272,12 @@ def test_row_one_exp_update_matches_torch(monkeypatch):
 def test_persistent_programs_loop_over_rows(monkeypatch, programs_per_sm):
     """Fewer programs than rows, so the tests above run each program's row loop more than once."""
     monkeypatch.setattr(ce, "_PERSIST", ce.PersistentConfig(programs_per_sm=programs_per_sm))
-    programs, consts = ce.ce_persistent_config(torch.device(DEV), ROWS, PATH_VOCABS[0])
+    programs, consts = ce.ce_persistent_config(torch.device(CUDA_OR_CPU), ROWS, PATH_VOCABS[0])
     block, group = consts["BLOCK"], consts["GROUP"]
     assert 1 <= programs < ROWS and block & (block - 1) == 0 and consts["num_warps"] >= 1
     assert 1 <= group <= block and block % group == 0
-    assert ce.ce_persistent_config(torch.device(DEV), 1, PATH_VOCABS[0])[0] == 1  # never more programs than rows
+    # never more programs than rows
+    assert ce.ce_persistent_config(torch.device(CUDA_OR_CPU), 1, PATH_VOCABS[0])[0] == 1
 
 
 @pytest.mark.parametrize("name, n_cols, mode", [("sm_90", 128256, "persistent"), ("sm_90", 32000, "persistent"),
@@ -303,7 +298,7 @@ def test_persistent_grouped_path_on_rows_shorter_than_its_steps(monkeypatch, voc
     shrink to the row, and the masked lanes of a partial group never win a max."""
     monkeypatch.setattr(ce, "_CE_MODE", "persistent")
     monkeypatch.setattr(ce, "_PERSIST", ce.PersistentConfig(group=8))
-    logits, target = make(ROWS, vocab, torch.float32)
+    logits, target = logits_and_targets(ROWS, vocab, torch.float32)
     out, ref, g, g_ref = run_both(logits, target, label_smoothing=0.1)
     assert rel_err(out, ref) < 1e-5 and rel_err(g, g_ref) < 1e-5
 
@@ -326,7 +321,7 @@ def test_persistent_config_refuses_what_the_kernel_cannot_take(changes):
 
 def test_unknown_mode_is_refused(monkeypatch):
     monkeypatch.setattr(ce, "_CE_MODE", "persistant")
-    logits, target = make(4, 100, torch.float32)
+    logits, target = logits_and_targets(4, 100, torch.float32)
     with pytest.raises(ValueError, match="persistent"):
         cross_entropy(logits, target)
 
@@ -339,13 +334,13 @@ def test_split_plan_covers_the_row_without_empty_chunks(monkeypatch):
             assert block & (block - 1) == 0 and n * block >= v > (n - 1) * block, (split_block, v, n, block)
 
 
-@pytest.mark.skipif(not GPU, reason="races show only with programs running at once")
+@pytest.mark.skipif(not CUDA, reason="races show only with programs running at once")
 @pytest.mark.parametrize("split_block", [2048, 8192])
 def test_split_is_deterministic_at_scale(monkeypatch, split_block):
     """Programs of a row meet through global memory: a missing ordering would show as runs that differ."""
     monkeypatch.setattr(ce, "_CE_MODE", "split")
     monkeypatch.setattr(ce, "_SPLIT_BLOCK", split_block)
-    logits, target = make(4096, 128256, torch.bfloat16, ignore_every=7)
+    logits, target = logits_and_targets(4096, 128256, torch.bfloat16, ignore_every=7)
     outs = []
     for _ in range(3):
         a = logits.clone().requires_grad_()

@@ -3,9 +3,8 @@ on a GPU every heuristic candidate and the tuned mm against torch.mm."""
 import pytest
 import torch
 
+from helpers.kernels import CUDA
 from kernels import cublaslt
-
-GPU = torch.cuda.is_available()
 
 
 def view(t: torch.Tensor, transposed: bool) -> torch.Tensor:
@@ -120,7 +119,7 @@ def test_mm_tunes_a_bounded_number_of_signatures(dispatch):
     assert len(dispatch) == len(cublaslt._choices) == cublaslt._MAX_SIGNATURES
 
 
-@pytest.mark.skipif(GPU, reason="the fallback path: without CUDA")
+@pytest.mark.skipif(CUDA, reason="the fallback path: without CUDA")
 def test_mm_without_cuda_is_torch_mm_and_addmm():
     torch.manual_seed(0)
     a, b = torch.randn(6, 4).to(torch.bfloat16), torch.randn(4, 5).to(torch.bfloat16)
@@ -132,7 +131,7 @@ def test_mm_without_cuda_is_torch_mm_and_addmm():
     assert not cublaslt.available() and cublaslt.choices() == {}
 
 
-@pytest.mark.skipif(not GPU, reason="needs CUDA")
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_every_candidate_and_the_tuned_mm_match_torch_on_the_weight_gradient_shape():
     """gW [V, H] (+)= grad^T @ x, grad [C, V] row-major: each candidate the heuristic offers, and mm."""
     torch.manual_seed(0)

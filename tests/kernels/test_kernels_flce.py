@@ -12,29 +12,23 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
 import pytest  # noqa: E402
-from helpers.kernels import rel_err, uninitialized_memory_filled  # noqa: E402
+from helpers.kernels import CUDA, CUDA_OR_CPU, rel_err  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from kernels.fused_linear_cross_entropy import fused_linear_cross_entropy  # noqa: E402
 from kernels.loss_modules import FusedLinearCrossEntropy, causal_lm_loss  # noqa: E402
 
-GPU = torch.cuda.is_available()
-DEV = "cuda" if GPU else "cpu"
+# torch.empty NaN-filled in every test: an output element a kernel never writes shows
+pytestmark = pytest.mark.usefixtures("nan_filled_empty")
 # (tokens, hidden, vocab, chunk)
-SHAPES = [(1000, 1024, 32003, 256), (2048, 4096, 128256, None)] if GPU else [(37, 32, 1003, 16), (9, 16, 32003, 4)]
+SHAPES = [(1000, 1024, 32003, 256), (2048, 4096, 128256, None)] if CUDA else [(37, 32, 1003, 16), (9, 16, 32003, 4)]
 REL_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 
-@pytest.fixture(autouse=True)
-def poisoned_empty():
-    with uninitialized_memory_filled():
-        yield
-
-
-def make(n, h, v, dtype):
-    x = torch.randn(n, h, device=DEV).to(dtype)
-    w = (torch.randn(v, h, device=DEV) / h**0.5).to(dtype)
-    t = torch.randint(0, v, (n,), device=DEV)
+def hidden_weight_targets(n, h, v, dtype):
+    x = torch.randn(n, h, device=CUDA_OR_CPU).to(dtype)
+    w = (torch.randn(v, h, device=CUDA_OR_CPU) / h**0.5).to(dtype)
+    t = torch.randint(0, v, (n,), device=CUDA_OR_CPU)
     t[::4] = -100
     return x, w, t
 
@@ -57,17 +51,17 @@ def check(x, w, t, dtype, chunk=None, scale=1.0, **kw):
 @pytest.mark.parametrize("shape", SHAPES)
 def test_matches_reference(dtype, shape):
     n, h, v, chunk = shape
-    check(*make(n, h, v, dtype), dtype, chunk)
+    check(*hidden_weight_targets(n, h, v, dtype), dtype, chunk)
 
 
 def test_sum_reduction_and_upstream_scale():
     n, h, v, chunk = SHAPES[0]
-    check(*make(n, h, v, torch.float32), torch.float32, chunk, scale=0.3, reduction="sum")
+    check(*hidden_weight_targets(n, h, v, torch.float32), torch.float32, chunk, scale=0.3, reduction="sum")
 
 
 def test_only_hidden_or_only_weight_needs_grad():
     n, h, v, chunk = SHAPES[0]
-    x, w, t = make(n, h, v, torch.float32)
+    x, w, t = hidden_weight_targets(n, h, v, torch.float32)
     xa = x.clone().requires_grad_()
     fused_linear_cross_entropy(xa, w, t, chunk_size=chunk).backward()
     xb = x.double().requires_grad_()
@@ -82,8 +76,8 @@ def test_only_hidden_or_only_weight_needs_grad():
 
 def test_all_ignored_is_nan_with_zero_grads_like_torch():
     n, h, v, chunk = SHAPES[0]
-    x, w, _ = make(n, h, v, torch.float32)
-    t = torch.full((n,), -100, device=DEV)
+    x, w, _ = hidden_weight_targets(n, h, v, torch.float32)
+    t = torch.full((n,), -100, device=CUDA_OR_CPU)
     xa, wa = x.clone().requires_grad_(), w.clone().requires_grad_()
     out = fused_linear_cross_entropy(xa, wa, t, chunk_size=chunk)
     out.backward()
@@ -94,9 +88,9 @@ def test_all_ignored_is_nan_with_zero_grads_like_torch():
 def test_causal_lm_loss_matches_transformers_shift():
     n, h, v, chunk = SHAPES[0]
     b, s = 2, max(2, n // 2)
-    x = torch.randn(b, s, h, device=DEV)
-    w = torch.randn(v, h, device=DEV) / h**0.5
-    labels = torch.randint(0, v, (b, s), device=DEV)
+    x = torch.randn(b, s, h, device=CUDA_OR_CPU)
+    w = torch.randn(v, h, device=CUDA_OR_CPU) / h**0.5
+    labels = torch.randint(0, v, (b, s), device=CUDA_OR_CPU)
     labels[0, :2] = -100
     logits = (x.double() @ w.double().t())[:, :-1].reshape(-1, v)
     ref = F.cross_entropy(logits, labels[:, 1:].reshape(-1), reduction="sum") / 5
@@ -108,7 +102,7 @@ def test_causal_lm_loss_matches_transformers_shift():
 
 def test_compiles_without_graph_breaks():
     n, h, v, chunk = SHAPES[0]
-    x, w, t = make(n, h, v, torch.float32)
+    x, w, t = hidden_weight_targets(n, h, v, torch.float32)
     fn = torch.compile(lambda x, w, t: fused_linear_cross_entropy(x * 1.0, w, t, chunk_size=chunk),
                        backend="aot_eager", fullgraph=True)
     xa, wa = x.clone().requires_grad_(), w.clone().requires_grad_()
@@ -119,7 +113,7 @@ def test_compiles_without_graph_breaks():
 
 
 def test_bad_arguments_raise_clear_errors():
-    x, w, t = make(4, 8, 50, torch.float32)
+    x, w, t = hidden_weight_targets(4, 8, 50, torch.float32)
     with pytest.raises(ValueError, match="weight must be"):
         fused_linear_cross_entropy(x, w.t(), t)
     with pytest.raises(ValueError, match="reduction"):
@@ -131,7 +125,7 @@ def test_bad_arguments_raise_clear_errors():
 # --------------------------------------------------------------------------- float8 head
 
 # (GPU: a chunk of 37 is taken as 48, so that each chunk's row scales start 16-byte aligned for cuBLASLt)
-F8_SHAPES = ([(2048, 4096, 128256, None), (1000, 1024, 32000, 37)] if GPU
+F8_SHAPES = ([(2048, 4096, 128256, None), (1000, 1024, 32000, 37)] if CUDA
              else [(37, 32, 1008, 16), (64, 48, 512, None)])
 
 
@@ -140,10 +134,10 @@ F8_SHAPES = ([(2048, 4096, 128256, None), (1000, 1024, 32000, 37)] if GPU
 def test_float8_head_is_within_float8_error(f8, shape):
     """Loss and weight gradient near bf16's accuracy (gW stays bf16), the hidden gradient at float8's:
     an e4m3 operand carries 3 mantissa bits, so a few percent in norm."""
-    if GPU and f8 is torch.float8_e4m3fnuz:
+    if CUDA and f8 is torch.float8_e4m3fnuz:
         pytest.skip("fnuz float8 is MI300's; not this GPU")
     n, h, v, chunk = shape
-    x, w, t = make(n, h, v, torch.bfloat16)
+    x, w, t = hidden_weight_targets(n, h, v, torch.bfloat16)
     xa, wa = x.clone().requires_grad_(), w.clone().requires_grad_()
     out = fused_linear_cross_entropy(xa, wa, t, chunk_size=chunk, float8=f8, loss_dtype=torch.float32)
     out.backward()
@@ -160,12 +154,12 @@ def test_float8_head_row_scale_is_the_target_term():
     against the measured |max| on random logits, with ignored rows (all-zero rows, loss 0)."""
     from kernels.cross_entropy import launch_ce
     torch.manual_seed(1)
-    logits = (torch.randn(40, 1000, device=DEV) * torch.linspace(0.1, 12, 40, device=DEV)[:, None])
-    target = torch.randint(0, 1000, (40,), device=DEV)
+    logits = (torch.randn(40, 1000, device=CUDA_OR_CPU) * torch.linspace(0.1, 12, 40, device=CUDA_OR_CPU)[:, None])
+    target = torch.randint(0, 1000, (40,), device=CUDA_OR_CPU)
     target[::5] = -100
     target[1] = logits[1].argmax()   # a confident row: the target is also the largest probability
-    grad, row_loss = torch.empty_like(logits), torch.empty(40, device=DEV)
-    norm = torch.tensor(35.0, device=DEV)
+    grad, row_loss = torch.empty_like(logits), torch.empty(40, device=CUDA_OR_CPU)
+    norm = torch.tensor(35.0, device=CUDA_OR_CPU)
     launch_ce(logits, target, grad, row_loss, norm, -100, 0.0, 0.0)
     measured = grad.abs().amax(dim=1)
     assert torch.allclose(-torch.expm1(-row_loss) / norm, measured, rtol=1e-5, atol=0)
@@ -180,19 +174,20 @@ def test_cross_entropy_writes_the_float8_gradient_as_the_cast_would(monkeypatch,
     ce = importlib.import_module("kernels.cross_entropy")   # the package exports a function of that name
     from kernels.cross_entropy import launch_ce
     from kernels.float8 import cast_rowwise
-    if GPU and (f8 is torch.float8_e4m3fnuz or mode == "persistent" and ce.arch.detect(DEV).name != "sm_90"):
+    if CUDA and (f8 is torch.float8_e4m3fnuz or mode == "persistent" and ce.arch.detect(CUDA_OR_CPU).name != "sm_90"):
         pytest.skip("fnuz float8 is MI300's; the persistent path is sm_90's")
     monkeypatch.setattr(ce, "_CE_MODE", mode)
     torch.manual_seed(2)
     rows, vocab = 40, 3000
-    logits = (torch.randn(rows, vocab, device=DEV) * torch.linspace(0.1, 12, rows, device=DEV)[:, None])
+    logits = (torch.randn(rows, vocab, device=CUDA_OR_CPU) * torch.linspace(0.1, 12, rows, device=CUDA_OR_CPU)[:, None])
     logits = logits.to(torch.bfloat16)
-    target = torch.randint(0, vocab, (rows,), device=DEV)
+    target = torch.randint(0, vocab, (rows,), device=CUDA_OR_CPU)
     target[::5] = -100
     target[1] = logits[1].float().argmax()   # a confident row
-    grad, row_loss = torch.empty_like(logits), torch.empty(rows, device=DEV)
-    g8, g8_inv = torch.empty(rows, vocab, device=DEV, dtype=f8), torch.empty(rows, 1, device=DEV)
-    launch_ce(logits, target, grad, row_loss, torch.tensor(32.0, device=DEV), -100, 0.0, 0.0, float8_grad=(g8, g8_inv))
+    grad, row_loss = torch.empty_like(logits), torch.empty(rows, device=CUDA_OR_CPU)
+    g8, g8_inv = torch.empty(rows, vocab, device=CUDA_OR_CPU, dtype=f8), torch.empty(rows, 1, device=CUDA_OR_CPU)
+    launch_ce(logits, target, grad, row_loss, torch.tensor(32.0, device=CUDA_OR_CPU), -100, 0.0, 0.0,
+              float8_grad=(g8, g8_inv))
     ref, ref_inv = cast_rowwise(grad, f8)
     assert torch.equal(g8.view(torch.uint8), ref.view(torch.uint8))
     assert torch.equal(g8_inv[target != -100], ref_inv[target != -100])
@@ -206,9 +201,9 @@ def test_float8_head_fused_cast_matches_the_cast_pass(monkeypatch):
     the separate cast pass (scales from the stored target entry vs expm1 of the loss: a float8 ulp apart)."""
     import importlib
     flce = importlib.import_module("kernels.fused_linear_cross_entropy")
-    if GPU and flce.arch.detect(DEV).name != "sm_90":
+    if CUDA and flce.arch.detect(CUDA_OR_CPU).name != "sm_90":
         pytest.skip("the float8 head needs sm_90 here")
-    x, w, t = make(37, 32, 1008, torch.bfloat16)
+    x, w, t = hidden_weight_targets(37, 32, 1008, torch.bfloat16)
     grads = []
     for fused in (True, False):
         monkeypatch.setattr(flce, "_FUSED_GRAD_CAST", fused)
@@ -222,17 +217,17 @@ def test_float8_head_fused_cast_matches_the_cast_pass(monkeypatch):
 
 
 def test_float8_head_needs_aligned_weight():
-    x, w, t = make(8, 16, 1000, torch.bfloat16)
+    x, w, t = hidden_weight_targets(8, 16, 1000, torch.bfloat16)
     with pytest.raises(ValueError, match="multiples of 16"):
         fused_linear_cross_entropy(x, w, t, float8=torch.float8_e4m3fn)
 
 
-@pytest.mark.skipif(not GPU, reason="memory is measured on the GPU")
+@pytest.mark.skipif(not CUDA, reason="memory is measured on the GPU")
 def test_peak_memory_grows_with_chunk_not_tokens():
     h, v = 1024, 32003
 
     def extra_peak(n, chunk):
-        x, w, t = make(n, h, v, torch.bfloat16)
+        x, w, t = hidden_weight_targets(n, h, v, torch.bfloat16)
         x.requires_grad_(), w.requires_grad_()
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()

@@ -28,7 +28,8 @@ FP8 = ([torch.float8_e4m3fn, torch.float8_e4m3fnuz] if DEVICE == "cpu" or torch.
 EMULATED = LinearMMConfig(*(ScaledMMConfig(True, False, False, False),) * 3)
 
 
-def reference(hp: torch.Tensor, dtype) -> Float8TrainingTensor:
+def torchaos_cast(hp: torch.Tensor, dtype) -> Float8TrainingTensor:
+    """`hp` cast to float8 as torchao casts a Float8Linear's input: the reference the fused kernels must match."""
     return hp_tensor_to_float8_dynamic(hp, dtype, EMULATED, gemm_input_role=GemmInputRole.INPUT)
 
 
@@ -59,7 +60,7 @@ def test_rms_norm_float8_is_torchaos_cast_of_rms_norm(fp8_dtype, x_dtype, shape,
     x = sample(shape, x_dtype, outlier)
     w = (torch.rand(shape[-1], generator=torch.Generator().manual_seed(1)) + 0.5).to(x_dtype).to(DEVICE)
     got = rms_norm_float8(x, w, 1e-5, Float8Target(fp8_dtype, EMULATED))
-    assert_same_float8(got, reference(rms_norm(x, w, 1e-5), fp8_dtype))
+    assert_same_float8(got, torchaos_cast(rms_norm(x, w, 1e-5), fp8_dtype))
 
 
 @pytest.mark.parametrize("fp8_dtype", FP8)
@@ -67,7 +68,7 @@ def test_rms_norm_float8_is_torchaos_cast_of_rms_norm(fp8_dtype, x_dtype, shape,
 def test_swiglu_float8_is_torchaos_cast_of_swiglu(fp8_dtype, shape, outlier):
     gate, up = sample(shape, torch.bfloat16, seed=2), sample(shape, torch.bfloat16, outlier, seed=3)
     got = swiglu_float8(gate, up, Float8Target(fp8_dtype, EMULATED))
-    assert_same_float8(got, reference(swiglu(gate, up), fp8_dtype))
+    assert_same_float8(got, torchaos_cast(swiglu(gate, up), fp8_dtype))
 
 
 GRAD_FP8 = ([torch.float8_e5m2, torch.float8_e5m2fnuz] if DEVICE == "cpu" or torch.version.hip
@@ -191,8 +192,8 @@ def test_all_zero_and_empty_inputs_give_torchaos_scale():
     target = Float8Target(torch.float8_e4m3fn, EMULATED)
     zeros = torch.zeros(4, 64, dtype=torch.bfloat16, device=DEVICE)
     w = torch.ones(64, dtype=torch.bfloat16, device=DEVICE)
-    assert_same_float8(rms_norm_float8(zeros, w, 1e-5, target), reference(rms_norm(zeros, w, 1e-5), target.dtype))
-    assert_same_float8(swiglu_float8(zeros, zeros, target), reference(swiglu(zeros, zeros), target.dtype))
+    assert_same_float8(rms_norm_float8(zeros, w, 1e-5, target), torchaos_cast(rms_norm(zeros, w, 1e-5), target.dtype))
+    assert_same_float8(swiglu_float8(zeros, zeros, target), torchaos_cast(swiglu(zeros, zeros), target.dtype))
     empty = torch.zeros(0, 64, dtype=torch.bfloat16, device=DEVICE)
     assert rms_norm_float8(empty, w, 1e-5, target).shape == (0, 64)
 
@@ -347,12 +348,14 @@ def test_under_fsdp2_with_float8_all_gather_the_fused_inputs_train_the_same():
     import sys
     from pathlib import Path
 
+    from helpers.program import REPO
+
     if DEVICE != "cpu":
         pytest.skip("the two-rank check runs on gloo through the interpreter")
     here = Path(__file__).resolve().parent
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                           str(here / "float8_fsdp_run.py")], capture_output=True, text=True, timeout=600,
-                         cwd=here.parents[1])
+                         cwd=REPO)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert len(result["fused"]) == 2 and result["fused"] == result["plain"], result

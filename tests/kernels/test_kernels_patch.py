@@ -143,17 +143,17 @@ def test_hugging_faces_kernels_package_shadowing_ours_is_named(tmp_path):
     """HF's `kernels` (same import name) first on sys.path: --kernels says what happened."""
     import subprocess
     import sys
-    from pathlib import Path
+
+    from helpers.program import REPO
 
     fake = tmp_path / "site" / "kernels"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text('"""Hugging Face kernels stand-in: hub kernels, no Anvil marker."""\n'
                                       "def get_kernel(name):\n    raise NotImplementedError\n")
-    repo = Path(__file__).resolve().parents[2]
     probe = ("from trainer.train import apply_kernels\n"
              "try:\n    apply_kernels(None)\nexcept Exception as exc:\n    print(type(exc).__name__, exc)\n")
     done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True,
-                          env={"PYTHONPATH": f"{tmp_path / 'site'}:{repo}", "PATH": "/usr/bin:/bin"}, timeout=120)
+                          env={"PYTHONPATH": f"{tmp_path / 'site'}:{REPO}", "PATH": "/usr/bin:/bin"}, timeout=120)
     assert "TrainError --kernels: `import kernels` found" in done.stdout, done.stdout + done.stderr
     assert "Hugging Face's package of the same name shadows it" in done.stdout
     import kernels

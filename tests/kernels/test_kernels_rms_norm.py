@@ -11,14 +11,14 @@ from kernels import RMSNorm, rms_norm
 from kernels.arch import detect, row_config
 
 
-def reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def llama_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """LlamaRMSNorm in fp64, keeping its one rounding: the normalized x cast to x's dtype."""
     h = x.double()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight.double() * h.to(x.dtype).double()
 
 
-def run_and_compare(shape, dtype, w_dtype=None, eps=1e-6, make_x=None):
+def compare_rms_norm(shape, dtype, w_dtype=None, eps=1e-6, make_x=None):
     seed = fresh_seed()
     w_dtype = w_dtype or dtype
     hidden = shape[-1]
@@ -33,7 +33,7 @@ def run_and_compare(shape, dtype, w_dtype=None, eps=1e-6, make_x=None):
 
     x_ref = x.detach().clone().requires_grad_(True)
     w_ref = weight.detach().double().requires_grad_(True)
-    y_ref = reference(x_ref, w_ref, eps)
+    y_ref = llama_rms_norm(x_ref, w_ref, eps)
     y_ref.backward(dy.double())
     assert_close(y, y_ref, "rms_norm", dtype, "y", seed)
     assert_close(x.grad, x_ref.grad, "rms_norm", dtype, "dx", seed)
@@ -52,28 +52,28 @@ SHAPES = sizes(
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_matches_reference(shape, dtype):
-    run_and_compare(shape, dtype)
+    compare_rms_norm(shape, dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_fp32_weight_promotes_like_hf(dtype):
-    run_and_compare(sizes((4, 1000), (4096, 4096)), dtype, w_dtype=torch.float32)
+    compare_rms_norm(sizes((4, 1000), (4096, 4096)), dtype, w_dtype=torch.float32)
 
 
 def test_eps_is_used():
     # tiny inputs make eps dominate the statistics
-    run_and_compare((6, 100), torch.float32, eps=0.5,
+    compare_rms_norm((6, 100), torch.float32, eps=0.5,
                     make_x=lambda s, d: 1e-3 * torch.randn(s, dtype=d, device=DEVICE))
 
 
 def test_row_strided_view():
     # a [rows, H] view into wider rows: the kernel uses the row stride, no copy
     wide = torch.randn(9, 1200, device=DEVICE)
-    run_and_compare((9, 1000), torch.float32, make_x=lambda s, d: wide[:, : s[1]].to(d))
+    compare_rms_norm((9, 1000), torch.float32, make_x=lambda s, d: wide[:, : s[1]].to(d))
 
 
 def test_non_contiguous_columns():
-    run_and_compare((6, 700), torch.float32,
+    compare_rms_norm((6, 700), torch.float32,
                     make_x=lambda s, d: torch.randn(s[0], 2 * s[1], dtype=d, device=DEVICE)[:, ::2])
 
 
@@ -130,7 +130,7 @@ def test_int64_offsets_beyond_2g_elements():
     x.requires_grad_(True)
     y = rms_norm(x, w)
     tail = slice(rows - 64, rows)
-    assert_close(y[tail], reference(x[tail].detach(), w.detach(), 1e-6), "rms_norm", torch.bfloat16, "y tail")
+    assert_close(y[tail], llama_rms_norm(x[tail].detach(), w.detach(), 1e-6), "rms_norm", torch.bfloat16, "y tail")
     y.backward(torch.ones_like(y))
     assert torch.isfinite(x.grad[tail]).all() and x.grad[tail].abs().sum() > 0
 
@@ -162,15 +162,15 @@ def tuning(request):
 def test_launch_variants_match_reference(tuning, variant, shape):
     # every tuning branch (row pairs, no prefetch, folded dW by atomics + last-ticket cast) is exact
     tuning(**VARIANTS[variant])
-    run_and_compare(shape, torch.bfloat16)
-    run_and_compare(shape, torch.float32)
+    compare_rms_norm(shape, torch.bfloat16)
+    compare_rms_norm(shape, torch.float32)
 
 
 def test_folded_dw_falls_back_under_deterministic_mode(tuning):
     tuning(fold_dw=True)
     torch.use_deterministic_algorithms(True)
     try:
-        run_and_compare((9, 200), torch.float32)
+        compare_rms_norm((9, 200), torch.float32)
     finally:
         torch.use_deterministic_algorithms(False)
 

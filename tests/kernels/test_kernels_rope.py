@@ -23,7 +23,7 @@ def llama31_cos_sin(batch, seq, head_dim, dtype, positions=None):
     return rotary(torch.empty(1, device=DEVICE, dtype=dtype), positions)
 
 
-def run_and_compare(batch, seq, n_q, n_kv, head_dim, dtype, cos_form="3d", layout="bshd"):
+def compare_rope(batch, seq, n_q, n_kv, head_dim, dtype, cos_form="3d", layout="bshd"):
     seed = fresh_seed()
     cos, sin = llama31_cos_sin(batch, seq, head_dim, dtype,
                                positions=None if cos_form == "3d" else torch.arange(seq, device=DEVICE)[None])
@@ -66,17 +66,17 @@ SHAPES = sizes(  # (batch, seq, q heads, kv heads, head_dim)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_matches_transformers(shape, dtype):
-    run_and_compare(*shape, dtype)
+    compare_rope(*shape, dtype)
 
 
 @pytest.mark.parametrize("cos_form", ["2d", "2d_fp32"])
 def test_cos_sin_of_shape_s_d(cos_form):
     """[S, D] cos/sin index full rows: position s gets the angle of s (the seed repo read s/2's)."""
-    run_and_compare(*sizes((2, 9, 4, 2, 16), (2, 4096, 32, 8, 128)), torch.bfloat16, cos_form=cos_form)
+    compare_rope(*sizes((2, 9, 4, 2, 16), (2, 4096, 32, 8, 128)), torch.bfloat16, cos_form=cos_form)
 
 
 def test_transposed_hf_layout():
-    run_and_compare(*sizes((2, 6, 4, 2, 16), (2, 2048, 32, 8, 128)), torch.float32, layout="bhsd")
+    compare_rope(*sizes((2, 6, 4, 2, 16), (2, 2048, 32, 8, 128)), torch.float32, layout="bhsd")
 
 
 def test_hf_signature_adapter():

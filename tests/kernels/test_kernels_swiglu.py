@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from kernels import SwiGLUMLP, swiglu
 
 
-def run_and_compare(gate, up, dtype):
+def compare_swiglu(gate, up, dtype):
     seed = fresh_seed()
     gate.requires_grad_(True)
     up.requires_grad_(True)
@@ -36,13 +36,13 @@ def test_matches_reference(shape, dtype):
     # gate spans silu's curved region and both tails
     gate = 4 * torch.randn(shape, device=DEVICE, dtype=dtype)
     up = torch.randn(shape, device=DEVICE, dtype=dtype)
-    run_and_compare(gate, up, dtype)
+    compare_swiglu(gate, up, dtype)
 
 
 def test_non_contiguous_halves_of_a_fused_projection():
     fused = torch.randn(6, 2 * 300, device=DEVICE)
     gate, up = fused.chunk(2, dim=-1)
-    run_and_compare(gate, up, torch.float32)
+    compare_swiglu(gate, up, torch.float32)
 
 
 def test_bad_inputs_give_clear_errors():

@@ -1,7 +1,7 @@
 """trainer.plot: metrics.jsonl -> PNG with the loss, throughput, memory and lr panels.
 
 The records follow the metrics.jsonl format trainer/metrics.py writes (GPU fields filled, as on a
-GPU run); test_resume.py also plots a real killed-and-resumed CPU run."""
+GPU run); trainer/test_resume.py also plots a real killed-and-resumed CPU run."""
 from __future__ import annotations
 
 import json

@@ -3,7 +3,7 @@
 The runs are real: a 2-rank training run stopped at its step 12 and resumed with --resume into
 a second run directory, a preflight run, a bench.gemm run, a preflight.comm run (its task body with
 made-up pair measurements, as in test_preflight_comm). Each report is opened in a real headless
-Chromium (Debian's package, tests/browser.py): every chart has data, the page makes no request
+Chromium (Debian's package, tests/helpers/browser.py): every chart has data, the page makes no request
 but for its own file, and nothing on it errors in the console. Outside CI a machine without
 chromium skips the browser tests; in CI (CI=true) they fail instead.
 """
@@ -13,17 +13,14 @@ import json
 import math
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from core.files import seal
 from helpers import browser
 from helpers.comm import FakeTransport
-from core.files import seal
-
-REPO = Path(__file__).resolve().parents[2]
-INV = REPO / ".venv" / "bin" / "inv"
+from helpers.program import run_inv, sets
 CHARTS_WITH_DATA = """Array.from(document.querySelectorAll('.chart')).map(function(el){
   return {title: el.dataset.title, traces: (el.data || []).length,
           points: (el.data || []).reduce(function(n, t){ return n + ((t.x || t.z || []).length); }, 0),
@@ -31,13 +28,8 @@ CHARTS_WITH_DATA = """Array.from(document.querySelectorAll('.chart')).map(functi
 })"""
 
 
-def inv(runs: Path, *args, timeout=300):
-    env = {**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(runs)}
-    return subprocess.run([str(INV), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-
-
 @pytest.fixture(scope="module")
-def chromium():
+def headless_browser():
     if browser.chromium() is None:
         if os.environ.get("CI"):
             pytest.fail("chromium is not installed; .ci/run installs Debian's chromium package")
@@ -47,28 +39,29 @@ def chromium():
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, dataset) -> dict[str, Path]:
+def report_runs(tmp_path_factory, dataset) -> dict[str, Path]:
     """Real runs: two training segments (2 ranks, stragglers checked every 4 steps), preflight, gemm."""
     root = tmp_path_factory.mktemp("report") / "runs"
-    sets = [f"data.path={dataset}", "data.seq_len=64", "data.batch_size=4", "train.log_interval=2",
-            "train.val_interval=6", "schedule.warmup_steps=2", "checkpoint.interval=6", "health.straggler_interval=4"]
+    run_sets = [f"data.path={dataset}", "data.seq_len=64", "data.batch_size=4", "train.log_interval=2",
+                "train.val_interval=6", "schedule.warmup_steps=2", "checkpoint.interval=6",
+                "health.straggler_interval=4"]
     common = ["train.pretrain", "--name", "rep", "--nproc", "2", "--env", "OMP_NUM_THREADS=1"]
-    first = inv(root, *common, *[a for s in sets + ["train.steps=12"] for a in ("--set", s)])
+    first = run_inv(*common, *sets(*run_sets, "train.steps=12"), runs=root)
     assert first.returncode == 0, first.stderr[-3000:]
     (seg1,) = sorted(root.iterdir())
-    second = inv(root, *common, *[a for s in sets + ["train.steps=20"] for a in ("--set", s)],
-                 "--resume", str(seg1 / "checkpoints" / "step_12"))
+    second = run_inv(*common, *sets(*run_sets, "train.steps=20"), "--resume", seg1 / "checkpoints" / "step_12",
+                     runs=root)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert inv(root, "preflight.all").returncode in (0, 1)
-    assert inv(root, "bench.gemm", "-M", "128", "--iters", "2").returncode == 0
+    assert run_inv("preflight.all", runs=root).returncode in (0, 1)
+    assert run_inv("bench.gemm", "-M", "128", "--iters", "2", runs=root).returncode == 0
     found = sorted(root.iterdir())
     pick = {name: next(p for p in found if p.name.endswith(name)) for name in ("preflight.all", "bench.gemm")}
     seg2 = next(p for p in found if p.name.endswith("_train.pretrain_rep") and p != seg1)
     return {"seg1": seg1, "seg2": seg2, "root": root, **pick}
 
 
-def check_page(chromium, path: Path, min_charts: int = 1) -> "browser.Page":
-    page = chromium.open(path)
+def check_page(headless_browser, path: Path, min_charts: int = 1) -> "browser.Page":
+    page = headless_browser.open(path)
     charts = page.evaluate(CHARTS_WITH_DATA)
     assert len(charts) >= min_charts, charts
     empty = [c["title"] for c in charts if not (c["traces"] and c["points"] and c["drawn"])]
@@ -80,12 +73,12 @@ def check_page(chromium, path: Path, min_charts: int = 1) -> "browser.Page":
     return page
 
 
-def test_training_report_joins_both_segments(runs, chromium, tmp_path):
-    made = inv(runs["root"], "snapshot.report", runs["seg2"].name)
+def test_training_report_joins_both_segments(report_runs, headless_browser, tmp_path):
+    made = run_inv("snapshot.report", report_runs["seg2"].name, runs=report_runs["root"])
     assert made.returncode == 0, made.stderr
     out = Path(made.stdout.strip())
-    assert out == runs["seg2"] / "report.html" and not list(out.parent.glob(".report.html.*"))
-    page = check_page(chromium, out, min_charts=5)
+    assert out == report_runs["seg2"] / "report.html" and not list(out.parent.glob(".report.html.*"))
+    page = check_page(headless_browser, out, min_charts=5)
     titles = [c["title"] for c in page.evaluate(CHARTS_WITH_DATA)]
     assert titles[:5] == ["loss", "throughput", "memory", "lr", "rank spread"]
     loss_steps = page.evaluate("document.querySelector('[data-title=loss]').data[0].x")
@@ -103,17 +96,19 @@ def test_training_report_joins_both_segments(runs, chromium, tmp_path):
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_preflight_bench_and_comm_reports(runs, chromium, tmp_path):
+def test_preflight_bench_and_comm_reports(report_runs, headless_browser, tmp_path):
     from invoke import Config, Context
 
     from runtime.preflight import comm
     from runtime.runs.run import RunFailed
 
-    page = check_page(chromium, Path(inv(runs["root"], "snapshot.report", str(runs["preflight.all"])).stdout.strip()),
-                      min_charts=0)
+    root = report_runs["root"]
+    made = run_inv("snapshot.report", report_runs["preflight.all"], runs=root)
+    page = check_page(headless_browser, Path(made.stdout.strip()), min_charts=0)
     assert page.evaluate("document.querySelectorAll('svg.topology').length") == 1
     assert "topology.map" in page.evaluate("document.body.innerText")
-    gemm = check_page(chromium, Path(inv(runs["root"], "snapshot.report", str(runs["bench.gemm"])).stdout.strip()))
+    made = run_inv("snapshot.report", report_runs["bench.gemm"], runs=root)
+    gemm = check_page(headless_browser, Path(made.stdout.strip()))
     assert [c["title"] for c in gemm.evaluate(CHARTS_WITH_DATA)] == ["gemm"]
     # preflight.comm: the real task body, a made-up transport (one slow node)
     comm_runs = tmp_path / "comm"
@@ -121,24 +116,25 @@ def test_preflight_bench_and_comm_reports(runs, chromium, tmp_path):
     with pytest.raises(RunFailed):
         comm.run_comm_check(c, None, None, "1M", 5, transport=FakeTransport(slow={"n3"}))
     (comm_run,) = comm_runs.iterdir()
-    made = inv(comm_runs, "snapshot.report", comm_run.name)
-    page = check_page(chromium, Path(made.stdout.strip()))
+    made = run_inv("snapshot.report", comm_run.name, runs=comm_runs)
+    page = check_page(headless_browser, Path(made.stdout.strip()))
     assert [c["title"] for c in page.evaluate(CHARTS_WITH_DATA)] == ["slow-link matrix"]
     text = page.evaluate("document.body.innerText")
     assert "n3" in text and "node lists: 3 passing, 1 failing" in text
 
 
-def test_several_runs_are_overlaid_with_their_diff(runs, chromium, tmp_path):
+def test_several_runs_are_overlaid_with_their_diff(report_runs, headless_browser, tmp_path):
     out = tmp_path / "both.html"
-    made = inv(runs["root"], "snapshot.report", runs["seg1"].name, "--also", runs["seg2"].name, "--out", str(out))
+    made = run_inv("snapshot.report", report_runs["seg1"].name, "--also", report_runs["seg2"].name, "--out", out,
+                   runs=report_runs["root"])
     assert made.returncode == 0 and made.stdout.strip() == str(out), made.stderr
-    page = check_page(chromium, out, min_charts=6)
+    page = check_page(headless_browser, out, min_charts=6)
     titles = [c["title"] for c in page.evaluate(CHARTS_WITH_DATA)]
     assert titles[:2] == ["compare loss", "compare throughput"]
     names = page.evaluate("document.querySelector('[data-title=\"compare loss\"]').data.map(t => t.name)")
-    assert runs["seg1"].name in names and runs["seg2"].name in names
+    assert report_runs["seg1"].name in names and report_runs["seg2"].name in names
     text = page.evaluate("document.body.innerText")
-    assert f"snapshot.diff: A = {runs['seg1'].name}" in text and "train.steps" in text
+    assert f"snapshot.diff: A = {report_runs['seg1'].name}" in text and "train.steps" in text
 
 
 def _copy_run(src: Path, dst: Path) -> Path:
@@ -149,8 +145,8 @@ def _copy_run(src: Path, dst: Path) -> Path:
     return dst
 
 
-def test_a_100000_step_run_stays_small(runs, chromium, tmp_path):
-    run = _copy_run(runs["seg1"], tmp_path / "runs" / "long_train.pretrain_rep")
+def test_a_100000_step_run_stays_small(report_runs, headless_browser, tmp_path):
+    run = _copy_run(report_runs["seg1"], tmp_path / "runs" / "long_train.pretrain_rep")
     with open(run / "metrics.jsonl", "w") as f:
         for step in range(1, 100_001):
             f.write(json.dumps({"kind": "train", "step": step, "loss": 2 + 5 * math.exp(-step / 9000),
@@ -161,19 +157,19 @@ def test_a_100000_step_run_stays_small(runs, chromium, tmp_path):
             if step % 50 == 0:
                 f.write(json.dumps({"kind": "rank_times", "step": step, "median": 0.1,
                                     "step_time": [0.1 + 0.001 * r for r in range(8)]}) + "\n")
-    made = inv(tmp_path / "runs", "snapshot.report", run.name)
+    made = run_inv("snapshot.report", run.name, runs=tmp_path / "runs")
     assert made.returncode == 0, made.stderr
     out = Path(made.stdout.strip())
     assert out.stat().st_size < 10 * 1024 * 1024
-    page = check_page(chromium, out, min_charts=5)
+    page = check_page(headless_browser, out, min_charts=5)
     points = page.evaluate("document.querySelector('[data-title=loss]').data[0].x.length")
     assert 700 < points <= 1500             # downsampled for drawing
     print(f"100,000-step report: {out.stat().st_size / 2 ** 20:.1f} MiB, every chart drawn in "
           f"{page.load_seconds:.2f} s")
 
 
-def test_damaged_missing_and_unfinished_input_gives_what_is_there(runs, chromium, tmp_path):
-    run = _copy_run(runs["seg1"], tmp_path / "runs" / "bad_train.pretrain_rep")
+def test_damaged_missing_and_unfinished_input_gives_what_is_there(report_runs, headless_browser, tmp_path):
+    run = _copy_run(report_runs["seg1"], tmp_path / "runs" / "bad_train.pretrain_rep")
     lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
     lines.insert(3, '{"kind": "train", "step": \x00garbage\n')
     (run / "metrics.jsonl").write_text("".join(lines) + '{"kind": "train", "step": 99, "lo')   # still writing
@@ -182,29 +178,30 @@ def test_damaged_missing_and_unfinished_input_gives_what_is_there(runs, chromium
     metadata = json.loads((run / "metadata.json").read_text())
     metadata["status"] = "running"
     (run / "metadata.json").write_text(json.dumps(seal(metadata)))
-    made = inv(tmp_path / "runs", "snapshot.report", run.name)
+    made = run_inv("snapshot.report", run.name, runs=tmp_path / "runs")
     assert made.returncode == 0, made.stderr
-    page = check_page(chromium, Path(made.stdout.strip()), min_charts=4)
+    page = check_page(headless_browser, Path(made.stdout.strip()), min_charts=4)
     notes = page.evaluate("document.querySelector('.notes').innerText")
     assert "metrics.jsonl: 1 damaged line(s) skipped (line 4)" in notes
     assert "the last line is unfinished" in notes and "still running" in notes
     # the env record damaged too: still a report, with a note
     (run / "env.json").write_text("{not json")
-    again = inv(tmp_path / "runs", "snapshot.report", run.name)
+    again = run_inv("snapshot.report", run.name, runs=tmp_path / "runs")
     assert again.returncode == 0, again.stderr
-    assert "env.json: not valid JSON" in check_page(chromium, Path(again.stdout.strip())).evaluate(
+    assert "env.json: not valid JSON" in check_page(headless_browser, Path(again.stdout.strip())).evaluate(
         "document.querySelector('.notes').innerText")
 
 
-def test_bad_output_paths_are_one_line_exit_2_and_leave_nothing(runs, tmp_path):
+def test_bad_output_paths_are_one_line_exit_2_and_leave_nothing(report_runs, tmp_path):
     (tmp_path / "a_file").write_text("x")
-    before = (runs["seg1"] / "report.html").read_bytes() if (runs["seg1"] / "report.html").exists() else None
+    report = report_runs["seg1"] / "report.html"
+    before = report.read_bytes() if report.exists() else None
     for out, words in ((tmp_path / "a_file" / "r.html", "is a file"), (tmp_path / "r.txt", "expected an .html"),
                        (Path("/proc/anvil-report.html"), "cannot write")):
-        made = inv(runs["root"], "snapshot.report", runs["seg1"].name, "--out", str(out))
+        made = run_inv("snapshot.report", report_runs["seg1"].name, "--out", str(out), runs=report_runs["root"])
         assert made.returncode == 2, made
         assert len(made.stderr.strip().splitlines()) == 1 and words in made.stderr and "Traceback" not in made.stderr
-    missing = inv(runs["root"], "snapshot.report", "no-such-run")
+    missing = run_inv("snapshot.report", "no-such-run", runs=report_runs["root"])
     assert missing.returncode == 2 and "no such run directory" in missing.stderr
-    after = (runs["seg1"] / "report.html").read_bytes() if (runs["seg1"] / "report.html").exists() else None
+    after = report.read_bytes() if report.exists() else None
     assert before == after and not list(tmp_path.glob("**/.*.tmp"))

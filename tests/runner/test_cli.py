@@ -1,7 +1,9 @@
-"""The installed `inv` program: Invoke users' expectations plus -H (runtime/program/cli.py, runtime/program/shim.py)."""
+"""The installed `inv` program: Invoke users' expectations plus -H (runtime/program/cli.py, runtime/program/shim.py),
+and a stop signal to a task that makes no run (runtime/program/interrupts.py)."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -10,17 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from helpers.project import INV, REPO, clean_env, explain, inv, make_project
-
-
-@pytest.fixture(scope="module")
-def project(tmp_path_factory) -> Path:
-    return make_project(tmp_path_factory.mktemp("project"))
+from helpers.interrupts import SIGNAL_NAME, ended, send
+from helpers.processes import wait_until
+from helpers.program import INV, REPO, assert_no_traceback, explain, inv_environ, run_inv, start_inv
+from helpers.project import in_project
 
 
 def test_list_has_all_seven_collections_without_torch_or_paramiko():
-    env = clean_env(PYTHONPROFILEIMPORTTIME="1")
-    result = inv(["--list", "--list-format", "json"], REPO, env)
+    env = {"PYTHONPROFILEIMPORTTIME": "1"}
+    result = run_inv("--list", "--list-format", "json", clean=True, env=env)
     assert result.returncode == 0, explain(result)
     names = {c["name"] for c in json.loads(result.stdout)["collections"]}
     assert {"env", "preflight", "data", "train", "bench", "profile", "snapshot"} <= names
@@ -28,81 +28,79 @@ def test_list_has_all_seven_collections_without_torch_or_paramiko():
                 if line.startswith("import time:")}
     assert "invoke" in imported                       # the profile really was taken
     assert not imported & {"torch", "paramiko", "fabric"}, sorted(imported & {"torch", "paramiko", "fabric"})
-    helped = inv(["--help", "train.pretrain"], REPO, env)
+    helped = run_inv("--help", "train.pretrain", clean=True, env=env)
     assert helped.returncode == 0 and "--config" in helped.stdout, explain(helped)
     assert not {line.split("|")[-1].strip().split(".")[0] for line in helped.stderr.splitlines()
                 if line.startswith("import time:")} & {"torch", "paramiko", "fabric"}
 
 
 def test_help_of_a_task_and_h_not_shadowed(project):
-    helped = inv(["--help", "demo.shape"], project)
+    helped = in_project(project, "--help", "demo.shape")
     assert helped.returncode == 0, explain(helped)
     assert "--hidden-size" in helped.stdout and "--heads" in helped.stdout
     # hidden_size's auto short flag would have been -h: it must print help instead.
-    short = inv(["demo.shape", "-h"], project)
+    short = in_project(project, "demo.shape", "-h")
     assert short.returncode == 0, explain(short)
     assert "Usage: inv" in short.stdout and "hidden_size=" not in short.stdout
     assert "-h INT" not in helped.stdout
-    ran = inv(["demo.shape", "--hidden-size", "7"], project)
+    ran = in_project(project, "demo.shape", "--hidden-size", "7")
     assert "hidden_size=7" in ran.stdout, explain(ran)
 
 
 def test_help_after_a_task_that_takes_a_positional_argument(tmp_path):
     """`inv snapshot.show --help` is the task's help, not a run named --help; and a float option's
     bad value says it expects a number."""
-    env = clean_env(INVOKE_ANVIL_RUNS_DIR=str(tmp_path / "runs"))
     for argv in (["snapshot.show", "--help"], ["snapshot.diff", "-h"], ["snapshot.show", "some-run", "--help"]):
-        helped = inv(argv, REPO, env)
+        helped = run_inv(*argv, runs=tmp_path / "runs", clean=True)
         assert helped.returncode == 0 and f"inv [--core-opts] {argv[0]} [--options]" in helped.stdout, explain(helped)
     assert not (tmp_path / "runs").exists()
-    bad = inv(["preflight.perf", "--timeout", "2m"], REPO, env)
+    bad = run_inv("preflight.perf", "--timeout", "2m", runs=tmp_path / "runs", clean=True)
     assert bad.returncode == 2 and "--timeout: expected a number, got '2m'" in bad.stderr, explain(bad)
 
 
 def test_a_mistyped_task_gets_the_closest_names():
-    typo = inv(["train.pretrian"], REPO, clean_env())
+    typo = run_inv("train.pretrian", clean=True)
     assert typo.returncode == 2 and "(did you mean train.pretrain" in typo.stderr, explain(typo)
-    nothing = inv(["zzz"], REPO, clean_env())
+    nothing = run_inv("zzz", clean=True)
     assert nothing.returncode == 2 and "`inv --list` lists the tasks" in nothing.stderr, explain(nothing)
 
 
 def test_complete_and_completion_script(project):
-    done = inv(["--complete", "--", "inv", "snapshot."], project)
+    done = in_project(project, "--complete", "--", "inv", "snapshot.")
     assert {"snapshot.list", "snapshot.replay"} <= set(done.stdout.split()), explain(done)
-    script = inv(["--print-completion-script", "bash"], project)
+    script = in_project(project, "--print-completion-script", "bash")
     assert "complete -F" in script.stdout and " inv" in script.stdout and "anvil" in script.stdout
 
 
 def test_settings_from_invoke_yaml_f_file_and_env(project, tmp_path):
-    base = json.loads(inv(["demo.settings"], project).stdout)
+    base = json.loads(in_project(project, "demo.settings").stdout)
     assert base["runs_dir"] == str(project / "runs") and base["connect_timeout"] == 3.0
     override = tmp_path / "other.yaml"
     override.write_text("anvil:\n  runs_dir: /srv/runs\n  user: alice\n")
-    from_file = json.loads(inv(["-f", str(override), "demo.settings"], project).stdout)
+    from_file = json.loads(in_project(project, "-f", str(override), "demo.settings").stdout)
     assert from_file["runs_dir"] == "/srv/runs" and from_file["user"] == "alice"
-    from_env = json.loads(inv(["demo.settings"], project,
-                              clean_env(INVOKE_ANVIL_RUNS_DIR="/env/runs", INVOKE_ANVIL_CONNECT_TIMEOUT="7")).stdout)
+    from_env = json.loads(in_project(project, "demo.settings", env={"INVOKE_ANVIL_RUNS_DIR": "/env/runs",
+                                                                    "INVOKE_ANVIL_CONNECT_TIMEOUT": "7"}).stdout)
     assert from_env["runs_dir"] == "/env/runs" and from_env["connect_timeout"] == 7.0
 
 
 def test_config_after_a_task_without_that_option_is_an_error(project, tmp_path):
     cfg = tmp_path / "x.yaml"
     cfg.write_text("anvil:\n  user: bob\n")
-    result = inv(["demo.settings", "--config", str(cfg)], project)
+    result = in_project(project, "demo.settings", "--config", str(cfg))
     assert result.returncode == 2, explain(result)
     assert "has no --config option" in result.stderr and "Traceback" not in result.stderr
     # A task that has --config keeps it.
-    ok = inv(["demo.hello", "--config", str(cfg), "--no-hooks"], project)
+    ok = in_project(project, "demo.hello", "--config", str(cfg), "--no-hooks")
     assert ok.returncode == 0, explain(ok)
 
 
-def test_bad_configuration_is_one_message(tmp_path):
-    project = make_project(tmp_path / "p")
+def test_bad_configuration_is_one_message(tmp_path, project):
     (project / "invoke.yaml").write_text("anvil:\n  runs_dir: [unclosed\n")
-    broken = inv(["--list"], project)
+    broken = in_project(project, "--list")
     (project / "invoke.yaml").write_text("anvil:\n  run_dir: typo\n")
-    unknown = inv(["demo.checks"], project)
-    missing = inv(["-f", str(tmp_path / "nope.yaml"), "demo.checks"], project)
+    unknown = in_project(project, "demo.checks")
+    missing = in_project(project, "-f", str(tmp_path / "nope.yaml"), "demo.checks")
     for result, text in ((broken, "invalid YAML"), (unknown, "unknown anvil setting(s): run_dir"),
                          (missing, "no such configuration file")):
         assert result.returncode == 2, explain(result)
@@ -110,13 +108,13 @@ def test_bad_configuration_is_one_message(tmp_path):
 
 
 def test_anvil_works_from_any_directory(tmp_path):
-    result = inv(["--list"], tmp_path, program=INV.with_name("anvil"))
+    result = run_inv("--list", cwd=tmp_path, clean=True, program=INV.with_name("anvil"))
     assert result.returncode == 0, explain(result)
     assert "snapshot.list" in result.stdout
 
 
 def test_fanout_to_an_unreachable_host_fails_cleanly(project):
-    result = inv(["-H", "127.0.0.1:1", "-t", "2", "demo.checks"], project, timeout=60)
+    result = in_project(project, "-H", "127.0.0.1:1", "-t", "2", "demo.checks", timeout=60)
     assert result.returncode == 1, explain(result)
     assert "UNREACHABLE" in result.stdout and "failing hosts: 127.0.0.1:1" in result.stdout
     assert "passing hosts: (none)" in result.stdout
@@ -127,7 +125,7 @@ def test_a_reader_that_leaves_does_not_fail_the_run(tmp_path):
     """`inv preflight.host | head -1`: the task's output has nowhere to go, which is not its failure."""
     proc = subprocess.Popen([str(INV), "preflight.host"], cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
-                            env=clean_env(INVOKE_ANVIL_RUNS_DIR=str(tmp_path / "runs")))
+                            env=inv_environ(tmp_path / "runs", clean=True))
     proc.stdout.close()                  # the reader is gone before the first line
     stderr = proc.communicate(timeout=120)[1]
     assert proc.returncode == 0, stderr
@@ -138,8 +136,8 @@ def test_a_reader_that_leaves_does_not_fail_the_run(tmp_path):
 
 @pytest.mark.parametrize("given", [["--runtime", "slurm"], ["--nodes", "2"]])
 def test_dash_h_with_slurm_choosing_the_nodes_is_one_line_before_any_connection(tmp_path, given):
-    result = inv(["-H", "127.0.0.1:1", "-t", "2", "preflight.host", *given], tmp_path,
-                 env=clean_env(INVOKE_ANVIL_RUNS_DIR=str(tmp_path / "runs")), timeout=60)
+    result = run_inv("-H", "127.0.0.1:1", "-t", "2", "preflight.host", *given, cwd=tmp_path, runs=tmp_path / "runs",
+                     clean=True, timeout=60)
     assert result.returncode == 2, explain(result)
     assert result.stderr.strip() == (f"-H: preflight.host {' '.join(given)}: -H already says where it runs (over "
                                      f"SSH, on the hosts named); drop -H to run it on Slurm's nodes, or {given[0]} "
@@ -155,7 +153,7 @@ def test_pre_and_post_tasks_run_on_every_host_with_the_task(netns_cluster, proje
     config = tmp_path / "hosts.yaml"
     config.write_text(json.dumps(settings))
     hosts = [h.address for h in netns_cluster.hosts]
-    result = inv(["-f", str(config), "-H", ",".join(hosts), "demo.main"], project, timeout=120)
+    result = in_project(project, "-f", str(config), "-H", ",".join(hosts), "demo.main", timeout=120)
     assert result.returncode == 0, explain(result)
     for host in hosts:
         block = result.stdout.split(f"=== {host} (exit 0) ===\n")[1].split("\n\n")[0]
@@ -227,8 +225,7 @@ def test_inv_survives_a_forced_reinstall_of_invoke(tmp_path):
 ])
 def test_an_option_given_empty_or_a_patch_that_is_no_hook_is_refused_before_a_run(tmp_path, argv, said):
     """Given empty is not left out: `--resume ''` used to start a fresh full run, `--name ''` to drop the name."""
-    result = inv([*argv, "--dry-run"] if argv[0] == "train.pretrain" else argv, REPO,
-                 clean_env(INVOKE_ANVIL_RUNS_DIR=str(tmp_path / "runs")))
+    result = run_inv(*argv, *(["--dry-run"] if argv[0] == "train.pretrain" else []), runs=tmp_path / "runs", clean=True)
     assert result.returncode == 2 and result.stderr.strip() == said, explain(result)
     assert not (tmp_path / "runs").exists()
 
@@ -245,8 +242,27 @@ def test_a_malformed_dash_f_file_is_one_line_naming_it(tmp_path, project, conten
     """Invoke merged these with a traceback (AmbiguousMergeError, AttributeError, UnicodeDecodeError)."""
     site = tmp_path / "site.yaml"
     site.write_bytes(content)
-    result = inv(["-f", str(site), "demo.checks"], project)
+    result = in_project(project, "-f", str(site), "demo.checks")
     assert result.returncode == 2 and said in result.stderr and "Traceback" not in result.stderr, explain(result)
     assert str(site) in result.stderr      # the file is named, not only invoke.yaml
-    folder = inv(["-f", str(tmp_path), "demo.checks"], project)
+    folder = in_project(project, "-f", str(tmp_path), "demo.checks")
     assert folder.returncode == 2 and "is a directory; expected a YAML or JSON configuration file" in folder.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_in_a_task_without_a_run_is_one_line(tmp_path, signum):
+    """A task of a site folder (ANVIL_TASKS_PATH) with no handling of its own: Invoke used to end a
+    Ctrl-C with exit 1 and no word, and SIGTERM killed it (143, no word)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    started = tmp_path / "started"
+    (site / "slow.py").write_text(
+        "import time\nfrom pathlib import Path\nfrom invoke import Collection, task\n\n\n@task\n"
+        f"def wait(c):\n    Path({str(started)!r}).touch()\n    time.sleep(120)\n\n\nns = Collection('slow')\n"
+        "ns.add_task(wait)\n")
+    proc = start_inv(tmp_path, "slow.wait", ANVIL_TASKS_PATH=str(site))
+    assert wait_until(started.exists, proc, timeout=60)
+    send(proc, signum)
+    code, out, err = ended(proc)
+    assert_no_traceback(out, err)
+    assert code == 128 + signum and err.strip().splitlines()[-1] == f"slow.wait interrupted ({SIGNAL_NAME[signum]})", err

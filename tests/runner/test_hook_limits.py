@@ -9,19 +9,13 @@ import time
 
 import pytest
 
-from helpers.project import clean_env, explain, inv, make_project, runs
-
-
-@pytest.fixture
-def project(tmp_path):
-    root = make_project(tmp_path / "p")
-    (root / "hooks" / "demo" / "hello" / "pre").mkdir(parents=True)
-    (root / "hooks" / "demo" / "hello" / "post").mkdir(parents=True)
-    return root
+from helpers.program import explain, metadata, runs
+from helpers.project import in_project
 
 
 def hook(project, phase: str, name: str, text: str):
     path = project / "hooks" / "demo" / "hello" / phase / name
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
 
@@ -45,10 +39,6 @@ def _failure_line(proc) -> str:
     return next(line for line in proc.stderr.splitlines() if line.startswith("demo.hello failed:"))
 
 
-def _metadata(project) -> dict:
-    return json.loads((runs(project)[-1] / "metadata.json").read_text())
-
-
 @pytest.mark.parametrize("kind", ["py", "sh"])
 def test_a_hook_that_hangs_is_killed_and_the_task_stops_naming_it(project, tmp_path, kind):
     pids = tmp_path / "pids"
@@ -60,7 +50,7 @@ def test_a_hook_that_hangs_is_killed_and_the_task_stops_naming_it(project, tmp_p
     else:
         hook(project, "pre", "10_hang.sh", f"sleep 600 &\necho \"$$ $!\" > {pids}\necho waiting for a lock\nwait\n")
     started = time.monotonic()
-    proc = inv(["demo.hello"], project, env=clean_env(INVOKE_ANVIL_HOOK_TIMEOUT="2"), timeout=60)
+    proc = in_project(project, "demo.hello", env={"INVOKE_ANVIL_HOOK_TIMEOUT": "2"}, timeout=60)
     assert time.monotonic() - started < 30
     assert proc.returncode == 124, explain(proc)
     first = _failure_line(proc)
@@ -68,7 +58,7 @@ def test_a_hook_that_hangs_is_killed_and_the_task_stops_naming_it(project, tmp_p
            "(anvil.hook_timeout); it was killed" in first, explain(proc)
     assert "waiting for a lock" in proc.stderr and "Traceback" not in proc.stderr
     assert '"said"' not in proc.stdout                      # the task's body never ran
-    md = _metadata(project)
+    md = metadata(runs(project)[-1])
     assert md["status"] == "failed" and md["exit_code"] == 124
     for pid in map(int, pids.read_text().split()):         # the hook and what it started are gone
         assert _gone(pid), pid
@@ -76,17 +66,17 @@ def test_a_hook_that_hangs_is_killed_and_the_task_stops_naming_it(project, tmp_p
 
 def test_a_post_hook_that_hangs_fails_the_run_with_the_same_status(project):
     hook(project, "post", "10_hang.sh", "sleep 600\n")
-    proc = inv(["demo.hello"], project, env=clean_env(INVOKE_ANVIL_HOOK_TIMEOUT="1"), timeout=60)
+    proc = in_project(project, "demo.hello", env={"INVOKE_ANVIL_HOOK_TIMEOUT": "1"}, timeout=60)
     assert proc.returncode == 124 and "10_hang.sh failed: did not finish within 1 s" in proc.stderr, explain(proc)
-    assert _metadata(project)["exit_code"] == 124
+    assert metadata(runs(project)[-1])["exit_code"] == 124
 
 
 def test_a_hook_under_its_timeout_runs_as_before(project):
     hook(project, "pre", "10_quick.sh", "sleep 1\necho HOOKED=yes\n")
-    proc = inv(["demo.hello"], project, env=clean_env(INVOKE_ANVIL_HOOK_TIMEOUT="30"))
+    proc = in_project(project, "demo.hello", env={"INVOKE_ANVIL_HOOK_TIMEOUT": "30"})
     assert proc.returncode == 0, explain(proc)
     assert json.loads(proc.stdout.strip().splitlines()[-1])["hook_env"] == "yes"
-    default = inv(["demo.settings"], project)
+    default = in_project(project, "demo.settings")
     assert json.loads(default.stdout.strip().splitlines()[-1])["hook_timeout"] == 600
 
 
@@ -94,12 +84,12 @@ def test_a_hook_under_its_timeout_runs_as_before(project):
 def test_os_exit_in_a_python_hook_does_not_end_inv(project, code):
     hook(project, "pre", "10_exit.py", f"import os\ndef hook(ctx):\n    print('leaving early', flush=True)\n"
                                       f"    os._exit({code})\n")
-    proc = inv(["demo.hello"], project)
+    proc = in_project(project, "demo.hello")
     assert proc.returncode == 1, explain(proc)
     assert (f"10_exit.py failed: ended its process (exit status {code}) without returning from hook(ctx)"
             in _failure_line(proc)), explain(proc)
     assert "leaving early" in proc.stderr and '"said"' not in proc.stdout
-    md = _metadata(project)
+    md = metadata(runs(project)[-1])
     assert md["status"] == "failed" and md["exit_code"] == 1
     assert "leaving early" in (runs(project)[-1] / "hooks" / "pre.log").read_text()
 
@@ -114,7 +104,7 @@ def test_a_python_hook_keeps_its_contract_in_its_own_process(project, tmp_path):
     hook(project, "post", "10_outcome.py", "import json\ndef hook(ctx):\n"
          f"    json.dump({{'outcome': ctx.outcome, 'config': ctx.config, 'run_dir': str(ctx.run_dir), "
          f"'hooked': ctx.env.get('HOOKED')}}, open({str(seen)!r}, 'w'))\n")
-    proc = inv(["demo.hello"], project)
+    proc = in_project(project, "demo.hello")
     assert proc.returncode == 0, explain(proc)
     assert json.loads(proc.stdout.strip().splitlines()[-1])["hook_env"] == "demo.hello:pre"
     run = runs(project)[-1]
@@ -125,7 +115,7 @@ def test_a_python_hook_keeps_its_contract_in_its_own_process(project, tmp_path):
     assert got == {"outcome": {"status": "ok", "error": None}, "config": {"say": "hello", "api_key": "hello"},
                    "run_dir": str(run), "hooked": "demo.hello:pre"}
     hook(project, "pre", "30_exits.py", "import sys\ndef hook(ctx):\n    sys.exit(0)\n")
-    failed = inv(["demo.hello"], project)
+    failed = in_project(project, "demo.hello")
     assert failed.returncode == 1 and "30_exits.py failed: SystemExit: 0" in failed.stderr, explain(failed)
 
 
@@ -135,7 +125,7 @@ def test_what_hooks_print_and_log_is_masked_short_secrets_too(project):
     hook(project, "pre", "20_log.py", "def hook(ctx):\n    print('py token', ctx.env['API_TOKEN'])\n"
          "    ctx.log.info('logged token %s', ctx.env['API_TOKEN'])\n")
     hook(project, "post", "10_fails.sh", 'echo "failing with $API_TOKEN"\nexit 5\n')
-    proc = inv(["demo.hello", "--env", f"API_TOKEN={secret}"], project)
+    proc = in_project(project, "demo.hello", "--env", f"API_TOKEN={secret}")
     assert proc.returncode == 1 and "10_fails.sh failed: exit status 5" in proc.stderr, explain(proc)
     run = runs(project)[-1]
     written = {path.relative_to(run): path.read_text(errors="replace") for path in run.rglob("*") if path.is_file()}

@@ -5,27 +5,26 @@ import json
 from pathlib import Path
 
 import pytest
-from invoke import Context
 
 from runtime.runs import hooks
-from runtime.program.cli import AnvilConfig
 from runtime.runs.run import RunFailed, RunSpec, execute
-from helpers.project import explain, inv, make_project
+from helpers.program import anvil_context, explain
+from helpers.project import in_project
 
 TASK = "demo.work"
 
 
 @pytest.fixture
-def project(tmp_path):
+def context_with_hooks(tmp_path):
+    """(an Invoke context whose runs and hooks folders are in tmp_path, the hooks folder, tmp_path)"""
     root = tmp_path / "hooks"
     (root / "demo" / "work" / "pre").mkdir(parents=True)
     (root / "demo" / "work" / "post").mkdir(parents=True)
-    ctx = Context(config=AnvilConfig(overrides={"anvil": {"runs_dir": str(tmp_path / "runs"),
-                                                           "hooks_dir": str(root)}}))
+    ctx = anvil_context(tmp_path / "runs", hooks_dir=root)
     return ctx, root, tmp_path
 
 
-def write(path: Path, text: str) -> Path:
+def write_file(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
 
@@ -34,18 +33,18 @@ TRACE = "import os\ndef hook(ctx):\n    open(os.environ['TRACE'], 'a').write('{n
 
 
 def trace_hook(folder: Path, name: str) -> None:
-    write(folder / f"{name}.py", TRACE.format(name=name))
+    write_file(folder / f"{name}.py", TRACE.format(name=name))
 
 
-def test_hooks_run_in_name_order_and_extend_env(project, monkeypatch):
-    ctx, root, tmp = project
+def test_hooks_run_in_name_order_and_extend_env(context_with_hooks, monkeypatch):
+    ctx, root, tmp = context_with_hooks
     trace = tmp / "trace.txt"
     monkeypatch.setenv("TRACE", str(trace))
     pre = root / "demo" / "work" / "pre"
     trace_hook(pre, "20_second")
-    write(pre / "10_first.sh", f'echo "10_first:pre:None" >> {trace}\necho FROM_SHELL=1\necho plain output\n')
-    write(pre / "30_third.py", "def hook(ctx):\n    assert ctx.env['FROM_SHELL'] == '1'\n    ctx.env['FROM_PY'] = ctx.task\n")
-    write(pre / "README.md", "not a hook")
+    write_file(pre / "10_first.sh", f'echo "10_first:pre:None" >> {trace}\necho FROM_SHELL=1\necho plain output\n')
+    write_file(pre / "30_third.py", "def hook(ctx):\n    assert ctx.env['FROM_SHELL'] == '1'\n    ctx.env['FROM_PY'] = ctx.task\n")
+    write_file(pre / "README.md", "not a hook")
     trace_hook(root / "demo" / "work" / "post", "10_post")
     got = execute(ctx, RunSpec(task=TASK), lambda run: {"py": run.env["FROM_PY"], "sh": run.env["FROM_SHELL"]})
     assert got == {"py": TASK, "sh": "1"}
@@ -56,12 +55,12 @@ def test_hooks_run_in_name_order_and_extend_env(project, monkeypatch):
     assert "plain output" in (run_dir / "hooks" / "pre.log").read_text()
 
 
-def test_failing_pre_hook_stops_the_task_and_post_hooks_still_run(project, monkeypatch):
-    ctx, root, tmp = project
+def test_failing_pre_hook_stops_the_task_and_post_hooks_still_run(context_with_hooks, monkeypatch):
+    ctx, root, tmp = context_with_hooks
     trace = tmp / "trace.txt"
     monkeypatch.setenv("TRACE", str(trace))
     pre = root / "demo" / "work" / "pre"
-    write(pre / "10_check.sh", 'echo "data directory /nope is missing"\nexit 4\n')
+    write_file(pre / "10_check.sh", 'echo "data directory /nope is missing"\nexit 4\n')
     trace_hook(pre, "20_never")
     trace_hook(root / "demo" / "work" / "post", "10_post")
     called = []
@@ -76,12 +75,12 @@ def test_failing_pre_hook_stops_the_task_and_post_hooks_still_run(project, monke
     assert md["status"] == "failed"
 
 
-def test_post_hooks_run_after_a_failed_body_and_see_the_outcome(project, monkeypatch):
-    ctx, root, tmp = project
+def test_post_hooks_run_after_a_failed_body_and_see_the_outcome(context_with_hooks, monkeypatch):
+    ctx, root, tmp = context_with_hooks
     trace = tmp / "trace.txt"
     monkeypatch.setenv("TRACE", str(trace))
     post = root / "demo" / "work" / "post"
-    write(post / "10_fails.sh", 'echo "outcome=$ANVIL_OUTCOME"\nexit 1\n')
+    write_file(post / "10_fails.sh", 'echo "outcome=$ANVIL_OUTCOME"\nexit 1\n')
     trace_hook(post, "20_after")
     with pytest.raises(RunFailed) as caught:
         execute(ctx, RunSpec(task=TASK), lambda run: 1 / 0)
@@ -91,8 +90,8 @@ def test_post_hooks_run_after_a_failed_body_and_see_the_outcome(project, monkeyp
     assert "outcome=failed" in (run_dir / "hooks" / "post.log").read_text()
 
 
-def test_post_hooks_are_told_a_ctrl_c_was_an_interruption(project, monkeypatch):
-    ctx, root, tmp = project
+def test_post_hooks_are_told_a_ctrl_c_was_an_interruption(context_with_hooks, monkeypatch):
+    ctx, root, tmp = context_with_hooks
     trace = tmp / "trace.txt"
     monkeypatch.setenv("TRACE", str(trace))
     trace_hook(root / "demo" / "work" / "post", "10_post")
@@ -108,12 +107,12 @@ def test_post_hooks_are_told_a_ctrl_c_was_an_interruption(project, monkeypatch):
     assert md["status"] == "interrupted"
 
 
-def test_patch_runs_first_and_no_hooks_skips(project, monkeypatch):
-    ctx, root, tmp = project
+def test_patch_runs_first_and_no_hooks_skips(context_with_hooks, monkeypatch):
+    ctx, root, tmp = context_with_hooks
     trace = tmp / "trace.txt"
     monkeypatch.setenv("TRACE", str(trace))
     trace_hook(root / "demo" / "work" / "pre", "10_pre")
-    patch = write(tmp / "fix.py", TRACE.format(name="patch"))
+    patch = write_file(tmp / "fix.py", TRACE.format(name="patch"))
     execute(ctx, RunSpec(task=TASK, patch=patch), lambda run: None)
     assert trace.read_text().splitlines() == ["patch:pre:None", "10_pre:pre:None"]
     trace.unlink()
@@ -124,7 +123,7 @@ def test_patch_runs_first_and_no_hooks_skips(project, monkeypatch):
 
 
 
-def test_a_stop_that_names_its_status_is_not_said_twice(project):
+def test_a_stop_that_names_its_status_is_not_said_twice(context_with_hooks):
     from core.errors import AnvilError
 
     class Stopped(AnvilError):
@@ -133,7 +132,7 @@ def test_a_stop_that_names_its_status_is_not_said_twice(project):
     def body(run):
         raise Stopped("interrupted (Ctrl-C) after checkpointing", 130)
 
-    ctx, _root, _tmp = project
+    ctx, _root, _tmp = context_with_hooks
     with pytest.raises(RunFailed) as caught:
         execute(ctx, RunSpec(task=TASK, hooks=False), body)
     assert str(caught.value).startswith(f"{TASK} interrupted (Ctrl-C) after checkpointing\n"), str(caught.value)
@@ -144,7 +143,7 @@ def test_hooks_never_come_from_outside_the_hooks_root(tmp_path):
     root = tmp_path / "hooks"
     outside = tmp_path / "elsewhere"
     (outside / "pre").mkdir(parents=True)
-    write(outside / "pre" / "10_evil.py", "def hook(ctx):\n    raise SystemExit('ran')\n")
+    write_file(outside / "pre" / "10_evil.py", "def hook(ctx):\n    raise SystemExit('ran')\n")
     (root / "demo").mkdir(parents=True)
     for bad in ("../elsewhere", "demo/../../elsewhere", "..", "demo/x"):
         with pytest.raises(hooks.HookError):
@@ -158,16 +157,15 @@ def test_hooks_never_come_from_outside_the_hooks_root(tmp_path):
         hooks.discover(root, "demo.ok", "pre")
 
 
-def test_run_options_on_the_command_line(tmp_path):
-    project = make_project(tmp_path / "p")
-    helped = inv(["--help", "demo.hello"], project)
+def test_run_options_on_the_command_line(tmp_path, project):
+    helped = in_project(project, "--help", "demo.hello")
     for flag in ("--name=STRING", "--env ", "--no-hooks", "--patch=STRING"):
         assert flag in helped.stdout, explain(helped)
     pre = project / "hooks" / "demo" / "hello" / "pre"
     pre.mkdir(parents=True)
-    write(pre / "10_set.sh", "echo HOOKED=yes\n")
-    patch = write(tmp_path / "patch.sh", "echo patched-output\n")
-    ran = inv(["demo.hello", "--patch", str(patch), "--name", "n1", "--env", "A=1", "--env", "B=2"], project)
+    write_file(pre / "10_set.sh", "echo HOOKED=yes\n")
+    patch = write_file(tmp_path / "patch.sh", "echo patched-output\n")
+    ran = in_project(project, "demo.hello", "--patch", str(patch), "--name", "n1", "--env", "A=1", "--env", "B=2")
     assert ran.returncode == 0, explain(ran)
     assert json.loads(ran.stdout.strip().splitlines()[-1])["hook_env"] == "yes"
     run_dir = next((project / "runs").iterdir())
@@ -175,9 +173,9 @@ def test_run_options_on_the_command_line(tmp_path):
     assert "patched-output" in (run_dir / "hooks" / "pre.log").read_text()
     env = json.loads((run_dir / "env.json").read_text())["vars"]
     assert env["A"]["value"] == "1" and env["B"]["value"] == "2"
-    skipped = inv(["demo.hello", "--no-hooks"], project)
+    skipped = in_project(project, "demo.hello", "--no-hooks")
     assert json.loads(skipped.stdout.strip().splitlines()[-1])["hook_env"] is None, explain(skipped)
     before = sorted((project / "runs").iterdir())
-    missing = inv(["demo.hello", "--patch", str(tmp_path / "nope.py")], project)
+    missing = in_project(project, "demo.hello", "--patch", str(tmp_path / "nope.py"))
     assert missing.returncode == 2 and f"--patch {tmp_path / 'nope.py'}: no such file" in missing.stderr, explain(missing)
     assert sorted((project / "runs").iterdir()) == before        # refused before a run directory

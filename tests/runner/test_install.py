@@ -16,17 +16,17 @@ import pytest
 COLLECTIONS = ("env", "preflight", "data", "train", "bench", "profile", "snapshot")
 
 
-def run(argv, cwd, env=None, timeout=60):
+def run_command(argv, cwd, env=None, timeout=60):
     return subprocess.run([str(a) for a in argv], cwd=cwd, capture_output=True, text=True,
                           stdin=subprocess.DEVNULL, timeout=timeout,
                           env={**os.environ, **(env or {})})
 
 
 def test_inv_is_anvils_program(inv_bin, repo):
-    version = run([inv_bin, "--version"], repo)
+    version = run_command([inv_bin, "--version"], repo)
     assert version.returncode == 0, version.stderr
     assert version.stdout.startswith("Anvil "), version.stdout
-    helped = run([inv_bin, "--help"], repo)
+    helped = run_command([inv_bin, "--help"], repo)
     assert helped.returncode == 0, helped.stderr
     assert "-H STRING, --hosts=STRING" in helped.stdout      # Fabric's host flags are there
     assert "--identity" in helped.stdout
@@ -34,7 +34,7 @@ def test_inv_is_anvils_program(inv_bin, repo):
 
 def test_inv_list_shows_every_collection_without_torch(inv_bin, repo):
     # -X importtime lists every module the installed script imports.
-    listed = run([repo / ".venv/bin/python", "-X", "importtime", inv_bin, "--list", "--list-format", "json"],
+    listed = run_command([repo / ".venv/bin/python", "-X", "importtime", inv_bin, "--list", "--list-format", "json"],
                  repo)
     assert listed.returncode == 0, listed.stderr[-2000:]
     names = {c["name"] for c in json.loads(listed.stdout)["collections"]}
@@ -45,11 +45,11 @@ def test_inv_list_shows_every_collection_without_torch(inv_bin, repo):
 
 def test_inv_list_is_fast(inv_bin, repo):
     """Benchmark: median of 5 `inv --list` runs; the target is 0.5 s, the assert is loose."""
-    run([inv_bin, "--list"], repo)   # warm the page cache and .pyc files
+    run_command([inv_bin, "--list"], repo)   # warm the page cache and .pyc files
     times = []
     for _ in range(5):
         started = time.perf_counter()
-        listed = run([inv_bin, "--list"], repo)
+        listed = run_command([inv_bin, "--list"], repo)
         times.append(time.perf_counter() - started)
         assert listed.returncode == 0, listed.stderr
     median = statistics.median(times)
@@ -59,13 +59,13 @@ def test_inv_list_is_fast(inv_bin, repo):
 
 
 def test_completion(inv_bin, repo):
-    script = run([inv_bin, "--print-completion-script", "bash"], repo)
+    script = run_command([inv_bin, "--print-completion-script", "bash"], repo)
     assert script.returncode == 0, script.stderr
     assert "complete -F" in script.stdout and "inv --complete" in script.stdout
-    candidates = run([inv_bin, "--complete", "--", "inv", "env."], repo)
+    candidates = run_command([inv_bin, "--complete", "--", "inv", "env."], repo)
     assert candidates.returncode == 0, candidates.stderr
     assert {"env.detect", "env.show", "env.explain"} <= set(candidates.stdout.split())
-    options = run([inv_bin, "--complete", "--", "inv", "env.show", "--"], repo)
+    options = run_command([inv_bin, "--complete", "--", "inv", "env.show", "--"], repo)
     assert "--gpu" in options.stdout.split()
 
 
@@ -76,7 +76,7 @@ def test_bootstrap_rerun_is_a_fast_no_op(repo):
         # A .venv made by hand: a rerun would install into it, not check it.
         pytest.skip(".venv was not made by ./bootstrap")
     started = time.perf_counter()
-    again = run([repo / "bootstrap"], repo, timeout=120)
+    again = run_command([repo / "bootstrap"], repo, timeout=120)
     seconds = time.perf_counter() - started
     assert again.returncode == 0, again.stdout + again.stderr
     assert "up to date" in again.stdout
@@ -86,11 +86,11 @@ def test_bootstrap_rerun_is_a_fast_no_op(repo):
 
 
 def test_bootstrap_bad_input_is_one_clear_message(repo):
-    bad_python = run([repo / "bootstrap"], repo, env={"ANVIL_PYTHON": "/nonexistent/python3"})
+    bad_python = run_command([repo / "bootstrap"], repo, env={"ANVIL_PYTHON": "/nonexistent/python3"})
     assert bad_python.returncode == 1
     assert "cannot run Python '/nonexistent/python3'" in bad_python.stderr
     assert "Traceback" not in bad_python.stderr + bad_python.stdout
-    bad_option = run([repo / "bootstrap", "--frobnicate"], repo)
+    bad_option = run_command([repo / "bootstrap", "--frobnicate"], repo)
     assert bad_option.returncode == 2
     assert "unknown option(s): --frobnicate" in bad_option.stderr
 
@@ -102,7 +102,7 @@ def test_bootstrap_removes_hugging_faces_kernels_package(repo):
     if not (repo / ".venv" / ".anvil-bootstrap.json").exists():
         pytest.skip(".venv was not made by ./bootstrap")
     python = repo / ".venv/bin/python"
-    site = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], repo).stdout.strip()
+    site = run_command([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], repo).stdout.strip()
     if not site.startswith(str(repo / ".venv")):
         pytest.skip(".venv installs into the system's site-packages")
     dist = os.path.join(site, "kernels-0.0.0.dist-info")
@@ -118,11 +118,11 @@ def test_bootstrap_removes_hugging_faces_kernels_package(repo):
     with open(os.path.join(dist, "RECORD"), "w") as fh:
         fh.write("\n".join(record) + "\n")
     try:
-        again = run([repo / "bootstrap"], repo, timeout=120)
+        again = run_command([repo / "bootstrap"], repo, timeout=120)
         assert again.returncode == 0, again.stdout + again.stderr
         assert "removed Hugging Face's `kernels` package from .venv" in again.stdout
         assert not os.path.exists(dist) and not os.path.exists(stand_in)
-        check = run([python, "-c", "import kernels; print(kernels.ANVIL_KERNELS)"], repo)
+        check = run_command([python, "-c", "import kernels; print(kernels.ANVIL_KERNELS)"], repo)
         assert check.stdout.strip() == "True", check.stderr
     finally:
         for path in (stand_in, *(os.path.join(dist, n) for n in (*files, "RECORD"))):

@@ -1,10 +1,11 @@
-"""Preflight: the checks on real and sample sysfs trees, and `inv preflight.*` through the installed inv."""
+"""Preflight: the checks on real and sample sysfs trees, and `inv preflight.*` through the installed inv (a
+stop signal while it runs records the run interrupted)."""
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import subprocess
+import signal
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,10 @@ import envs
 from envs.detect import machine_from
 from envs.probes import amd
 from runtime.preflight import FAIL, PASS, WARN, CheckInputs, affinity, run_checks
+
+from helpers.interrupts import interrupted_run, send, sleeping_hook
+from helpers.processes import wait_until
+from helpers.program import start_inv
 
 # ---- checks on sample trees ----------------------------------------------------------------
 
@@ -120,22 +125,8 @@ def test_a_crashing_check_is_reported_not_raised(tmp_path, monkeypatch):
 
 # ---- the installed inv -----------------------------------------------------------------------
 
-@pytest.fixture
-def inv(inv_bin, repo, tmp_path):
-    env = {**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs")}
-    for name in ("ANVIL_GPU", "MASTER_ADDR", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA"):
-        env.pop(name, None)
-
-    def run(*args):
-        result = subprocess.run([str(inv_bin), *args], cwd=repo, env=env, capture_output=True, text=True,
-                                timeout=120)
-        assert "Traceback" not in result.stderr, result.stderr
-        return result
-    return run
-
-
-def test_preflight_all_on_this_machine(inv, tmp_path):
-    result = inv("preflight.all", "--json")
+def test_preflight_all_on_this_machine(checked_inv, tmp_path):
+    result = checked_inv("preflight.all", "--json")
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads(result.stdout)
     assert set(data) >= {"host", "status", "checks"} and data["status"] in (PASS, WARN)
@@ -150,22 +141,31 @@ def test_preflight_all_on_this_machine(inv, tmp_path):
     assert run_dir.parent == tmp_path / "runs" and json.loads((run_dir / "preflight.json").read_text()) == data
     assert json.loads((run_dir / "metadata.json").read_text())["status"] == "ok"
 
-    table = inv("preflight.all")
+    table = checked_inv("preflight.all")
     assert table.returncode == 0 and "no GPU on this machine" in table.stdout and "software.torch" in table.stdout
 
 
-def test_preflight_fails_on_a_missing_interface(inv):
-    result = inv("preflight.network", "--env", "NCCL_SOCKET_IFNAME=doesnotexist0")
+def test_preflight_fails_on_a_missing_interface(checked_inv):
+    result = checked_inv("preflight.network", "--env", "NCCL_SOCKET_IFNAME=doesnotexist0", check=False)
     assert result.returncode == 1
     assert "network.nccl_ifname  FAIL" in result.stdout and "doesnotexist0" in result.stdout
     assert "fix: use one of:" in result.stdout
     assert "1 check(s) FAIL: network.nccl_ifname" in result.stderr
 
 
-def test_preflight_require_gpu_fails_here(inv):
-    result = inv("preflight.gpu", "--require-gpu", "--json")
+def test_preflight_require_gpu_fails_here(checked_inv):
+    result = checked_inv("preflight.gpu", "--require-gpu", "--json", check=False)
     assert result.returncode == 1
     assert json.loads(result.stdout)["checks"][0]["status"] == FAIL
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR2])
+def test_a_signal_during_preflight_records_it_interrupted(tmp_path, signum):
+    hook, started = sleeping_hook(tmp_path, "sh")
+    proc = start_inv(tmp_path, "preflight.all", "--patch", str(hook))
+    assert wait_until(started.exists, proc, timeout=120)
+    send(proc, signum)
+    interrupted_run(proc, tmp_path, "preflight.all", signum)
 
 
 # ---- the shipped train.pretrain pre hooks, through the real hook engine ---------------------

@@ -4,7 +4,7 @@ Two halves:
 - the round logic with made-up measurements (a fake transport: every pair's figure
   is 10 GB/s unless a slow node or link is in it): which pairs each round makes,
   how many rounds, who is named, the progress line with its ETA;
-- for real: three SSH hosts in network namespaces (tests/cluster.py), one of them
+- for real: three SSH hosts in network namespaces (tests/helpers/cluster.py), one of them
   made slow with tc (Cluster.slow_link), the screen over Fabric + the agent +
   benchmarks.collectives (gloo) names that host and passes the other two, and
   writes the run directory with report.json and the node lists.
@@ -22,6 +22,7 @@ from runtime.cluster import Runtime
 from runtime.preflight import comm
 from runtime.runs.nodes import failing
 
+from helpers.cluster import _cmdline
 from helpers.comm import FAST, FakeTransport
 
 # ---- the round logic, with a fake transport ---------------------------------------------------
@@ -37,7 +38,7 @@ def screen(n, **fake):
     return report, transport, lines
 
 
-def statuses(report):
+def status_by_host(report):
     return {r.host: r.check.status for r in report.rows}
 
 
@@ -56,7 +57,7 @@ def test_first_round_pairs_disjoint_neighbours():
 def test_no_slow_node_everyone_passes(n, rounds):
     report, transport, _ = screen(n)
     assert report.failing == {} and report.passing == nodes(n)
-    assert set(statuses(report).values()) == {"PASS"} and report.links == []
+    assert set(status_by_host(report).values()) == {"PASS"} and report.links == []
     # one round, one more for the odd one out (paired with a node of a fast pair); three nodes
     # need all three pairs: until n2-n3 is measured, a slow n1 would look like the norm
     assert report.rounds == rounds
@@ -70,7 +71,7 @@ def test_four_nodes_one_slow_found_in_two_rounds():
     assert {frozenset(p) for p in transport.rounds[1]} == {frozenset({"n1", "n3"}), frozenset({"n2", "n4"})}
     assert report.rounds == 2
     assert list(report.failing) == ["n3"] and report.passing == ["n1", "n2", "n4"]
-    assert statuses(report) == {"n1": "PASS", "n2": "PASS", "n3": "FAIL", "n4": "PASS"}
+    assert status_by_host(report) == {"n1": "PASS", "n2": "PASS", "n3": "FAIL", "n4": "PASS"}
     row = next(r for r in report.rows if r.host == "n3").check
     assert row.name == "comm.pair" and row.value.startswith("n3<->") and "10% of median" in row.value
     assert "slow with 2 different partners" in row.reason
@@ -179,7 +180,7 @@ def test_a_dead_node_fails_every_pair_and_is_named_with_the_timeout():
 def test_three_nodes_one_dead_the_other_two_are_kept_but_not_cleared():
     report, transport, _ = screen(3, dead={"n3"})
     assert list(report.failing) == ["n3"] and report.passing == ["n1", "n2"]
-    assert statuses(report) == {"n1": "WARN", "n2": "WARN", "n3": "FAIL"}    # n1-n2 alone: nothing to compare
+    assert status_by_host(report) == {"n1": "WARN", "n2": "WARN", "n3": "FAIL"}    # n1-n2 alone: nothing to compare
 
 
 def test_an_unreachable_node_is_left_out_at_once():
@@ -188,13 +189,13 @@ def test_an_unreachable_node_is_left_out_at_once():
     assert all("n2" not in p for p in met(transport, report))
     assert report.failing == {"n2": ["comm.reach: unreachable: connection refused"]}
     assert [r.host for r in report.rows] == nodes(4)                # host order kept
-    assert statuses(report)["n2"] == "FAIL"
+    assert status_by_host(report)["n2"] == "FAIL"
 
 
 def test_two_nodes_cannot_tell_a_slow_side_but_a_failed_pair_fails_both():
     report, _, _ = screen(2, slow={"n2"})
     assert report.failing == {} and report.passing == ["n1", "n2"]     # nothing to compare the pair with
-    assert statuses(report) == {"n1": "WARN", "n2": "WARN"}
+    assert status_by_host(report) == {"n1": "WARN", "n2": "WARN"}
     assert "not judged" in report.rows[0].check.reason and report.reference_busbw is None
     report, _, _ = screen(2, dead={"n2"})
     assert sorted(report.failing) == ["n1", "n2"]
@@ -385,7 +386,7 @@ def test_a_launch_past_its_timeout_is_ended_on_the_nodes(comm_cluster, repo, tmp
     assert m.busbw is None and "timed out after 1 s" in m.error, m
     time.sleep(1)
     marker = str(tmp_path / "pairs")
-    left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and marker in _cmdline(p)]
+    left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and marker in " ".join(_cmdline(int(p.name)))]
     assert left == [], "processes left behind on the nodes"
 
 
@@ -418,10 +419,3 @@ def test_screen_in_a_slurm_allocation_names_the_slowed_node(slurm_prerequisites,
     assert report["allreduce"]["busbw_GBps"] > 0
     assert (_run_dir(tmp_path / "runs") / "nodes" / "fail.txt").read_text() == f"{slow.name}\n"
     print(f"3-node screen under Slurm, {slow.name} slowed: {seconds:.1f} s (salloc included)")
-
-
-def _cmdline(proc: Path) -> str:
-    try:
-        return (proc / "cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return ""

@@ -1,22 +1,16 @@
-"""Bad input to preflight.perf and env.explain through the installed `inv`, as a user types it:
-one line, exit 2, no traceback, refused before any run directory or measurement; and the
-`inv --list` lines of preflight.* and env.* are whole sentences.
+"""Bad input to preflight.perf through the installed `inv`, as a user types it: one line, exit 2, no
+traceback, refused before any run directory or measurement; and the `inv --list` lines of preflight.*
+and env.* are whole sentences.
 
 Every command runs in a fresh temporary folder with its run directories under it.
 """
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
-from helpers.program import inv as run_inv
-from helpers.program import one_line_error, runs
 
-
-def inv(cwd: Path, *args, timeout=120):
-    """user_input.inv without this shell's GPU and network choices."""
-    return run_inv(cwd, *args, timeout=timeout, unset=("ANVIL_GPU", "MASTER_ADDR", "NCCL_SOCKET_IFNAME"))
+from helpers.program import SHELL_CHOICES, inv, one_line_error, runs
 
 
 # ---------------------------------------------------------------- 1. --save-baseline checked first
@@ -29,7 +23,7 @@ def inv(cwd: Path, *args, timeout=120):
 def test_unwritable_save_baseline_is_refused_before_measuring(tmp_path, where, fragment):
     (tmp_path / "notes.txt").write_text("mine")
     path = where.format(tmp=tmp_path)
-    proc = inv(tmp_path, "preflight.perf", "--save-baseline", path)
+    proc = inv(tmp_path, "preflight.perf", "--save-baseline", path, unset=SHELL_CHOICES)
     one_line_error(proc, "--save-baseline", path, fragment)
     assert "preflight on" not in proc.stdout and runs(tmp_path) == []
     assert (tmp_path / "notes.txt").read_text() == "mine"
@@ -48,34 +42,19 @@ def test_tolerance_takes_a_percentage():
 
 def test_tolerance_5_percent_is_accepted_and_a_word_is_one_line(tmp_path):
     # 5% passes the option checks: the next check (--save-baseline) is the one that stops the run.
-    accepted = inv(tmp_path, "preflight.perf", "--tolerance", "5%", "--save-baseline", "/proc/x.json")
+    accepted = inv(tmp_path, "preflight.perf", "--tolerance", "5%", "--save-baseline", "/proc/x.json",
+                   unset=SHELL_CHOICES)
     one_line_error(accepted, "--save-baseline /proc/x.json")
     assert "--tolerance" not in accepted.stderr
-    bad = inv(tmp_path, "preflight.perf", "--tolerance", "five")
+    bad = inv(tmp_path, "preflight.perf", "--tolerance", "five", unset=SHELL_CHOICES)
     one_line_error(bad, "--tolerance five", "expected a fraction", "0.05 for 5%")
     assert runs(tmp_path) == []
 
 
-# ---------------------------------------------------------------- 3. env.explain: any case, else exit 2
-
-def test_explain_matches_a_name_in_any_case(tmp_path):
-    proc = inv(tmp_path, "env.explain", "nccl_socket_ifname", "--gpu", "MI250X", "--site", "lumi")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.startswith("NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3  [site:lumi]")
-
-
-def test_explain_unknown_name_is_one_line_with_suggestions(tmp_path):
-    one_line_error(inv(tmp_path, "env.explain", "FOO_BAR"), "no layer sets FOO_BAR", "inv env.show")
-    one_line_error(inv(tmp_path, "env.explain", "nccl_socket_ifnam", "--gpu", "H100"),
-                   "no layer sets nccl_socket_ifnam", "did you mean NCCL_SOCKET_IFNAME")
-    one_line_error(inv(tmp_path, "env.explain", "HSA_NO_SCRATCH_RECLAIM", "--gpu", "H100"),
-                   "no layer sets HSA_NO_SCRATCH_RECLAIM", "set by vendor:rocm", "--gpu")
-
-
-# ---------------------------------------------------------------- 4. inv --list shows whole sentences
+# ---------------------------------------------------------------- 3. inv --list shows whole sentences
 
 def test_list_lines_of_preflight_and_env_are_whole_sentences(tmp_path):
-    proc = inv(tmp_path, "--list")
+    proc = inv(tmp_path, "--list", unset=SHELL_CHOICES)
     assert proc.returncode == 0, proc.stderr[-3000:]
     entries: dict[str, str] = {}
     name = None

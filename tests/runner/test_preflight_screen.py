@@ -8,9 +8,6 @@ on the CPU, and a baseline recorded by --save-baseline is read back.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -19,8 +16,7 @@ from envs.machine import Machine
 from runtime.preflight import perf, rules, screen
 from runtime.preflight.result import FAIL, PASS, WARN
 
-REPO = Path(__file__).resolve().parents[2]
-INV = REPO / ".venv" / "bin" / "inv"
+from helpers.program import ONE_THREAD, inv
 
 
 def test_a_gpu_at_half_its_floor_fails_and_at_97_percent_passes():
@@ -98,13 +94,9 @@ def test_each_device_runs_in_its_own_process_and_a_hung_one_costs_its_timeout():
     assert broken["cuda:7"]["ok"] is False and broken["cuda:7"]["error"]
 
 
-def _inv(tmp_path, *argv):
-    return subprocess.run([str(INV), *argv], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1"})
-
-
 def test_perf_records_a_baseline_and_judges_against_one(tmp_path):
-    saved = _inv(tmp_path, "preflight.perf", "--save-baseline", str(tmp_path / "base.json"), "--json")
+    saved = inv(tmp_path, "preflight.perf", "--save-baseline", str(tmp_path / "base.json"), "--json",
+                env=ONE_THREAD)
     assert saved.returncode == 0, saved.stderr[-2000:]
     baseline = json.loads((tmp_path / "base.json").read_text())
     assert baseline["format"] == "anvil-perf-baseline/1"
@@ -115,7 +107,7 @@ def test_perf_records_a_baseline_and_judges_against_one(tmp_path):
     # A node ten times slower than this baseline says so, by metric, and exits 1.
     fast = {**baseline, "measured": {k: v * 10 for k, v in baseline["measured"].items()}}
     (tmp_path / "fast.json").write_text(json.dumps(fast))
-    judged = _inv(tmp_path, "preflight.perf", "--baseline", str(tmp_path / "fast.json"))
+    judged = inv(tmp_path, "preflight.perf", "--baseline", str(tmp_path / "fast.json"), env=ONE_THREAD)
     assert judged.returncode == 1, judged.stderr[-2000:]
     assert "below the baseline" in judged.stdout and "perf.gemm" in judged.stderr
     assert "Traceback" not in judged.stderr
@@ -127,6 +119,6 @@ def test_bad_perf_options_are_one_line(tmp_path):
                            (["--baseline", str(tmp_path / "missing.json")], "no such file"),
                            (["--baseline", str(tmp_path / "junk.json")], "not a baseline"),
                            (["--tolerance", "2"], "expected a fraction")):
-        proc = _inv(tmp_path, "preflight.perf", *argv)
+        proc = inv(tmp_path, "preflight.perf", *argv, env=ONE_THREAD)
         assert proc.returncode == 2 and expected in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())

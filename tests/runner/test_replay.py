@@ -7,25 +7,26 @@ import pytest
 
 from runtime.runs import replay
 from core.files import seal
-from helpers.project import explain, inv, make_project, runs
+from helpers.program import anvil_context, explain, run_inv, runs
+from helpers.project import in_project, make_project
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory):
+def recorded_demo(tmp_path_factory):
     """A project with one recorded run of demo.hello (config file + --env + fan-out flags)."""
     project = make_project(tmp_path_factory.mktemp("replay"))
     config = project / "cfg.yaml"
     config.write_text("say: from-file\n")
-    result = inv(["-i", "/nonexistent/key", "demo.hello", "--config", "cfg.yaml", "--name", "orig",
-                  "--env", "DEMO_LAYER=cli"], project)
+    result = in_project(project, "-i", "/nonexistent/key", "demo.hello", "--config", "cfg.yaml", "--name", "orig",
+                        "--env", "DEMO_LAYER=cli")
     assert result.returncode == 0, explain(result)
     config.write_text("say: changed-since\n")          # the replay must use the recorded copy
     (run_dir,) = runs(project)
     return project, run_dir
 
 
-def test_plan_swaps_config_drops_fanout_flags_and_keeps_env(recorded):
-    project, run_dir = recorded
+def test_plan_swaps_config_drops_fanout_flags_and_keeps_env(recorded_demo):
+    project, run_dir = recorded_demo
     plan = replay.plan(run_dir)
     assert plan.argv == ["demo.hello", "--config", str(run_dir / "configs" / "demo.yaml"), "--name", "orig",
                          "--env", "DEMO_LAYER=cli"]
@@ -33,21 +34,21 @@ def test_plan_swaps_config_drops_fanout_flags_and_keeps_env(recorded):
     assert plan.env["DEMO_LAYER"] == "cli" and "ANVIL_HOST" not in plan.env
 
 
-def test_list_show_and_diff(recorded):
-    project, run_dir = recorded
-    listed = inv(["snapshot.list", "--json"], project)
+def test_list_show_and_diff(recorded_demo):
+    project, run_dir = recorded_demo
+    listed = in_project(project, "snapshot.list", "--json")
     rows = json.loads(listed.stdout)
     assert [(r["task"], r["name"], r["status"]) for r in rows] == [("demo.hello", "orig", "ok")]
-    shown = inv(["snapshot.show", run_dir.name], project)
+    shown = in_project(project, "snapshot.show", run_dir.name)
     assert shown.returncode == 0 and "demo.hello" in shown.stdout and "DEMO_LAYER" in shown.stdout
-    missing = inv(["snapshot.show", "runs/nope"], project)
+    missing = in_project(project, "snapshot.show", "runs/nope")
     assert missing.returncode == 2 and "no such run directory" in missing.stderr
     assert "Traceback" not in missing.stderr
 
 
-def test_replay_matches_here_then_refuses_a_different_machine_unless_forced(recorded):
-    project, run_dir = recorded
-    ok = inv(["snapshot.replay", str(run_dir)], project)
+def test_replay_matches_here_then_refuses_a_different_machine_unless_forced(recorded_demo):
+    project, run_dir = recorded_demo
+    ok = in_project(project, "snapshot.replay", str(run_dir))
     assert ok.returncode == 0, explain(ok)
     assert "matches the recorded one" in ok.stdout
     assert json.loads([l for l in ok.stdout.splitlines() if l.startswith("{")][0])["said"] == "from-file"
@@ -57,7 +58,7 @@ def test_replay_matches_here_then_refuses_a_different_machine_unless_forced(reco
     env = json.loads((new / "env.json").read_text())["vars"]
     assert env["DEMO_LAYER"]["value"] == "cli" and env["DEMO_LAYER"]["source"].startswith("replay:")
 
-    diffed = inv(["snapshot.diff", str(run_dir), str(new), "--json"], project)
+    diffed = in_project(project, "snapshot.diff", str(run_dir), str(new), "--json")
     kinds = {(r["kind"], r["key"]) for r in json.loads(diffed.stdout)}
     assert ("config", "demo.yaml:say") not in kinds and ("run", "argv") in kinds
 
@@ -66,22 +67,20 @@ def test_replay_matches_here_then_refuses_a_different_machine_unless_forced(reco
                       "driver": "6.10.5"}
     (run_dir / "machine.json").write_text(json.dumps(seal(machine)))   # as recorded on that machine
     before = len(runs(project))
-    refused = inv(["snapshot.replay", str(run_dir)], project)
+    refused = in_project(project, "snapshot.replay", str(run_dir))
     assert refused.returncode == 2, explain(refused)
     assert "replay refused" in refused.stderr and "gpu.model" in refused.stderr
     assert "MI300X" in refused.stdout and len(runs(project)) == before
     assert "would replay: inv demo.hello" in refused.stdout and "replaying:" not in refused.stdout
-    forced = inv(["snapshot.replay", str(run_dir), "--force"], project)
+    forced = in_project(project, "snapshot.replay", str(run_dir), "--force")
     assert forced.returncode == 0, explain(forced)
     assert len(runs(project)) == before + 1
 
 
 def _training_run_with_config(tmp_path, source: str, argv: list[str]):
     """A recorded train.pretrain run whose config came from `source` (its copy in RUN/configs/train.yaml)."""
-    from invoke import Context
-    from runtime.program.cli import AnvilConfig
     from runtime.runs.run import RunSpec, execute
-    ctx = Context(config=AnvilConfig(overrides={"anvil": {"runs_dir": str(tmp_path / "runs")}}))
+    ctx = anvil_context(tmp_path / "runs")
     spec = RunSpec(task="train.pretrain", configs={"train.yaml": {"optim": {"lr": 0.5}}},
                    config_sources={"train.yaml": source}, config_options={"train.yaml": "--config"}, argv=argv)
     execute(ctx, spec, lambda run: None)
@@ -97,10 +96,8 @@ def test_replay_passes_the_recorded_config_when_the_run_used_the_default(tmp_pat
 
 
 def _recorded_run(tmp_path, argv: list[str], task: str, **extra):
-    from invoke import Context
-    from runtime.program.cli import AnvilConfig
     from runtime.runs.run import RunSpec, execute
-    ctx = Context(config=AnvilConfig(overrides={"anvil": {"runs_dir": str(tmp_path / "runs")}}))
+    ctx = anvil_context(tmp_path / "runs")
     execute(ctx, RunSpec(task=task, argv=argv, extra=extra), lambda run: None)
     (run_dir,) = runs(tmp_path)
     return run_dir
@@ -126,10 +123,10 @@ def test_a_slurm_training_run_replays_on_as_many_nodes(tmp_path):
     assert plan.argv[:3] == ["train.pretrain", "--set", "train.steps=4"]
     assert plan.argv[-4:] == ["--runtime", "slurm", "--nodes", "2"]
     assert "added --nodes 2 (the run had 2 node(s), world size 4)" in plan.dropped
-    recorded = plan.recorded
-    assert replay.check_topology(recorded, {}) == []                                  # sbatch asks for 2
-    assert replay.check_topology(recorded, {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2"}) == []
-    (short,) = replay.check_topology(recorded, {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "1"})
+    recorded_demo = plan.recorded
+    assert replay.check_topology(recorded_demo, {}) == []                                  # sbatch asks for 2
+    assert replay.check_topology(recorded_demo, {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2"}) == []
+    (short,) = replay.check_topology(recorded_demo, {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "1"})
     assert (short.item, short.recorded, short.here, short.blocking) == ("nodes", "2", "1 (Slurm job 7)", True)
     # given on the command line: kept as typed; a one-node direct run pins nothing
     typed = _recorded_run(tmp_path / "t", ["inv", "train.pretrain", "--runtime", "slurm", "--nodes", "1"],
@@ -161,7 +158,7 @@ def test_a_run_whose_config_copy_is_gone_is_not_replayed_with_another_config(tmp
     with pytest.raises(replay.ReplayError, match=r"its copy of the config it ran with \(configs/train.yaml, from "
                                                  r"configs/llama3_1b.yaml\) is missing; the run directory is damaged"):
         replay.plan(run_dir)
-    result = inv(["snapshot.replay", str(run_dir)], tmp_path)
+    result = run_inv("snapshot.replay", str(run_dir), cwd=tmp_path, clean=True)
     assert result.returncode == 2 and "is missing; the run directory is damaged" in result.stderr, explain(result)
     assert "Traceback" not in result.stderr and len(runs(tmp_path)) == 1
 

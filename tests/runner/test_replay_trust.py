@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from helpers.project import clean_env, explain, inv, make_project, runs
 from core.files import seal
-from helpers.program import inv as inv_here, runs as runs_here
+from helpers.program import anvil_context, explain, inv, runs
+from helpers.project import in_project, make_project
 
 
 def _edit(run_dir, name, change):
@@ -29,7 +29,7 @@ def planted(tmp_path_factory):
     piece of code leaves a marker file when it runs."""
     root = tmp_path_factory.mktemp("trust")
     project = make_project(root / "p")
-    made = inv(["demo.hello", "--name", "orig"], project)
+    made = in_project(project, "demo.hello", "--name", "orig")
     assert made.returncode == 0, explain(made)
     (run_dir,) = runs(project)
     evil = root / "evil"
@@ -65,7 +65,7 @@ ITEMS = ["env PYTHONPATH=", "env LD_PRELOAD=", "env BASH_ENV=", "env ANVIL_TASKS
 
 def test_the_dry_run_lists_what_could_run_code_and_runs_none_of_it(planted):
     project, run_dir, markers = planted
-    dry = inv(["snapshot.replay", str(run_dir), "--dry-run"], project)
+    dry = in_project(project, "snapshot.replay", str(run_dir), "--dry-run")
     assert dry.returncode == 0, explain(dry)
     listed = [line.strip() for line in dry.stdout.splitlines() if line.startswith("  ")]
     for item in ITEMS:
@@ -74,14 +74,14 @@ def test_the_dry_run_lists_what_could_run_code_and_runs_none_of_it(planted):
     assert "the run directory names 6 thing(s) that can run code (left out without --trust-run)" in dry.stdout
     assert "--patch" not in dry.stdout.split("would replay: inv ")[1]
     assert "DEMO_PLAIN" not in "\n".join(listed)
-    trusted = inv(["snapshot.replay", str(run_dir), "--dry-run", "--trust-run"], project)
+    trusted = in_project(project, "snapshot.replay", str(run_dir), "--dry-run", "--trust-run")
     assert "(replayed: --trust-run)" in trusted.stdout and "--patch" in trusted.stdout.split("would replay")[1]
     assert _fired(markers) == [] and len(runs(project)) == 1
 
 
 def test_a_replay_leaves_it_out_and_says_so(planted):
     project, run_dir, markers = planted
-    replayed = inv(["snapshot.replay", str(run_dir)], project)
+    replayed = in_project(project, "snapshot.replay", str(run_dir))
     assert replayed.returncode == 0, explain(replayed)
     for item in ITEMS:
         assert any(line.startswith(f"note: left out {item}") for line in replayed.stdout.splitlines()), item
@@ -96,7 +96,7 @@ def test_a_replay_leaves_it_out_and_says_so(planted):
 
 def test_trust_run_replays_it(planted):
     project, run_dir, markers = planted
-    replayed = inv(["snapshot.replay", str(run_dir), "--trust-run"], project)
+    replayed = in_project(project, "snapshot.replay", str(run_dir), "--trust-run")
     assert replayed.returncode == 0, explain(replayed)
     # (ANVIL_TASKS_PATH is read by the checkout's tasks.py, not by this test project's: listed, not fired)
     assert _fired(markers) == ["bash_env", "hooks_dir", "patch", "pythonpath"], replayed.stderr
@@ -115,13 +115,13 @@ def test_a_working_directory_outside_the_checkout_is_not_where_the_replay_runs(p
     copy = run_dir.parent / (run_dir.name + "-cwd")
     shutil.copytree(run_dir, copy)
     _edit(copy, "metadata.json", lambda d: d.update(cwd=str(outside)))
-    dry = inv(["snapshot.replay", str(copy), "--dry-run"], project)
+    dry = in_project(project, "snapshot.replay", str(copy), "--dry-run")
     assert f"working directory {outside}: outside this checkout" in dry.stdout, explain(dry)
-    replayed = inv(["snapshot.replay", str(copy)], project)
+    replayed = in_project(project, "snapshot.replay", str(copy))
     assert replayed.returncode == 0, explain(replayed)
     assert f"note: runs in {project}, not in {outside}" in replayed.stdout
     assert "cwd" not in _fired(markers)
-    trusted = inv(["snapshot.replay", str(copy), "--trust-run"], project)
+    trusted = in_project(project, "snapshot.replay", str(copy), "--trust-run")
     assert "cwd" in _fired(markers), explain(trusted)
     shutil.rmtree(copy)
     for marker in markers.iterdir():
@@ -133,7 +133,7 @@ def test_the_replays_own_control_variable_is_never_taken_from_a_run(planted):
     copy = run_dir.parent / (run_dir.name + "-control")
     shutil.copytree(run_dir, copy)
     _edit(copy, "env.json", lambda d: d["vars"].update(ANVIL_REPLAY_TRUSTED={"value": "1", "source": "task"}))
-    replayed = inv(["snapshot.replay", str(copy)], project)
+    replayed = in_project(project, "snapshot.replay", str(copy))
     assert replayed.returncode == 0, explain(replayed)
     assert "note: left out env ANVIL_REPLAY_TRUSTED=1 (the replay's own control variable" in replayed.stdout
     assert _fired(markers) == []
@@ -148,81 +148,75 @@ def test_an_ordinary_environment_value_the_shell_already_has_is_no_item(planted)
     shutil.copytree(run_dir, copy)
     _edit(copy, "env.json", lambda d: d.update(vars={"PYTHONHASHSEED": {"value": "0"}, "PYTHONPATH": {"value": "/x"}}))
     _edit(copy, "metadata.json", lambda d: d.update(argv=[a for a in d["argv"] if "patch" not in a]))
-    dry = inv(["snapshot.replay", str(copy), "--dry-run"], project, env=clean_env(PYTHONPATH="/x"))
+    dry = in_project(project, "snapshot.replay", str(copy), "--dry-run", env={"PYTHONPATH": "/x"})
     assert "names nothing that can run code" in dry.stdout, explain(dry)
     shutil.rmtree(copy)
 
 
-def test_a_settings_file_that_is_gone_is_dropped_with_a_note_and_one_that_names_code_needs_trust(tmp_path):
-    project = make_project(tmp_path / "p")
+def test_a_settings_file_that_is_gone_is_dropped_with_a_note_and_one_that_names_code_needs_trust(tmp_path, project):
     settings = tmp_path / "s.yaml"
     settings.write_text("anvil:\n  connect_timeout: 4\n")
-    made = inv(["-f", str(settings), "demo.hello", "--name", "f"], project)
+    made = in_project(project, "-f", str(settings), "demo.hello", "--name", "f")
     assert made.returncode == 0, explain(made)
     (run_dir,) = runs(project)
     settings.unlink()
-    replayed = inv(["snapshot.replay", str(run_dir)], project)
+    replayed = in_project(project, "snapshot.replay", str(run_dir))
     assert replayed.returncode == 0, explain(replayed)
     assert f"note: dropped -f {settings} (the settings file is gone; this checkout's settings are used)" \
         in replayed.stdout
     settings.write_text(f"anvil:\n  hooks_dir: {tmp_path / 'elsewhere'}\n")
     settings.chmod(0o644)
-    own = inv(["snapshot.replay", str(run_dir), "--dry-run"], project)      # your own settings: yours to trust
+    own = in_project(project, "snapshot.replay", str(run_dir), "--dry-run")      # your own settings: yours to trust
     assert f"-f {settings} demo.hello" in own.stdout.split("would replay: inv ")[1], explain(own)
     assert "names nothing that can run code" in own.stdout
     settings.chmod(0o666)                                                   # anyone can write it: not yours
-    dry = inv(["snapshot.replay", str(run_dir), "--dry-run"], project)
+    dry = in_project(project, "snapshot.replay", str(run_dir), "--dry-run")
     assert f"-f {settings}: settings of someone else's, or that others can write, that say where code comes " \
            "from (anvil.hooks_dir)" in dry.stdout, explain(dry)
     assert f"-f {settings}" not in dry.stdout.split("would replay: inv ")[1]
-    trusted = inv(["snapshot.replay", str(run_dir), "--dry-run", "--trust-run"], project)
+    trusted = in_project(project, "snapshot.replay", str(run_dir), "--dry-run", "--trust-run")
     assert f"-f {settings} demo.hello" in trusted.stdout.split("would replay: inv ")[1], explain(trusted)
 
 
-def test_a_fan_out_run_whose_settings_file_is_gone_replays_here_without_it(tmp_path):
-    from invoke import Context
-    from runtime.program.cli import AnvilConfig
+def test_a_fan_out_run_whose_settings_file_is_gone_replays_here_without_it(tmp_path, project):
     from runtime.runs.run import RunSpec, execute
-    project = make_project(tmp_path / "p")
-    ctx = Context(config=AnvilConfig(overrides={"anvil": {"runs_dir": str(project / "runs")}}))
+    ctx = anvil_context(project / "runs")
     gone = tmp_path / "cluster.yaml"
     execute(ctx, RunSpec(task="demo.checks", argv=["inv", "-f", str(gone), "-H", "n1,n2", "demo.checks"],
                          extra={"fanout": "ssh"}), lambda run: None)
     (run_dir,) = runs(project)
-    replayed = inv(["snapshot.replay", str(run_dir)], project)
+    replayed = in_project(project, "snapshot.replay", str(run_dir))
     assert replayed.returncode == 0, explain(replayed)
     assert f"note: dropped -f {gone} (the settings file is gone" in replayed.stdout
     assert "note: dropped -H n1,n2" in replayed.stdout and "replaying: inv demo.checks" in replayed.stdout
 
 
 def test_a_benchmark_replays_the_sizes_it_resolved(tmp_path):
-    made = inv_here(tmp_path, "bench.gemm", "--iters", "1", "--json", timeout=120)
+    made = inv(tmp_path, "bench.gemm", "--iters", "1", "--json", timeout=120)
     assert made.returncode == 0, made.stderr[-3000:]
     size = json.loads(made.stdout)["m"]
-    (run_dir,) = runs_here(tmp_path)
-    dry = inv_here(tmp_path, "snapshot.replay", run_dir, "--dry-run")
+    (run_dir,) = runs(tmp_path)
+    dry = inv(tmp_path, "snapshot.replay", run_dir, "--dry-run")
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert f"would replay: inv bench.gemm --iters 1 --json -M {size} -N {size} -K {size}" in dry.stdout, dry.stdout
     assert f"note: added -M {size} -N {size} -K {size} (the sizes the run resolved and measured)" in dry.stdout
-    given = inv_here(tmp_path, "bench.gemm", "-M", "64", "-K", "32", "--iters", "1", "--json", timeout=120)
+    given = inv(tmp_path, "bench.gemm", "-M", "64", "-K", "32", "--iters", "1", "--json", timeout=120)
     assert given.returncode == 0, given.stderr[-3000:]
-    again = inv_here(tmp_path, "snapshot.replay", runs_here(tmp_path)[-1], "--dry-run")
+    again = inv(tmp_path, "snapshot.replay", runs(tmp_path)[-1], "--dry-run")
     assert "would replay: inv bench.gemm -M 64 -K 32 --iters 1 --json -N 64" in again.stdout, again.stdout
 
 
 def test_a_replayed_argv_that_would_break_the_batch_script_is_refused(tmp_path):
-    from invoke import Context
-    from runtime.program.cli import AnvilConfig
     from runtime.runs.run import RunSpec, execute
-    ctx = Context(config=AnvilConfig(overrides={"anvil": {"runs_dir": str(tmp_path / "runs")}}))
+    ctx = anvil_context(tmp_path / "runs")
     argv = ["inv", "train.pretrain", "--set", "data.path=synthetic", "--runtime", "slurm",
             "--partition", "gpu\necho pwned"]
     execute(ctx, RunSpec(task="train.pretrain", configs={"train.yaml": {"data": {"path": "synthetic"}}},
                          config_sources={"train.yaml": "configs/tiny.yaml"}, config_options={"train.yaml": "--config"},
                          argv=argv), lambda run: None)
-    (run_dir,) = runs_here(tmp_path)
-    replayed = inv_here(tmp_path, "snapshot.replay", run_dir)
+    (run_dir,) = runs(tmp_path)
+    replayed = inv(tmp_path, "snapshot.replay", run_dir)
     assert replayed.returncode == 2, replayed.stdout + replayed.stderr
     assert "Slurm partition (--partition, anvil.slurm_partition) 'gpu\\necho pwned': has a control character" \
         in replayed.stderr and "Traceback" not in replayed.stderr
-    assert len(runs_here(tmp_path)) == 1 and sys.executable
+    assert len(runs(tmp_path)) == 1 and sys.executable

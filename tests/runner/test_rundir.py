@@ -11,16 +11,17 @@ from invoke.exceptions import Exit
 
 from trainer import ranklog
 from runtime.runs import rundir
-from runtime.program.cli import AnvilConfig
 from runtime.runs.run import RunFailed, RunSpec, execute
+
+from helpers.files import fill, free_bytes, tmpfs
+from helpers.program import anvil_context
 
 
 @pytest.fixture
 def ctx(tmp_path) -> Context:
     hooks = tmp_path / "hooks"
     hooks.mkdir()
-    return Context(config=AnvilConfig(overrides={"anvil": {"runs_dir": str(tmp_path / "runs"),
-                                                           "hooks_dir": str(hooks)}}))
+    return anvil_context(tmp_path / "runs", hooks_dir=hooks)
 
 
 def test_run_dir_names_are_unique_and_writes_atomic(tmp_path):
@@ -122,3 +123,29 @@ def test_atomic_writes_get_the_mode_open_would_give(tmp_path):
         assert write_atomic(tmp_path / "b", "x", mode=0o600).stat().st_mode & 0o777 == 0o600
     finally:
         os.umask(old)
+
+
+def test_a_run_records_its_end_on_a_disk_full_to_the_last_byte(tmp_path):
+    """On a real tmpfs (root; skipped elsewhere), full to the last byte: the run directory's reserve makes room
+    to record its end."""
+    from core.errors import AnvilError
+
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    with tmpfs(tmp_path / "disk", "16m") as disk:
+        ctx = anvil_context(disk / "runs", hooks_dir=hooks)
+        seen = {}
+
+        def body(run):
+            reserve = run.path / rundir.SPACE_RESERVE
+            seen["reserve"] = reserve.stat().st_size if reserve.exists() else None
+            fill(disk)
+            assert free_bytes(disk) < 4096
+            raise AnvilError("the disk filled up")
+
+        with pytest.raises(RunFailed, match="the disk filled up"):
+            execute(ctx, RunSpec(task="demo.work", name="full"), body)
+        (run,) = (disk / "runs").iterdir()
+        metadata = json.loads((run / "metadata.json").read_text())
+        assert (metadata["status"], metadata["error"], metadata["exit_code"]) == ("failed", "the disk filled up", 1)
+        assert seen["reserve"] == rundir.RESERVE_BYTES and not (run / rundir.SPACE_RESERVE).exists()

@@ -1,12 +1,15 @@
-"""Secret masking (core/secrets.py) and the end-to-end promise: no secret under runs/."""
+"""Secret masking (core/secrets.py) and the end-to-end promise: no secret under runs/; the masker is linear
+at megabytes of text made to make it stall."""
 from __future__ import annotations
 
 import subprocess
+import sys
 
 import pytest
 
 from core.secrets import MASK, Masker, is_secret_env_name, is_secret_key
-from helpers.project import clean_env, explain, inv, make_project
+from helpers.program import REPO, explain
+from helpers.project import in_project
 
 
 @pytest.mark.parametrize("name", ["HF_TOKEN", "WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY", "PGPASSWORD",
@@ -49,9 +52,24 @@ def test_masker_covers_env_configs_argv_urls_and_literals():
     assert masker.text("1 true abc abcd xabc") == f"1 true {MASK} abcd xabc"
 
 
-def test_hf_token_leaves_no_trace_under_runs(tmp_path):
+@pytest.mark.parametrize("text", ["'a' * 10_000_000", "'https://' + 'a' * 10_000_000",
+                                  "('x://' + 'b' * 100) * 100_000", "'postgres://u:' + 'p' * 10_000_000"],
+                         ids=["long word", "long url", "many schemes", "long password"])
+def test_the_masker_reads_megabytes_in_one_pass(text):
+    """A quadratic masker would take hours, not the timeout: run in a fresh interpreter."""
+    code = f"from core.secrets import Masker\nm = Masker(['supersecretvalue', 'pw1'])\nprint(len(m.text({text})))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_masker_still_masks_what_it_did_and_short_secrets_as_words():
+    masker = Masker(["supersecretvalue", "pw1", "true"])
+    text = "url https://user:hunter2@host/x pw=pw1, pw1x and xpw1 stay; supersecretvalue; true stays"
+    assert masker.text(text) == (f"url https://user:{MASK}@host/x pw={MASK}, pw1x and xpw1 stay; {MASK}; "
+                                 f"true stays")
+
+def test_hf_token_leaves_no_trace_under_runs(project):
     """HF_TOKEN=secret: env, command line, config, logs, hook output, result: none keep it."""
-    project = make_project(tmp_path / "p")
     hook = project / "hooks" / "demo" / "hello" / "pre"
     hook.mkdir(parents=True)
     (hook / "10_echo.sh").write_text('echo "hook sees $HF_TOKEN"\necho HOOKED=$HF_TOKEN\n')
@@ -59,9 +77,9 @@ def test_hf_token_leaves_no_trace_under_runs(tmp_path):
     secret = "secret"
     config = project / "cfg.yaml"
     config.write_text(f"say: {secret}\nwandb_key: w-k-98765\nnote: token is {secret}\n")
-    env = clean_env(HF_TOKEN=secret, WANDB_API_KEY="w-k-98765", HTTPS_PROXY="http://proxyuser:pw4321@proxy:3128")
-    result = inv(["demo.hello", "--config", str(config), "--say", secret, "--env", f"EXTRA_TOKEN={secret}"],
-                 project, env)
+    env = {"HF_TOKEN": secret, "WANDB_API_KEY": "w-k-98765", "HTTPS_PROXY": "http://proxyuser:pw4321@proxy:3128"}
+    result = in_project(project, "demo.hello", "--config", str(config), "--say", secret, "--env",
+                        f"EXTRA_TOKEN={secret}", env=env)
     assert result.returncode == 0, explain(result)
     for leaked in (secret, "w-k-98765", "pw4321"):
         grep = subprocess.run(["grep", "-rl", "-e", leaked, str(project / "runs")], capture_output=True, text=True)

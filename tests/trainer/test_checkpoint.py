@@ -19,9 +19,9 @@ import pytest
 import torch
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
+from helpers.program import REPO
 from trainer import checkpoint as ck
 
-REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 
 
@@ -55,7 +55,7 @@ class CountingLoader:
         self.cursor = state["cursor"]
 
 
-def build(seed=0):
+def toy_training(seed=0):
     torch.manual_seed(seed)
     model = Toy()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
@@ -80,7 +80,7 @@ def train_steps(model, optimizer, scheduler, loader, n, wrapped=None):
 
 
 def save_toy(root, step, keep_last=3, **kw):
-    model, optimizer, scheduler = build()
+    model, optimizer, scheduler = toy_training()
     return ck.save(root, step, model=model, optimizer=optimizer, scheduler=scheduler,
                    loader=CountingLoader(), keep_last=keep_last, **kw)
 
@@ -88,7 +88,7 @@ def save_toy(root, step, keep_last=3, **kw):
 # ----------------------------------------------------------------------------- single process
 
 def test_roundtrip_is_exact(tmp_path):
-    model, optimizer, scheduler = build()
+    model, optimizer, scheduler = toy_training()
     loader = CountingLoader()
     train_steps(model, optimizer, scheduler, loader, 3)
     path = ck.save(tmp_path / "checkpoints", 3, model=model, optimizer=optimizer, scheduler=scheduler,
@@ -96,7 +96,7 @@ def test_roundtrip_is_exact(tmp_path):
     assert path == tmp_path / "checkpoints" / "step_3" and ck.is_complete(path)
     continued = train_steps(model, optimizer, scheduler, loader, 3)
 
-    fresh_model, fresh_opt, fresh_sched = build(seed=123)  # different init: load must overwrite it
+    fresh_model, fresh_opt, fresh_sched = toy_training(seed=123)  # different init: load must overwrite it
     fresh_loader = CountingLoader()
     state = ck.load(ck.resolve("auto", tmp_path / "checkpoints"), model=fresh_model, optimizer=fresh_opt,
                     scheduler=fresh_sched, loader=fresh_loader, config={"model": {"dim": 16}})
@@ -112,10 +112,10 @@ def test_roundtrip_is_exact(tmp_path):
 
 
 def test_model_only_load_and_full_weights(tmp_path):
-    model, optimizer, scheduler = build()
+    model, optimizer, scheduler = toy_training()
     train_steps(model, optimizer, scheduler, CountingLoader(), 1)
     path = ck.save(tmp_path, 1, model=model, optimizer=optimizer, scheduler=scheduler)
-    other, _, _ = build(seed=5)
+    other, _, _ = toy_training(seed=5)
     assert ck.load(path, model=other)["step"] == 1
     assert torch.equal(other.layers[0].weight, model.layers[0].weight)
     weights = ck.load_model_state(path)
@@ -125,7 +125,7 @@ def test_model_only_load_and_full_weights(tmp_path):
 
 def test_model_mismatch_is_one_clear_error(tmp_path):
     path = save_toy(tmp_path, 1, config={"model": {"dim": 16, "n_layers": 2}})
-    model, optimizer, scheduler = build()
+    model, optimizer, scheduler = toy_training()
     with pytest.raises(ck.CheckpointError, match=r"n_layers: checkpoint 2 vs config 4"):
         ck.load(path, model=model, optimizer=optimizer, config={"model": {"dim": 16, "n_layers": 4}})
     with pytest.raises(ck.CheckpointError, match="cannot load"):  # no config: DCP's shape check
@@ -176,7 +176,7 @@ _SLOW_SAVE = textwrap.dedent("""
     import sys, time, torch
     from pathlib import Path
     import torch.distributed.checkpoint as dcp
-    sys.path.insert(0, {tests!r})
+    sys.path[:0] = [{tests!r}, {here!r}]        # the package helpers, and this file
     from test_checkpoint import save_toy
     save_toy(Path({root!r}), 1)
     real_save = dcp.save
@@ -191,8 +191,8 @@ _SLOW_SAVE = textwrap.dedent("""
 
 def test_kill_during_save_keeps_previous(tmp_path):
     root = tmp_path / "checkpoints"
-    proc = subprocess.Popen([PYTHON, "-c", _SLOW_SAVE.format(tests=str(Path(__file__).resolve().parent), root=str(root))],
-                            stdout=subprocess.PIPE, text=True, cwd=REPO)
+    code = _SLOW_SAVE.format(tests=str(REPO / "tests"), here=str(Path(__file__).resolve().parent), root=str(root))
+    proc = subprocess.Popen([PYTHON, "-c", code], stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:
         assert proc.stdout.readline().strip() == "SAVING"
         os.kill(proc.pid, signal.SIGKILL)
@@ -201,7 +201,7 @@ def test_kill_during_save_keeps_previous(tmp_path):
         proc.wait()
     assert (root / ".tmp_step_2" / ".metadata").exists()  # the interrupted save's shards
     assert ck.find_latest(root) == root / "step_1"
-    model, optimizer, scheduler = build(seed=9)
+    model, optimizer, scheduler = toy_training(seed=9)
     assert ck.load(ck.resolve("auto", root), model=model, optimizer=optimizer)["step"] == 1
 
 
@@ -229,7 +229,7 @@ def test_every_file_is_checksummed_before_complete(tmp_path):
 def test_write_threads_split_the_rank_into_files_each_checksummed(tmp_path):
     """checkpoint.write_threads: each rank writes that many files at once; every one is hashed as
     it is written, and the load is exact."""
-    model, optimizer, scheduler = build()
+    model, optimizer, scheduler = toy_training()
     train_steps(model, optimizer, scheduler, CountingLoader(), 1)
     saver = ck.Checkpointer(tmp_path, async_save=True, write_threads=3)
     saver.save(1, model=model, optimizer=optimizer, scheduler=scheduler)
@@ -240,7 +240,7 @@ def test_write_threads_split_the_rank_into_files_each_checksummed(tmp_path):
     from trainer.checkpoint import checksums
     for name, record in manifest["files"].items():
         assert checksums.hash_file(path / name) == (record["size"], record["digest"]), name
-    other, other_opt, _ = build(seed=9)
+    other, other_opt, _ = toy_training(seed=9)
     ck.load(path, model=other, optimizer=other_opt)
     for (name, a), (_, b) in zip(model.state_dict().items(), other.state_dict().items()):
         assert torch.equal(a, b), name
@@ -255,7 +255,7 @@ def test_a_writer_thread_that_fails_fails_the_save_in_one_line(tmp_path, monkeyp
 
     from trainer.checkpoint import checksums
 
-    model, optimizer, scheduler = build()
+    model, optimizer, scheduler = toy_training()
     train_steps(model, optimizer, scheduler, CountingLoader(), 1)
     saver = ck.Checkpointer(tmp_path, async_save=True, write_threads=3)
     saver.save(1, model=model, optimizer=optimizer, wait=True)
@@ -282,7 +282,7 @@ def test_flipped_byte_resume_auto_takes_the_one_before_and_names_it(tmp_path, ca
     newest = save_toy(root, 2)
     flip_byte(newest / "__0_0.distcp")
     assert ck.find_latest(root) == newest     # same size: only reading the bytes tells
-    model, optimizer, scheduler = build(seed=3)
+    model, optimizer, scheduler = toy_training(seed=3)
     with pytest.raises(ck.DamagedCheckpoint, match=r"step_2 is damaged: __0_0\.distcp: its bytes differ"):
         ck.load(newest, model=model, optimizer=optimizer)
 
@@ -300,7 +300,7 @@ def test_explicit_resume_of_a_damaged_checkpoint_is_an_error_naming_the_file(tmp
     save_toy(root, 1)
     newest = save_toy(root, 2)
     flip_byte(newest / "ranks" / "rank0.pt")
-    model, optimizer, scheduler = build()
+    model, optimizer, scheduler = toy_training()
     found = ck.candidates(str(newest), tmp_path / "fresh-run" / "checkpoints")
     assert [(c.path, c.fallback) for c in found] == [(newest, False)]
     with pytest.raises(ck.DamagedCheckpoint) as raised:
@@ -336,7 +336,7 @@ def test_missing_metadata_of_an_old_checkpoint_is_one_line(tmp_path, caplog):
     root = tmp_path / "checkpoints"
     old = save_toy(root, 1)
     (old / ck.CHECKSUMS_FILE).unlink()
-    model, optimizer, _ = build(seed=4)
+    model, optimizer, _ = toy_training(seed=4)
     assert ck.load(old, model=model, optimizer=optimizer)["step"] == 1
     (old / ".metadata").unlink()
     with pytest.raises(ck.DamagedCheckpoint, match=r"\.metadata is missing"):
@@ -370,7 +370,7 @@ def test_prune_keeps_the_checkpoint_just_saved(tmp_path):
 def test_async_save_writes_the_state_of_its_step_while_training_goes_on(tmp_path, monkeypatch):
     from trainer.checkpoint.writer import TEST_DELAY_ENV
     monkeypatch.setenv(TEST_DELAY_ENV, "3.0")   # long enough for a busy machine (tests run two files at once)
-    model, optimizer, scheduler = build()
+    model, optimizer, scheduler = toy_training()
     loader = CountingLoader()
     train_steps(model, optimizer, scheduler, loader, 2)
     expected = {k: v.clone() for k, v in model.state_dict().items()}
@@ -385,7 +385,7 @@ def test_async_save_writes_the_state_of_its_step_while_training_goes_on(tmp_path
     assert (tmp_path / ".tmp_step_2").is_dir() and ck.find_latest(tmp_path) is None   # not yet
     assert saver.wait() == tmp_path / "step_2" and saver.last_saved == tmp_path / "step_2"
     saver.close()
-    fresh, fresh_opt, fresh_sched = build(seed=11)
+    fresh, fresh_opt, fresh_sched = toy_training(seed=11)
     fresh_loader = CountingLoader()
     state = ck.load(tmp_path / "step_2", model=fresh, optimizer=fresh_opt, scheduler=fresh_sched, loader=fresh_loader)
     assert state["step"] == 2 and fresh_loader.cursor == 8 and fresh_sched.last_epoch == 2
@@ -398,7 +398,7 @@ def test_async_save_writes_the_state_of_its_step_while_training_goes_on(tmp_path
 def test_the_next_save_waits_for_the_one_in_flight(tmp_path, monkeypatch):
     from trainer.checkpoint.writer import TEST_DELAY_ENV
     monkeypatch.setenv(TEST_DELAY_ENV, "0.5")
-    model, optimizer, scheduler = build()
+    model, optimizer, scheduler = toy_training()
     saver = ck.Checkpointer(tmp_path, async_save=True, keep_last=5)
     for step in (1, 2, 3):
         saver.save(step, model=model, optimizer=optimizer)
@@ -449,7 +449,7 @@ def test_dtensor_shards_are_staged_without_a_copy_of_their_own(tmp_path, monkeyp
 # ----------------------------------------------------------------------------- 2 ranks -> 1
 
 def _worker(out: Path) -> None:
-    """torchrun --nproc-per-node 2 tests/test_checkpoint.py OUT: train the toy model 2 steps
+    """torchrun --nproc-per-node 2 tests/trainer/test_checkpoint.py OUT: train the toy model 2 steps
     under DDP and under FSDP2 (gloo, CPU), checkpoint each (FSDP2's asynchronously, training a
     step more while it is written), and let rank 0 dump the full model and optimizer state for
     the single-process side to compare against."""
@@ -461,7 +461,7 @@ def _worker(out: Path) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     for mode in ("ddp", "fsdp"):
-        model, optimizer, scheduler = build()
+        model, optimizer, scheduler = toy_training()
         if mode == "fsdp":
             for layer in model.layers:
                 fully_shard(layer)
@@ -496,7 +496,8 @@ def _worker(out: Path) -> None:
 
 @pytest.mark.slow
 def test_two_rank_checkpoints_resume_on_one(tmp_path):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # the checkout first: tests/trainer/ must not stand in for the package trainer; tests/ for helpers
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
     cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            str(Path(__file__).resolve()), str(tmp_path)]
     result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
@@ -506,7 +507,7 @@ def test_two_rank_checkpoints_resume_on_one(tmp_path):
         path = ck.find_latest(tmp_path / mode)
         assert ck.read_meta(path)["world_size"] == 2
         assert sorted(p.name for p in (path / "ranks").iterdir()) == ["rank0.pt", "rank1.pt"]
-        model, optimizer, scheduler = build(seed=77)
+        model, optimizer, scheduler = toy_training(seed=77)
         loader = CountingLoader()
         state = ck.load(path, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader)
         assert state["step"] == 2 and state["world_size"] == 2 and loader.cursor == 8

@@ -4,12 +4,13 @@ from pathlib import Path
 
 import pytest
 
+from helpers.program import REPO
 from trainer.config import DEFAULT_CONFIG, ConfigError, TrainConfig, dump, load
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = REPO / "configs"
 
 
-def write(tmp_path, text: str) -> Path:
+def config_file(tmp_path, text: str) -> Path:
     path = tmp_path / "cfg.yaml"
     path.write_text(text)
     return path
@@ -52,7 +53,7 @@ def test_overrides_are_typed_and_dotted():
 
 def test_dump_roundtrip(tmp_path):
     cfg = load(CONFIGS / "llama3_8b.yaml", ["optim.lr=1e-4"])
-    again = load(write(tmp_path, dump(cfg)))
+    again = load(config_file(tmp_path, dump(cfg)))
     assert again == cfg
 
 
@@ -73,7 +74,7 @@ def test_dump_roundtrip(tmp_path):
     ("env:\n  FLAG: true\n", "env.FLAG", "quote it"),
 ])
 def test_bad_values_name_file_key_and_expectation(tmp_path, text, key, expected):
-    path = write(tmp_path, text)
+    path = config_file(tmp_path, text)
     with pytest.raises(ConfigError) as err:
         load(path)
     message = str(err.value)
@@ -96,11 +97,11 @@ def test_bad_override_names_the_key(tmp_path):
 
 def test_broken_yaml_and_missing_file(tmp_path):
     with pytest.raises(ConfigError, match=r"invalid YAML \(line \d+, column \d+\)"):
-        load(write(tmp_path, "model:\n  dim: [1, 2\n"))
+        load(config_file(tmp_path, "model:\n  dim: [1, 2\n"))
     with pytest.raises(ConfigError, match="no such config file"):
         load(tmp_path / "nope.yaml")
     with pytest.raises(ConfigError, match="expected a mapping of sections"):
-        load(write(tmp_path, "- a\n- b\n"))
+        load(config_file(tmp_path, "- a\n- b\n"))
 
 
 def test_a_bare_off_is_the_choice_off_not_yaml_false(tmp_path):

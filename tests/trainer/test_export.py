@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
+from helpers.program import inv
 from trainer import checkpoint as ck
 from trainer import config as config_mod
 from trainer.export import ExportError, export_hf
@@ -16,13 +16,11 @@ from trainer.model import Transformer
 
 transformers = pytest.importorskip("transformers")
 
-REPO = Path(__file__).resolve().parents[2]
-INV = REPO / ".venv" / "bin" / "inv"
 
 # Per export dtype: our fp32 model vs HF run in that dtype (fp32 is the same math up to
 # kernel order; bf16 carries the weight rounding and bf16 activations).
 # Measured: fp32 0.0, bf16 0.011 on logits of magnitude ~1.
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPE_BY_NAME = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 TOLERANCE = {"float32": 1e-5, "bfloat16": 0.05}
 
 
@@ -65,7 +63,7 @@ def test_export_loads_in_transformers_with_same_logits(tmp_path, variant, dtype)
         "anvil_export.json", "config.json", "generation_config.json", "model.safetensors"]
     assert not list(tmp_path.glob(".hf.tmp*"))  # staging dir renamed, nothing left behind
 
-    hf = transformers.LlamaForCausalLM.from_pretrained(out, dtype=DTYPES[dtype], local_files_only=True)
+    hf = transformers.LlamaForCausalLM.from_pretrained(out, dtype=DTYPE_BY_NAME[dtype], local_files_only=True)
     hf.eval()
     from safetensors import safe_open
     with safe_open(str(out / "model.safetensors"), "pt") as f:
@@ -134,9 +132,7 @@ def test_inv_export_writes_a_tokenizer_with_anvils_ids(tmp_path, kind):
     raw["data"]["path"] = str(dataset)
     _, run_dir = trained_checkpoint(tmp_path, config_mod.from_dict(raw))
     out = tmp_path / "hf"
-    proc = subprocess.run([str(INV), "train.export", str(run_dir), "--out", str(out)], cwd=tmp_path,
-                          env={**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs")},
-                          capture_output=True, text=True, timeout=300)
+    proc = inv(tmp_path, "train.export", run_dir, "--out", out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"exported to {out}" in proc.stdout
     assert {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"} <= {p.name for p in out.iterdir()}

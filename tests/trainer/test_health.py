@@ -27,9 +27,9 @@ from runtime.runs import diagnose, outcome
 from trainer import health, ranklog
 from trainer.config import ConfigError, load
 from core.signals import EXIT_HUNG
+from helpers.program import INV, REPO, inv_environ
+from helpers.training import TINY_RUN
 
-REPO = Path(__file__).resolve().parents[2]
-INV = REPO / ".venv" / "bin" / "inv"
 
 
 def _log(run_dir: Path, rank: int = 0, host: str = "nodeA"):
@@ -60,8 +60,8 @@ def test_watchdog_dumps_stacks_writes_the_report_and_ends_the_rank(tmp_path):
     assert report["rank"] == 3 and report["host"] == "nodeX" and report["pid"] == os.getpid()
     assert report["step"] == 8 and report["last_step"] == 7 and report["phase"] == "training"
     assert report["stalled_s"] >= 0.3 and report["limit_s"] == 0.3
-    assert re.fullmatch(r"time\.sleep\(\.\.\.\) at tests/test_health\.py:\d+", report["where"]), report["where"]
-    assert report["frames"][0].startswith("stuck_in_a_data_read (tests/test_health.py:")
+    assert re.fullmatch(r"time\.sleep\(\.\.\.\) at tests/trainer/test_health\.py:\d+", report["where"]), report["where"]
+    assert report["frames"][0].startswith("stuck_in_a_data_read (tests/trainer/test_health.py:")
     text = (tmp_path / "logs" / "rank3.log").read_text()
     assert "hang watchdog: no progress for 0 s (limit 0 s) in step 8" in text
     assert "(most recent call first)" in text and "in stuck_in_a_data_read" in text   # every thread's stack
@@ -272,7 +272,7 @@ def test_agent_treats_a_hung_rank_as_the_failure_and_stops_the_rest(tmp_path):
 # --------------------------------------------------------------------------- the real launcher
 
 FAULTS = '''
-"""Test-only fault injection (tests/test_health.py): Python's site module loads this file from
+"""Test-only fault injection (tests/trainer/test_health.py): Python's site module loads this file from
 PYTHONPATH in every process; it acts only in the rank that ANVIL_TEST_FAULT_RANK names."""
 import os
 
@@ -323,14 +323,13 @@ if os.environ.get("RANK") is not None and os.environ.get("RANK") == os.environ.g
     sys.meta_path.insert(0, PatchOnImport())
 '''
 
-SHORT = ["model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2", "model.ffn_dim=160",
-         "data.seq_len=64", "data.batch_size=4", "train.log_interval=1", "train.val_interval=0",
-         "train.val_batches=0", "schedule.warmup_steps=2", "checkpoint.interval=0", "logging.progress=false",
-         "logging.tensorboard=false", "logging.gpu_stats=false"]
+SHORT = [*TINY_RUN, "train.log_interval=1", "train.val_interval=0"]
 
 
-def inv_env(tmp_path: Path, fault: str | None = None, rank: int = 1) -> dict:
-    env = {**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1"}
+def environ_with_fault(tmp_path: Path, fault: str | None = None, rank: int = 1) -> dict:
+    """inv's environment, its runs in tmp_path/runs; with `fault` (slow:SECONDS | hang:STEP), FAULTS put in
+    rank `rank` through a sitecustomize.py on PYTHONPATH."""
+    env = inv_environ(tmp_path / "runs", {"OMP_NUM_THREADS": "1"})
     if fault:
         inject = tmp_path / "inject"
         inject.mkdir(exist_ok=True)
@@ -366,7 +365,7 @@ def failure_line(stderr: str) -> str:
 def test_slow_rank_is_named_in_the_log_and_in_metrics(tmp_path, dataset):
     proc = subprocess.run(pretrain_argv(dataset, "slow", "train.steps=20", "health.straggler_interval=5",
                                         "checkpoint.save_final=false"),
-                          cwd=REPO, env=inv_env(tmp_path, "slow:0.03"), capture_output=True, text=True, timeout=300)
+                          cwd=REPO, env=environ_with_fault(tmp_path, "slow:0.03"), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = the_run(tmp_path)
     host = rank_host(run, 1)
@@ -388,7 +387,7 @@ def test_slow_rank_is_named_in_the_log_and_in_metrics(tmp_path, dataset):
 def test_hung_rank_is_found_dumped_ended_and_named_in_one_line(tmp_path, dataset):
     started = time.monotonic()
     proc = subprocess.run(pretrain_argv(dataset, "hang", "train.steps=200", "health.hang_timeout_s=5"),
-                          cwd=REPO, env=inv_env(tmp_path, "hang:4"), capture_output=True, text=True, timeout=300)
+                          cwd=REPO, env=environ_with_fault(tmp_path, "hang:4"), capture_output=True, text=True, timeout=300)
     ended, wall = time.time(), time.monotonic() - started
     assert proc.returncode == EXIT_HUNG, proc.stderr[-3000:]
     run = the_run(tmp_path)
@@ -419,7 +418,7 @@ def test_stopped_rank_is_named_by_the_peer_that_waits_for_it(tmp_path, dataset):
 
     started = time.monotonic()
     proc = subprocess.Popen(pretrain_argv(dataset, "stop", "train.steps=5000", "health.hang_timeout_s=5"),
-                            cwd=REPO, env=inv_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=REPO, env=environ_with_fault(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     victim = None
     try:
         deadline = time.monotonic() + 120

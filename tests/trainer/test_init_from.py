@@ -30,8 +30,7 @@ from trainer.model import Transformer
 transformers = pytest.importorskip("transformers")
 from safetensors.torch import load_file, save_file  # noqa: E402  (transformers brings it)
 
-REPO = Path(__file__).resolve().parents[2]
-INV = REPO / ".venv" / "bin" / "inv"
+from helpers.program import ONE_THREAD, REPO, run_inv  # noqa: E402
 LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 32}
 # intermediate_size 99: odd, so two FSDP ranks get 50 and 49 rows of the MLP weights
@@ -75,11 +74,6 @@ def first_batch(run_dir: Path, rank: int = 0, world: int = 1):
     used = run_dir / "configs" / "train.yaml"     # an inv run's config as used; `python -m trainer` keeps config.yaml
     cfg = config_mod.load(used if used.is_file() else run_dir / "config.yaml")
     return next(make_loader(cfg, "train", DistInfo(rank, rank, world, torch.device("cpu"), None)))
-
-
-def inv(tmp_path: Path, *args: str, timeout=300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([str(INV), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def error_line(proc: subprocess.CompletedProcess) -> str:
@@ -301,8 +295,8 @@ def test_bad_directory_is_one_line_exit_2_and_nothing_written(tmp_path, dataset,
     write_hf(tmp_path / "good", sharded=sharded)
     broken, says = bad_directory(kind, tmp_path / "good", tmp_path / "broken")
     before = tree_digest(broken, dataset)
-    proc = inv(tmp_path, "train.pretrain", "--init-from", str(broken), "--set", f"data.path={dataset}",
-               "--set", "data.seq_len=64", timeout=120)
+    proc = run_inv("train.pretrain", "--init-from", str(broken), "--set", f"data.path={dataset}", "--set",
+                   "data.seq_len=64", runs=tmp_path / "runs", env=ONE_THREAD, timeout=120)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert says in error_line(proc)
     assert not (tmp_path / "runs").exists()               # no run directory
@@ -320,11 +314,12 @@ def test_inv_pretrain_from_a_directory_with_its_tokenizer(tmp_path):
         (corpus / f"doc{i}.py").write_text(f"def function_{i}(x):\n    return x * {i} + {i % 7}\n" * 20)
     hf = tmp_path / "hf"
     hf_model = write_hf(hf, tied=True, rope_scaling=LLAMA31_ROPE, sharded=True)
-    made = inv(tmp_path, "data.tokenizer", "--vocab-size", "300", "--input", str(corpus),
-               "--out", str(hf / "tokenizer.json"))
+    made = run_inv("data.tokenizer", "--vocab-size", "300", "--input", str(corpus), "--out", str(hf / "tokenizer.json"),
+                   runs=tmp_path / "runs", env=ONE_THREAD)
     assert made.returncode == 0, made.stderr[-3000:]
     dataset = tmp_path / "dataset"
-    prepared = inv(tmp_path, "data.prepare", "--input", str(corpus), "--tokenizer", str(hf), "--out", str(dataset))
+    prepared = run_inv("data.prepare", "--input", str(corpus), "--tokenizer", str(hf), "--out", str(dataset),
+                       runs=tmp_path / "runs", env=ONE_THREAD)
     assert prepared.returncode == 0, prepared.stderr[-3000:]
     manifest = json.loads((dataset / "manifest.json").read_text())
     assert manifest["tokenizer"]["sha256"] == hashlib.sha256((hf / "tokenizer.json").read_bytes()).hexdigest()
@@ -333,7 +328,7 @@ def test_inv_pretrain_from_a_directory_with_its_tokenizer(tmp_path):
             "train.log_interval=1", "train.val_interval=0", "train.val_batches=0", "schedule.warmup_steps=1"]
     args = [a for item in sets for a in ("--set", item)]
     before = tree_digest(hf)
-    proc = inv(tmp_path, "train.pretrain", "--init-from", str(hf), "--json", *args)
+    proc = run_inv("train.pretrain", "--init-from", str(hf), "--json", *args, runs=tmp_path / "runs", env=ONE_THREAD)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "tokenized with" not in proc.stderr          # the dataset was made with the directory's tokenizer
     summary = json.loads(proc.stdout)
@@ -352,20 +347,22 @@ def test_inv_pretrain_from_a_directory_with_its_tokenizer(tmp_path):
     assert first["step"] == 1 and first["loss"] == pytest.approx(hf_mean_loss(hf_model, x, y), rel=1e-5)
     assert tree_digest(hf) == before
     # --resume wins: the run goes on from its checkpoint's weights, and still says where it started.
-    resumed = inv(tmp_path, "train.pretrain", "--init-from", str(hf), "--resume", str(run), "--json", *args,
-                  "--set", "train.steps=3")
+    resumed = run_inv("train.pretrain", "--init-from", str(hf), "--resume", str(run), "--json", *args, "--set",
+                      "train.steps=3", runs=tmp_path / "runs", env=ONE_THREAD)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     again = json.loads(resumed.stdout)
     log = (Path(again["run_dir"]) / "logs" / "rank0.log").read_text()
     assert "resumed from" in log and "initialised from" not in log
     assert again["steps"] == 3 and again["init_from"] == started
-    shown = inv(tmp_path, "snapshot.show", str(run), timeout=60)
+    shown = run_inv("snapshot.show", str(run), runs=tmp_path / "runs", env=ONE_THREAD, timeout=60)
     assert shown.returncode == 0 and re.search(rf"started from +{re.escape(str(hf))}\n", shown.stdout)
 
     # A dataset of another tokenizer: one warning line before launch, with the fix.
-    assert inv(tmp_path, "data.prepare", "--input", str(corpus), "--out", str(tmp_path / "bytes")).returncode == 0
-    dry = inv(tmp_path, "train.pretrain", "--init-from", str(hf), "--dry-run", *args,
-              "--set", f"data.path={tmp_path / 'bytes'}", timeout=120)
+    byte_tokens = run_inv("data.prepare", "--input", str(corpus), "--out", str(tmp_path / "bytes"),
+                          runs=tmp_path / "runs", env=ONE_THREAD)
+    assert byte_tokens.returncode == 0
+    dry = run_inv("train.pretrain", "--init-from", str(hf), "--dry-run", *args, "--set",
+                  f"data.path={tmp_path / 'bytes'}", runs=tmp_path / "runs", env=ONE_THREAD, timeout=120)
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert f"was tokenized with a byte tokenizer (vocab 259), not with {hf / 'tokenizer.json'}" in dry.stderr
     assert f"inv data.prepare --input CORPUS --tokenizer {hf}" in dry.stderr

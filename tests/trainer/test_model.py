@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers.program import REPO
 from trainer.config import ModelConfig, RopeScaling
 from trainer.model import Transformer, flops_per_token, hf_config
 
@@ -139,8 +140,7 @@ def test_checkpointing_recomputes_only_the_matmuls_its_mode_names(mode, recomput
 def test_flops_per_token_matches_the_anchor_count():
     """Llama-3.2-1B at 4096 tokens: 9.02 GFLOP/token (torchtitan's formula)."""
     from trainer.config import load
-    from pathlib import Path
-    cfg = load(Path(__file__).resolve().parents[2] / "configs" / "llama3_1b.yaml").model
+    cfg = load(REPO / "configs" / "llama3_1b.yaml").model
     with torch.device("meta"):
         model = Transformer(cfg)
     assert model.num_params() == 1_235_814_400

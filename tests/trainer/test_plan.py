@@ -1,10 +1,12 @@
 """trainer.plan / `inv train.plan`: the plan is checked against reality where a CPU can check it
 (the real model's parameters, the MFU FLOP count, autograd's saved tensors) and against figures
-measured on an H200 (BENCHMARKS.md); the rest against hand-computed Llama 3 numbers."""
+measured on an H200 (BENCHMARKS.md); the rest against hand-computed Llama 3 numbers. What the plan knows
+cannot fit is refused before launch (exit 2, no run directory) unless forced; what probably will not fit
+is a warning; through the installed inv (`--set model.dim=1000000000000` used to launch and fail with
+exit 1 and an allocator's message)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,8 +19,8 @@ from trainer.config import load
 from trainer.model import Transformer, flops_per_token
 from trainer.plan import GIB, Device, ParamCount, make_plan, memory
 
-REPO = Path(__file__).resolve().parents[2]
-INV = REPO / ".venv" / "bin" / "inv"
+from helpers.program import ONE_THREAD, REPO, inv, metadata, run_inv, runs
+
 H100 = Device("H100", 80, "nvidia", True)
 H200 = Device("H200", 141, "nvidia", True)
 
@@ -308,9 +310,9 @@ def test_bad_counts_are_plan_errors():
 
 # ---- through the installed inv ------------------------------------------------------------------
 
-def inv(*args):
-    return subprocess.run([str(INV), "train.plan", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "ANVIL_GPU": ""})
+def train_plan(*args) -> subprocess.CompletedProcess:
+    """`inv train.plan ARGS` from the checkout, with no GPU named by this shell (ANVIL_GPU empty)."""
+    return run_inv("train.plan", *args, env={"ANVIL_GPU": ""}, timeout=120)
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
@@ -324,7 +326,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
              (["--config", str(tmp_path / "missing.yaml")], "no such config file"),
              (["--set", "data.batch_size=0"], "data.batch_size: expected a positive integer")]
     for args, message in cases:
-        proc = inv(*args)
+        proc = train_plan(*args)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and message in lines[0] and lines[0].startswith("train.plan: "), (args, lines)
@@ -333,27 +335,27 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
 
 def test_llama3_70b_on_8_h200_says_whether_it_fits():
     args = ["--config", "configs/llama3_70b.yaml", "--gpus", "8", "--gpu", "H200"]
-    table = inv(*args)
+    table = train_plan(*args)
     assert table.returncode == 0, table.stderr
     verdict = table.stdout.strip().splitlines()[-1]
     # fp32 weights + gradients + AdamW = 16 bytes a parameter: 131 GiB per GPU on 8 before anything else
     assert verdict.startswith("DOES NOT FIT on 8 x H200: needs ") and "of 141 GiB per GPU" in verdict
     assert "--nodes 2" in verdict and "--set precision.params=bf16" in verdict
     assert "largest data.batch_size" in table.stdout and "FSDP2 over 8 ranks" in table.stdout
-    as_json = json.loads(inv(*args, "--json").stdout)
+    as_json = json.loads(train_plan(*args, "--json").stdout)
     assert as_json["fits"] is False and as_json["verdict"] == verdict
     assert as_json["device"] == {"name": "H200", "memory_gib": 141, "vendor": "nvidia",
                                  "source": "envs/profiles/h200.py"}
-    two = json.loads(inv(*args, "--nodes", "2", "--json").stdout)
+    two = json.loads(train_plan(*args, "--nodes", "2", "--json").stdout)
     assert two["fits"] is True and two["run"]["world_size"] == 16
     assert two["verdict"].startswith("FITS on 8 x H200 x 2 nodes")
 
 
 def test_named_memory_and_no_gpu():
-    a100 = json.loads(inv("--config", "configs/llama3_8b.yaml", "--gpu", "A100-40GB:8", "--json").stdout)
+    a100 = json.loads(train_plan("--config", "configs/llama3_8b.yaml", "--gpu", "A100-40GB:8", "--json").stdout)
     assert a100["device"]["memory_gib"] == 40 and a100["run"]["gpus"] == 8
     if not Path("/dev/nvidia0").exists() and not Path("/dev/kfd").exists():
-        here = inv("--config", "configs/tiny.yaml")
+        here = train_plan("--config", "configs/tiny.yaml")
         assert here.returncode == 0 and here.stdout.strip().splitlines()[-1].startswith("NO GPU TO CHECK")
 
 
@@ -377,12 +379,12 @@ def test_gpu_size_with_or_without_a_unit_and_bad_sizes_refused(monkeypatch):
 
 
 def test_a100_40_plans_for_40_gib_and_bad_gpu_sizes_are_one_line():
-    forty = inv("--config", "configs/llama3_8b.yaml", "--gpu", "A100-40")
+    forty = train_plan("--config", "configs/llama3_8b.yaml", "--gpu", "A100-40")
     assert forty.returncode == 0, forty.stderr
     assert "DOES NOT FIT on 8 x A100: needs 51.8 of 40 GiB" in forty.stdout.strip().splitlines()[-1]
     for gpu, message in [("A100-foo", "expected A100 or A100-<GiB per GPU>"), ("H100-0GB", "more than 0"),
                          ("H100-999GB", "at most 100 GiB"), ("NVIDIA H100 80GB HBM3", "after the model name")]:
-        proc = inv("--config", "configs/llama3_8b.yaml", "--gpu", gpu)
+        proc = train_plan("--config", "configs/llama3_8b.yaml", "--gpu", gpu)
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], (gpu, proc.stderr)
         assert lines[0].startswith(f"train.plan: --gpu {gpu!r}: ") and not proc.stdout.strip()
@@ -426,9 +428,8 @@ def test_pretrain_warns_before_launch_when_the_plan_says_it_will_not_fit(monkeyp
 
 
 def test_pretrain_dry_run_prints_the_warning():
-    proc = subprocess.run([str(INV), "train.pretrain", "--config", "configs/llama3_8b.yaml", "--set",
-                           "data.path=synthetic", "--gpu", "H100:2", "--dry-run"], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    proc = run_inv("train.pretrain", "--config", "configs/llama3_8b.yaml", "--set", "data.path=synthetic", "--gpu",
+                   "H100:2", "--dry-run", timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "WARNING: the memory plan says this run will not fit: it needs about 87" in proc.stderr
 
@@ -472,3 +473,64 @@ def test_float8_activations_count_gate_and_up_in_one_byte():
     plan = planner.make_plan(cfg_of("llama3_8b", *base, *fp8, *on))
     assert any(n.startswith("train.float8_activations: gate and up counted in float8") for n in plan.notes)
     assert plan.memory.peak_bytes < planner.make_plan(cfg_of("llama3_8b", *base, *fp8)).memory.peak_bytes
+
+
+# ---- what cannot fit is refused before launch, through the installed inv -------------------------
+
+HUGE = ["--set", "model.dim=1000000000000"]     # 10**12: more memory than any machine has
+
+
+def test_a_model_that_cannot_fit_is_refused_before_launch(tmp_path, dataset):
+    proc = inv(tmp_path, "train.pretrain", "--set", f"data.path={dataset}", *HUGE, env=ONE_THREAD)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("train.pretrain: the memory plan says this run cannot fit: its peak alone, before any "
+                           "allowance, is ") and line.endswith("; --force launches it anyway"), line
+    assert " GiB per rank (data.batch_size 16, activation checkpointing none) on this machine's " in line
+    assert runs(tmp_path) == []          # before any run directory
+
+
+def test_dry_run_shows_the_refusal_as_a_warning(tmp_path, dataset):
+    proc = inv(tmp_path, "train.pretrain", "--set", f"data.path={dataset}", *HUGE, "--dry-run", env=ONE_THREAD)
+    assert proc.returncode == 0, proc.stderr
+    assert "WARNING: the memory plan says this run cannot fit" in proc.stderr
+    assert "; a launch is refused without --force" in proc.stderr and runs(tmp_path) == []
+
+
+def test_force_launches_what_the_plan_refuses(tmp_path, dataset):
+    proc = inv(tmp_path, "train.pretrain", "--set", f"data.path={dataset}", *HUGE, "--force", env=ONE_THREAD)
+    assert "WARNING: the memory plan says this run cannot fit" in proc.stderr, proc.stderr
+    (run,) = runs(tmp_path)              # it launched; the rank then could not allocate the model
+    assert proc.returncode == 1 and metadata(run)["status"] == "failed"
+    assert "can't allocate memory" in proc.stderr
+
+
+def test_a_run_that_probably_will_not_fit_is_only_warned_about(tmp_path):
+    """Between the peak and the peak with the plan's allowances (fragmentation, context, buffers):
+    two H100s for llama3_8b need about 87 GiB each with them, 81.3 GiB without."""
+    proc = inv(tmp_path, "train.pretrain", "--config", REPO / "configs" / "llama3_8b.yaml", "--set",
+               "data.path=synthetic", "--gpu", "H100:2", "--nproc", "2", "--dry-run", env=ONE_THREAD, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "WARNING: the memory plan says this run will not fit: it needs about 87" in proc.stderr
+    assert "refused" not in proc.stderr
+
+
+def test_fit_tells_certain_from_probable(monkeypatch):
+    """The line between them: the peak alone against the memory, beyond the plan's own error."""
+    import envs
+    from runtime.jobs import planning
+
+    cfg = load("configs/tiny.yaml", [])
+    cpu = envs.resolve(config_env=cfg.env)
+    if cpu.machine.has_gpu:
+        pytest.skip("a GPU is visible: the host-memory check is for machines without one")
+    fp32 = planning.with_changes(cfg, **{"precision.compute": "fp32"})
+    peak = memory(fp32, 1, Device("CPU", 1000.0, "cpu")).peak_bytes / planning.GIB
+    for ram, certain in ((peak / 1.05, True), (peak / 1.01, False)):
+        monkeypatch.setattr(planning, "host_memory_gib", lambda ram=ram: ram)
+        verdict = planning.fit(cfg, cpu, 1, 1, on_this_machine=True)
+        assert verdict is not None and verdict.certain is certain, (ram, verdict)
+        assert ("cannot fit" if certain else "will not fit") in verdict.message
+    monkeypatch.setattr(planning, "host_memory_gib", lambda: peak * 2)
+    assert planning.fit(cfg, cpu, 1, 1, on_this_machine=True) is None
+    assert planning.fit(cfg, cpu, 1, 1, on_this_machine=False) is None   # Slurm nodes, unseen from here

@@ -1,15 +1,10 @@
 """Rank-targeted profiling: trainer.profiling's window and `inv profile.train` end to end (2 gloo ranks)."""
 import json
-import os
-import subprocess
-from pathlib import Path
 
 import pytest
 
+from helpers.program import run_inv
 from trainer.profiling import ProfileSettingsError, StepProfiler, parse_ranks, parse_steps
-
-REPO = Path(__file__).resolve().parents[2]
-INV = REPO / ".venv" / "bin" / "inv"
 
 
 def test_window_and_rank_parsing():
@@ -72,11 +67,6 @@ def test_a_window_from_step_1_or_one_a_resumed_run_starts_inside_is_recorded(tmp
     assert {s - 1000 for s in sizes} == recorded
 
 
-def inv(tmp_path, *args):
-    env = {**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs")}
-    return subprocess.run([str(INV), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-
-
 @pytest.mark.slow
 def test_inv_profile_train_traces_one_rank_of_two(tmp_path, dataset):
     sets = [f"data.path={dataset}", "data.seq_len=32", "data.batch_size=2", "model.n_layers=1",
@@ -84,7 +74,7 @@ def test_inv_profile_train_traces_one_rank_of_two(tmp_path, dataset):
     args = ["profile.train", "--nproc", "2", "--ranks", "1", "--steps", "1:3", "--env", "OMP_NUM_THREADS=1"]
     for item in sets:
         args += ["--set", item]
-    proc = inv(tmp_path, *args)
+    proc = run_inv(*args, runs=tmp_path / "runs")
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = (tmp_path / "runs").iterdir()
     assert run.name.endswith("_profile.train_tiny")
@@ -103,18 +93,19 @@ def test_inv_profile_train_traces_one_rank_of_two(tmp_path, dataset):
 
 
 def test_inv_profile_train_rejects_a_bad_window(tmp_path):
-    proc = inv(tmp_path, "profile.train", "--steps", "5:2")
+    proc = run_inv("profile.train", "--steps", "5:2", runs=tmp_path / "runs")
     assert proc.returncode == 2
     assert "--steps '5:2': expected START:END with 1 <= START < END" in proc.stderr and "Traceback" not in proc.stderr
     # A rank the job will not have is said before anything runs (it trained, then found no trace).
-    absent = inv(tmp_path, "profile.train", "--ranks", "0,5", "--nproc", "2", "--set", "data.path=synthetic")
+    absent = run_inv("profile.train", "--ranks", "0,5", "--nproc", "2", "--set", "data.path=synthetic",
+                     runs=tmp_path / "runs")
     assert absent.returncode == 2 and "--ranks 0,5: this job has 2 rank(s), 0..1" in absent.stderr, absent.stderr
     assert not (tmp_path / "runs").exists()
 
 
 def test_inv_profile_train_dry_run_prints_config_and_command_and_starts_nothing(tmp_path, dataset):
-    proc = inv(tmp_path, "profile.train", "--dry-run", "--steps", "2:4", "--ranks", "1", "--nproc", "2",
-               "--set", f"data.path={dataset}", "--set", "model.n_layers=1")
+    proc = run_inv("profile.train", "--dry-run", "--steps", "2:4", "--ranks", "1", "--nproc", "2", "--set",
+                   f"data.path={dataset}", "--set", "model.n_layers=1", runs=tmp_path / "runs")
     assert proc.returncode == 0, proc.stderr[-3000:]
     import yaml
     config_text, _, rest = proc.stdout.partition("\n\n")   # (warnings go to stderr)

@@ -1,5 +1,5 @@
 """trainer.profiling's step-time breakdown: the rules that name a kernel's category (CUDA and ROCm names, Inductor's
-fused kernels, the host ops that launched a generic kernel), the breakdown of recorded traces (tests/traces:
+fused kernels, the host ops that launched a generic kernel), the breakdown of recorded traces (tests/trainer/traces:
 steps of real GPU traces, README there), and the advice that follows from it."""
 import gzip
 import json

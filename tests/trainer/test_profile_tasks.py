@@ -3,8 +3,8 @@ ranks (a stand-in `ncu` on PATH that records how it was called and runs the rank
 line, and the tools' command lines."""
 import json
 import os
+import shlex
 import stat
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,14 +15,9 @@ from runtime.launch import tools
 from trainer.profiling import trace
 from trainer.profiling.breakdown import breakdown
 
-REPO = Path(__file__).resolve().parents[2]
-INV = REPO / ".venv" / "bin" / "inv"
+from helpers.program import anvil_context, inv, one_line_error, run_inv, runs
+
 TRACES = Path(__file__).resolve().parent / "traces"
-
-
-def inv(tmp_path, *args, env=None):
-    environ = {**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs"), **(env or {})}
-    return subprocess.run([str(INV), *args], cwd=REPO, env=environ, capture_output=True, text=True, timeout=300)
 
 
 def profiled_run(runs: Path, name: str, doc: dict, steps: int = 1, ranks=(0,), config=None) -> Path:
@@ -51,7 +46,7 @@ def test_compare_puts_two_profiles_side_by_side_with_the_difference(tmp_path, a1
     later = trace.excerpt(a100, first + (last - first) / 4, last + 1)
     a = profiled_run(tmp_path / "runs", "base", a100)
     b = profiled_run(tmp_path / "runs", "change", later)
-    proc = inv(tmp_path, "profile.compare", str(a), b.name)      # a path, or a name under the runs folder
+    proc = run_inv("profile.compare", str(a), b.name, runs=tmp_path / "runs")   # a path, or a name under runs/
     assert proc.returncode == 0, proc.stderr
     lines = {line.split("  ")[0]: line for line in proc.stdout.splitlines()}
     assert f"A = {a.name}, B = {b.name}" in proc.stdout
@@ -59,7 +54,7 @@ def test_compare_puts_two_profiles_side_by_side_with_the_difference(tmp_path, a1
     gemm_a, gemm_b = (next(r["ms"] for r in bd["rows"] if r["category"] == "gemm") for bd in (bd_a, bd_b))
     assert f"{gemm_a:.2f}" in lines["GEMM"] and f"{gemm_b - gemm_a:+.2f}" in lines["GEMM"]
     assert "communication total" in proc.stdout and lines["step"].split()[-2].startswith("-")   # B's step is shorter
-    as_json = json.loads(inv(tmp_path, "profile.compare", str(a), str(b), "--json").stdout)
+    as_json = json.loads(run_inv("profile.compare", str(a), str(b), "--json", runs=tmp_path / "runs").stdout)
     assert as_json["diff_ms"]["gemm"] == pytest.approx(gemm_b - gemm_a, abs=2e-3)
     assert as_json["a"]["run"] == a.name and as_json["rank"] == "0"
 
@@ -74,7 +69,7 @@ def test_compare_refuses_what_it_cannot_compare_in_one_line(tmp_path, a100):
                        ((str(a), str(a), "--rank", "3"), "--rank 3: profiled in both runs are ranks 0"),
                        ((str(a), str(tmp_path / "nowhere")), "no such run directory"),
                        ((str(a), str(empty)), "no profile in it")]:
-        proc = inv(tmp_path, "profile.compare", *args)
+        proc = run_inv("profile.compare", *args, runs=tmp_path / "runs")
         assert proc.returncode == 2 and said in proc.stderr, (args, proc.stderr)
         assert "Traceback" not in proc.stderr
 
@@ -91,9 +86,6 @@ def test_the_summary_holds_each_rank_with_its_advice(tmp_path, a100):
 
 def test_the_summary_a_run_writes_reads_back_whole(tmp_path, a100):
     """Written through the run (masked, atomic) and read back by profile.compare: nothing in it looks secret."""
-    from invoke import Context
-
-    from runtime.program.cli import AnvilConfig
     from runtime.runs.run import RunSpec, execute
 
     def body(run):
@@ -102,8 +94,7 @@ def test_the_summary_a_run_writes_reads_back_whole(tmp_path, a100):
             {"rank": 0, "steps": [3, 4], "wall_ms": 80.0, "breakdown": breakdown(a100, 1, wall_ms=80.0)}))
         return profiling.summarise(run)
 
-    ctx = Context(config=AnvilConfig(overrides={"anvil": {"runs_dir": str(tmp_path / "runs"),
-                                                           "hooks_dir": str(tmp_path / "no-hooks")}}))
+    ctx = anvil_context(tmp_path / "runs", hooks_dir=tmp_path / "no-hooks")
     made = execute(ctx, RunSpec(task="profile.train", hooks=False), body)
     (run,) = (tmp_path / "runs").iterdir()
     again = profiling.load_summary(run)
@@ -193,7 +184,7 @@ def test_profile_train_runs_the_chosen_rank_under_the_tool_for_its_window(tmp_pa
             "--tool-kernels", "nvjet|_rms_norm", "--env", "OMP_NUM_THREADS=1"]
     for item in sets:
         args += ["--set", item]
-    proc = inv(tmp_path, *args, env=env)
+    proc = run_inv(*args, env=env, runs=tmp_path / "runs")
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = (tmp_path / "runs").iterdir()
     calls = [json.loads(line) for line in (tmp_path / "ncu.log").read_text().splitlines()]
@@ -209,20 +200,22 @@ def test_profile_train_runs_the_chosen_rank_under_the_tool_for_its_window(tmp_pa
 
 def test_a_missing_or_wrong_tool_is_one_line_before_anything_runs(tmp_path):
     path = {"PATH": str(Path(sys.executable).parent)}      # python, and no profiler
-    proc = inv(tmp_path, "profile.train", "--tool", "nsys", "--set", "data.path=synthetic", env=path)
+    proc = run_inv("profile.train", "--tool", "nsys", "--set", "data.path=synthetic", env=path,
+                   runs=tmp_path / "runs")
     assert proc.returncode == 2 and "nsys is not installed here (not on PATH)" in proc.stderr, proc.stderr
-    wrong = inv(tmp_path, "profile.train", "--tool", "ncu", "--gpu", "MI300X", "--set", "data.path=synthetic")
+    wrong = run_inv("profile.train", "--tool", "ncu", "--gpu", "MI300X", "--set", "data.path=synthetic",
+                    runs=tmp_path / "runs")
     assert wrong.returncode == 2 and "--tool ncu profiles CUDA GPUs" in wrong.stderr and "rocprofv3" in wrong.stderr
-    unknown = inv(tmp_path, "profile.train", "--tool", "vtune")
+    unknown = run_inv("profile.train", "--tool", "vtune", runs=tmp_path / "runs")
     assert unknown.returncode == 2 and "--tool 'vtune': expected one of nsys, ncu" in unknown.stderr
-    alone = inv(tmp_path, "profile.train", "--tool-args", "--set full")
+    alone = run_inv("profile.train", "--tool-args", "--set full", runs=tmp_path / "runs")
     assert alone.returncode == 2 and "go with --tool" in alone.stderr
     assert not (tmp_path / "runs").exists() and "Traceback" not in proc.stderr + wrong.stderr
 
 
 def test_the_dry_run_shows_the_tool_command_of_the_first_chosen_rank(tmp_path, dataset):
-    proc = inv(tmp_path, "profile.train", "--dry-run", "--tool", "rocprofv3", "--ranks", "1", "--nproc", "2",
-               "--set", f"data.path={dataset}")
+    proc = run_inv("profile.train", "--dry-run", "--tool", "rocprofv3", "--ranks", "1", "--nproc", "2",
+                   "--set", f"data.path={dataset}", runs=tmp_path / "runs")
     assert proc.returncode == 0, proc.stderr
     assert "ANVIL_PROFILE_TOOL=rocprofv3" in proc.stdout
     assert "rank 1 runs under: rocprofv3 --selected-regions --kernel-trace" in proc.stdout
@@ -240,3 +233,22 @@ def test_the_agent_refuses_a_missing_tool_before_starting_a_rank(tmp_path, capfd
     assert "anvil-agent: nsys is not installed here (not on PATH)" in capfd.readouterr().err
     assert json.loads((tmp_path / "run" / "logs" / "agent-0.json").read_text())["exit_code"] == 2
     assert not started.exists()
+
+
+# ---- bad options, as a user types them in a fresh folder: one line, exit 2, no run directory
+
+PROFILE_OPTION_CASES = [
+    ("profile.train --steps abc", "--steps 'abc': expected START:END with 1 <= START < END (end exclusive), e.g. 3:6"),
+    ("profile.train --steps 0:3", "--steps '0:3': expected START:END with 1 <= START < END"),
+    ("profile.train --ranks ''", "--ranks '': expected global ranks >= 0 such as 0 or 0,8, or all"),
+    ("profile.train --ranks 0,-2", "--ranks '0,-2': expected global ranks >= 0"),
+    ("profile.train --top 0", "--top: expected a positive number of operators, got 0"),
+    ("profile.train --nproc -1", "--nproc: expected a positive number of processes per node"),
+]
+
+
+@pytest.mark.parametrize("command,message", PROFILE_OPTION_CASES, ids=[c for c, _ in PROFILE_OPTION_CASES])
+def test_profile_option_is_one_line_and_exit_2(tmp_path, command, message):
+    args = shlex.split(command)
+    one_line_error(inv(tmp_path, *args, timeout=120), f"{args[0]}: ", message)
+    assert runs(tmp_path) == []  # no run directory made

@@ -9,12 +9,14 @@
   before and names it; `--resume` of it is one line and exit 2;
 - SIGTERM reaching ONE rank of an FSDP run: both ranks stop at the same step, checkpoint and
   exit 3; the 2-rank checkpoint then resumes on 1 process and finishes;
-- SIGUSR2 to a single process: checkpoint, summary "preempted", exit status 3.
+- SIGUSR2 to a single process: checkpoint, summary "preempted", exit status 3;
+- a full disk: a checkpoint that cannot be written is one line naming the newest intact checkpoint.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,10 +25,14 @@ from pathlib import Path
 
 import pytest
 
-from trainer import checkpoint as ck
 from core.signals import EXIT_REQUEUE
+from helpers.files import fill, tmpfs
+from helpers.interrupts import group_gone
+from helpers.processes import start_as_from_a_terminal
+from helpers.program import INV, REPO, inv, inv_environ, sets
+from helpers.training import last_step, train_losses
+from trainer import checkpoint as ck
 
-REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 # configs/tiny.yaml shrunk so a step takes tens of milliseconds on one CPU core.
@@ -51,8 +57,12 @@ def trainer_argv(run_dir: Path, dataset: Path, nproc: int | None, *sets: str, re
             *args]
 
 
+# One thread per process, and every rank's log line on the console (the tests read them).
+TRAINER_ENV = {"OMP_NUM_THREADS": "1", "ANVIL_LOG_RANK": "all"}
+
+
 def env(**extra: str) -> dict:
-    return dict(os.environ, OMP_NUM_THREADS="1", ANVIL_LOG_RANK="all", **extra)
+    return dict(os.environ, **TRAINER_ENV, **extra)
 
 
 def writing_slowly(seconds: float) -> dict:
@@ -62,29 +72,8 @@ def writing_slowly(seconds: float) -> dict:
     return env(**{TEST_DELAY_ENV: str(seconds)})
 
 
-def run(argv, timeout=240) -> subprocess.CompletedProcess:
+def run_trainer(argv, timeout=240) -> subprocess.CompletedProcess:
     return subprocess.run(argv, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)
-
-
-def losses(run_dir: Path) -> dict[int, float]:
-    """step -> loss from metrics.jsonl; a step logged twice (before a kill and after the
-    resume) keeps its last value."""
-    out = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:  # a line cut by SIGKILL
-            continue
-        if record.get("kind") == "train":
-            out[record["step"]] = record["loss"]
-    return out
-
-
-def last_step(run_dir: Path) -> int:
-    try:
-        return max(losses(run_dir), default=0)
-    except FileNotFoundError:
-        return 0
 
 
 def wait_for(predicate, proc: subprocess.Popen, timeout=120.0, what="") -> None:
@@ -152,9 +141,9 @@ def test_sigkill_during_a_background_write_then_resume_auto_reproduces_the_loss_
     if data == "a blend":   # the position in each source resumes exactly too
         steps += ["data.path=null", f"data.blend=[{{path: {dataset}, weight: 0.6}}, "
                                     f"{{path: {second_dataset}, weight: 0.4, name: other}}]"]
-    reference = run(trainer_argv(tmp_path / "reference", dataset, 2, *steps))
+    reference = run_trainer(trainer_argv(tmp_path / "reference", dataset, 2, *steps))
     assert reference.returncode == 0, reference.stderr[-3000:]
-    expected = losses(tmp_path / "reference")
+    expected = train_losses(tmp_path / "reference")
     assert sorted(expected) == list(range(1, 25))
 
     victim = tmp_path / "victim"
@@ -172,10 +161,10 @@ def test_sigkill_during_a_background_write_then_resume_auto_reproduces_the_loss_
     assert ck.find_latest(victim) == checkpoints / "step_4" and (checkpoints / ".tmp_step_8").is_dir()
     assert 10 <= last_step(victim) < 24
 
-    resumed = run(trainer_argv(victim, dataset, 2, *steps, resume="auto"))
+    resumed = run_trainer(trainer_argv(victim, dataset, 2, *steps, resume="auto"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from {checkpoints / 'step_4'} at step 4" in (victim / "logs" / "rank0.log").read_text()
-    got = losses(victim)
+    got = train_losses(victim)
     assert got == expected  # every step, bit for bit, including those replayed after the kill
     if data == "a blend":
         def tokens(run_dir):
@@ -221,13 +210,10 @@ def test_sigterm_during_a_background_write_still_ends_with_a_complete_checkpoint
 
 
 def test_a_damaged_checkpoint_auto_resumes_from_the_one_before_and_resume_of_it_is_one_line(tmp_path, dataset):
-    inv = REPO / ".venv" / "bin" / "inv"
-    environ = {**env(), "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs")}
-    sets = [arg for item in [f"data.path={dataset}", *SHORT, "checkpoint.interval=4"] for arg in ("--set", item)]
+    run_sets = sets(f"data.path={dataset}", *SHORT, "checkpoint.interval=4")
 
     def pretrain(*args):
-        return subprocess.run([str(inv), "train.pretrain", *sets, *args], cwd=tmp_path, env=environ,
-                              capture_output=True, text=True, timeout=300)
+        return inv(tmp_path, "train.pretrain", *run_sets, *args, env=TRAINER_ENV)
 
     first = pretrain("--set", "train.steps=8")
     assert first.returncode == 0, first.stderr[-3000:]
@@ -286,11 +272,11 @@ def test_sigterm_on_one_fsdp_rank_stops_both_then_resumes_on_one_process(tmp_pat
     for rank in (0, 1):
         assert f"stopping after step {stopped}" in (run_dir / "logs" / f"rank{rank}.log").read_text()
 
-    resumed = run(trainer_argv(run_dir, dataset, None, *sets, resume="auto"))  # 1 process now
+    resumed = run_trainer(trainer_argv(run_dir, dataset, None, *sets, resume="auto"))  # 1 process now
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "ok" and summary["world_size"] == 1 and summary["steps"] == 40
-    curve = losses(run_dir)
+    curve = train_losses(run_dir)
     assert sorted(curve) == list(range(1, 41))
     assert curve[40] < curve[1] - 0.5  # it kept learning after the move to one process
 
@@ -317,13 +303,10 @@ def test_sigusr2_single_process_exits_3_after_checkpoint(tmp_path, dataset):
 def test_resumed_summary_gives_this_segments_wall_time_and_the_total(tmp_path, dataset):
     """`inv train.pretrain --resume RUN`: the summary's wall time is the new segment's alone;
     the number of segments and their total are beside it, in summary.json and the table."""
-    inv = REPO / ".venv" / "bin" / "inv"
-    environ = {**env(), "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs")}
-    sets = [arg for item in [f"data.path={dataset}", *SHORT, "checkpoint.interval=0"] for arg in ("--set", item)]
+    run_sets = sets(f"data.path={dataset}", *SHORT, "checkpoint.interval=0")
 
     def pretrain(*args):
-        proc = subprocess.run([str(inv), "train.pretrain", *sets, *args], cwd=tmp_path, env=environ,
-                              capture_output=True, text=True, timeout=300)
+        proc = inv(tmp_path, "train.pretrain", *run_sets, *args, env=TRAINER_ENV)
         assert proc.returncode == 0, proc.stderr[-3000:]
         return proc, sorted((tmp_path / "runs").iterdir())[-1]
 
@@ -349,13 +332,9 @@ def test_a_closed_terminal_checkpoints_and_records_an_interruption(tmp_path, dat
     """SIGHUP to `inv train.pretrain`'s process group (the terminal or SSH session closed): the ranks
     finish the step, checkpoint, and the run says interrupted (130), as after a Ctrl-C. Without a
     handler SIGHUP killed them with nothing saved and the run said failed."""
-    from helpers.processes import start_as_from_a_terminal
-
-    inv = REPO / ".venv" / "bin" / "inv"
-    sets = [arg for item in [f"data.path={dataset}", *SHORT, "checkpoint.interval=0", "train.steps=400"]
-            for arg in ("--set", item)]
-    proc = start_as_from_a_terminal([str(inv), "train.pretrain", *sets], cwd=tmp_path,
-                                    env={**env(), "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs")},
+    proc = start_as_from_a_terminal([str(INV), "train.pretrain",
+                                     *sets(f"data.path={dataset}", *SHORT, "checkpoint.interval=0", "train.steps=400")],
+                                    cwd=tmp_path, env=inv_environ(tmp_path / "runs", TRAINER_ENV),
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: any(last_step(r) >= 2 for r in (tmp_path / "runs").glob("*")), proc, what="step 2")
@@ -376,16 +355,13 @@ def test_a_closed_terminal_checkpoints_and_records_an_interruption(tmp_path, dat
 
 def test_resuming_a_checkpoint_at_or_past_train_steps_is_refused_before_a_run(tmp_path, dataset):
     """It used to load the checkpoint, train nothing, save it again and say ok."""
-    inv = REPO / ".venv" / "bin" / "inv"
-    environ = {**env(), "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs")}
-    sets = [arg for item in [f"data.path={dataset}", *SHORT, "checkpoint.interval=0"] for arg in ("--set", item)]
-    first = subprocess.run([str(inv), "train.pretrain", *sets, "--set", "train.steps=3"], cwd=tmp_path, env=environ,
-                           capture_output=True, text=True, timeout=300)
+    run_sets = sets(f"data.path={dataset}", *SHORT, "checkpoint.interval=0")
+    first = inv(tmp_path, "train.pretrain", *run_sets, "--set", "train.steps=3", env=TRAINER_ENV)
     assert first.returncode == 0, first.stderr[-3000:]
     (run,) = (tmp_path / "runs").iterdir()
     for steps in (2, 3):
-        proc = subprocess.run([str(inv), "train.pretrain", *sets, "--set", f"train.steps={steps}", "--resume",
-                               str(run)], cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=300)
+        proc = inv(tmp_path, "train.pretrain", *run_sets, "--set", f"train.steps={steps}", "--resume", run,
+                   env=TRAINER_ENV)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
         assert (f"--resume {run}: its checkpoint (step_3) is at step 3, and train.steps is {steps}: nothing to "
                 f"train; --set train.steps=N with N > 3 trains on from there") in proc.stderr, proc.stderr
@@ -396,30 +372,16 @@ def test_a_killed_inv_stops_its_ranks_after_a_checkpoint_instead_of_leaving_them
     """kill -9 of `inv train.pretrain` alone (a crash, the OOM killer): its agent gets SIGTERM from the
     kernel (PR_SET_PDEATHSIG) and the ranks checkpoint and stop, as at a preemption. They used to train
     on to the end, with no one left to record it."""
-    from helpers.processes import start_as_from_a_terminal
-
-    inv = REPO / ".venv" / "bin" / "inv"
-    sets = [arg for item in [f"data.path={dataset}", *SHORT, "checkpoint.interval=0", "train.steps=100000"]
-            for arg in ("--set", item)]
-    proc = start_as_from_a_terminal([str(inv), "train.pretrain", *sets], cwd=tmp_path,
-                                    env={**env(), "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs")},
+    run_sets = sets(f"data.path={dataset}", *SHORT, "checkpoint.interval=0", "train.steps=100000")
+    proc = start_as_from_a_terminal([str(INV), "train.pretrain", *run_sets], cwd=tmp_path,
+                                    env=inv_environ(tmp_path / "runs", TRAINER_ENV),
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     group = proc.pid
     try:
         wait_for(lambda: any(last_step(r) >= 2 for r in (tmp_path / "runs").glob("*")), proc, what="step 2")
         proc.kill()                 # inv only: the agent and the rank are left behind
         proc.wait()
-
-        def group_gone() -> bool:
-            try:
-                os.killpg(group, 0)
-                return False
-            except ProcessLookupError:
-                return True
-        deadline = time.monotonic() + 60
-        while not group_gone() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert group_gone(), "the agent or a rank kept running after its inv was killed"
+        assert group_gone(group, timeout=60), "the agent or a rank kept running after its inv was killed"
     finally:
         try:
             os.killpg(group, signal.SIGKILL)
@@ -431,9 +393,48 @@ def test_a_killed_inv_stops_its_ranks_after_a_checkpoint_instead_of_leaving_them
     assert "SIGTERM: stopping after step" in (run_dir / "logs" / "rank0.log").read_text()
     # No one recorded the end; the next look at the runs does (its inv's pid is gone).
     assert json.loads((run_dir / "metadata.json").read_text())["status"] == "running"
-    listed = subprocess.run([str(inv), "snapshot.list"], cwd=tmp_path, env={**env(), "INVOKE_ANVIL_RUNS_DIR": str(
-        tmp_path / "runs")}, capture_output=True, text=True, timeout=120)
+    listed = inv(tmp_path, "snapshot.list", env=TRAINER_ENV, timeout=120)
     assert listed.returncode == 0 and f"{run_dir.name}: its inv (pid {proc.pid}) ended without recording the end" \
         in listed.stderr, listed.stderr
     metadata = json.loads((run_dir / "metadata.json").read_text())
     assert (metadata["status"], metadata["exit_code"], metadata["settled_by"]) == ("lost", 1, "pid")
+
+
+@pytest.mark.parametrize("asynchronous", [True, False])
+def test_a_full_disk_during_training_is_one_line_and_a_failed_run(tmp_path, dataset, asynchronous):
+    """On a real tmpfs (root; skipped elsewhere): a checkpoint that cannot be written is one line naming the file
+    and the newest intact checkpoint; its partial .tmp_step_N is removed; the run is recorded failed, exit 1
+    (asynchronous and synchronous saves)."""
+    with tmpfs(tmp_path / "disk", "64m") as disk:
+        runs = disk / "runs"
+        run_sets = sets(f"data.path={dataset}", *SHORT, "train.steps=1000000", "checkpoint.interval=10",
+                        "checkpoint.keep_last=1", f"checkpoint.async_save={str(asynchronous).lower()}")
+        proc = subprocess.Popen([str(INV), "train.pretrain", *run_sets], cwd=tmp_path,
+                                env=inv_environ(runs, TRAINER_ENV), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            deadline = time.monotonic() + 120
+            while not list(runs.glob("*/checkpoints/step_*/COMPLETE")):
+                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+                time.sleep(0.02)
+            (run,) = runs.iterdir()
+            first = next((run / "checkpoints").glob("step_*"))
+            size = sum(p.stat().st_size for p in first.rglob("*") if p.is_file())
+            fill(disk, leave=size // 2)          # the next checkpoint finds half the room it needs
+            _out, err = proc.communicate(timeout=180)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert proc.returncode == 1 and "Traceback" not in err, err[-3000:]
+        (line,) = [line for line in err.splitlines() if line.startswith("train.pretrain failed")]
+        (kept,) = (run / "checkpoints").iterdir()            # the partial one is gone, the one before stays
+        step = re.search(r"checkpoint step_(\d+) not saved", line)
+        assert step and int(step[1]) > int(kept.name[5:]), line
+        assert f"cannot write {run}/checkpoints/.tmp_step_{step[1]}/" in line, line
+        assert f": No space left on device; removed the partial .tmp_step_{step[1]}; the newest intact checkpoint " \
+               f"is {kept}" in line, line
+        assert ck.verify(kept) is True
+        metadata = json.loads((run / "metadata.json").read_text())
+        assert (metadata["status"], metadata["exit_code"]) == ("failed", 1)
+        assert "No space left on device" in metadata["error"]

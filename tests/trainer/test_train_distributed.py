@@ -8,18 +8,19 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from helpers.program import REPO
+
 STEPS = 4
-SETS = ["data.seq_len=64", f"train.steps={STEPS}", "train.log_interval=1", "train.val_batches=2",
-        "train.val_interval=0", "schedule.warmup_steps=2", "checkpoint.save_final=false",
-        "checkpoint.interval=0", "logging.progress=false", "model.n_layers=2"]
+DISTRIBUTED_RUN = ["data.seq_len=64", f"train.steps={STEPS}", "train.log_interval=1", "train.val_batches=2",
+                   "train.val_interval=0", "schedule.warmup_steps=2", "checkpoint.save_final=false",
+                   "checkpoint.interval=0", "logging.progress=false", "model.n_layers=2"]
 
 
-
-
-def train(run_dir: Path, dataset: Path, nproc: int, *sets: str) -> dict:
+def train_records(run_dir: Path, dataset: Path, nproc: int, *sets: str) -> dict:
+    """Train on `nproc` processes (1: plain, else torchrun with gloo): its train losses, gradient norms and
+    validation losses."""
     trainer = ["-m", "trainer", "--run-dir", str(run_dir)]
-    for item in [f"data.path={dataset}", *SETS, *sets]:
+    for item in [f"data.path={dataset}", *DISTRIBUTED_RUN, *sets]:
         trainer += ["--set", item]
     if nproc == 1:
         argv = [sys.executable, *trainer]
@@ -37,13 +38,13 @@ def train(run_dir: Path, dataset: Path, nproc: int, *sets: str) -> dict:
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory, dataset):
-    return train(tmp_path_factory.mktemp("single") / "run", dataset, 1, "data.batch_size=8")
+    return train_records(tmp_path_factory.mktemp("single") / "run", dataset, 1, "data.batch_size=8")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_gloo_ranks_match_one_process(tmp_path, dataset, single, strategy):
-    two = train(tmp_path / strategy, dataset, 2, "data.batch_size=4", f"parallel.strategy={strategy}")
+    two = train_records(tmp_path / strategy, dataset, 2, "data.batch_size=4", f"parallel.strategy={strategy}")
     assert len(two["loss"]) == len(single["loss"]) == STEPS
     assert two["loss"] == pytest.approx(single["loss"], rel=1e-4)
     assert two["grad_norm"] == pytest.approx(single["grad_norm"], rel=1e-3)

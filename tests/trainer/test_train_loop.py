@@ -25,7 +25,7 @@ def one_thread():
 
 
 
-def run(tmp_path, dataset, *sets, name="run"):
+def train_run(tmp_path, dataset, *sets, name="run"):
     cfg = load(DEFAULT_CONFIG, [f"data.path={dataset}", *SHORT, *sets])
     run_dir = tmp_path / name
     assert train.run(cfg, run_dir) == 0
@@ -38,7 +38,7 @@ def records(run_dir, kind="train"):
 
 
 def test_tiny_config_learns(tmp_path, dataset):
-    run_dir = run(tmp_path, dataset, "train.steps=80", "train.log_interval=1", "train.val_interval=40",
+    run_dir = train_run(tmp_path, dataset, "train.steps=80", "train.log_interval=1", "train.val_interval=40",
                   "checkpoint.save_final=true")
     train_records = records(run_dir)
     first, last = train_records[0]["loss"], train_records[-1]["loss"]
@@ -60,17 +60,17 @@ def test_tiny_config_learns(tmp_path, dataset):
 
 def test_same_seed_same_curve_other_seed_differs(tmp_path, dataset):
     sets = ["train.steps=6", "train.log_interval=1", "train.val_batches=0"]
-    a = [r["loss"] for r in records(run(tmp_path, dataset, *sets, name="a"))]
-    b = [r["loss"] for r in records(run(tmp_path, dataset, *sets, name="b"))]
-    c = [r["loss"] for r in records(run(tmp_path, dataset, *sets, "train.seed=7", name="c"))]
+    a = [r["loss"] for r in records(train_run(tmp_path, dataset, *sets, name="a"))]
+    b = [r["loss"] for r in records(train_run(tmp_path, dataset, *sets, name="b"))]
+    c = [r["loss"] for r in records(train_run(tmp_path, dataset, *sets, "train.seed=7", name="c"))]
     assert a == b
     assert a != c
 
 
 def test_grad_accumulation_equals_the_big_batch(tmp_path, dataset):
     sets = ["train.steps=5", "train.log_interval=1", "train.val_batches=0"]
-    big = records(run(tmp_path, dataset, *sets, "data.batch_size=8", name="big"))
-    accum = records(run(tmp_path, dataset, *sets, "data.batch_size=4", "data.grad_accum=2",
+    big = records(train_run(tmp_path, dataset, *sets, "data.batch_size=8", name="big"))
+    accum = records(train_run(tmp_path, dataset, *sets, "data.batch_size=4", "data.grad_accum=2",
                         name="accum"))
     # fp32 on a CPU: the same sums in another order. On a GPU the step runs in bf16 autocast, where
     # the order moves the loss by ~1e-3; a wrong accumulation scale would move it by 2x.
@@ -174,10 +174,10 @@ def test_compiled_steps_skip_guards_once_nothing_compiles_with_the_same_losses(t
     sets = ("train.compile=true", "train.steps=6", "train.log_interval=1", "train.val_interval=3")
     torch._dynamo.reset()
     said = "step 2 compiled nothing: the steps after it skip torch.compile's guard checks (train.skip_guards)"
-    skipped_dir = run(tmp_path, dataset, *sets, name="skipped")
+    skipped_dir = train_run(tmp_path, dataset, *sets, name="skipped")
     assert (skipped_dir / "logs" / "rank0.log").read_text().count(said) == 1
     torch._dynamo.reset()
-    checked_dir = run(tmp_path, dataset, *sets, "train.skip_guards=false", name="checked")
+    checked_dir = train_run(tmp_path, dataset, *sets, "train.skip_guards=false", name="checked")
     assert "guard checks" not in (checked_dir / "logs" / "rank0.log").read_text()
     skipped, checked = records(skipped_dir), records(checked_dir)
     assert len(skipped) == 6 and [r["loss"] for r in skipped] == [r["loss"] for r in checked]
