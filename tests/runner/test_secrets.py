@@ -1,5 +1,5 @@
 """Secret masking (core/secrets.py) and the end-to-end promise: no secret under runs/; the masker is linear
-at megabytes of text made to make it stall."""
+at megabytes of text made to make it stall, and masks them all the same."""
 from __future__ import annotations
 
 import subprocess
@@ -10,6 +10,21 @@ import pytest
 from core.secrets import MASK, Masker, is_secret_env_name, is_secret_key
 from helpers.program import REPO, explain
 from helpers.project import in_project
+
+# Text a masker that retried a pattern at every position would take hours over, by what it is made of.
+MEGABYTES = {"long word": lambda: "a" * 10_000_000, "long url": lambda: "https://" + "a" * 10_000_000,
+             "many schemes": lambda: ("x://" + "b" * 100) * 100_000,
+             "long password": lambda: "postgres://u:" + "p" * 10_000_000}
+# A fresh interpreter masks in.txt with two secrets (one long, one short: masked as a word of its own),
+# writes out.txt and prints the same.
+MASK_A_FILE = """import sys
+from pathlib import Path
+from core.secrets import Masker
+folder = Path(sys.argv[1])
+out = Masker(["supersecretvalue", "pw1"]).text((folder / "in.txt").read_text())
+(folder / "out.txt").write_text(out)
+sys.stdout.write(out)
+"""
 
 
 @pytest.mark.parametrize("name", ["HF_TOKEN", "WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY", "PGPASSWORD",
@@ -52,14 +67,21 @@ def test_masker_covers_env_configs_argv_urls_and_literals():
     assert masker.text("1 true abc abcd xabc") == f"1 true {MASK} abcd xabc"
 
 
-@pytest.mark.parametrize("text", ["'a' * 10_000_000", "'https://' + 'a' * 10_000_000",
-                                  "('x://' + 'b' * 100) * 100_000", "'postgres://u:' + 'p' * 10_000_000"],
-                         ids=["long word", "long url", "many schemes", "long password"])
-def test_the_masker_reads_megabytes_in_one_pass(text):
-    """A quadratic masker would take hours, not the timeout: run in a fresh interpreter."""
-    code = f"from core.secrets import Masker\nm = Masker(['supersecretvalue', 'pw1'])\nprint(len(m.text({text})))"
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+@pytest.mark.parametrize("payload", MEGABYTES.values(), ids=list(MEGABYTES))
+def test_the_masker_reads_megabytes_in_one_pass(tmp_path, payload):
+    """Within the timeout (a quadratic masker would take hours), and with the secrets around the megabytes
+    masked in what it prints and in the file it writes, the rest unchanged."""
+    text = payload()
+    (tmp_path / "in.txt").write_text(f"supersecretvalue {text} pw1")
+    done = subprocess.run([sys.executable, "-c", MASK_A_FILE, str(tmp_path)], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+    expected = f"{MASK} {text} {MASK}"
+    for where, masked in (("printed", done.stdout), ("written", (tmp_path / "out.txt").read_text())):
+        assert "supersecretvalue" not in masked and "pw1" not in masked, where
+        assert masked.startswith(f"{MASK} ") and masked.endswith(f" {MASK}") and masked.count(MASK) == 2, where
+        unchanged = masked == expected     # (a plain assert ==: pytest would diff 10 MB strings for minutes)
+        assert unchanged, f"{where}: {len(masked):,} characters, not the {len(expected):,} of the text masked"
 
 
 def test_the_masker_still_masks_what_it_did_and_short_secrets_as_words():
