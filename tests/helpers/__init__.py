@@ -12,4 +12,6 @@
     kernels     tolerances, devices and poisoned memory for the Triton kernel tests
     cluster     SSH hosts and a Slurm cluster in network namespaces (also a script: `up`, `down`)
     browser     a real headless Chromium for the HTML reports (also a script: `shot`, `time`)
+
+tests/house/test_house.py checks that no test module defines a name of these again.
 """
