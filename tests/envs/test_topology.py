@@ -4,12 +4,11 @@ a sysfs tree written to disk; `inv env.topology` as a user runs it."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
-
 
 from envs import synthesize, topology
 from envs.machine import Gpu, Machine
+from helpers.program import run_inv
 from runtime.preflight import topology as check
 from runtime.report import svg
 
@@ -110,23 +109,20 @@ def test_the_map_round_trips_through_json():
     assert again == topo
 
 
-def test_env_topology_task(inv_bin, tmp_path):
+def test_env_topology_task(tmp_path):
     recorded = DATA / "nvidia_8x4090_2nic_topo_m.txt"
-    run = subprocess.run([str(inv_bin), "env.topology", "--tool-output", str(recorded), "--gpu", "H100", "--json"],
-                         capture_output=True, text=True, timeout=120)
+    run = run_inv("env.topology", "--tool-output", recorded, "--gpu", "H100", "--json", timeout=120)
     assert run.returncode == 0, run.stderr
     document = json.loads(run.stdout)
     assert len(document["topology"]["gpus"]) == 8
     assert {c["name"]: c["status"] for c in document["checks"]}["topology.gpu_links"] == "WARN"
-    table = subprocess.run([str(inv_bin), "env.topology", "--tool-output", str(DATA / "amd_4gpu_pcie_showtopo.txt")],
-                           capture_output=True, text=True, timeout=120)
+    table = run_inv("env.topology", "--tool-output", DATA / "amd_4gpu_pcie_showtopo.txt", timeout=120)
     assert table.returncode == 0 and "PCIE to all" in table.stdout and "topology.gpu_links" in table.stdout
-    here = subprocess.run([str(inv_bin), "env.topology"], capture_output=True, text=True, timeout=120)
+    here = run_inv("env.topology", timeout=120)
     assert here.returncode == 0 and "NUMA nodes" in here.stdout and "topology.map" in here.stdout
     (tmp_path / "junk.txt").write_text("not a tool output\n")
     for path in (tmp_path / "missing.txt", tmp_path / "junk.txt"):
-        bad = subprocess.run([str(inv_bin), "env.topology", "--tool-output", str(path)], capture_output=True,
-                             text=True, timeout=120)
+        bad = run_inv("env.topology", "--tool-output", path, timeout=120)
         assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
         assert bad.stderr.startswith("env.topology: --tool-output") and "Traceback" not in bad.stderr
 

@@ -2,19 +2,15 @@
 (trainer/saved_activations.py), on CPU through Inductor."""
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 
 import pytest
 import torch
 
+from helpers.program import inv, sets
+from helpers.training import TINY_RUN
 from trainer import saved_activations
 from trainer.config import ConfigError, load
-
-TINY = ["model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2", "model.ffn_dim=160",
-        "data.seq_len=64", "data.batch_size=4", "train.val_batches=0", "checkpoint.interval=0",
-        "schedule.warmup_steps=2", "logging.progress=false", "logging.tensorboard=false", "logging.gpu_stats=false"]
 
 
 def _mlp(x, w1, w2):
@@ -96,13 +92,11 @@ def test_it_needs_compile_and_a_positive_size():
     assert cfg.train.float8_activations and cfg.train.float8_activations_min_mib == 100
 
 
-def test_a_compiled_run_says_what_it_stored_in_float8(tmp_path, dataset, inv_bin):
-    sets = [f"data.path={dataset}", *TINY, "train.steps=3", "train.log_interval=1",
-            "train.float8_activations=true", "train.float8_activations_min_mib=0.01"]
-    env = {**os.environ, "INVOKE_ANVIL_RUNS_DIR": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1",
-           "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
-    proc = subprocess.run([str(inv_bin), "train.pretrain", "--compile", *[a for s in sets for a in ("--set", s)]],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+def test_a_compiled_run_says_what_it_stored_in_float8(tmp_path, dataset):
+    run_sets = sets(f"data.path={dataset}", *TINY_RUN, "train.steps=3", "train.log_interval=1",
+                    "train.float8_activations=true", "train.float8_activations_min_mib=0.01")
+    proc = inv(tmp_path, "train.pretrain", "--compile", *run_sets, timeout=600,
+               env={"OMP_NUM_THREADS": "1", "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     said = re.search(r"float8 activations: (\d+) compiled graph\(s\) keep their saved activations of 0\.01 MiB "
