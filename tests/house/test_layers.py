@@ -6,8 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from helpers.program import REPO
-
+from helpers.program import REPO as ROOT   # the checkout
 LAYERS = {"tasks": 5, "runtime": 4, "envs": 3, "benchmarks": 3, "trainer": 2, "kernels": 1, "core": 0}
 # Inside runtime/: the inv program on top; what tasks call; the run record; the settings; where work
 # runs (every transport); what is the same under every transport.
@@ -16,7 +15,7 @@ RUNTIME_FLOORS = {"program": 6, "jobs": 5, "preflight": 5, "report": 5, "runs": 
 
 
 def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
     return ".".join(parts)
@@ -42,7 +41,7 @@ def _imports(path: Path) -> set[str]:
 
 
 def _project_files() -> list[Path]:
-    return sorted(p for layer in LAYERS for p in (REPO / layer).rglob("*.py"))
+    return sorted(p for layer in LAYERS for p in (ROOT / layer).rglob("*.py"))
 
 
 def _existing_module(name: str, modules: set[str]) -> str | None:
@@ -54,11 +53,11 @@ def _existing_module(name: str, modules: set[str]) -> str | None:
 def test_imports_point_down_only():
     wrong = []
     for path in _project_files():
-        own = path.relative_to(REPO).parts[0]
+        own = path.relative_to(ROOT).parts[0]
         for name in _imports(path):
             other = name.split(".")[0]
             if other != own and LAYERS[other] >= LAYERS[own]:
-                wrong.append(f"{path.relative_to(REPO)} imports {name} ({own} -> {other})")
+                wrong.append(f"{path.relative_to(ROOT)} imports {name} ({own} -> {other})")
     assert not wrong, "imports against the layer order:\n" + "\n".join(sorted(wrong))
 
 
@@ -73,15 +72,15 @@ def test_inside_runtime_imports_point_down_only():
     launch/ at the bottom: a room imports only rooms on lower floors (jobs, preflight and report, side by
     side, not each other). Every runtime module is in a room."""
     wrong = []
-    for path in sorted((REPO / "runtime").rglob("*.py")):
+    for path in sorted((ROOT / "runtime").rglob("*.py")):
         own = _room(_module_name(path))
         if own is None:
-            assert path == REPO / "runtime" / "__init__.py", f"{path.relative_to(REPO)} is in no room of runtime/"
+            assert path == ROOT / "runtime" / "__init__.py", f"{path.relative_to(ROOT)} is in no room of runtime/"
             continue
         for name in _imports(path):
             other = _room(name)
             if other is not None and other != own and RUNTIME_FLOORS[other] >= RUNTIME_FLOORS[own]:
-                wrong.append(f"{path.relative_to(REPO)} imports {name} ({own} -> {other})")
+                wrong.append(f"{path.relative_to(ROOT)} imports {name} ({own} -> {other})")
     assert not wrong, "imports against runtime's floors:\n" + "\n".join(sorted(wrong))
 
 
@@ -89,14 +88,14 @@ def test_the_transports_are_in_one_room():
     """Fabric, srun, sbatch and scontrol are runtime/cluster/'s alone: no other room reaches a scheduler
     or SSH itself; they ask the Runtime value and its transport."""
     wrong = []
-    for path in sorted((REPO / "runtime").rglob("*.py")):
+    for path in sorted((ROOT / "runtime").rglob("*.py")):
         if _room(_module_name(path)) == "cluster":
             continue
         text = path.read_text()
         for word in ("import fabric", "from fabric", '"srun"', '"sbatch"', '"scontrol"', '"scancel"', "import paramiko",
                      'startswith("slurm', '"container" in'):
             if word in text:
-                wrong.append(f"{path.relative_to(REPO)}: {word}")
+                wrong.append(f"{path.relative_to(ROOT)}: {word}")
     assert not wrong, "transport matters outside runtime/cluster/:\n" + "\n".join(wrong)
 
 
@@ -104,7 +103,7 @@ def test_task_modules_are_thin_and_stand_alone():
     """A task module imports no other task module (shared logic lives in runtime/) and raises no
     invoke Exit (errors are AnvilErrors; runtime.program.cli is the one place that makes exit codes)."""
     wrong = []
-    for path in sorted((REPO / "tasks").glob("*.py")):
+    for path in sorted((ROOT / "tasks").glob("*.py")):
         for name in _imports(path):
             if name.startswith("tasks.") or name == "tasks":
                 wrong.append(f"{path.name} imports {name}")
@@ -144,11 +143,11 @@ def test_the_test_catches_an_upward_import(tmp_path, monkeypatch):
     """The rules above can fail: a trainer module importing the runtime is reported, and so is a
     transport importing the run record."""
     for bad, text, rule, said in (
-            (REPO / "trainer" / "_layer_probe_tmp.py", "from runtime.runs import rundir\n",
+            (ROOT / "trainer" / "_layer_probe_tmp.py", "from runtime.runs import rundir\n",
              test_imports_point_down_only, "trainer/_layer_probe_tmp.py imports runtime.runs"),
-            (REPO / "core" / "_layer_probe_tmp.py", "from kernels import rms_norm\n",
+            (ROOT / "core" / "_layer_probe_tmp.py", "from kernels import rms_norm\n",
              test_imports_point_down_only, "core/_layer_probe_tmp.py imports kernels"),
-            (REPO / "runtime" / "cluster" / "_layer_probe_tmp.py", "from runtime.runs import rundir\n",
+            (ROOT / "runtime" / "cluster" / "_layer_probe_tmp.py", "from runtime.runs import rundir\n",
              test_inside_runtime_imports_point_down_only,
              "runtime/cluster/_layer_probe_tmp.py imports runtime.runs (cluster -> runs)")):
         bad.write_text(text)
