@@ -216,7 +216,8 @@ def test_a_tokenizer_that_cannot_take_pieces_gets_the_document_whole(tmp_path, m
     monkeypatch.setattr(text_format, "PIECE_BYTES", 2000)
     whole = "\n".join(stdlib_texts(5))
     (tmp_path / "long.txt").write_text(whole)
-    quiet_prepare([tmp_path / "long.txt"], tmp_path / "ds", tokenizer=str(tmp_path / "sp.json"), workers=1, val_fraction=0)
+    quiet_prepare([tmp_path / "long.txt"], tmp_path / "ds", tokenizer=str(tmp_path / "sp.json"), workers=1,
+                  val_fraction=0)
     assert Dataset(tmp_path / "ds").split("train").document(0)[1:-1].tolist() == tok.encode(whole)
 
 

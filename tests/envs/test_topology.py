@@ -24,7 +24,8 @@ def test_nvidia_h200_capture_one_gpu_with_its_numa_and_cpus():
     assert topo.vendor == "nvidia" and [(g.index, g.numa, g.cpus) for g in topo.gpus] == [(0, 0, "0-15")]
     assert topo.links == {} and topo.nics == [] and not topo.notes
     results = check.judge(topo, synthesize("H200:1"))
-    assert status_by_check(results) == {"topology.map": "PASS", "topology.gpu_links": "PASS", "topology.nic_numa": "PASS"}
+    assert status_by_check(results) == {"topology.map": "PASS", "topology.gpu_links": "PASS",
+                                        "topology.nic_numa": "PASS"}
 
 
 def test_dgx_h100_every_pair_nvlink_passes_and_is_drawn_as_one_fabric():

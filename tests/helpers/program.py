@@ -57,7 +57,7 @@ def start_inv(work: Path, *args, **env: str) -> subprocess.Popen:
     """inv as typed on a terminal in `work` (os.killpg is what the terminal does), run directories in
     work/runs, one thread per process, `env` on top; stdout and stderr piped as text."""
     return start_as_from_a_terminal([str(INV), *map(str, args)], cwd=work,
-                                    env=inv_environ(Path(work) / "runs", {"OMP_NUM_THREADS": "1", **env}),
+                                    env=inv_environ(Path(work) / "runs", {**ONE_THREAD, **env}),
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -265,4 +265,5 @@ def test_a_signal_in_a_task_without_a_run_is_one_line(tmp_path, signum):
     send(proc, signum)
     code, out, err = ended(proc)
     assert_no_traceback(out, err)
-    assert code == 128 + signum and err.strip().splitlines()[-1] == f"slow.wait interrupted ({SIGNAL_NAME[signum]})", err
+    assert code == 128 + signum, err
+    assert err.strip().splitlines()[-1] == f"slow.wait interrupted ({SIGNAL_NAME[signum]})", err

@@ -43,7 +43,8 @@ def test_hooks_run_in_name_order_and_extend_env(context_with_hooks, monkeypatch)
     pre = root / "demo" / "work" / "pre"
     trace_hook(pre, "20_second")
     write_file(pre / "10_first.sh", f'echo "10_first:pre:None" >> {trace}\necho FROM_SHELL=1\necho plain output\n')
-    write_file(pre / "30_third.py", "def hook(ctx):\n    assert ctx.env['FROM_SHELL'] == '1'\n    ctx.env['FROM_PY'] = ctx.task\n")
+    write_file(pre / "30_third.py",
+               "def hook(ctx):\n    assert ctx.env['FROM_SHELL'] == '1'\n    ctx.env['FROM_PY'] = ctx.task\n")
     write_file(pre / "README.md", "not a hook")
     trace_hook(root / "demo" / "work" / "post", "10_post")
     got = execute(ctx, RunSpec(task=TASK), lambda run: {"py": run.env["FROM_PY"], "sh": run.env["FROM_SHELL"]})

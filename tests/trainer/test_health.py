@@ -365,7 +365,8 @@ def failure_line(stderr: str) -> str:
 def test_slow_rank_is_named_in_the_log_and_in_metrics(tmp_path, dataset):
     proc = subprocess.run(pretrain_argv(dataset, "slow", "train.steps=20", "health.straggler_interval=5",
                                         "checkpoint.save_final=false"),
-                          cwd=REPO, env=environ_with_fault(tmp_path, "slow:0.03"), capture_output=True, text=True, timeout=300)
+                          cwd=REPO, env=environ_with_fault(tmp_path, "slow:0.03"), capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = the_run(tmp_path)
     host = rank_host(run, 1)
@@ -387,7 +388,8 @@ def test_slow_rank_is_named_in_the_log_and_in_metrics(tmp_path, dataset):
 def test_hung_rank_is_found_dumped_ended_and_named_in_one_line(tmp_path, dataset):
     started = time.monotonic()
     proc = subprocess.run(pretrain_argv(dataset, "hang", "train.steps=200", "health.hang_timeout_s=5"),
-                          cwd=REPO, env=environ_with_fault(tmp_path, "hang:4"), capture_output=True, text=True, timeout=300)
+                          cwd=REPO, env=environ_with_fault(tmp_path, "hang:4"), capture_output=True, text=True,
+                          timeout=300)
     ended, wall = time.time(), time.monotonic() - started
     assert proc.returncode == EXIT_HUNG, proc.stderr[-3000:]
     run = the_run(tmp_path)
@@ -418,7 +420,8 @@ def test_stopped_rank_is_named_by_the_peer_that_waits_for_it(tmp_path, dataset):
 
     started = time.monotonic()
     proc = subprocess.Popen(pretrain_argv(dataset, "stop", "train.steps=5000", "health.hang_timeout_s=5"),
-                            cwd=REPO, env=environ_with_fault(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=REPO, env=environ_with_fault(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     victim = None
     try:
         deadline = time.monotonic() + 120
