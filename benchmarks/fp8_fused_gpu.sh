@@ -26,7 +26,7 @@ if [[ " $PARTS " == *" train "* ]]; then
 fi
 if [[ " $PARTS " == *" tests "* ]]; then
     echo "== kernel tests on the GPU"
-    timeout ${TEST_TIMEOUT:-120} python3 -m pytest -q -p no:cacheprovider tests/test_kernels_float8.py 2>&1 | tail -5
+    timeout ${TEST_TIMEOUT:-120} python3 -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_float8.py 2>&1 | tail -5
 fi
 if [[ " $PARTS " == *" quality "* ]]; then
     echo "== quality: 300 steps on real tokens"

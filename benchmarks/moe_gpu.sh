@@ -11,8 +11,8 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
 step() { echo "=== $1"; shift; timeout "$@"; echo "=== exit $?"; }
-step "kernel tests" 240 python3 -m pytest -o addopts="" -q -rs tests/test_kernels_grouped_gemm.py \
-    tests/test_kernels_moe_permute.py tests/test_kernels_router.py 2>&1 | tee "$OUT/tests.txt" | tail -25
+step "kernel tests" 240 python3 -m pytest -o addopts="" -q -rs tests/kernels/test_kernels_grouped_gemm.py \
+    tests/kernels/test_kernels_moe_permute.py tests/kernels/test_kernels_router.py 2>&1 | tee "$OUT/tests.txt" | tail -25
 step "grouped GEMM tile sweep" 150 python3 -m benchmarks.cases_moe --sweep 2>&1 | tee "$OUT/sweep.txt" | grep -E "BEST|Error|error" | head -40
 for op in grouped_gemm moe_permute router; do
     step "bench.kernels --op $op" 150 python3 -m benchmarks.kernels --op $op --quick 2>&1 | tee "$OUT/bench_$op.txt" | tail -16

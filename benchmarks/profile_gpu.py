@@ -10,7 +10,7 @@ on (when the budget ran out before the last ones, a second call with --parts run
   logs/<part>.txt       each command's output
   profiles/<name>/      summary.json and breakdown.png of each profile.train run
   traces/*.trace.json.gz  the last profiled step of each profile.train run (trainer.profiling.trace.excerpt), with
-                        its breakdown beside (*.breakdown.json): test data for tests/traces/
+                        its breakdown beside (*.breakdown.json): test data for tests/trainer/traces/
   ncu/                  the ncu report (when small) and ncu's own per-kernel summary
 
 Parts:

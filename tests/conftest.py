@@ -1,5 +1,6 @@
-"""Shared pytest fixtures. Keep it small: one section per concern, fixtures that
-more than one test file uses. Helpers for a single file live in that file.
+"""Shared pytest fixtures, for every room of tests/ (pytest finds this file for the folders under it). Keep
+it small: one section per concern, fixtures that more than one test file uses; the functions and values
+the tests share are in tests/helpers/; helpers for a single file live in that file.
 """
 from __future__ import annotations
 
@@ -9,15 +10,21 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))   # tests/cluster.py as `cluster`
-# The checkout first, as in every Anvil program (core.checkout): its kernels/, not Hugging Face's `kernels`.
-sys.path.insert(0, str(REPO))
+# tests/ for the package `helpers`; the checkout too, because tests/kernels/, tests/envs/ and tests/trainer/
+# bear the names of the project's packages: with tests/ on sys.path (pytest puts this file's folder there
+# anyway) they would be imported as empty namespace packages, the editable install's finder coming after
+# sys.path; a package with an __init__.py in any sys.path entry wins over them. The checkout before
+# site-packages also gives Anvil's kernels/ over Hugging Face's `kernels`, as every Anvil program does
+# (core.checkout).
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
-import kernel_utils  # noqa: E402,F401  (sets TRITON_INTERPRET=1 without a GPU before any test imports kernels:
+import helpers.kernels  # noqa: E402,F401  (sets TRITON_INTERPRET=1 without a GPU before any test imports kernels:
 #                         @triton.jit reads it when a kernel module is imported, and a helper jit function
 #                         made before it was set cannot be called from an interpreted kernel)
-from cluster import Cluster, ClusterUnavailable, missing_prerequisites  # noqa: E402
+from helpers.cluster import Cluster, ClusterUnavailable, missing_prerequisites  # noqa: E402
+from helpers.program import INV, REPO, SHELL_CHOICES, explain, inv, run_inv, runs, sets  # noqa: E402
+from helpers.project import make_project  # noqa: E402
+from helpers.training import train_args, train_losses  # noqa: E402
 
 
 # ---- no test reaches a Slurm it did not start -----------------------------------------------
@@ -27,7 +34,7 @@ from cluster import Cluster, ClusterUnavailable, missing_prerequisites  # noqa: 
 # /etc/slurm/slurm.conf, or ask DNS for a cluster (configless Slurm): a job step of the test suite would
 # go to whatever cluster the machine running it belongs to.
 NO_CLUSTER = """\
-# tests/conftest.py: no cluster. Tests that need Slurm start their own (tests/cluster.py) and pass its
+# tests/conftest.py: no cluster. Tests that need Slurm start their own (tests/helpers/cluster.py) and pass its
 # SLURM_CONF; every other test sees this one.
 ClusterName=anvil-tests-none
 SlurmctldHost=localhost(127.0.0.1)
@@ -91,13 +98,42 @@ def repo() -> Path:
 @pytest.fixture(scope="session")
 def inv_bin() -> Path:
     """The installed `inv` of this checkout's .venv (what ./bootstrap made)."""
-    path = REPO / ".venv" / "bin" / "inv"
-    if not path.exists():
-        pytest.fail(f"{path} missing: run ./bootstrap first")
-    return path
+    if not INV.exists():
+        pytest.fail(f"{INV} missing: run ./bootstrap first")
+    return INV
 
 
-# ---- a small real dataset --------------------------------------------------------------------
+@pytest.fixture
+def checked_inv(inv_bin, tmp_path):
+    """checked_inv(*args, check=True): the installed inv run from the checkout as a user runs it, without
+    this shell's GPU and network choices (SHELL_CHOICES), its run directories in tmp_path/runs. It never
+    shows a traceback; with `check` it exits 0."""
+    def run(*args, check=True, timeout=300):
+        result = run_inv(*args, runs=tmp_path / "runs", unset=SHELL_CHOICES, timeout=timeout)
+        assert "Traceback" not in result.stderr, result.stderr
+        if check:
+            assert result.returncode == 0, explain(result)
+        return result
+    return run
+
+
+@pytest.fixture
+def project(tmp_path) -> Path:
+    """A throwaway Invoke project of the runner's own tasks in tmp_path/p (helpers/project.py)."""
+    return make_project(tmp_path / "p")
+
+
+# ---- the Triton kernels' tests --------------------------------------------------------------------
+
+@pytest.fixture
+def nan_filled_empty():
+    """torch.empty inside a test is NaN-filled (helpers.kernels.uninitialized_memory_filled): an output
+    element a kernel never writes shows up."""
+    with helpers.kernels.uninitialized_memory_filled():
+        yield
+
+
+# ---- small real data, and runs made from it ----------------------------------------------------
 
 @pytest.fixture(scope="session")
 def dataset(tmp_path_factory) -> Path:
@@ -112,7 +148,43 @@ def dataset(tmp_path_factory) -> Path:
     return out
 
 
-# ---- network-namespace SSH hosts (tests/cluster.py) ----------------------------------------
+@pytest.fixture
+def small_corpus(tmp_path) -> Path:
+    """tmp_path/corpus: three short text documents."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for i in range(3):
+        (folder / f"doc{i}.txt").write_text(f"document number {i}\n" * 20)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory, dataset) -> Path:
+    """A tiny finished train.pretrain run (2 steps on CPU, a final checkpoint). Read-only for tests: one is
+    made per session and shared."""
+    work = tmp_path_factory.mktemp("finished")
+    proc = inv(work, "train.pretrain", "--env", "OMP_NUM_THREADS=1",
+               *sets(f"data.path={dataset}", "train.steps=2", "data.seq_len=64", "data.batch_size=4",
+                     "train.val_interval=0", "train.log_interval=1", "checkpoint.interval=0"), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = runs(work)
+    assert (run / "checkpoints" / "step_2" / "COMPLETE").is_file() and (run / "metrics.jsonl").is_file()
+    return run
+
+
+@pytest.fixture(scope="session")
+def four_process_losses(dataset, tmp_path_factory) -> dict[int, float]:
+    """The reference of the multi-node runs: this machine alone, four processes, the same global batch
+    (helpers.training.train_args); {step: train loss}."""
+    work = tmp_path_factory.mktemp("ref")
+    proc = run_inv("train.pretrain", "--nproc", "4", "--name", "ref", *train_args(dataset), runs=work / "runs",
+                   clean=True, env={"ANVIL_AGENT_GRACE": "3"}, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = runs(work)
+    return train_losses(run)
+
+
+# ---- network-namespace SSH hosts (tests/helpers/cluster.py) ----------------------------------------
 
 def _unavailable(reason: str):
     # CI installs iproute2 and openssh-server and runs as root: there the
@@ -149,7 +221,7 @@ def netns_cluster(netns_prerequisites, tmp_path_factory):
     yield from _session_cluster(tmp_path_factory.mktemp("netns"), n_hosts=2, n_down=1)
 
 
-# ---- a Slurm cluster on namespace hosts (tests/cluster.py, slurm=True) ------------------------
+# ---- a Slurm cluster on namespace hosts (tests/helpers/cluster.py, slurm=True) ------------------------
 
 @pytest.fixture(scope="session")
 def slurm_prerequisites() -> None:
@@ -169,13 +241,13 @@ def slurm_cluster(slurm_prerequisites, tmp_path_factory):
     yield from _session_cluster(tmp_path_factory.mktemp("slurm"), n_hosts=2, n_down=0, slurm=True)
 
 
-# ---- a real headless Chromium for the HTML reports (tests/browser.py) ----------------------------
+# ---- a real headless Chromium for the HTML reports (tests/helpers/browser.py) ----------------------------
 
 @pytest.fixture(scope="module")
 def chromium():
     """A headless Chromium, 1400 x 900, for a test file's reports; skipped where chromium is not installed
     (failed in CI, which installs it)."""
-    import browser
+    from helpers import browser
 
     if browser.chromium() is None:
         if os.environ.get("CI"):

@@ -8,7 +8,7 @@ trainer/models/ as trainer/train.py and trainer/distributed.py run it, so the fi
 their choices: what autograd saves in each block, the trainer's selective checkpointing policy,
 FSDP2 as `distributed.wrap` applies it, AdamW from trainer/optim.py. The parameter count is
 checked exactly against the real model, and the FLOPs per token are trainer.models'
-flops_per_token (the MFU count), called, not rewritten (tests/test_plan.py).
+flops_per_token (the MFU count), called, not rewritten (tests/trainer/test_plan.py).
 
 Symbols: D dim, F ffn_dim, H heads, Dkv = n_kv_heads * head_dim, L layers, V vocab,
 T seq_len, N = batch_size * T tokens per micro-batch, W the data-parallel world (gpus * nodes);

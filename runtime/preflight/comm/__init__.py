@@ -46,7 +46,7 @@ The package, one job a module (each imports only modules above it in this list):
     check.py         screen_links: the steps above over one transport
     task.py          run_comm_check: the body of `inv preflight.comm` (hosts, transport, run directory)
 
-The pure parts (pairing, judging) are tested with a fake transport (tests/test_preflight_comm.py).
+The pure parts (pairing, judging) are tested with a fake transport (tests/runner/test_preflight_comm.py).
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 (first_round, next_round), when the figures can be judged and which are slow (established, reference,
 mark_slow), each node's fast and slow partners (node_states), how many rounds are left
 (rounds_left), and the retest of the slow pairs that would name a node (retest_plan, keep_best).
-Tested with a fake transport (tests/test_preflight_comm.py)."""
+Tested with a fake transport (tests/runner/test_preflight_comm.py)."""
 from __future__ import annotations
 
 import statistics

@@ -1,0 +1,139 @@
+"""`runtime: container` for real: podman runs the agent and the ranks in a container.
+
+The image is built here, from nothing pulled: `podman import` of a root
+file-system skeleton (merged-/usr symlinks and mount points), with this
+machine's /usr, /etc and Python installation mounted read-only through the
+`container_mounts` setting, as a site would mount a shared software stack.
+The podman settings for this machine's kernel (cgroup v1, no
+CAP_SYS_RESOURCE) go into a containers.conf of the test's own (runc with the
+cgroupfs manager, the host's cgroup namespace, ulimits under the host's hard
+limits): the launch line Anvil builds is the stock one.
+
+The same tiny run, direct and in the container, gives the same losses bit
+for bit; the agent's report says it ran under podman.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from helpers.program import REPO, run_inv, sets
+from helpers.training import train_losses
+
+pytestmark = pytest.mark.slow
+
+CONTAINERS_CONF = """\
+[containers]
+cgroupns = "host"
+default_ulimits = ["nofile=4096:4096", "nproc=4096:4096"]
+volumes = ["/sys/fs/cgroup:/sys/fs/cgroup"]
+
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+"""
+
+
+def _skeleton(path: Path) -> Path:
+    root = path / "rootfs"
+    for folder in ("usr", "etc", "tmp", "proc", "sys", "dev", "root", "work"):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+    for link, target in (("bin", "usr/bin"), ("lib", "usr/lib"), ("lib64", "usr/lib64"), ("sbin", "usr/sbin")):
+        (root / link).symlink_to(target)
+    tar = path / "rootfs.tar"
+    with tarfile.open(tar, "w") as archive:
+        archive.add(root, arcname=".")
+    return tar
+
+
+@pytest.fixture(scope="module")
+def podman(tmp_path_factory):
+    """(env for inv, image) with a locally built image; skipped (failed in CI) where podman cannot run."""
+    missing = [tool for tool in ("podman", "runc") if shutil.which(tool) is None]
+    if missing or os.geteuid() != 0:
+        reason = f"needs root and {', '.join(missing)}" if missing else "needs root"
+        if os.environ.get("CI"):
+            pytest.fail(f"podman test: {reason} (.ci/run installs podman and runc)")
+        pytest.skip(reason)
+    work = tmp_path_factory.mktemp("podman")
+    (work / "containers.conf").write_text(CONTAINERS_CONF)
+    (work / "storage.conf").write_text(f'[storage]\ndriver = "vfs"\ngraphroot = "{work}/graph"\n'
+                                       f'runroot = "{work}/run"\n')
+    env = {**os.environ, "CONTAINERS_CONF": str(work / "containers.conf"),
+           "CONTAINERS_STORAGE_CONF": str(work / "storage.conf")}
+    image = f"localhost/anvil-test-rootfs:{os.getpid()}"
+    made = subprocess.run(["podman", "import", "-q", str(_skeleton(work)), image], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    probe = subprocess.run(["podman", "run", "--rm", "-v", "/usr:/usr:ro", image, "true"], env=env,
+                           capture_output=True, text=True, timeout=120)
+    if probe.returncode != 0:
+        if os.environ.get("CI"):
+            pytest.fail(f"podman cannot run a container here: {probe.stderr.strip()}")
+        pytest.skip(f"podman cannot run a container here: {probe.stderr.strip()}")
+    prefix = sys.base_prefix       # the interpreter the checkout's .venv points at
+    mounts = ["/usr:/usr:ro", "/etc:/etc:ro"] + ([] if prefix.startswith("/usr") else [f"{prefix}:{prefix}:ro"])
+    yield {**env, "INVOKE_ANVIL_CONTAINER_ENGINE": "podman", "INVOKE_ANVIL_CONTAINER_IMAGE": image,
+           "INVOKE_ANVIL_CONTAINER_MOUNTS": ",".join(mounts),
+           "INVOKE_ANVIL_CONTAINER_PYTHON": str(REPO / ".venv" / "bin" / "python")}, image
+    subprocess.run(["podman", "rmi", "-f", image], env=env, capture_output=True, timeout=120)
+    shutil.rmtree(work / "graph", ignore_errors=True)
+
+
+def _train(env, tmp_path, dataset, runtime: str, *extra: str, name: str = "") -> subprocess.CompletedProcess:
+    """train.pretrain, 6 tiny steps on 2 ranks, under `runtime`; `env`: the podman fixture's environment;
+    `extra`: more of train.pretrain's options (another config)."""
+    run_sets = sets(f"data.path={dataset}", "train.steps=6", "data.seq_len=32", "data.batch_size=4",
+                    "train.log_interval=1", "train.val_interval=0", "checkpoint.interval=0")
+    return run_inv("train.pretrain", "--runtime", runtime, "--nproc", "2", "--name", name or runtime, "--env",
+                   "OMP_NUM_THREADS=1", *extra, *run_sets, runs=tmp_path / "runs", env=env, timeout=600)
+
+
+def test_training_in_a_podman_container_matches_the_direct_run(podman, dataset, tmp_path):
+    env, _image = podman
+    contained = _train(env, tmp_path, dataset, "container")
+    assert contained.returncode == 0, contained.stdout[-2000:] + contained.stderr[-3000:]
+    direct = _train(env, tmp_path, dataset, "direct")
+    assert direct.returncode == 0, direct.stderr[-3000:]
+    (run_c,) = (tmp_path / "runs").glob("*_container")
+    (run_d,) = (tmp_path / "runs").glob("*_direct")
+    assert "podman run --rm --network=host --ipc=host" in (run_c / "logs" / "launcher.log").read_text()
+    agent = json.loads((run_c / "logs" / "agent-0.json").read_text())
+    assert agent["container"] == "podman" and agent["world_size"] == 2 and agent["exit_code"] == 0
+    # (the direct run reports whatever this machine itself runs in, never podman)
+    assert json.loads((run_d / "logs" / "agent-0.json").read_text())["container"] != "podman"
+    assert train_losses(run_c) == train_losses(run_d) and len(train_losses(run_c)) == 6
+
+
+def test_a_missing_image_is_one_line_with_the_engine_error(podman, dataset, tmp_path):
+    env, _image = podman
+    proc = _train({**env, "INVOKE_ANVIL_CONTAINER_IMAGE": "localhost/anvil-no-such-image:0"}, tmp_path, dataset,
+                  "container")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    line = next(line for line in proc.stderr.splitlines() if line.startswith("train.pretrain failed"))
+    assert "left no report" in line and "the launch printed:" in line and "anvil-no-such-image" in line, line
+
+
+def test_the_seed_model_trains_in_a_podman_container_as_it_does_directly(podman, dataset, tmp_path):
+    """The seed's container step: DeepSeek-V2 in miniature, 2 ranks at parallel.ep=2, in the image and
+    directly: the same losses bit for bit."""
+    env, _image = podman
+    moe = ["--config", str(REPO / "configs" / "deepseek_v2_debug.yaml"), "--set", "parallel.ep=2"]
+    contained = _train(env, tmp_path, dataset, "container", *moe, name="moe_container")
+    assert contained.returncode == 0, contained.stdout[-2000:] + contained.stderr[-3000:]
+    direct = _train(env, tmp_path, dataset, "direct", *moe, name="moe_direct")
+    assert direct.returncode == 0, direct.stderr[-3000:]
+    (run_c,) = (tmp_path / "runs").glob("*_moe_container")
+    (run_d,) = (tmp_path / "runs").glob("*_moe_direct")
+    assert "podman run --rm" in (run_c / "logs" / "launcher.log").read_text()
+    contained_losses = train_losses(run_c)
+    assert contained_losses == train_losses(run_d) and sorted(contained_losses) == list(range(1, 7))
+    assert contained_losses[6] < contained_losses[1]
+

@@ -1,0 +1,62 @@
+"""Processes in the tests: signalled again and again, started as from a terminal, waited for, alive or gone."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+
+def signal_until_exit(proc: subprocess.Popen, signum: int, timeout: float = 60.0, pause: float = 0.001) -> int:
+    """Send `signum` to `proc` again and again until it exits, `pause` seconds apart (0: as fast as
+    possible, to land copies while its interpreter finalizes); its exit status."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            os.kill(proc.pid, signum)
+        except ProcessLookupError:
+            break
+        if pause:
+            time.sleep(pause)
+    return proc.wait(timeout=timeout)
+
+
+def start_as_from_a_terminal(argv: list[str], **kwargs) -> subprocess.Popen:
+    """Start argv as a shell on a terminal would: in its own process group, so that
+    os.killpg(proc.pid, SIGINT) is a Ctrl-C, and with SIGINT handled (a suite started in the
+    background, `cmd &` in a script, hands its children SIGINT ignored, and Python keeps it so)."""
+    return subprocess.Popen(argv, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **kwargs)
+
+
+def wait_until(ready, proc: subprocess.Popen | None = None, timeout: float = 120.0, pause: float = 0.1) -> bool:
+    """Poll ready() until it is true (True), the time is up or proc ended (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ready():
+            return True
+        if proc is not None and proc.poll() is not None:
+            return False
+        time.sleep(pause)
+    return False
+
+
+def alive(pid: int) -> bool:
+    """The process `pid` exists and has not exited (a zombie waiting for its parent counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def waited_for(predicate, timeout: float, what: str):
+    """`predicate()`'s first true value, asked every 0.2 s; an AssertionError naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
