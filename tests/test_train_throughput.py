@@ -97,12 +97,13 @@ def test_torchtitan_model_has_anvils_shape():
 
 def test_a_failed_variant_says_why(tmp_path):
     log = tmp_path / "bench.log"
-    log.write_text("\n===== compile: python -m trainer --compile\nstep 1 loss 11.2\nTraceback (most recent call last):\n"
-                   "  File \"x.py\", line 1\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\n"
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB"
+    log.write_text("\n===== compile: python -m trainer --compile\nstep 1 loss 11.2\n"
+                   f"Traceback (most recent call last):\n  File \"x.py\", line 1\n{oom}\n"
                    "\n===== compile_kernels: python -m trainer --compile --kernels\n"
                    "12:00:01 anvil.trainer ERROR out of memory: CUDA out of memory -- lower data.batch_size\n"
                    "\n===== titan_eager: python -m benchmarks.train_throughput --worker titan_eager\nstarting\n")
-    assert tt.failure_reason(log, "compile", 1, 60) == "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB"
+    assert tt.failure_reason(log, "compile", 1, 60) == oom
     assert tt.failure_reason(log, "compile_kernels", 1, 60).startswith("out of memory: CUDA out of memory")
     assert tt.failure_reason(log, "titan_eager", 1, 60) == "starting"    # no error line: the last words
     assert tt.failure_reason(log, "compile", 124, 60) == "timed out after 60 s"
