@@ -28,8 +28,8 @@ Anvil's model for both); this module adds:
   Anvil's model and in torchtitan's, and must agree within MAX_PARAM_GAP (0.1%), else the case's
   torchtitan variants are not run (their rows say why);
 - the schedule: every case's first two --variants (the headline pair) before any case's others; a
-  compiled variant that fails queues the eager twins of that case's headline pair, so that a ratio
-  still comes out;
+  compiled variant of the pair that fails queues the pair's eager twins for that case, so that a
+  ratio still comes out;
 - robustness: a failing variant is a row with its error; a variant is skipped (a row saying so)
   when less than MIN_VARIANT_S of --budget is left, and its time-out is the smaller of --timeout and
   what is left; torchtitan's variants are skipped without a CUDA GPU (its Trainer needs one);
@@ -114,8 +114,10 @@ class Case:
 
 FOUR_LAYERS = ("model.n_layers=4",)
 CASES = {
-    "deepseek_v2_lite": Case("deepseek_v2_lite.yaml", batch=4, sets=FOUR_LAYERS),
+    "deepseek_v2_lite": Case("deepseek_v2_lite.yaml", batch=4, sets=FOUR_LAYERS),   # 1 dense + 3 MoE layers
+    # batch 2: torchtitan keeps the batch's logits (x 151936) and their gradient whole
     "qwen3_30b_a3b": Case("qwen3_30b_a3b.yaml", batch=2, sets=FOUR_LAYERS),
+    # both families at toy sizes: the harness on a CPU (tests/test_moe_throughput_bench.py)
     "deepseek_tiny": Case("deepseek_v2_debug.yaml", batch=2, sets=(
         "model.dim=64", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=2", "model.ffn_dim=128",
         "model.mla.kv_lora_rank=32", "model.mla.qk_nope_head_dim=16", "model.mla.qk_rope_head_dim=8",
@@ -298,8 +300,8 @@ def run_cases(args, out: Path, run_variant=tt.run_variant, cuda: bool | None = N
                 row = run_variant(cargs, variant, Path(cargs.out), env)
             except Exception as exc:   # one failing variant must not lose the others
                 row = {"error": f"{type(exc).__name__}: {exc}"}
-            if row.get("error") and tt.parse_variant(variant)["compile"]:
-                # a ratio still comes out of the eager twins of the case's headline pair
+            if row.get("error") and variant in variants[:2] and tt.parse_variant(variant)["compile"]:
+                # the headline ratio still comes out of the eager twins of the case's pair
                 twins = [with_base(v, EAGER_BASES) for v in variants[:2]]
                 queue += [(name, twin) for twin in twins if twin]
         row.update(case=name, variant=variant, wall_s=round(time.monotonic() - t0, 1))

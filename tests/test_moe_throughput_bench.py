@@ -60,6 +60,8 @@ def test_the_headline_pairs_run_first_a_failure_is_a_row_and_brings_the_eager_tw
         ran.append((Path(out).name, variant, cargs.timeout))
         if (Path(out).name, variant) == ("deepseek_tiny", "titan_compile"):
             raise RuntimeError("worker exited with 1: torch._dynamo.exc.Unsupported: grouped experts")
+        if (Path(out).name, variant) == ("qwen3_tiny", "compile"):   # not of the headline pair: no twins
+            raise RuntimeError("trainer exited with 1: out of memory: CUDA out of memory")
         return fake_result(100.0)
 
     args = mt.parse_args([*TINY, "--variants", "titan_compile,compile_kernels,compile", "--timeout", "50"])
