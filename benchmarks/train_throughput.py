@@ -11,9 +11,10 @@
 Every variant runs in fresh processes (--nproc of them, one per GPU, through
 torch.distributed.run when more than one). Anvil's variants are the real
 trainer (`python -m trainer`, synthetic tokens, log interval 1), read back from
-its metrics.jsonl. torchtitan's are its own Trainer and Llama 3 model
-(torchtitan.train.Trainer, the llama3 train spec) with the same shape from
---config, the same synthetic token stream (Anvil's SyntheticLoader), local
+its metrics.jsonl. torchtitan's are its own Trainer and model for the config's
+family (torchtitan.train.Trainer; the llama3 train spec, or deepseek_v3 and
+qwen3 for the mixture-of-experts families: benchmarks/moe_throughput.py) with
+the same shape from --config, the same synthetic token stream (Anvil's SyntheticLoader), local
 batch, sequence length, precision, FSDP2, activation checkpointing (its
 per-op selective policy where Anvil's config says selective) and compile
 setting; tied embeddings are tied on one GPU as in Anvil. The reference
@@ -351,7 +352,8 @@ def _stub_unused_imports() -> list[str]:
 
 
 #: torchtitan's package (under torchtitan.models) for each of Anvil's model families
-TITAN_PACKAGES = {"llama": "llama3", "deepseek_v2": "deepseek_v3", "deepseek_v3": "deepseek_v3", "qwen3_moe": "qwen3"}
+TITAN_PACKAGES = {"llama": "llama3", "deepseek_v2": "deepseek_v3", "deepseek_v3": "deepseek_v3",
+                  "qwen3_moe": "qwen3"}
 
 
 def titan_model_args(model_cfg, seq_len: int):
