@@ -2,7 +2,7 @@
 
     python -m benchmarks.moe_throughput [--cases deepseek_v2_lite,qwen3_30b_a3b]
         [--variants titan_compile,compile_kernels,compile] [--quick] [--batch N] [--seq 4096]
-        [--steps 10] [--budget 420] [--timeout 240] [--sets KEY=VALUE] [--out DIR]
+        [--steps 10] [--budget 420] [--timeout 240] [--sets KEY=VALUE] [--out DIR] [--run-root DIR]
 
 The cases: published shapes with fewer layers, so that each trains on one GPU.
   deepseek_v2_lite  configs/deepseek_v2_lite.yaml with 4 layers (1 dense + 3 MoE): 64 routed experts
@@ -147,7 +147,9 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=int, default=240, help="seconds per variant at most")
     p.add_argument("--peak-tflops", type=float, default=float(os.environ.get(names.GPU_PEAK_TFLOPS) or 989.0),
                    help="bf16 dense peak of one GPU (MFU denominator; H100/H200 SXM: 989)")
-    p.add_argument("--out", default="", help="directory for results.json, bench.log and the run dirs")
+    p.add_argument("--out", default="", help="directory for results.json and each case's bench.log")
+    p.add_argument("--run-root", default="", help="where the trainers' run dirs go, a folder per case "
+                   "(default: --out)")
     args = p.parse_args(argv)
     unknown = [c for c in _split(args.cases) if c not in CASES]
     if unknown:
@@ -232,6 +234,8 @@ def case_args(args, name: str, out: Path):
     argv = ["--config", str(REPO / names.CONFIGS_DIR / case.config), "--batch", str(args.batch or case.batch),
             "--seq", str(args.seq), "--steps", str(args.steps), "--timeout", str(args.timeout),
             "--peak-tflops", str(args.peak_tflops), "--out", str(out / name)]
+    if args.run_root:
+        argv += ["--run-root", str(Path(args.run_root) / name)]
     for item in (*case.sets, *COMMON_SETS, *args.sets):
         argv += ["--sets", item]
     return tt.parse_args(argv)
@@ -380,7 +384,7 @@ def main(argv=None) -> int:
     print(shape_table(report["cases"]))
     print()
     print(table(report["results"]))
-    print(f"\nresults: {out / 'results.json'} (bench.log and run dirs under {out}/<case>)")
+    print(f"\nresults: {out / 'results.json'}; each case's bench.log in {out}/<case>")
     failed = any(r.get("error") for r in report["results"]) or any(
         c["shape_check"].get("ok") is False or c["shape_check"].get("error") for c in report["cases"].values())
     return 1 if failed else 0

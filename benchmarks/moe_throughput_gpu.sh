@@ -12,7 +12,7 @@
 # and GPU utilisation. HF datasets and TensorBoard stay behind, pyarrow alone being over 40 MiB:
 # torchtitan imports them at module level and never uses them here, and the benchmark stubs them.)
 # ARGS go to the benchmark (e.g. ARGS=--quick: the headline pair of each case, 6 steps). Output in
-# $OUT (default ./out): moe_throughput.txt (this log and the table), results.json, each case's bench.log.
+# $OUT (default ./out): moe_throughput.txt (this log and the table), moe/results.json, moe/<case>/bench.log.
 OUT=${OUT:-out}; mkdir -p "$OUT"
 exec > >(tee "$OUT/moe_throughput.txt") 2>&1
 start=$SECONDS
@@ -23,12 +23,9 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit --format=csv,noheader
 python3 -c "import sys, torch, triton, torchao; print('python', sys.version.split()[0], 'torch', torch.__version__,
                                                       'triton', triton.__version__, 'torchao', torchao.__version__)"
-# The run dirs stay in /tmp (only 8 files come back from $OUT); the table, the JSON and the logs are copied.
-python3 -m benchmarks.moe_throughput --budget "${BUDGET:-420}" --out /tmp/moe_throughput $ARGS
+# The run dirs stay in /tmp: only 8 files come back from $OUT. results.json is rewritten after each
+# variant, so what ran is there even if the call is cut short.
+python3 -m benchmarks.moe_throughput --budget "${BUDGET:-420}" --out "$OUT/moe" --run-root /tmp/moe_runs $ARGS
 rc=$?
-cp /tmp/moe_throughput/results.json "$OUT/" 2>/dev/null
-for log in /tmp/moe_throughput/*/bench.log; do
-    [ -f "$log" ] && cp "$log" "$OUT/bench_$(basename "$(dirname "$log")").log"
-done
 echo "rc=$rc after $((SECONDS - start)) s"
 exit $rc

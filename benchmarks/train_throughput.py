@@ -103,7 +103,7 @@ def parse_args(argv=None):
                    default=float(os.environ.get(names.GPU_PEAK_TFLOPS) or 989.0),
                    help="bf16 dense peak of one GPU (MFU denominator; H100/H200 SXM: 989)")
     p.add_argument("--out", default="", help="directory for results.json and bench.log")
-    p.add_argument("--run-root", default="", help="where the trainer's run dirs go (default: --out)")
+    p.add_argument("--run-root", default="", help="where the trainers' run dirs go (default: --out)")
     p.add_argument("--timeout", type=int, default=240, help="seconds per variant")
     p.add_argument("--budget", type=int, default=0, help="skip variants once this many seconds passed")
     p.add_argument("--json", action="store_true")
@@ -497,7 +497,8 @@ def run_titan(args, variant: str, out: Path) -> dict | None:
                       build_tokenizer_fn=None, build_validator_fn=None)
     if titan_spec_name(cfg.model.family) not in ts._extra_train_specs:
         ts.register_train_spec(titan_spec_name(cfg.model.family), spec)
-    job = ConfigManager().parse_args(titan_job_args(args, variant, out / f"titan_{variant}", tie))
+    dump = Path(args.run_root or out) / f"titan_{variant}"   # torchtitan's run dir, beside Anvil's
+    job = ConfigManager().parse_args(titan_job_args(args, variant, dump, tie))
     profiled = _Profiled(args, out / f"trace_{variant}.json", int(os.environ.get("RANK", "0")))
     times, peaks, seen = [], [], [0]
 
@@ -830,7 +831,7 @@ def run_worker_variant(args, variant: str, out: Path, env: dict) -> dict:
             "-m", "benchmarks.train_throughput", "--worker", variant, "--config", args.config,
             "--batch", str(args.batch), "--seq", str(args.seq), "--steps", str(args.steps),
             "--profile-steps", str(args.profile_steps), "--peak-tflops", str(args.peak_tflops),
-            "--out", str(out)]
+            "--out", str(out)] + (["--run-root", args.run_root] if args.run_root else [])
     for item in args.sets:
         argv += ["--sets", item]
     code = _stream(argv, env, args.timeout, out / "bench.log", variant)

@@ -18,8 +18,8 @@ TINY = ["--cases", "deepseek_tiny,qwen3_tiny", "--seq", "64", "--steps", "4"]
 
 
 def test_tiny_cases_run_through_the_trainer_into_the_json_and_the_table(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "benchmarks.moe_throughput", *TINY,
-                          "--variants", "titan_eager,eager", "--out", str(tmp_path)],
+    out = subprocess.run([sys.executable, "-m", "benchmarks.moe_throughput", *TINY, "--variants", "titan_eager,eager",
+                          "--out", str(tmp_path), "--run-root", str(tmp_path / "runs")],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     report = json.loads((tmp_path / "results.json").read_text())
@@ -32,7 +32,8 @@ def test_tiny_cases_run_through_the_trainer_into_the_json_and_the_table(tmp_path
         assert anvil["params"] == report["cases"][case]["shape_check"]["anvil_params"]
         assert "train.activation_checkpoint=none" in report["cases"][case]["sets"]
         assert rows[(case, "titan_eager")]["skipped"] == "torchtitan's Trainer needs a CUDA GPU"
-        assert (tmp_path / case / "run_eager" / "metrics.jsonl").is_file()
+        assert (tmp_path / "runs" / case / "run_eager" / "metrics.jsonl").is_file()   # beside, not in --out
+        assert (tmp_path / case / "bench.log").is_file() and not (tmp_path / case / "run_eager").exists()
     lines = out.stdout.splitlines()
     header = next(line for line in lines if line.startswith("| case ") and "tokens/s/GPU" in line)
     assert "vs torchtitan" in header and "memory vs torchtitan" in header and "vs no --kernels" in header
