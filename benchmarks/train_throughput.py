@@ -11,9 +11,10 @@
 Every variant runs in fresh processes (--nproc of them, one per GPU, through
 torch.distributed.run when more than one). Anvil's variants are the real
 trainer (`python -m trainer`, synthetic tokens, log interval 1), read back from
-its metrics.jsonl. torchtitan's are its own Trainer and Llama 3 model
-(torchtitan.train.Trainer, the llama3 train spec) with the same shape from
---config, the same synthetic token stream (Anvil's SyntheticLoader), local
+its metrics.jsonl. torchtitan's are its own Trainer and model for the config's
+family (torchtitan.train.Trainer; the llama3 train spec, or deepseek_v3 and
+qwen3 for the mixture-of-experts families: benchmarks/moe_throughput.py) with
+the same shape from --config, the same synthetic token stream (Anvil's SyntheticLoader), local
 batch, sequence length, precision, FSDP2, activation checkpointing (its
 per-op selective policy where Anvil's config says selective) and compile
 setting; tied embeddings are tied on one GPU as in Anvil. The reference
@@ -59,6 +60,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -101,7 +103,7 @@ def parse_args(argv=None):
                    default=float(os.environ.get(names.GPU_PEAK_TFLOPS) or 989.0),
                    help="bf16 dense peak of one GPU (MFU denominator; H100/H200 SXM: 989)")
     p.add_argument("--out", default="", help="directory for results.json and bench.log")
-    p.add_argument("--run-root", default="", help="where the trainer's run dirs go (default: --out)")
+    p.add_argument("--run-root", default="", help="where the trainers' run dirs go (default: --out)")
     p.add_argument("--timeout", type=int, default=240, help="seconds per variant")
     p.add_argument("--budget", type=int, default=0, help="skip variants once this many seconds passed")
     p.add_argument("--json", action="store_true")
@@ -299,7 +301,8 @@ def run_anvil(args, variant: str, out: Path, env: dict) -> dict:
         env[names.PROFILE_STEPS] = f"{args.steps + 1}:{args.steps + args.profile_steps + 1}"
     code = _stream(anvil_argv(args, variant, run_dir), env, args.timeout, out / "bench.log", variant)
     if code != 0:
-        raise RuntimeError(f"trainer exited with {code}")
+        reason = failure_reason(out / "bench.log", variant, code, args.timeout)
+        raise RuntimeError(f"trainer exited with {code}: {reason}")
     records = runfiles.metrics_records(run_dir)
     train = sorted((r for r in records if r["kind"] == "train"), key=lambda r: r["step"])
     summary = runfiles.read_summary(run_dir)
@@ -316,29 +319,70 @@ def run_anvil(args, variant: str, out: Path, env: dict) -> dict:
 
 # --------------------------------------------------------------------------- torchtitan
 
-def _import_datasets_or_stub() -> bool:
-    """torchtitan imports HF `datasets` at module level for its C4 loaders, which these runs
-    never use (they read Anvil's synthetic stream). Where `datasets` does not import (e.g. a
-    pyarrow it does not accept), a stub with the imported names stands in; True if stubbed."""
-    try:
-        import datasets  # noqa: F401
-        return False
-    except Exception:
-        import types
-        stub = types.ModuleType("datasets")
-        dist_stub = types.ModuleType("datasets.distributed")
+def _stub_unused_imports() -> list[str]:
+    """torchtitan imports at module level two packages these runs never use: HF `datasets` (its C4
+    loaders; these runs read Anvil's synthetic stream) and TensorBoard (torch.utils.tensorboard's
+    SummaryWriter; its TensorBoard logging stays off). Where one does not import (not installed, or a
+    pyarrow `datasets` does not accept), a stub with the imported names stands in, so neither has to
+    travel to a GPU machine. Returns the names stubbed."""
+    import importlib
+    import types
 
-        def unavailable(*_a, **_k):
-            raise RuntimeError("HF datasets is not importable here (stubbed by the benchmark)")
-        stub.Dataset = stub.IterableDataset = type("Unavailable", (), {})
-        stub.load_dataset = unavailable
-        dist_stub.split_dataset_by_node = unavailable
-        stub.distributed = dist_stub
-        sys.modules["datasets"], sys.modules["datasets.distributed"] = stub, dist_stub
-        return True
+    def unavailable(*_a, **_k):
+        raise RuntimeError("not importable here (stubbed by the benchmark)")
+
+    stubs = {   # package: {module: the names torchtitan imports from it}
+        "datasets": {"datasets": {"Dataset": type("Unavailable", (), {}), "load_dataset": unavailable,
+                                  "IterableDataset": type("Unavailable", (), {})},
+                     "datasets.distributed": {"split_dataset_by_node": unavailable}},
+        "torch.utils.tensorboard": {"torch.utils.tensorboard": {"SummaryWriter": unavailable}},
+    }
+    stubbed = []
+    for package, modules in stubs.items():
+        try:
+            importlib.import_module(package)
+            continue
+        except Exception:
+            stubbed.append(package)
+        for name, attrs in modules.items():
+            module = types.ModuleType(name)
+            module.__dict__.update(attrs)
+            sys.modules[name] = module
+    return stubbed
+
+
+#: torchtitan's package (under torchtitan.models) for each of Anvil's model families
+TITAN_PACKAGES = {"llama": "llama3", "deepseek_v2": "deepseek_v3", "deepseek_v3": "deepseek_v3",
+                  "qwen3_moe": "qwen3"}
 
 
 def titan_model_args(model_cfg, seq_len: int):
+    """torchtitan's model arguments with exactly Anvil's shape: its llama3 for llama; its deepseek_v3 and
+    qwen3 for the mixture-of-experts families (benchmarks/moe_throughput.py maps those)."""
+    if model_cfg.family == "llama":
+        return titan_llama_args(model_cfg, seq_len)
+    from benchmarks import moe_throughput
+    return moe_throughput.titan_moe_args(model_cfg, seq_len)
+
+
+def titan_train_spec(family: str):
+    """torchtitan's TrainSpec for the family's model (stubbing what its imports need and these runs do not)."""
+    import importlib
+    _stub_unused_imports()
+    return importlib.import_module(f"torchtitan.models.{TITAN_PACKAGES[family]}").get_train_spec()
+
+
+def titan_param_count(model_cfg, seq_len: int) -> int:
+    """Parameters of torchtitan's model of this shape, built on the meta device; a tied head counted once,
+    as Anvil counts it."""
+    import torch
+    with torch.device("meta"):
+        model = titan_train_spec(model_cfg.family).model_cls(titan_model_args(model_cfg, seq_len))
+    n = sum(p.numel() for p in model.parameters())
+    return n - model.output.weight.numel() if model_cfg.tie_embeddings else n
+
+
+def titan_llama_args(model_cfg, seq_len: int):
     """torchtitan TransformerModelArgs with exactly Anvil's shape (FFN width, GQA, RoPE scaling)."""
     from torchtitan.models.llama3 import TransformerModelArgs
     from torchtitan.models.llama3.model.args import RoPEScalingArgs
@@ -360,12 +404,17 @@ def titan_model_args(model_cfg, seq_len: int):
         rope_scaling_args=scaling, max_seq_len=seq_len)
 
 
+def titan_spec_name(family: str) -> str:
+    """The name run_titan registers its TrainSpec (torchtitan's model, Anvil's shape and data) under."""
+    return f"anvil_{family}"
+
+
 def titan_job_args(args, variant: str, dump: Path, tie: bool) -> list[str]:
     """torchtitan's command line (its JobConfig) for the variant, matching Anvil's settings."""
     spec = parse_variant(variant)
     cfg = _train_cfg(args)
     ac = cfg.train.activation_checkpoint
-    argv = ["--job.dump_folder", str(dump), "--model.name", "anvil_llama3", "--model.flavor",
+    argv = ["--job.dump_folder", str(dump), "--model.name", titan_spec_name(cfg.model.family), "--model.flavor",
             "tied" if tie else "anvil",
             "--training.local_batch_size", str(args.batch), "--training.seq_len", str(args.seq),
             "--training.steps", str(args.steps + args.profile_steps),
@@ -398,17 +447,15 @@ def titan_job_args(args, variant: str, dump: Path, tie: bool) -> list[str]:
 
 
 def run_titan(args, variant: str, out: Path) -> dict | None:
-    """One rank of torchtitan's Trainer (its llama3 spec, Anvil's shape and data); rank 0 returns
-    the result. Runs inside the process(es) _launcher started."""
+    """One rank of torchtitan's Trainer (its model for the config's family, Anvil's shape and data); rank
+    0 returns the result. Runs inside the process(es) _launcher started."""
     import dataclasses as dc
 
     import torch
-    stubbed = _import_datasets_or_stub()
+    stubbed = _stub_unused_imports()
     import torchtitan
     import torchtitan.protocols.train_spec as ts
     from torchtitan.config import ConfigManager
-    from torchtitan.models.llama3 import Transformer as TitanTransformer
-    from torchtitan.models.llama3 import get_train_spec
     from torchtitan.tools.logging import init_logger
     from torchtitan.train import Trainer
 
@@ -419,8 +466,9 @@ def run_titan(args, variant: str, out: Path) -> dict | None:
     # Anvil ties the LM head to the embedding where the config says so; torchtitan's FSDP plan
     # shards the two in different units, so they are tied on one GPU only.
     tie = cfg.model.tie_embeddings and world == 1
+    base = titan_train_spec(cfg.model.family)
 
-    class TiedTransformer(TitanTransformer):
+    class TiedModel(base.model_cls):
         def init_weights(self, *a, **k):
             super().init_weights(*a, **k)
             self.output.weight = self.tok_embeddings.weight  # after to_empty(), which unties
@@ -443,13 +491,14 @@ def run_titan(args, variant: str, out: Path) -> dict | None:
             self.inner.load_state_dict(state)
 
     margs = titan_model_args(cfg.model, args.seq)
-    spec = dc.replace(get_train_spec(), model_cls=TiedTransformer if tie else TitanTransformer,
+    spec = dc.replace(base, model_cls=TiedModel if tie else base.model_cls,
                       model_args={"tied" if tie else "anvil": margs},
                       build_dataloader_fn=lambda **kw: Loader(**kw),
                       build_tokenizer_fn=None, build_validator_fn=None)
-    if "anvil_llama3" not in ts._extra_train_specs:
-        ts.register_train_spec("anvil_llama3", spec)
-    job = ConfigManager().parse_args(titan_job_args(args, variant, out / f"titan_{variant}", tie))
+    if titan_spec_name(cfg.model.family) not in ts._extra_train_specs:
+        ts.register_train_spec(titan_spec_name(cfg.model.family), spec)
+    dump = Path(args.run_root or out) / f"titan_{variant}"   # torchtitan's run dir, beside Anvil's
+    job = ConfigManager().parse_args(titan_job_args(args, variant, dump, tie))
     profiled = _Profiled(args, out / f"trace_{variant}.json", int(os.environ.get("RANK", "0")))
     times, peaks, seen = [], [], [0]
 
@@ -492,7 +541,7 @@ def run_titan(args, variant: str, out: Path) -> dict | None:
     n_params, fpt = flops_for_shape(cfg)
     result = _summarise(args, times, peaks, fpt, n_params, world)
     result.update(torchtitan=getattr(torchtitan, "__version__", None), tied=tie,
-                  datasets_stubbed=stubbed, titan_params=sum(p.numel() for p in trainer.model_parts[0].parameters()))
+                  stubbed_imports=stubbed, titan_params=sum(p.numel() for p in trainer.model_parts[0].parameters()))
     if args.profile_steps:
         result.update(trace=str(profiled.path), profile_wall_ms=profiled.wall_ms)
     return result
@@ -689,6 +738,25 @@ def _stream(argv, env, timeout, log_path: Path, label: str) -> int:
             return 124
 
 
+# What a failed process's last words look like: the trainer's own log lines (trainer/__main__.py) or
+# the last line of a Python traceback.
+_FAILURE_LINE = re.compile(r"(out of memory: .*|training failed: .*|error: .*|[A-Za-z_][\w.]*(?:Error|Exception): .*)")
+
+
+def failure_reason(log_path: Path, label: str, code: int, timeout: int) -> str:
+    """Why the process of `label` failed, for its row: its time-out, or the last error line of its
+    section of bench.log (else that section's last line)."""
+    if code == 124:
+        return f"timed out after {timeout} s"
+    section = log_path.read_text(errors="replace").rsplit(f"===== {label}: ", 1)[-1].split("\n===== ", 1)[0]
+    lines = [line.strip() for line in section.splitlines()[1:] if line.strip()]   # after the command line
+    for line in reversed(lines):
+        match = _FAILURE_LINE.search(line)
+        if match:
+            return match.group(1)[:300]
+    return lines[-1][:300] if lines else "no output"
+
+
 def _versions() -> dict:
     import torch
     out = {"torch": torch.__version__, "python": sys.version.split()[0],
@@ -763,15 +831,29 @@ def run_worker_variant(args, variant: str, out: Path, env: dict) -> dict:
             "-m", "benchmarks.train_throughput", "--worker", variant, "--config", args.config,
             "--batch", str(args.batch), "--seq", str(args.seq), "--steps", str(args.steps),
             "--profile-steps", str(args.profile_steps), "--peak-tflops", str(args.peak_tflops),
-            "--out", str(out)]
+            "--out", str(out)] + (["--run-root", args.run_root] if args.run_root else [])
     for item in args.sets:
         argv += ["--sets", item]
     code = _stream(argv, env, args.timeout, out / "bench.log", variant)
     own = (out / "bench.log").read_text(errors="replace").rsplit(f"===== {variant}: ", 1)[-1]
     lines = [line for line in own.splitlines() if line.startswith("RESULT ")]
     if code != 0 or not lines:
-        raise RuntimeError(f"worker exited with {code}")
+        reason = failure_reason(out / "bench.log", variant, code, args.timeout)
+        raise RuntimeError(f"worker exited with {code}: {reason}")
     return json.loads(lines[-1][len("RESULT "):])
+
+
+def bench_env(peak_tflops: float) -> dict:
+    """The variants' environment: this checkout first on the path, unbuffered output, multicast off."""
+    return {**os.environ, names.GPU_PEAK_TFLOPS: str(peak_tflops), "PYTHONUNBUFFERED": "1", **SAFE_ENV,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+
+
+def run_variant(args, variant: str, out: Path, env: dict) -> dict:
+    """One variant in its own process(es): Anvil's trainer, or this module's worker (hf, torchtitan)."""
+    if parse_variant(variant)["family"] == "anvil":
+        return run_anvil(args, variant, out, env)
+    return run_worker_variant(args, variant, out, env)
 
 
 def main(argv=None) -> int:
@@ -780,9 +862,7 @@ def main(argv=None) -> int:
     if args.worker:
         return _worker(args, out)
     out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, names.GPU_PEAK_TFLOPS: str(args.peak_tflops), "PYTHONUNBUFFERED": "1",
-           **SAFE_ENV,
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env = bench_env(args.peak_tflops)
     if args.quality:
         report = run_quality(args, out, env)
         report.update(versions=_versions(), date=time.strftime("%Y-%m-%d"), config=args.config,
@@ -800,10 +880,7 @@ def main(argv=None) -> int:
             continue
         t0 = time.time()
         try:
-            if parse_variant(variant)["family"] == "anvil":
-                result = run_anvil(args, variant, out, env)
-            else:
-                result = run_worker_variant(args, variant, out, env)
+            result = run_variant(args, variant, out, env)
         except Exception as exc:  # one failing variant must not lose the others
             result = {"error": f"{type(exc).__name__}: {exc}"}
         if result.get("trace"):
