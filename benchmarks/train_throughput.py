@@ -358,12 +358,51 @@ TITAN_PACKAGES = {"llama": "llama3", "deepseek_v2": "deepseek_v3", "deepseek_v3"
 
 def titan_model_args(model_cfg, seq_len: int):
     """torchtitan's model arguments with exactly Anvil's shape: its llama3 for llama; its deepseek_v3 and
-    qwen3 for the mixture-of-experts families (benchmarks/moe_throughput.py maps those)."""
+    qwen3 for the mixture-of-experts families."""
     if model_cfg.family == "llama":
         return titan_llama_args(model_cfg, seq_len)
-    from benchmarks import moe_throughput
-    return moe_throughput.titan_moe_args(model_cfg, seq_len)
+    return titan_moe_args(model_cfg, seq_len)
 
+
+def titan_moe_args(model_cfg, seq_len: int):
+    """torchtitan 0.2.2's model arguments with exactly Anvil's shape (the mapping in benchmarks/moe_throughput.py's docstring)."""
+    from torchtitan.models.moe import MoEArgs
+
+    e = model_cfg.moe
+    moe_args = MoEArgs(
+        num_experts=e.n_routed_experts, num_shared_experts=e.n_shared_experts, top_k=e.top_k,
+        score_func=e.score_func, route_norm=e.norm_topk_prob, route_scale=e.route_scale,
+        num_expert_groups=e.n_group if e.n_group > 1 else None,
+        num_limited_groups=e.topk_group if e.n_group > 1 else None,
+        load_balance_coeff=e.bias_update_speed or None, score_before_experts=False, use_grouped_mm=True)
+    if model_cfg.family == "qwen3_moe":
+        from torchtitan.models.qwen3 import Qwen3ModelArgs
+        if e.first_k_dense:
+            raise ValueError(f"model.moe.first_k_dense {e.first_k_dense}: torchtitan's Qwen3 has experts in "
+                             "every layer")
+        return Qwen3ModelArgs(
+            dim=model_cfg.dim, n_layers=model_cfg.n_layers, n_heads=model_cfg.n_heads,
+            n_kv_heads=model_cfg.n_kv_heads, vocab_size=model_cfg.vocab_size, head_dim=model_cfg.head_dim,
+            hidden_dim=model_cfg.ffn_dim, norm_eps=model_cfg.norm_eps, rope_theta=model_cfg.rope_theta,
+            qk_norm=True, max_seq_len=seq_len, attn_type="sdpa", attn_mask_type="causal",
+            enable_weight_tying=model_cfg.tie_embeddings, moe_enabled=True, moe_inter_dim=e.ffn_dim,
+            moe_args=moe_args)
+    if model_cfg.family not in ("deepseek_v2", "deepseek_v3"):
+        raise ValueError(f"model.family {model_cfg.family!r}: no torchtitan mixture-of-experts model for it")
+    from torchtitan.models.deepseek_v3 import DeepSeekV3ModelArgs
+    a, rs = model_cfg.mla, model_cfg.rope_scaling
+    yarn = ({"original_seq_len": rs.original_max_position_embeddings, "rope_factor": rs.factor,
+             "beta_fast": rs.beta_fast, "beta_slow": rs.beta_slow, "mscale": rs.mscale_all_dim or 1.0}
+            if rs is not None else {"original_seq_len": seq_len, "rope_factor": 1.0, "mscale": 1.0})
+    margs = DeepSeekV3ModelArgs(
+        max_seq_len=seq_len, vocab_size=model_cfg.vocab_size, dim=model_cfg.dim, inter_dim=model_cfg.ffn_dim,
+        moe_inter_dim=e.ffn_dim, n_layers=model_cfg.n_layers, n_dense_layers=e.first_k_dense,
+        n_heads=model_cfg.n_heads, norm_eps=model_cfg.norm_eps, moe_args=moe_args,
+        q_lora_rank=a.q_lora_rank, kv_lora_rank=a.kv_lora_rank, qk_nope_head_dim=a.qk_nope_head_dim,
+        qk_rope_head_dim=a.qk_rope_head_dim, v_head_dim=a.v_head_dim, attn_type="sdpa", attn_mask_type="causal",
+        rope_theta=model_cfg.rope_theta, **yarn)
+    margs.moe_impl = "standard"   # MoE without DeepEP: the Trainer sets it from the job config, a bare build needs it
+    return margs
 
 def titan_train_spec(family: str):
     """torchtitan's TrainSpec for the family's model (stubbing what its imports need and these runs do not)."""

@@ -119,7 +119,7 @@ def test_torchtitans_unused_imports_are_stubbed_where_they_do_not_import():
             "print(stubbed)\n")
     import subprocess
     import sys
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "stub says not importable here" in out.stdout and "'datasets'" in out.stdout
 

@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 
 from benchmarks import moe_throughput as mt
+from helpers.program import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--cases", "deepseek_tiny,qwen3_tiny", "--seq", "64", "--steps", "4"]
 
 
 def test_tiny_cases_run_through_the_trainer_into_the_json_and_the_table(tmp_path):
     out = subprocess.run([sys.executable, "-m", "benchmarks.moe_throughput", *TINY, "--variants", "titan_eager,eager",
                           "--out", str(tmp_path), "--run-root", str(tmp_path / "runs")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     report = json.loads((tmp_path / "results.json").read_text())
     rows = {(r["case"], r["variant"]): r for r in report["results"]}
