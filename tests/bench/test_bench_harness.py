@@ -27,8 +27,8 @@ def tiny_case():
     def eager(s):
         return lambda: F.cross_entropy(s["x"], s["t"]).backward()
 
-    def slow(s):  # the same work and a 30 ms sleep: slower than eager even when a busy machine stalls it
-        return lambda: (F.cross_entropy(s["x"], s["t"]).backward(), time.sleep(0.03))
+    def slow(s):  # the same work and a 100 ms sleep: slower than eager even when a busy machine stalls it
+        return lambda: (F.cross_entropy(s["x"], s["t"]).backward(), time.sleep(0.1))
 
     def missing(s):
         raise kb.Unavailable("not installed here")
