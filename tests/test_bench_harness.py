@@ -135,6 +135,12 @@ def test_moe_cases_run_at_tiny_shapes(ceilings, monkeypatch):
     for case in cases:
         rows = kb.measure_case(case, "cpu", ceilings, quick=True, providers=("anvil", "eager"))
         assert all(r["ms"] and not r["note"] for r in rows), rows
+    # the sweep's per-product rows: grouped_mm as it runs (anvil) and a config forced (c0)
+    sweep = cases_moe.sweep_cases("cpu", ("input_grad", "weight_grad"), (tiny,))
+    assert len(sweep) == 4 and all({"torch", "anvil", "c0"} <= set(case.providers) for case in sweep)
+    for case in sweep[:2]:
+        rows = kb.measure_case(case, "cpu", ceilings, quick=True, providers=("anvil", "c0"))
+        assert all(r["ms"] and not r["note"] for r in rows), rows
 
 
 @pytest.mark.parametrize("walk1", [False, True])
