@@ -90,7 +90,9 @@ def _dot(a, b, acc, PRECISE_FP32: tl.constexpr, BF16_AS_FP32: tl.constexpr):
 
 # --- forward and input gradient: y[rows of g] = x[rows of g] @ w[g] ---------------------------------
 
-@triton.jit
+# T and E only bound loops and masks: not specialized on (their divisibility by 16 changes no code), so
+# that each kernel compiles once per configuration and dtype, whatever the rows and experts.
+@triton.jit(do_not_specialize=["T", "E"])
 def _grouped_mm_kernel(
     X, W, Y, OFFS, X_DESC, W_DESC, T, K, N,
     stride_xt, stride_xk, stride_we, stride_wk, stride_wn, stride_yt, stride_yn,
@@ -163,7 +165,7 @@ def _weight_grad_step(X, DY, X_DESC, DY_DESC, r, row_end, k0, n0, K, N, stride_x
     return _dot(tl.trans(x), dy, acc, PRECISE_FP32, BF16_AS_FP32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "E"])
 def _grouped_mm_weight_grad_kernel(
     X, DY, DW, OFFS, X_DESC, DY_DESC, T, K, N,
     stride_xt, stride_xk, stride_dyt, stride_dyn, stride_we, stride_wk, stride_wn,
