@@ -26,9 +26,10 @@ def offsets(group_sizes: list[int]) -> torch.Tensor:
     return torch.tensor(group_sizes, device=DEVICE).cumsum(0).to(torch.int32)
 
 
-# Our error may be this many times torch's fp32 product's (their summation orders differ; TF32 for fp32 is
-# ~100x and more).
-ACCUMULATION_MARGIN = 2.0
+# Our error may be this many times torch's fp32 product's: the two sum in other orders (the max over a
+# million outputs of two such errors differs by tens of percent). TF32 where fp32 is asked is ~250x at
+# 8192 rows (a 2^-11 relative error a product, random, against the sum's rounding).
+ACCUMULATION_MARGIN = 3.0
 
 
 @pytest.fixture(autouse=True)
