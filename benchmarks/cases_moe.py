@@ -3,6 +3,7 @@
     python -m benchmarks.kernels --op grouped_gemm|moe_permute|router     # the table, all providers
     python -m benchmarks.cases_moe --sweep [--product weight_grad] [--no-configs]
         # each grouped-GEMM product alone: torch._grouped_mm, anvil (what grouped_mm runs) and each config
+    python -m benchmarks.cases_moe --permute-profile   # moe_permute's round trip kernel by kernel
 
 Shapes (tokens = 4096 x BATCH): DeepSeek-V2-Lite (hidden 2048, moe_intermediate 1408, 64 routed
 experts, top-6) and Qwen3-30B-A3B (hidden 2048, moe_intermediate 768, 128 experts, top-8); the router
@@ -283,6 +284,46 @@ def sweep_cases(device: str = "cuda", products=PRODUCTS, shapes=SHAPES) -> list[
     return cases
 
 
+def permute_profile(device: str = "cuda", rounds: int = 5) -> list[str]:
+    """Where moe_permute's forward + backward spends its time: each GPU kernel's mean microseconds a round
+    trip (torch.profiler), and the round trip's wall time with the CPU's share (launch and autograd)."""
+    import time
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    gpu = str(device).startswith("cuda")
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    lines = []
+    for shape in SHAPES:
+        case = permute_case(shape)
+        state = case.setup(device)
+        fn = _permute_provider(_permute_anvil)(state)
+
+        def once():
+            for leaf in case.grad_to_none(state):
+                leaf.grad = None
+            fn()
+        once()
+        sync()
+        start = time.perf_counter()
+        for _ in range(rounds):
+            once()
+        cpu_ms = (time.perf_counter() - start) / rounds * 1e3
+        sync()
+        with profile(activities=[ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU]) as prof:
+            for _ in range(rounds):
+                once()
+            sync()
+        kernels = [(e.key, e.count // rounds, (e.device_time_total if gpu else e.self_cpu_time_total) / rounds)
+                   for e in prof.key_averages()]
+        kernels = [k for k in kernels if k[2] > 0]
+        total = sum(us for _, _, us in kernels)
+        lines.append(f"{case.shape}: GPU kernels {total / 1e3:.3f} ms a round trip (floor "
+                     f"{case.bytes_moved / 3.0e12 * 1e3:.3f} ms at 3.0 TB/s), CPU {cpu_ms:.3f} ms to launch it")
+        lines += [f"    {us:8.1f} us  x{n}  {name[:70]}" for name, n, us in sorted(kernels, key=lambda k: -k[2])]
+    return lines
+
+
 def main(argv: list[str]) -> None:
     import argparse
 
@@ -291,13 +332,20 @@ def main(argv: list[str]) -> None:
     from benchmarks import kernels as kb
     from kernels import arch, grouped_gemm
     parser = argparse.ArgumentParser(prog="python -m benchmarks.cases_moe")
-    parser.add_argument("--sweep", action="store_true", required=True,
+    parser.add_argument("--sweep", action="store_true",
                         help="time each grouped-GEMM product alone: torch, anvil (the tuner's pick), each config")
     parser.add_argument("--product", choices=PRODUCTS, action="append", help="only these products (repeatable)")
     parser.add_argument("--no-configs", dest="configs", action="store_false",
                         help="only torch and anvil, not each candidate config alone (c0, c1, ...)")
+    parser.add_argument("--permute-profile", action="store_true",
+                        help="moe_permute's round trip kernel by kernel (torch.profiler) and its CPU time")
     args = parser.parse_args(argv)
     dev = "cuda"
+    if args.permute_profile:
+        print("\n".join(permute_profile(dev)))
+        return
+    if not args.sweep:
+        parser.error("--sweep or --permute-profile")
     for i, config in enumerate(arch.gemm_configs(arch.detect(dev))):
         print(f"c{i}: {config}")
     ceil = kb.measure_ceilings(dev, quick=True)
@@ -311,7 +359,8 @@ def main(argv: list[str]) -> None:
         ms = {r["provider"]: r["ms"] for r in rows if r["shape"] == case and r["ms"]}
         ours = {p: t for p, t in ms.items() if p.startswith("c")}
         best = f"best config {min(ours, key=ours.get)} {min(ours.values()):.3f} ms, " if ours else ""
-        print(f"BEST {case}: {best}anvil {ms.get('anvil', float('nan')):.3f} ms, torch {ms.get('torch', float('nan')):.3f} ms")
+        anvil, torch_ms = ms.get("anvil", float("nan")), ms.get("torch", float("nan"))
+        print(f"BEST {case}: {best}anvil {anvil:.3f} ms, torch {torch_ms:.3f} ms")
     for key, config in grouped_gemm.chosen().items():
         print(f"CHOSEN {key}: {config}")
 
