@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The mixture-of-experts fixes checked in one short call on a lent NVIDIA GPU (about 2.5 minutes on an
-# H100; its timeouts add up to under 4): the three MoE kernel test files, compiled for the GPU, as four pytest processes side
-# by side (each compiles its own kernels; the tile sweep, marker tile_sweep, left out), then the benchmark
+# H100; its limits add up to under 4): the three MoE kernel test files, compiled for the GPU, as four
+# pytest processes side by side (each compiles its own kernels; the tile sweep, marker tile_sweep, left
+# out), then the benchmark
 # rows that changed: each grouped-GEMM weight gradient (torch._grouped_mm, anvil = what grouped_mm runs
 # now, c0..c5 = our tiles alone), moe_permute kernel by kernel, and moe_permute against eager.
 # Wheels travel in .whl (pytest, tabulate, ...), as for benchmarks/moe_gpu.sh; results go to $OUT.
