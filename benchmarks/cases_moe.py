@@ -1,7 +1,9 @@
 """Benchmark cases for the mixture-of-experts kernels: grouped GEMM, permute + unpermute, router.
 
     python -m benchmarks.kernels --op grouped_gemm|moe_permute|router     # the table, all providers
-    python -m benchmarks.cases_moe --sweep       # each grouped-GEMM tile config alone, per product
+    python -m benchmarks.cases_moe --sweep [--product weight_grad] [--no-configs]
+        # each grouped-GEMM product alone: torch._grouped_mm, anvil (what grouped_mm runs) and each config
+    python -m benchmarks.cases_moe --permute-profile   # moe_permute's round trip kernel by kernel
 
 Shapes (tokens = 4096 x BATCH): DeepSeek-V2-Lite (hidden 2048, moe_intermediate 1408, 64 routed
 experts, top-6) and Qwen3-30B-A3B (hidden 2048, moe_intermediate 768, 128 experts, top-8); the router
@@ -18,7 +20,8 @@ Providers, forward + backward, bf16:
   anvil = kernels.moe_permute, eager = its permute_reference / unpermute_reference (argsort,
   index_select, scatter-add), compile = torch.compile of those. Floor: (4 + 5k) x T x D x 2 bytes.
 - router: the gate's scores to routing weights with the auxiliary loss's gradient on the scores too;
-  anvil = router_triton (what route() takes on a GPU), eager / compile = router_reference.
+  anvil = router_triton at every size (route() takes it on NVIDIA GPUs from 128 experts, where it wins),
+  eager / compile = router_reference.
 """
 
 from __future__ import annotations
@@ -228,9 +231,15 @@ CASES: list[Case] = [
 
 # ---------------------------------------------------------------- tile sweep
 
-def _product_provider(product: str, config):
-    """One product alone (forward, input gradient or weight gradient) with a forced tile config."""
+PRODUCTS = ("forward", "input_grad", "weight_grad")
+
+
+def _product_provider(product: str, config=None):
+    """One product alone (forward, input gradient or weight gradient): with a config, our kernel with those
+    tiles; without, what grouped_mm runs (the tuner's pick, torch._grouped_mm included where it is one)."""
     def make(state):
+        import contextlib
+
         from kernels import grouped_gemm as gg
         x, w, offs, dy = state["x"].detach(), state["stored"].detach().transpose(1, 2), state["offs"], state["dy"]
         w_shape, w_stride = list(w.shape), list(w.stride())
@@ -239,7 +248,7 @@ def _product_provider(product: str, config):
                "weight_grad": lambda: gg._weight_grad(x, dy, offs, w_shape, w_stride)}[product]
 
         def fn():
-            with gg.forced_config(config):
+            with gg.forced_config(config) if config is not None else contextlib.nullcontext():
                 run()
         return fn
     return make
@@ -250,22 +259,24 @@ def _torch_product(product: str):
         import torch
         _gemm_torch()
         x, w, offs, dy = state["x"].detach(), state["stored"].detach().transpose(1, 2), state["offs"], state["dy"]
+        # the weight gradient laid out as the weight ([E, N, K] storage), as grouped_mm's backward needs it
         return {"forward": lambda: torch._grouped_mm(x, w, offs=offs),
                 "input_grad": lambda: torch._grouped_mm(dy, w.transpose(1, 2), offs=offs),
-                "weight_grad": lambda: torch._grouped_mm(x.t(), dy, offs=offs)}[product]
+                "weight_grad": lambda: torch._grouped_mm(dy.t(), x, offs=offs)}[product]
     return make
 
 
-def sweep_cases(device: str = "cuda") -> list[Case]:
-    """Per shape, projection and product: torch._grouped_mm, then each of the arch's candidate configs."""
+def sweep_cases(device: str = "cuda", products=PRODUCTS, shapes=SHAPES) -> list[Case]:
+    """Per shape, projection and product: torch._grouped_mm, grouped_mm as it runs (anvil: the tuner's
+    pick), then each of the arch's candidate configs (c0, c1, ...)."""
     from kernels import arch
     cases = []
-    for shape in SHAPES:
+    for shape in shapes:
         for projection in ("gate_up", "down"):
             base = grouped_gemm_case(shape, projection)
             k, n = _dims(shape, projection)
-            for product in ("forward", "input_grad", "weight_grad"):
-                providers = {"torch": _torch_product(product)}
+            for product in products:
+                providers = {"torch": _torch_product(product), "anvil": _product_provider(product)}
                 for i, config in enumerate(arch.gemm_configs(arch.detect(device))):
                     providers[f"c{i}"] = _product_provider(product, config)
                 cases.append(Case(op="grouped_gemm", shape=f"{base.shape} {product}", setup=base.setup,
@@ -273,25 +284,86 @@ def sweep_cases(device: str = "cuda") -> list[Case]:
     return cases
 
 
-if __name__ == "__main__":
-    from benchmarks import kernels as kb
-    if "--sweep" not in sys.argv:
-        sys.exit("usage: python -m benchmarks.cases_moe --sweep")
+def permute_profile(device: str = "cuda", rounds: int = 5) -> list[str]:
+    """Where moe_permute's forward + backward spends its time: each GPU kernel's mean microseconds a round
+    trip (torch.profiler), and the round trip's wall time with the CPU's share (launch and autograd)."""
+    import time
+
     import torch
-    from kernels import arch
+    from torch.profiler import ProfilerActivity, profile
+    gpu = str(device).startswith("cuda")
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    lines = []
+    for shape in SHAPES:
+        case = permute_case(shape)
+        state = case.setup(device)
+        fn = _permute_provider(_permute_anvil)(state)
+
+        def once():
+            for leaf in case.grad_to_none(state):
+                leaf.grad = None
+            fn()
+        once()
+        sync()
+        start = time.perf_counter()
+        for _ in range(rounds):
+            once()
+        cpu_ms = (time.perf_counter() - start) / rounds * 1e3
+        sync()
+        with profile(activities=[ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU]) as prof:
+            for _ in range(rounds):
+                once()
+            sync()
+        kernels = [(e.key, e.count // rounds, (e.device_time_total if gpu else e.self_cpu_time_total) / rounds)
+                   for e in prof.key_averages()]
+        kernels = [k for k in kernels if k[2] > 0]
+        total = sum(us for _, _, us in kernels)
+        lines.append(f"{case.shape}: GPU kernels {total / 1e3:.3f} ms a round trip (floor "
+                     f"{case.bytes_moved / 3.0e12 * 1e3:.3f} ms at 3.0 TB/s), CPU {cpu_ms:.3f} ms to launch it")
+        lines += [f"    {us:8.1f} us  x{n}  {name[:70]}" for name, n, us in sorted(kernels, key=lambda k: -k[2])]
+    return lines
+
+
+def main(argv: list[str]) -> None:
+    import argparse
+
+    import torch
+
+    from benchmarks import kernels as kb
+    from kernels import arch, grouped_gemm
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cases_moe")
+    parser.add_argument("--sweep", action="store_true",
+                        help="time each grouped-GEMM product alone: torch, anvil (the tuner's pick), each config")
+    parser.add_argument("--product", choices=PRODUCTS, action="append", help="only these products (repeatable)")
+    parser.add_argument("--no-configs", dest="configs", action="store_false",
+                        help="only torch and anvil, not each candidate config alone (c0, c1, ...)")
+    parser.add_argument("--permute-profile", action="store_true",
+                        help="moe_permute's round trip kernel by kernel (torch.profiler) and its CPU time")
+    args = parser.parse_args(argv)
     dev = "cuda"
+    if args.permute_profile:
+        print("\n".join(permute_profile(dev)))
+        return
+    if not args.sweep:
+        parser.error("--sweep or --permute-profile")
     for i, config in enumerate(arch.gemm_configs(arch.detect(dev))):
         print(f"c{i}: {config}")
     ceil = kb.measure_ceilings(dev, quick=True)
     rows = []
-    for case in sweep_cases(dev):
-        rows += kb.measure_case(case, dev, ceil, quick=True, providers=tuple(case.providers))
+    for case in sweep_cases(dev, tuple(args.product or PRODUCTS)):
+        names = tuple(p for p in case.providers if args.configs or not p.startswith("c"))
+        rows += kb.measure_case(case, dev, ceil, quick=True, providers=names)
     print(kb.render({"device": torch.cuda.get_device_name(), "versions": kb._versions(), "date": "",
                      "ceilings": vars(ceil), "notes": [], "rows": rows}))
-    for case in {r["shape"] for r in rows}:
-        timed = [r for r in rows if r["shape"] == case and r["ms"] and r["provider"] != "torch"]
-        torch_ms = [r["ms"] for r in rows if r["shape"] == case and r["provider"] == "torch" and r["ms"]]
-        if timed:
-            best = min(timed, key=lambda r: r["ms"])
-            versus = f"torch {torch_ms[0]:.3f} ms" if torch_ms else ""
-            print("BEST", case, best["provider"], f"{best['ms']:.3f} ms", versus)
+    for case in sorted({r["shape"] for r in rows}):
+        ms = {r["provider"]: r["ms"] for r in rows if r["shape"] == case and r["ms"]}
+        ours = {p: t for p, t in ms.items() if p.startswith("c")}
+        best = f"best config {min(ours, key=ours.get)} {min(ours.values()):.3f} ms, " if ours else ""
+        anvil, torch_ms = ms.get("anvil", float("nan")), ms.get("torch", float("nan"))
+        print(f"BEST {case}: {best}anvil {anvil:.3f} ms, torch {torch_ms:.3f} ms")
+    for key, config in grouped_gemm.chosen().items():
+        print(f"CHOSEN {key}: {config}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,7 +1,7 @@
 """Kernel benchmarks: our fused kernels against eager PyTorch, torch.compile and Liger-Kernel.
 
     python -m benchmarks.kernels [--op rms_norm|rope|swiglu|cross_entropy|flce|grouped_gemm|moe_permute|router|all]
-                                 [--json] [--quick] [--out FILE]
+                                 [--json] [--quick] [--out FILE] [--providers anvil,eager,...]
 
 Forward + backward, in one run: the device's ceilings first (a device-to-device
 copy, counting bytes read + written, and a bf16 8192^3 matmul), then every case
@@ -265,8 +265,10 @@ def _versions() -> dict:
     return out
 
 
-def run(op: str = "all", quick: bool = False, device: str = "cuda", cases: list[Case] | None = None) -> dict:
-    """Measure ceilings then every case; return the report dict (rows, ceilings, device, versions)."""
+def run(op: str = "all", quick: bool = False, device: str = "cuda", cases: list[Case] | None = None,
+        providers: tuple[str, ...] | None = None) -> dict:
+    """Measure ceilings then every case (with `providers`, only those); return the report dict (rows,
+    ceilings, device, versions)."""
     import torch
     if _is_cuda(device) and not torch.cuda.is_available():
         raise KernelBenchError("bench.kernels needs a CUDA or ROCm GPU, and torch sees none "
@@ -278,7 +280,7 @@ def run(op: str = "all", quick: bool = False, device: str = "cuda", cases: list[
     ceilings = measure_ceilings(device, quick)
     rows = []
     for case in cases:
-        rows += measure_case(case, device, ceilings, quick)
+        rows += measure_case(case, device, ceilings, quick, providers)
     return {"device": name, "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "versions": _versions(), "command": " ".join(sys.argv), "quick": quick,
             "ceilings": {"copy_tbps": ceilings.copy_tbps, "matmul_tflops": ceilings.matmul_tflops},
@@ -299,12 +301,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="shorter timing (fewer repetitions)")
     parser.add_argument("--out", help="also write the table (or JSON with --json) to this file")
     parser.add_argument("--force", action="store_true", help="write over an --out file this benchmark did not write")
+    parser.add_argument("--providers", help="only these, comma-separated (say anvil,eager: no torch.compile)")
     parser.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    providers = tuple(p.strip() for p in args.providers.split(",") if p.strip()) if args.providers else None
     try:
         if args.out:
             check_out(args.out, args.force)
-        report = run(args.op, args.quick, args.device)
+        report = run(args.op, args.quick, args.device, providers=providers)
         text = json.dumps(report, indent=2) if args.json else render(report)
         if args.out:
             write_atomic(args.out, text + "\n")

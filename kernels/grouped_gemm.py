@@ -30,12 +30,18 @@ Launch choices: kernels/arch.py gemm_configs lists the candidate tiles per archi
 the first call of each signature (shapes, strides, dtype, which product) compiles and times every
 candidate on the real operands and keeps the fastest (one that fails to compile is skipped): seconds
 once per process. With names.GROUPED_GEMM_TUNE set to 0, deterministic algorithms or CUDA graph
-capture, the table's first runs.
+capture, the table's first runs. The persistent grid is the configuration's programs per SM times the
+SMs whatever the problem's size, so each kernel compiles once per configuration and dtype.
+
+The weight gradient on sm_90 in bf16: torch._grouped_mm (CUTLASS) is a candidate too, and the first,
+since it was measured faster than our best tiles there (TorchGroupedMm below has the numbers); our
+forward and input gradient beat it. chosen() says which ran.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import statistics
 
@@ -55,7 +61,7 @@ _TUNE_ROUNDS = 3
 # --- device helpers -------------------------------------------------------------------------------
 
 @triton.jit
-def _group_bounds(OFFS, T, E: tl.constexpr, E_PAD: tl.constexpr):
+def _group_bounds(OFFS, T, E, E_PAD: tl.constexpr):
     """(starts, ends) of rows for groups 0..E_PAD-1: expert g owns [offs[g-1], offs[g]); group E owns the
     rows from offs[E-1] to T that belong to no expert (their output is zeros); later groups are empty."""
     g = tl.arange(0, E_PAD)
@@ -84,11 +90,13 @@ def _dot(a, b, acc, PRECISE_FP32: tl.constexpr, BF16_AS_FP32: tl.constexpr):
 
 # --- forward and input gradient: y[rows of g] = x[rows of g] @ w[g] ---------------------------------
 
-@triton.jit
+# T and E only bound loops and masks: not specialized on (their divisibility by 16 changes no code), so
+# that each kernel compiles once per configuration and dtype, whatever the rows and experts.
+@triton.jit(do_not_specialize=["T", "E"])
 def _grouped_mm_kernel(
     X, W, Y, OFFS, X_DESC, W_DESC, T, K, N,
     stride_xt, stride_xk, stride_we, stride_wk, stride_wn, stride_yt, stride_yn,
-    E: tl.constexpr, E_PAD: tl.constexpr, W_K_CONTIGUOUS: tl.constexpr, USE_TMA: tl.constexpr,
+    E, E_PAD: tl.constexpr, W_K_CONTIGUOUS: tl.constexpr, USE_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr, FLATTEN: tl.constexpr, PRECISE_FP32: tl.constexpr, BF16_AS_FP32: tl.constexpr,
 ):
@@ -157,11 +165,11 @@ def _weight_grad_step(X, DY, X_DESC, DY_DESC, r, row_end, k0, n0, K, N, stride_x
     return _dot(tl.trans(x), dy, acc, PRECISE_FP32, BF16_AS_FP32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "E"])
 def _grouped_mm_weight_grad_kernel(
     X, DY, DW, OFFS, X_DESC, DY_DESC, T, K, N,
     stride_xt, stride_xk, stride_dyt, stride_dyn, stride_we, stride_wk, stride_wn,
-    E: tl.constexpr, E_PAD: tl.constexpr, USE_TMA: tl.constexpr,
+    E, E_PAD: tl.constexpr, USE_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr, PRECISE_FP32: tl.constexpr, BF16_AS_FP32: tl.constexpr,
 ):
@@ -225,61 +233,109 @@ def _weight_descriptor(w: torch.Tensor, block_k: int, block_n: int) -> TensorDes
     return TensorDescriptor(w, [e, k, n], [w.stride(0), w.stride(1), 1], [1, block_k, block_n])
 
 
+def _programs(a: arch.Arch, c: arch.GemmConfig) -> int:
+    """Persistent programs: c.programs_per_sm an SM whatever the problem's size (the extra ones of a small
+    problem find no tile and end), so that NUM_PROGRAMS, a constexpr, compiles once per configuration."""
+    return a.sm_count * c.programs_per_sm
+
+
+def _e_pad(e: int) -> int:
+    """The group vectors' length, a constexpr: at least 8, so that small expert counts share one compile."""
+    return max(8, arch.next_pow2(e + 1))
+
+
 def _forward_launcher(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, y: torch.Tensor, a: arch.Arch):
-    """launch(config): y = grouped x @ w with that config's tiles."""
+    """launch(config) -> y: grouped x @ w with that config's tiles."""
     t, k = x.shape
     e, _, n = w.shape
     w_k_contiguous = _k_contiguous(w)
     tma_ok = _tma_ready(x, 1) and _tma_ready(w, 1 if w_k_contiguous else 2)
 
-    def launch(c: arch.GemmConfig) -> None:
+    def launch(c: arch.GemmConfig) -> torch.Tensor:
         use_tma = c.tma and tma_ok
         x_desc = w_desc = None
         if use_tma:
             x_desc = TensorDescriptor(x, [t, k], [x.stride(0), 1], [c.block_m, c.block_k])
             w_desc = _weight_descriptor(w, c.block_k, c.block_n)
-        upper = (triton.cdiv(t, c.block_m) + e + 1) * triton.cdiv(n, c.block_n)   # tiles, at most
-        programs = arch.persistent_grid(a, upper, c.programs_per_sm)
+        programs = _programs(a, c)
         _grouped_mm_kernel[(programs,)](
             x, w, y, offs, x_desc, w_desc, t, k, n, x.stride(0), x.stride(1), *w.stride(), *y.stride(),
-            E=e, E_PAD=arch.next_pow2(e + 1), W_K_CONTIGUOUS=w_k_contiguous, USE_TMA=use_tma,
+            E=e, E_PAD=_e_pad(e), W_K_CONTIGUOUS=w_k_contiguous, USE_TMA=use_tma,
             BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, NUM_PROGRAMS=programs, FLATTEN=c.flatten,
             **_dot_flags(x.dtype, a), **c.launch_options())
+        return y
     return launch
 
 
-def _weight_grad_launcher(x: torch.Tensor, dy: torch.Tensor, offs: torch.Tensor, dw: torch.Tensor, a: arch.Arch):
-    """launch(config): dw = grouped x^T @ dy with that config's tiles (block_k: rows a step)."""
-    t, k = x.shape
-    e, _, n = dw.shape
-    tma_ok = _tma_ready(x, 1) and _tma_ready(dy, 1)
+@dataclasses.dataclass(frozen=True)
+class TorchGroupedMm:
+    """The weight gradient through torch._grouped_mm (CUTLASS) in place of our kernel: a candidate the tuner
+    times beside our tiles, first (the untimed default) where it was measured faster. On an H100 (torch
+    2.11, Triton 3.6, benchmarks/cases_moe.py --sweep) our best tiles took 0.986 against its 0.837 ms
+    (Qwen3-30B-A3B gate_up), 0.517 / 0.454 (its down), 1.162 / 1.103 (DeepSeek-V2-Lite gate_up) and
+    0.594 / 0.576 (its down); our forward and input gradient beat it at all four."""
 
-    def launch(c: arch.GemmConfig) -> None:
+    def __str__(self) -> str:
+        return "torch._grouped_mm"
+
+
+TORCH_GROUPED_MM = TorchGroupedMm()
+# Architectures where torch._grouped_mm computes the weight gradient (bf16) faster than our kernel.
+_TORCH_WEIGHT_GRAD_ARCHS = ("sm_90",)
+
+
+def _torch_weight_grad_ok(x: torch.Tensor, dy: torch.Tensor, offs: torch.Tensor, a: arch.Arch) -> bool:
+    """torch._grouped_mm takes these operands (bf16, int32 offsets, 16-byte aligned rows) on an architecture
+    where it was measured faster."""
+    return (a.name in _TORCH_WEIGHT_GRAD_ARCHS and a.vendor is Vendor.NVIDIA and hasattr(torch, "_grouped_mm")
+            and x.dtype == torch.bfloat16 and offs.dtype == torch.int32 and x.is_contiguous()
+            and dy.is_contiguous() and x.shape[1] % 8 == 0 and dy.shape[1] % 8 == 0
+            and x.data_ptr() % 16 == 0 and dy.data_ptr() % 16 == 0)
+
+
+def _weight_grad_launcher(x: torch.Tensor, dy: torch.Tensor, offs: torch.Tensor, w_shape: list[int],
+                          w_stride: list[int], a: arch.Arch):
+    """launch(config) -> dw laid out as w: grouped x^T @ dy with that config's tiles (block_k: rows a step),
+    or through torch._grouped_mm (TORCH_GROUPED_MM)."""
+    t, k = x.shape
+    e, _, n = w_shape
+    tma_ok = _tma_ready(x, 1) and _tma_ready(dy, 1)
+    ours: list[torch.Tensor] = []      # our kernel's output, made on its first launch
+
+    def launch(c) -> torch.Tensor:
+        if c is TORCH_GROUPED_MM:      # the product as w is laid out: no copy
+            if w_stride[2] != 1 and w_stride[1] == 1:
+                return torch._grouped_mm(dy.t(), x, offs=offs).transpose(1, 2)
+            return torch._grouped_mm(x.t(), dy, offs=offs)
+        if not ours:
+            ours.append(_weight_like(w_shape, w_stride, x.dtype, x.device))
+        dw = ours[0]
         use_tma = c.tma and tma_ok
         x_desc = dy_desc = None
         if use_tma:
             x_desc = TensorDescriptor(x, [t, k], [x.stride(0), 1], [c.block_k, c.block_m])
             dy_desc = TensorDescriptor(dy, [t, n], [dy.stride(0), 1], [c.block_k, c.block_n])
-        programs = arch.persistent_grid(a, e * triton.cdiv(k, c.block_m) * triton.cdiv(n, c.block_n),
-                                        c.programs_per_sm)
+        programs = _programs(a, c)
         _grouped_mm_weight_grad_kernel[(programs,)](
             x, dy, dw, offs, x_desc, dy_desc, t, k, n, x.stride(0), x.stride(1), dy.stride(0), dy.stride(1),
-            *dw.stride(), E=e, E_PAD=arch.next_pow2(e + 1), USE_TMA=use_tma, BLOCK_M=c.block_m,
+            *dw.stride(), E=e, E_PAD=_e_pad(e), USE_TMA=use_tma, BLOCK_M=c.block_m,
             BLOCK_N=c.block_n, BLOCK_K=c.block_k, NUM_PROGRAMS=programs, **_dot_flags(x.dtype, a),
             **c.launch_options())
+        return dw
     return launch
 
 
 # --- the choice of tiles ----------------------------------------------------------------------------
 
 # signature -> the config that timed fastest
-_chosen: dict[tuple, arch.GemmConfig] = {}
+_chosen: dict[tuple, arch.GemmConfig | TorchGroupedMm] = {}
 _forced: arch.GemmConfig | None = None
 
 
 @contextlib.contextmanager
 def forced_config(config: arch.GemmConfig):
-    """Every launch inside uses `config` (tests of each path, benchmarks/cases_moe.py's sweep)."""
+    """Every launch inside uses `config`, our kernel with its tiles (tests of each path,
+    benchmarks/cases_moe.py's sweep)."""
     global _forced
     previous, _forced = _forced, config
     try:
@@ -288,7 +344,7 @@ def forced_config(config: arch.GemmConfig):
         _forced = previous
 
 
-def chosen() -> dict[str, arch.GemmConfig]:
+def chosen() -> dict[str, arch.GemmConfig | TorchGroupedMm]:
     """What was chosen so far, by product and shapes (for reports)."""
     return {f"{k[0]} {k[1]} {k[3]}": c for k, c in _chosen.items()}
 
@@ -303,20 +359,19 @@ def _tunable(t: torch.Tensor) -> bool:
             and not torch.are_deterministic_algorithms_enabled())
 
 
-def _run(signature: tuple, launch, a: arch.Arch, itemsize: int, sample: torch.Tensor) -> None:
+def _run(signature: tuple, launch, candidates: tuple, sample: torch.Tensor) -> torch.Tensor:
     """launch() with the forced config, the one chosen for this signature, or (first call on a GPU) the
-    fastest candidate, timed in turn on the real operands; the output is overwritten each time."""
+    fastest candidate, timed in turn on the real operands; returns the last launch's output."""
     if _forced is not None:
         return launch(_forced)
     config = _chosen.get(signature)
     if config is None:
-        candidates = arch.gemm_configs(a, itemsize)
         config = _tune(launch, candidates) if _tunable(sample) and len(candidates) > 1 else candidates[0]
         _chosen[signature] = config
-    launch(config)
+    return launch(config)
 
 
-def _tune(launch, candidates: tuple[arch.GemmConfig, ...]) -> arch.GemmConfig:
+def _tune(launch, candidates: tuple):
     """The candidate with the lowest median time over _TUNE_ROUNDS rounds (each round runs all in turn)."""
     working, error = [], None
     for c in candidates:
@@ -365,8 +420,8 @@ def _forward(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tens
     if k == 0 or e == 0:
         return y.zero_()
     a = arch.detect(x.device)
-    _run(_signature("forward", x, w, offs), _forward_launcher(x, w, offs, y, a), a, x.element_size(), x)
-    return y
+    return _run(_signature("forward", x, w, offs), _forward_launcher(x, w, offs, y, a),
+                arch.gemm_configs(a, x.element_size()), x)
 
 
 def _weight_like(w_shape: list[int], w_stride: list[int], dtype, device) -> torch.Tensor:
@@ -382,15 +437,14 @@ def _weight_grad(x: torch.Tensor, dy: torch.Tensor, offs: torch.Tensor, w_shape:
                  w_stride: list[int]) -> torch.Tensor:
     """[E, K, N], laid out as w: each expert's x rows^T @ its dy rows; zeros for an empty expert."""
     x, dy = x.contiguous(), dy.contiguous()
-    dw = _weight_like(w_shape, w_stride, x.dtype, x.device)
-    if dw.numel() == 0:
-        return dw
-    if x.shape[0] == 0:
-        return dw.zero_()
+    if 0 in w_shape or x.shape[0] == 0:
+        return _weight_like(w_shape, w_stride, x.dtype, x.device).zero_()
     a = arch.detect(x.device)
-    _run(_signature("weight_grad", x, dy, offs, dw), _weight_grad_launcher(x, dy, offs, dw, a), a,
-         x.element_size(), x)
-    return dw
+    candidates = arch.gemm_configs(a, x.element_size())
+    if _torch_weight_grad_ok(x, dy, offs, a):
+        candidates = (TORCH_GROUPED_MM, *candidates)
+    return _run(_signature("weight_grad", x, dy, offs) + (tuple(w_shape), tuple(w_stride)),
+                _weight_grad_launcher(x, dy, offs, w_shape, w_stride, a), candidates, x)
 
 
 # --- custom ops: what autograd and torch.compile see ------------------------------------------------

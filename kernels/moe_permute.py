@@ -14,7 +14,10 @@ Expert ids outside [0, num_experts) are not supported (they are clamped, which k
 Gradients: permute's to x (dx[t] = sum_j dx_sorted[row_of[t, j]]), unpermute's to y (dy[row_of[t, j]]
 = weights[t, j] * dout[t]) and to the routing weights (dweights[t, j] = <dout[t], y[row_of[t, j]]>).
 Every product is one program per token, in fp32 and rounded once: gathers sum without atomics, so the
-results do not depend on scheduling.
+results do not depend on scheduling. A program moves its token's k rows as one [K_PAD, BLOCK_D] tile a
+chunk of D at a time: the k loads (or stores) of a chunk go out together, each thread holding one 16-byte
+vector of every row, so the k-sum and the k dot products of the weights' gradient stay in its registers
+(the first version looped over the k rows, a cross-warp reduction and a round trip to memory each).
 
 Bytes moved by permute + unpermute, forward and backward, in elements of x's dtype (the floor the
 benchmark holds them to), T tokens, k choices, D features:
@@ -40,8 +43,11 @@ _PLAN_BLOCK_MIN = 256
 _PLAN_BLOCKS_MAX = 1024
 _ONE_HOT_ELEMS = 8192
 _SCAN_ROWS = 32
-# Elements of a row a program moves a step (8 KiB of bf16): whole rows at hidden sizes up to 4096.
-_ROW_CHUNK = 4096
+# The row kernels' tile [K_PAD, BLOCK_D]: each thread holds _VECTOR consecutive elements of all K_PAD rows
+# (one 16-byte access a row in bf16, the k-sum in registers), _ROW_WARPS warps side by side along D:
+# BLOCK_D = 8 x 32 x 4 = 1024 on NVIDIA; longer rows loop over chunks.
+_VECTOR = 8
+_ROW_WARPS = 4
 
 
 class PermutePlan(NamedTuple):
@@ -126,54 +132,67 @@ def _plan(expert_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, tor
     return row_of, counts, offs
 
 
-# --- the rows: one program per token, a chunk of its row at a time, its k rows in turn ----------------
+# --- the rows: one program per token, its k rows as one [K_PAD, BLOCK_D] tile, a chunk of D at a time ----
 
 @triton.jit
 def _scatter_kernel(SRC, ROW_OF, WEIGHTS, Y, OUT, DWEIGHTS, D, stride_src, stride_y, stride_out,
                     TOPK: tl.constexpr, K_PAD: tl.constexpr, BLOCK_D: tl.constexpr, WEIGHTED: tl.constexpr,
                     WEIGHT_GRAD: tl.constexpr):
     """OUT[row_of[t, j]] = SRC[t] (WEIGHTED: * WEIGHTS[t, j]); with WEIGHT_GRAD also
-    DWEIGHTS[t, j] = <SRC[t], Y[row_of[t, j]]>. permute's forward, unpermute's backward."""
+    DWEIGHTS[t, j] = <SRC[t], Y[row_of[t, j]]>. permute's forward, unpermute's backward. The k rows are
+    one tile: their stores (and Y's loads) go out together, one reduction for the k dot products."""
     t = tl.program_id(0).to(tl.int64)
     choices = tl.arange(0, K_PAD)
+    chosen = choices < TOPK
+    rows = tl.load(ROW_OF + t * TOPK + choices, mask=chosen, other=0).to(tl.int64)
+    if WEIGHTED:
+        weights = tl.load(WEIGHTS + t * TOPK + choices, mask=chosen, other=0.0).to(tl.float32)
     dweights = tl.zeros([K_PAD], dtype=tl.float32)
     for d0 in range(0, D, BLOCK_D):
         cols = d0 + tl.arange(0, BLOCK_D)
         in_row = cols < D
-        src = tl.load(SRC + t * stride_src + cols, mask=in_row, other=0.0).to(tl.float32)
-        for j in tl.static_range(TOPK):    # the chunk is read once and written k times
-            row = tl.load(ROW_OF + t * TOPK + j).to(tl.int64)
-            value = src * tl.load(WEIGHTS + t * TOPK + j).to(tl.float32) if WEIGHTED else src
-            tl.store(OUT + row * stride_out + cols, value.to(OUT.dtype.element_ty), mask=in_row)
-            if WEIGHT_GRAD:
-                y = tl.load(Y + row * stride_y + cols, mask=in_row, other=0.0).to(tl.float32)
-                dweights += tl.where(choices == j, tl.sum(y * src, axis=0), 0.0)
+        tile = chosen[:, None] & in_row[None, :]
+        src = tl.load(SRC + t * stride_src + cols, mask=in_row, other=0.0)
+        if WEIGHTED:
+            value = (src.to(tl.float32)[None, :] * weights[:, None]).to(OUT.dtype.element_ty)
+        else:
+            value = tl.broadcast_to(src[None, :], (K_PAD, BLOCK_D)).to(OUT.dtype.element_ty)
+        tl.store(OUT + rows[:, None] * stride_out + cols[None, :], value, mask=tile)
+        if WEIGHT_GRAD:
+            y = tl.load(Y + rows[:, None] * stride_y + cols[None, :], mask=tile, other=0.0).to(tl.float32)
+            dweights += tl.sum(y * src.to(tl.float32)[None, :], axis=1)
     if WEIGHT_GRAD:
-        tl.store(DWEIGHTS + t * TOPK + choices, dweights.to(DWEIGHTS.dtype.element_ty), mask=choices < TOPK)
+        tl.store(DWEIGHTS + t * TOPK + choices, dweights.to(DWEIGHTS.dtype.element_ty), mask=chosen)
 
 
 @triton.jit
-def _gather_kernel(SRC, ROW_OF, WEIGHTS, OUT, D, stride_src, stride_out, TOPK: tl.constexpr, BLOCK_D: tl.constexpr,
-                   WEIGHTED: tl.constexpr):
-    """OUT[t] = sum_j SRC[row_of[t, j]] (WEIGHTED: * WEIGHTS[t, j]). unpermute's forward, permute's backward."""
+def _gather_kernel(SRC, ROW_OF, WEIGHTS, OUT, D, stride_src, stride_out, TOPK: tl.constexpr, K_PAD: tl.constexpr,
+                   BLOCK_D: tl.constexpr, WEIGHTED: tl.constexpr):
+    """OUT[t] = sum_j SRC[row_of[t, j]] (WEIGHTED: * WEIGHTS[t, j]), in fp32. unpermute's forward, permute's
+    backward. The k rows load as one tile, summed in registers."""
     t = tl.program_id(0).to(tl.int64)
+    choices = tl.arange(0, K_PAD)
+    chosen = choices < TOPK
+    rows = tl.load(ROW_OF + t * TOPK + choices, mask=chosen, other=0).to(tl.int64)
+    if WEIGHTED:
+        weights = tl.load(WEIGHTS + t * TOPK + choices, mask=chosen, other=0.0).to(tl.float32)
     for d0 in range(0, D, BLOCK_D):
         cols = d0 + tl.arange(0, BLOCK_D)
         in_row = cols < D
-        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-        for j in tl.static_range(TOPK):    # k independent loads in flight, summed in registers
-            row = tl.load(ROW_OF + t * TOPK + j).to(tl.int64)
-            src = tl.load(SRC + row * stride_src + cols, mask=in_row, other=0.0).to(tl.float32)
-            acc += src * tl.load(WEIGHTS + t * TOPK + j).to(tl.float32) if WEIGHTED else src
-        tl.store(OUT + t * stride_out + cols, acc.to(OUT.dtype.element_ty), mask=in_row)
+        src = tl.load(SRC + rows[:, None] * stride_src + cols[None, :], mask=chosen[:, None] & in_row[None, :],
+                      other=0.0).to(tl.float32)
+        if WEIGHTED:
+            src = src * weights[:, None]
+        tl.store(OUT + t * stride_out + cols, tl.sum(src, axis=0).to(OUT.dtype.element_ty), mask=in_row)
 
 
-def _row_launch(d: int, device: torch.device) -> dict:
-    """BLOCK_D (at most _ROW_CHUNK: longer rows loop) and num_warps at the arch's elements per thread."""
+def _row_launch(d: int, topk: int, device: torch.device) -> dict:
+    """K_PAD, BLOCK_D and num_warps of the [K_PAD, BLOCK_D] tile: _VECTOR elements a thread along D, up to
+    _ROW_WARPS warps (fewer for short rows)."""
     a = arch.detect(device)
-    block_d = min(arch.next_pow2(d), _ROW_CHUNK)
-    threads = block_d // a.params.elems_per_thread
-    return {"BLOCK_D": block_d, "num_warps": arch.clamp_warps(a, arch.next_pow2(max(1, threads // a.params.warp_size)))}
+    lanes = _VECTOR * a.params.warp_size
+    warps = arch.clamp_warps(a, max(1, min(_ROW_WARPS, arch.next_pow2(d) // lanes)))
+    return {"K_PAD": arch.next_pow2(topk), "BLOCK_D": min(arch.next_pow2(d), lanes * warps), "num_warps": warps}
 
 
 def _scatter(src: torch.Tensor, row_of: torch.Tensor, weights: torch.Tensor | None = None,
@@ -188,8 +207,9 @@ def _scatter(src: torch.Tensor, row_of: torch.Tensor, weights: torch.Tensor | No
     if t and d:
         y = None if y is None else y.contiguous()
         _scatter_kernel[(t,)](src, row_of, weights, y, out, dweights, d, src.stride(0),
-                              0 if y is None else y.stride(0), out.stride(0), TOPK=topk, K_PAD=arch.next_pow2(topk),
-                              WEIGHTED=weights is not None, WEIGHT_GRAD=y is not None, **_row_launch(d, src.device))
+                              0 if y is None else y.stride(0), out.stride(0), TOPK=topk,
+                              WEIGHTED=weights is not None, WEIGHT_GRAD=y is not None,
+                              **_row_launch(d, topk, src.device))
     elif dweights is not None:
         dweights.zero_()
     return out, dweights
@@ -203,7 +223,7 @@ def _gather(src: torch.Tensor, row_of: torch.Tensor, weights: torch.Tensor | Non
     out = torch.empty(t, d, dtype=src.dtype, device=src.device)
     if t and d:
         _gather_kernel[(t,)](src, row_of, weights, out, d, src.stride(0), out.stride(0), TOPK=topk,
-                             WEIGHTED=weights is not None, **_row_launch(d, src.device))
+                             WEIGHTED=weights is not None, **_row_launch(d, topk, src.device))
     return out
 
 

@@ -57,11 +57,13 @@ def _is_trainer_llama(model: nn.Module) -> bool:
 
 
 def _trainer_route(logits: torch.Tensor, moe, bias: torch.Tensor | None):
-    """trainer.models.moe's Router.route_fn through kernels/router.py (model.moe -> its RouterSpec)."""
-    from kernels.router import RouterSpec, router_triton
+    """trainer.models.moe's Router.route_fn through kernels/router.py's route (model.moe -> its RouterSpec):
+    the Triton kernels where they were measured to win, the reference elsewhere."""
+    from kernels import router
 
-    spec = RouterSpec(moe.top_k, moe.score_func, moe.n_group, moe.topk_group, moe.norm_topk_prob, moe.route_scale)
-    return tuple(router_triton(logits, spec, bias))
+    spec = router.RouterSpec(moe.top_k, moe.score_func, moe.n_group, moe.topk_group, moe.norm_topk_prob,
+                             moe.route_scale)
+    return tuple(router.route(logits, spec, bias))
 
 
 def _trainer_permute(x: torch.Tensor, indices: torch.Tensor, experts: int, capacity: int | None = None):

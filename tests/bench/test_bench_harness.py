@@ -128,11 +128,20 @@ def test_moe_cases_run_at_tiny_shapes(ceilings, monkeypatch):
 
     monkeypatch.setattr(cases_moe, "TOKENS", 24)
     tiny = cases_moe.MoeShape("tiny", 32, 16, 4, 2)
+    monkeypatch.setattr(cases_moe, "SHAPES", (tiny, cases_moe.MoeShape("tiny-k1", 16, 8, 3, 1)))
     cases = [cases_moe.grouped_gemm_case(tiny, "down"), cases_moe.permute_case(tiny),
              cases_moe.router_case("tiny", 8, {"top_k": 2, "score_func": "sigmoid", "n_group": 2, "topk_group": 1},
                                    bias=True)]
     for case in cases:
         rows = kb.measure_case(case, "cpu", ceilings, quick=True, providers=("anvil", "eager"))
+        assert all(r["ms"] and not r["note"] for r in rows), rows
+    profile = cases_moe.permute_profile("cpu", rounds=1)
+    assert sum("ms a round trip" in line for line in profile) == len(cases_moe.SHAPES)
+    # the sweep's per-product rows: grouped_mm as it runs (anvil) and a config forced (c0)
+    sweep = cases_moe.sweep_cases("cpu", ("input_grad", "weight_grad"), (tiny,))
+    assert len(sweep) == 4 and all({"torch", "anvil", "c0"} <= set(case.providers) for case in sweep)
+    for case in sweep[:2]:
+        rows = kb.measure_case(case, "cpu", ceilings, quick=True, providers=("anvil", "c0"))
         assert all(r["ms"] and not r["note"] for r in rows), rows
 
 
@@ -263,3 +272,8 @@ def test_flce_variants_without_a_gpu_says_so():
     out = subprocess.run([sys.executable, "-m", "benchmarks.flce_variants"], cwd=REPO, capture_output=True,
                          text=True)
     assert out.returncode == 2 and "needs a GPU" in out.stderr
+
+
+def test_run_times_only_the_providers_asked_for(ceilings):
+    report = kb.run(device="cpu", quick=True, cases=[tiny_case()], providers=("eager",))
+    assert [(r["provider"], bool(r["ms"])) for r in report["rows"]] == [("eager", True)]

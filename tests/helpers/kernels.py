@@ -47,7 +47,8 @@ _TOLERANCES = {
     "fused_linear_cross_entropy": {torch.float32: (1e-5, 5e-4), torch.bfloat16: (5e-3, 5e-2),
                                    torch.float16: (5e-3, 1e-2)},
     # No Liger counterpart. fp32 accumulation, one rounding per output element: the output dtype's
-    # half-ulp relative (bf16 2^-9, fp16 2^-12) with room; fp32 the summation order over K or rows.
+    # half-ulp relative (bf16 2^-9, fp16 2^-12) with room; fp32 the summation order over K or rows. Long
+    # reductions add the fp32 accumulation's own error (assert_close's `accumulation`, measured).
     "grouped_gemm": {torch.float32: (1e-4, 1e-4), torch.bfloat16: (1e-2, 1e-2), torch.float16: (1e-3, 2e-3)},
     # No Liger counterpart. Sums of k weighted rows in fp32, rounded once (as swiglu's outputs); the
     # routing weights' gradient is a D-long fp32 dot product, in the weights' dtype.
@@ -65,12 +66,16 @@ def tolerance(op: str, dtype: torch.dtype) -> dict:
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, op: str, dtype: torch.dtype, what: str,
-                 seed: int | None = None) -> None:
-    """Compare in fp64 with the op's tolerance for `dtype`; NaN (an unwritten element) never passes."""
+                 seed: int | None = None, accumulation: float = 0.0) -> None:
+    """Compare in fp64 with the op's tolerance for `dtype`; NaN (an unwritten element) never passes.
+    `accumulation`: the absolute error an fp32 reduction of this length makes on these operands (a GEMM
+    test measures it on torch's own product), which the atol then covers at least."""
     assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    tol = tolerance(op, dtype)
+    tol["atol"] = max(tol["atol"], accumulation)
     torch.testing.assert_close(
-        actual.detach().double().cpu(), expected.detach().double().cpu(), **tolerance(op, dtype),
-        msg=lambda m: f"{op} {what} ({dtype}, seed {seed}): {m}",
+        actual.detach().double().cpu(), expected.detach().double().cpu(), **tol,
+        msg=lambda m: f"{op} {what} ({dtype}, seed {seed}, atol {tol['atol']:.2g}): {m}",
     )
 
 

@@ -1,4 +1,15 @@
-"""Grouped GEMM (kernels/grouped_gemm.py) against a per-expert loop in fp64: y, dx, dw."""
+"""Grouped GEMM (kernels/grouped_gemm.py) against a per-expert loop in fp64: y, dx, dw.
+
+Tolerances: the op's table (kernel_utils) for the output's rounding, and for the fp32 accumulation over
+the reduction (K for y, N for dx, an expert's rows for dw) at least ACCUMULATION_MARGIN times what torch's
+own fp32 product of the same operands misses the fp64 one by, under the same
+torch.get_float32_matmul_precision(). A reduction of 8192 unit-scale products in fp32 is off by ~1e-3
+at outputs of ~100 (the rounding of a running sum, whatever the kernel), which no fixed atol of 1e-4 can
+hold; TF32 where "highest" asks for fp32 is ~100x further off and fails.
+
+On a GPU the tuner is off (each call takes the table's first configuration, compiled once per kernel
+variant): test_every_candidate_configuration (marker tile_sweep) compiles and checks the others, and
+test_the_tuner_skips_what_cannot_run the tuner itself."""
 
 from helpers.kernels import DEVICE, DTYPES, ON_GPU, assert_close, fresh_seed, poisoned_allocations, sizes  # noqa: I001
 
@@ -15,15 +26,39 @@ def offsets(group_sizes: list[int]) -> torch.Tensor:
     return torch.tensor(group_sizes, device=DEVICE).cumsum(0).to(torch.int32)
 
 
-def reference(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    """The per-expert loop in fp64; rows past the last offset (no expert's) are zeros."""
-    x, w = x.double(), w.double()
-    out = torch.zeros(x.shape[0], w.shape[2], dtype=torch.float64, device=x.device)
+# Our error may be this many times torch's fp32 product's: the two sum in other orders (the max over a
+# million outputs of two such errors differs by tens of percent). TF32 where fp32 is asked is ~250x at
+# 8192 rows (a 2^-11 relative error a product, random, against the sum's rounding).
+ACCUMULATION_MARGIN = 3.0
+
+
+@pytest.fixture(autouse=True)
+def untuned(monkeypatch):
+    """Every call takes the first candidate (no timing of the others), chosen afresh for each test."""
+    monkeypatch.setattr(grouped_gemm, "_TUNE", False)
+    monkeypatch.setattr(grouped_gemm, "_chosen", {})
+
+
+def reference(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, dtype: torch.dtype = torch.float64
+              ) -> torch.Tensor:
+    """The per-expert loop in `dtype` (fp64: the reference; fp32: torch's own product); rows past the last
+    offset (no expert's) are zeros."""
+    x, w = x.to(dtype), w.to(dtype)
+    out = torch.zeros(x.shape[0], w.shape[2], dtype=dtype, device=x.device)
     start = 0
     for e, end in enumerate(offs.tolist()):
         out[start:end] = x[start:end] @ w[e]
         start = end
     return out
+
+
+def products(x, w, offs, dy, dtype):
+    """(y, dx, dw) of the per-expert loop in `dtype`."""
+    x = x.detach().to(dtype).requires_grad_(True)
+    w = w.detach().to(dtype).requires_grad_(True)
+    y = reference(x, w, offs, dtype)
+    y.backward(dy.to(dtype))
+    return y.detach(), x.grad, w.grad
 
 
 def run_and_compare(x, w, offs, dtype, seed, what=""):
@@ -33,24 +68,26 @@ def run_and_compare(x, w, offs, dtype, seed, what=""):
         y = grouped_mm(x, w, offs)
         dy = torch.randn_like(y)
         y.backward(dy)
-    x_ref = x.detach().double().requires_grad_(True)
-    w_ref = w.detach().double().requires_grad_(True)
-    y_ref = reference(x_ref, w_ref, offs)
-    y_ref.backward(dy.double())
     assert y.dtype == dtype and w.grad.stride() == w.stride()
-    assert_close(y, y_ref, "grouped_gemm", dtype, f"y {what}", seed)
-    assert_close(x.grad, x_ref.grad, "grouped_gemm", dtype, f"dx {what}", seed)
-    assert_close(w.grad, w_ref.grad, "grouped_gemm", dtype, f"dw {what}", seed)
+    exact, fp32 = products(x, w, offs, dy, torch.float64), products(x, w, offs, dy, torch.float32)
+    for name, ours, ref, torchs in zip(("y", "dx", "dw"), (y, x.grad, w.grad), exact, fp32):
+        accumulation = ACCUMULATION_MARGIN * (torchs.double() - ref).abs().max().item()
+        assert_close(ours, ref, "grouped_gemm", dtype, f"{name} {what}", seed, accumulation=accumulation)
 
 
-# (T, K, N, rows per expert). Empty experts first, between and last; one expert with every row; rows
-# past the last expert's end; odd K and N (no TMA: the pointer path with the same tiles).
+# (T, K, N, rows per expert). Empty experts first, between and last; one expert with every row (on the
+# GPU a reduction of 8192 rows); rows past the last expert's end; odd K and N (no TMA: the pointer path
+# with the same tiles).
 CASES = sizes(
     cpu=[(53, 40, 24, [0, 7, 0, 19, 1, 26, 0]), (40, 32, 16, [0, 40, 0]), (37, 24, 40, [5, 0, 20]),
          (33, 37, 19, [3, 17, 13])],
-    gpu=[(12288, 2048, 1408, None), (8192, 2048, 768, [0, 8192] + [0] * 62), (4099, 1408, 2048, None),
+    gpu=[(8192, 2048, 768, [0, 8192] + [0] * 62), (4099, 1408, 2048, None),
          (3001, 1000, 777, [1000, 0, 1, 999, 0, 1001])],
 )
+# On the CPU every case in every dtype. On a GPU each dtype compiles its own kernels (seconds each): every
+# case in bf16, fp32 and fp16 at the first (TMA tiles, the 8192-row reduction).
+CASE_DTYPES = sizes(cpu=[(c, d) for c in CASES for d in DTYPES],
+                    gpu=[(c, torch.bfloat16) for c in CASES] + [(CASES[0], d) for d in (torch.float32, torch.float16)])
 
 
 def _group_sizes(t, sizes_or_none, n_experts=64):
@@ -60,8 +97,8 @@ def _group_sizes(t, sizes_or_none, n_experts=64):
     return [b - a for a, b in zip([0] + cuts, cuts + [t])]
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}")
+@pytest.mark.parametrize("case, dtype", CASE_DTYPES, ids=lambda v: str(v) if isinstance(v, torch.dtype) else
+                         f"{v[0]}x{v[1]}x{v[2]}")
 def test_matches_reference(case, dtype):
     seed = fresh_seed()
     t, k, n, group_sizes = case
@@ -96,14 +133,15 @@ def test_transformers_weight_layout(dtype):
     run_and_compare(x, w, offsets([11, 0, 18]), dtype, seed)
 
 
-def test_rows_of_no_expert_are_zero_whatever_they_hold():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_rows_of_no_expert_are_zero_whatever_they_hold(dtype):
     """Rows past the last expert's end (padding, say) give zero outputs and gradients even if they hold NaN,
-    and do not reach the weights' gradient."""
+    and do not reach the weights' gradient (bf16 on sm_90: torch._grouped_mm's)."""
     fresh_seed()
-    x = torch.randn(40, 32, device=DEVICE)
+    x = torch.randn(40, 32, device=DEVICE, dtype=dtype)
     x[33:] = float("nan")
     x.requires_grad_(True)
-    w = torch.randn(3, 32, 16, device=DEVICE, requires_grad=True)
+    w = torch.randn(3, 32, 16, device=DEVICE, dtype=dtype, requires_grad=True)
     y = grouped_mm(x, w, offsets([20, 0, 13]))
     dy = torch.randn_like(y)
     dy[33:] = float("nan")
@@ -122,6 +160,59 @@ def test_a_wrong_offset_is_caught():
     assert_close(y, reference(x, w, offs), "grouped_gemm", torch.float32, "y")
     with pytest.raises(AssertionError):
         assert_close(y, reference(x, w, offsets([10, 9, 11])), "grouped_gemm", torch.float32, "y, shifted")
+
+
+@pytest.mark.parametrize("precision", ["highest", "high"])
+def test_float32_follows_torchs_matmul_precision(precision):
+    """fp32 operands: exact fp32 products under "highest", TF32 allowed under "high", as torch's matmul; the
+    allowance is torch's own error under the same setting, so TF32 under "highest" fails. A long reduction
+    (every row one expert's) for dw."""
+    seed = fresh_seed()
+    t, k, n = sizes(cpu=(96, 32, 16), gpu=(8192, 512, 256))
+    x = torch.randn(t, k, device=DEVICE)
+    w = torch.randn(3, k, n, device=DEVICE) / k**0.5
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        assert grouped_gemm._dot_flags(torch.float32, arch.detect(torch.device(DEVICE)))["PRECISE_FP32"] == (
+            precision == "highest")
+        run_and_compare(x, w, offsets([0, t, 0]), torch.float32, seed, precision)
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+def test_torch_grouped_mm_weight_gradient_as_the_weight_is_laid_out():
+    """The TORCH_GROUPED_MM candidate: dw in w's layout ([E, K, N], or [E, N, K] storage seen transposed) with
+    no copy, empty experts zero, rows past the last expert left out."""
+    fresh_seed()
+    x = torch.randn(40, 32, device=DEVICE, dtype=torch.bfloat16)
+    dy = torch.randn(40, 16, device=DEVICE, dtype=torch.bfloat16)
+    x[37:] = float("nan")
+    offs = offsets([11, 0, 26])
+    expected = torch.stack([x[:11].double().T @ dy[:11].double(), torch.zeros(32, 16, device=DEVICE),
+                            x[11:37].double().T @ dy[11:37].double()])
+    a = arch.detect(torch.device(DEVICE))
+    for w in (torch.empty(3, 32, 16, device=DEVICE), torch.empty(3, 16, 32, device=DEVICE).transpose(1, 2)):
+        launch = grouped_gemm._weight_grad_launcher(x, dy, offs, list(w.shape), list(w.stride()), a)
+        try:
+            dw = launch(grouped_gemm.TORCH_GROUPED_MM)
+        except (RuntimeError, NotImplementedError) as exc:   # a torch without _grouped_mm on this device
+            pytest.skip(f"torch._grouped_mm: {exc}")
+        assert dw.stride() == w.stride()
+        assert_close(dw, expected, "grouped_gemm", torch.bfloat16, "dw")
+
+
+def test_who_computes_the_weight_gradient():
+    """bf16 on sm_90: torch._grouped_mm first (measured faster there); else, and for fp16, our kernel."""
+    offs = offsets([5, 0, 16])
+    for dtype in (torch.bfloat16, torch.float16):
+        x = torch.randn(21, 32, device=DEVICE, dtype=dtype)
+        grouped_gemm._weight_grad(x, torch.randn(21, 16, device=DEVICE, dtype=dtype), offs, [3, 32, 16], [512, 16, 1])
+    picks = {key.split()[-1]: c for key, c in grouped_gemm.chosen().items() if key.startswith("weight_grad")}
+    a = arch.detect(torch.device(DEVICE))
+    sm90 = ON_GPU and a.name == "sm_90" and not torch.version.hip
+    assert (picks["torch.bfloat16"] is grouped_gemm.TORCH_GROUPED_MM) == sm90
+    assert isinstance(picks["torch.float16"], arch.GemmConfig)
 
 
 def test_bad_inputs_give_clear_errors():
@@ -167,6 +258,7 @@ def test_torch_compile_fullgraph_and_opcheck():
 CANDIDATES = arch.gemm_configs(arch.detect()) if ON_GPU else ()
 
 
+@pytest.mark.tile_sweep
 @pytest.mark.skipif(not ON_GPU, reason="compiles the architecture's candidates")
 @pytest.mark.parametrize("config", CANDIDATES, ids=str)
 def test_every_candidate_configuration(config):
@@ -186,17 +278,34 @@ def test_every_candidate_configuration(config):
         run_and_compare(x, w, offsets(group_sizes), torch.bfloat16, seed, str(config))
 
 
+@pytest.mark.skipif(not ON_GPU, reason="the tuner times candidates on a GPU")
+def test_the_tuner_skips_what_cannot_run(monkeypatch):
+    """A candidate that cannot launch (shared memory past any GPU's) is skipped; the fastest of the others
+    runs, and the result is right."""
+    seed = fresh_seed()
+    impossible = arch.GemmConfig(128, 128, 128, 4, 8, 1, tma=True)    # 512 KiB of shared memory a program
+    monkeypatch.setattr(grouped_gemm, "_TUNE", True)
+    monkeypatch.setattr(arch, "gemm_configs", lambda *args: (impossible, CANDIDATES[0]))
+    x = torch.randn(700, 256, device=DEVICE, dtype=torch.bfloat16)
+    w = torch.randn(4, 256, 128, device=DEVICE, dtype=torch.bfloat16) / 16
+    run_and_compare(x, w, offsets([0, 300, 1, 399]), torch.bfloat16, seed, "tuned")
+    picks = grouped_gemm.chosen()     # forward, input gradient, weight gradient (torch's a candidate on sm_90)
+    assert len(picks) == 3 and set(picks.values()) <= {CANDIDATES[0], grouped_gemm.TORCH_GROUPED_MM}, picks
+
+
 @pytest.mark.skipif(not (ON_GPU and torch.cuda.get_device_capability() >= (9, 0) and not torch.version.hip),
                     reason="torch._grouped_mm runs on CUDA sm_90+")
 def test_agrees_with_torch_grouped_mm():
-    """The peer the benchmark times: the same products within the bf16 tolerance of each other."""
+    """The peer the benchmark times: our kernel's products (its default tiles) and torch._grouped_mm's
+    within the bf16 tolerance of each other."""
     fresh_seed()
     group_sizes = _group_sizes(8192, None)
     offs = offsets(group_sizes)
     x = torch.randn(8192, 2048, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
     w = (torch.randn(64, 2048, 1408, device=DEVICE) / 45).bfloat16().requires_grad_(True)
     dy = torch.randn(8192, 1408, device=DEVICE, dtype=torch.bfloat16)
-    ours = (grouped_mm(x, w, offs), *torch.autograd.grad(grouped_mm(x, w, offs), (x, w), dy))
+    with grouped_gemm.forced_config(CANDIDATES[0]):
+        ours = (grouped_mm(x, w, offs), *torch.autograd.grad(grouped_mm(x, w, offs), (x, w), dy))
     theirs = (torch._grouped_mm(x, w, offs=offs), *torch.autograd.grad(torch._grouped_mm(x, w, offs=offs), (x, w), dy))
     for what, a, b in zip(("y", "dx", "dw"), ours, theirs):
         assert_close(a, b, "grouped_gemm", torch.bfloat16, what)

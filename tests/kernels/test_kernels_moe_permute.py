@@ -19,8 +19,16 @@ def routing(t: int, k: int, n_experts: int, used: int | None = None) -> torch.Te
 # (test_the_plan_across_many_blocks shrinks the blocks on the CPU).
 CASES = sizes(
     cpu=[(29, 1, 4, 3, 37), (33, 6, 64, 20, 48), (40, 8, 10, 9, 16)],
-    gpu=[(4096, 6, 64, 64, 2048), (4093, 8, 128, 100, 2047), (8192, 1, 16, 16, 1024), (50000, 2, 160, 160, 64)],
+    gpu=[(4093, 8, 128, 100, 2047), (4096, 6, 64, 64, 2048), (8192, 1, 16, 16, 1024), (50000, 2, 160, 160, 64)],
 )
+# On the CPU every case in every dtype. On a GPU each (k, dtype) compiles its own kernels: every case in
+# bf16, fp32 and fp16 at the first (odd T and D, empty experts).
+CASE_DTYPES = sizes(cpu=[(c, d) for c in CASES for d in DTYPES],
+                    gpu=[(c, torch.bfloat16) for c in CASES] + [(CASES[0], d) for d in (torch.float32, torch.float16)])
+
+
+def _ids(value) -> str:
+    return str(value) if isinstance(value, torch.dtype) else "T{}k{}E{}used{}D{}".format(*value)
 
 
 def check_plan(plan: PermutePlan, ids: torch.Tensor, n_experts: int) -> None:
@@ -30,8 +38,7 @@ def check_plan(plan: PermutePlan, ids: torch.Tensor, n_experts: int) -> None:
         assert got.dtype == torch.int32 and torch.equal(got, want), f"plan.{name}: {got} != {want}"
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "T{}k{}E{}used{}D{}".format(*c))
+@pytest.mark.parametrize("case, dtype", CASE_DTYPES, ids=_ids)
 def test_permute_matches_reference(case, dtype):
     seed = fresh_seed()
     t, k, n_experts, used, d = case
@@ -49,8 +56,7 @@ def test_permute_matches_reference(case, dtype):
     assert_close(x.grad, x_ref.grad, "moe_permute", dtype, "dx", seed)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "T{}k{}E{}used{}D{}".format(*c))
+@pytest.mark.parametrize("case, dtype", CASE_DTYPES, ids=_ids)
 def test_unpermute_matches_reference(case, dtype):
     seed = fresh_seed()
     t, k, n_experts, used, d = case
@@ -92,6 +98,32 @@ def test_the_plan_across_many_blocks(monkeypatch):
     x_sorted, plan = permute(x, ids, 7)
     check_plan(plan, ids, 7)
     torch.testing.assert_close(unpermute(x_sorted, plan, torch.full((61, 3), 1 / 3, device=DEVICE)), x)
+
+
+def test_rows_longer_than_a_chunk(monkeypatch):
+    """Rows of several [K_PAD, BLOCK_D] chunks, the last one partial: every chunk moved, the weights' dot
+    products summed across chunks."""
+    seed = fresh_seed()
+    monkeypatch.setattr(moe_permute, "_VECTOR", 1)    # BLOCK_D = one warp's lanes: 80 columns are 3 chunks
+    monkeypatch.setattr(moe_permute, "_ROW_WARPS", 1)
+    assert moe_permute._row_launch(80, 3, torch.device(DEVICE))["BLOCK_D"] < 40
+    ids = routing(13, 3, 5)
+    x = torch.randn(13, 80, device=DEVICE, requires_grad=True)
+    weights = torch.rand(13, 3, device=DEVICE, requires_grad=True)
+    with poisoned_allocations():
+        x_sorted, plan = permute(x, ids, 5)
+        out = unpermute(x_sorted * 3, plan, weights)
+        dout = torch.randn_like(out)
+        out.backward(dout)
+    x_ref = x.detach().double().requires_grad_(True)
+    w_ref = weights.detach().double().requires_grad_(True)
+    sorted_ref, _ = permute_reference(x_ref, ids, 5)
+    out_ref = unpermute_reference(sorted_ref * 3, plan, w_ref)
+    out_ref.backward(dout.double())
+    assert torch.equal(x_sorted.double(), sorted_ref)
+    assert_close(out, out_ref, "moe_permute", torch.float32, "out", seed)
+    assert_close(x.grad, x_ref.grad, "moe_permute", torch.float32, "dx", seed)
+    assert_close(weights.grad, w_ref.grad, "moe_permute_weights", torch.float32, "dweights", seed)
 
 
 def test_a_wrong_row_map_is_caught():

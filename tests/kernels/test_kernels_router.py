@@ -144,12 +144,30 @@ def test_a_missing_bias_is_caught():
         assert_same_routing(router_triton(logits, spec), hf_weights, hf_indices, decided, "without bias")
 
 
-def test_route_chooses_by_device(monkeypatch):
+@pytest.mark.parametrize("n_experts", [8, 64, 128, 256, 2048])
+def test_route_takes_triton_only_where_it_was_measured_to_win(monkeypatch, n_experts):
+    """On an NVIDIA GPU from 128 experts (64: a tie with eager on an H100), up to the kernels' 1024; the
+    reference on the CPU, on AMD (not measured) and below 128 experts."""
     calls = []
     monkeypatch.setattr(router, "router_triton", lambda *a: calls.append("triton"))
     monkeypatch.setattr(router, "router_reference", lambda *a: calls.append("reference"))
-    route(torch.randn(4, 8, device=DEVICE), RouterSpec(2))
-    assert calls == (["triton"] if ON_GPU else ["reference"])
+    route(torch.randn(4, n_experts, device=DEVICE), RouterSpec(2))
+    nvidia = ON_GPU and not torch.version.hip
+    assert calls == (["triton"] if nvidia and 128 <= n_experts <= 1024 else ["reference"])
+
+
+def test_the_trainers_hook_calls_route(monkeypatch):
+    """kernels.patch's router hook goes through route() (the chooser), with the layer's spec."""
+    import importlib
+    from types import SimpleNamespace
+
+    patch = importlib.import_module("kernels.patch")   # the module (kernels.patch is also the function)
+    seen = []
+    monkeypatch.setattr(router, "route", lambda logits, spec, bias: seen.append((spec, bias)) or ("w", "i", "s"))
+    moe = SimpleNamespace(top_k=4, score_func="sigmoid", n_group=4, topk_group=2, norm_topk_prob=True, route_scale=2.5)
+    bias = torch.zeros(16, device=DEVICE)
+    assert patch._trainer_route(torch.randn(3, 16, device=DEVICE), moe, bias) == ("w", "i", "s")
+    assert seen == [(RouterSpec(4, "sigmoid", 4, 2, True, 2.5), bias)]
 
 
 def test_bad_specs_give_clear_errors():
