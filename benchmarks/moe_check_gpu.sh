@@ -19,11 +19,11 @@ tests() {   # name, then pytest's arguments
         "$@" >"$OUT/tests_$name.txt" 2>&1
     echo "=== tests $name: exit $?, $((SECONDS - start)) s"
 }
-GEMM=tests/test_kernels_grouped_gemm.py
+GEMM=tests/kernels/test_kernels_grouped_gemm.py
 tests gemm_a "$GEMM" -k "matches_reference or float32_follows or agrees" &
 tests gemm_b "$GEMM" -k "not (matches_reference or float32_follows or agrees)" &
-tests permute tests/test_kernels_moe_permute.py &
-tests router tests/test_kernels_router.py &
+tests permute tests/kernels/test_kernels_moe_permute.py &
+tests router tests/kernels/test_kernels_router.py &
 wait
 for f in "$OUT"/tests_*.txt; do echo "--- $f"; grep -E "^(FAILED|ERROR)|passed|failed|[0-9.]+s (call|setup)" "$f"; done
 step() { local limit=$1; shift; echo "=== $*"; timeout "$limit" "$@" 2>&1 | tee -a "$OUT/bench.txt" | grep -vE "^\|[- |]+\|$"; }
