@@ -84,6 +84,13 @@ def sizes(cpu, gpu):
     return gpu if ON_GPU else cpu
 
 
+def case_dtypes(cases: list) -> list:
+    """(case, dtype) pairs: on the CPU every case in every dtype; on a GPU, where each dtype compiles its
+    own kernels (seconds each), every case in bf16 and fp32 and fp16 at the first (the hardest) only."""
+    return sizes(cpu=[(c, d) for c in cases for d in DTYPES],
+                 gpu=[(c, torch.bfloat16) for c in cases] + [(cases[0], d) for d in (torch.float32, torch.float16)])
+
+
 def fresh_seed() -> int:
     seed = random.SystemRandom().randrange(2**31)
     torch.manual_seed(seed)

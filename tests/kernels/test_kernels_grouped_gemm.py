@@ -11,7 +11,7 @@ On a GPU the tuner is off (each call takes the table's first configuration, comp
 variant): test_every_candidate_configuration (marker tile_sweep) compiles and checks the others, and
 test_the_tuner_skips_what_cannot_run the tuner itself."""
 
-from helpers.kernels import DEVICE, DTYPES, ON_GPU, assert_close, fresh_seed, poisoned_allocations, sizes  # noqa: I001
+from helpers.kernels import DEVICE, DTYPES, ON_GPU, assert_close, case_dtypes, fresh_seed, poisoned_allocations, sizes  # noqa: I001
 
 import dataclasses
 
@@ -84,10 +84,7 @@ CASES = sizes(
     gpu=[(8192, 2048, 768, [0, 8192] + [0] * 62), (4099, 1408, 2048, None),
          (3001, 1000, 777, [1000, 0, 1, 999, 0, 1001])],
 )
-# On the CPU every case in every dtype. On a GPU each dtype compiles its own kernels (seconds each): every
-# case in bf16, fp32 and fp16 at the first (TMA tiles, the 8192-row reduction).
-CASE_DTYPES = sizes(cpu=[(c, d) for c in CASES for d in DTYPES],
-                    gpu=[(c, torch.bfloat16) for c in CASES] + [(CASES[0], d) for d in (torch.float32, torch.float16)])
+GEMM_CASE_DTYPES = case_dtypes(CASES)   # the first case is the hardest (TMA tiles, the 8192-row reduction)
 
 
 def _group_sizes(t, sizes_or_none, n_experts=64):
@@ -97,7 +94,7 @@ def _group_sizes(t, sizes_or_none, n_experts=64):
     return [b - a for a, b in zip([0] + cuts, cuts + [t])]
 
 
-@pytest.mark.parametrize("case, dtype", CASE_DTYPES, ids=lambda v: str(v) if isinstance(v, torch.dtype) else
+@pytest.mark.parametrize("case, dtype", GEMM_CASE_DTYPES, ids=lambda v: str(v) if isinstance(v, torch.dtype) else
                          f"{v[0]}x{v[1]}x{v[2]}")
 def test_matches_reference(case, dtype):
     seed = fresh_seed()

@@ -1,6 +1,6 @@
 """MoE permute / unpermute (kernels/moe_permute.py) against index_select / scatter-add in fp64."""
 
-from helpers.kernels import DEVICE, DTYPES, ON_GPU, assert_close, fresh_seed, poisoned_allocations, sizes  # noqa: I001
+from helpers.kernels import DEVICE, DTYPES, ON_GPU, assert_close, case_dtypes, fresh_seed, poisoned_allocations, sizes  # noqa: I001
 
 import pytest
 import torch
@@ -21,10 +21,7 @@ CASES = sizes(
     cpu=[(29, 1, 4, 3, 37), (33, 6, 64, 20, 48), (40, 8, 10, 9, 16)],
     gpu=[(4093, 8, 128, 100, 2047), (4096, 6, 64, 64, 2048), (8192, 1, 16, 16, 1024), (50000, 2, 160, 160, 64)],
 )
-# On the CPU every case in every dtype. On a GPU each (k, dtype) compiles its own kernels: every case in
-# bf16, fp32 and fp16 at the first (odd T and D, empty experts).
-CASE_DTYPES = sizes(cpu=[(c, d) for c in CASES for d in DTYPES],
-                    gpu=[(c, torch.bfloat16) for c in CASES] + [(CASES[0], d) for d in (torch.float32, torch.float16)])
+PERMUTE_CASE_DTYPES = case_dtypes(CASES)   # the first case is the hardest (odd T and D, empty experts)
 
 
 def _ids(value) -> str:
@@ -38,7 +35,7 @@ def check_plan(plan: PermutePlan, ids: torch.Tensor, n_experts: int) -> None:
         assert got.dtype == torch.int32 and torch.equal(got, want), f"plan.{name}: {got} != {want}"
 
 
-@pytest.mark.parametrize("case, dtype", CASE_DTYPES, ids=_ids)
+@pytest.mark.parametrize("case, dtype", PERMUTE_CASE_DTYPES, ids=_ids)
 def test_permute_matches_reference(case, dtype):
     seed = fresh_seed()
     t, k, n_experts, used, d = case
@@ -56,7 +53,7 @@ def test_permute_matches_reference(case, dtype):
     assert_close(x.grad, x_ref.grad, "moe_permute", dtype, "dx", seed)
 
 
-@pytest.mark.parametrize("case, dtype", CASE_DTYPES, ids=_ids)
+@pytest.mark.parametrize("case, dtype", PERMUTE_CASE_DTYPES, ids=_ids)
 def test_unpermute_matches_reference(case, dtype):
     seed = fresh_seed()
     t, k, n_experts, used, d = case
