@@ -9,7 +9,8 @@ from kernels import router
 from kernels.router import RouterSpec, route, router_reference, router_triton
 
 IMPLEMENTATIONS = {"reference": router_reference, "triton": router_triton}
-TIE = 1e-5   # decisions closer than this may fall either way between two correct fp32 computations
+TIE = 1e-5   # decisions closer than this (relative to the scores) may fall either way between two correct fp32
+             # computations: ~100 fp32 ulps; relative, as softmax scores over 128 experts are ~1/128 each
 
 
 def _hf_gate(model: str, n_experts: int, top_k: int, n_group: int = 1, topk_group: int = 1, **extra):
@@ -45,11 +46,16 @@ def _decided(logits: torch.Tensor, spec: RouterSpec, bias: torch.Tensor | None) 
         group = grouped.max(-1).values if spec.score_func == "softmax" else grouped.topk(2, -1)[0].sum(-1)
         ranked = group.sort(-1, descending=True).values
         if spec.topk_group < spec.n_group:
-            decided &= ranked[:, spec.topk_group - 1] - ranked[:, spec.topk_group] > TIE
+            decided &= _apart(ranked[:, spec.topk_group - 1], ranked[:, spec.topk_group])
         keep = torch.zeros_like(group).scatter_(1, group.topk(spec.topk_group, -1)[1], 1).bool()
         choice = choice.masked_fill(~keep.repeat_interleave(e // spec.n_group, 1), float("-inf"))
     ranked = choice.sort(-1, descending=True).values
-    return decided & ((ranked[:, spec.top_k - 1] - ranked[:, spec.top_k] > TIE) | ranked[:, spec.top_k].isinf())
+    return decided & (_apart(ranked[:, spec.top_k - 1], ranked[:, spec.top_k]) | ranked[:, spec.top_k].isinf())
+
+
+def _apart(last_in: torch.Tensor, first_out: torch.Tensor) -> torch.Tensor:
+    """The last chosen and the first left out differ by more than TIE of their size."""
+    return last_in - first_out > TIE * torch.maximum(last_in.abs(), first_out.abs())
 
 
 def assert_same_routing(ours, weights, indices, decided, what, seed=None):

@@ -286,7 +286,7 @@ if os.environ.get("RANK") is not None and os.environ.get("RANK") == os.environ.g
     kind, _, value = os.environ["ANVIL_TEST_FAULT"].partition(":")   # slow:SECONDS | hang:STEP
 
     def patch(module):
-        if kind == "slow" and module.__name__ == "trainer.models.blocks":
+        if kind == "slow" and module.__name__ == "trainer.models.transformer":
             forward = module.Transformer.forward
 
             def slow_forward(self, *args, **kwargs):
@@ -305,7 +305,7 @@ if os.environ.get("RANK") is not None and os.environ.get("RANK") == os.environ.g
 
     class PatchOnImport(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):
-            if name not in ("trainer.models.blocks", "trainer.optim"):
+            if name not in ("trainer.models.transformer", "trainer.optim"):
                 return None
             sys.meta_path.remove(self)
             try:

@@ -113,8 +113,10 @@ def test_a_router_sending_every_token_to_one_rank_runs(tmp_path):
     (["model.mla.kv_lora_rank=5000"], "model.mla.kv_lora_rank: expected a rank below the key/value heads' size"),
     (["model.family=llama"], "model.moe: expected null for model.family 'llama'"),
 ])
-def test_a_layout_that_cannot_run_is_one_line_before_launch(inv_bin, tmp_path, sets, says):
-    argv = [str(inv_bin), "train.pretrain", "--config", str(CONFIG), "--nproc", "2", "--dry-run"]
+def test_a_layout_that_cannot_run_is_one_line_before_launch(inv_bin, dataset, tmp_path, sets, says):
+    # (the test's own dataset: the world is checked after the data, which a fresh checkout has not prepared)
+    argv = [str(inv_bin), "train.pretrain", "--config", str(CONFIG), "--nproc", "2", "--dry-run",
+            "--set", f"data.path={dataset}"]
     for item in sets:
         argv += ["--set", item]
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,

@@ -95,13 +95,20 @@ def test_progress_bar_on_the_terminal_only(tmp_path, dataset):
 def test_resume_auto_on_a_fanned_out_host_finds_its_own_earlier_runs(tmp_path):
     """`inv -H n1,n2 train.pretrain --resume auto`: each host's runs live in FANOUT/hosts/<host>/,
     a new fan-out run each time; auto finds this host's newest checkpoint in an earlier one."""
+    import shutil
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
     from runtime.jobs.training import previous_checkpoint
     from trainer.checkpoint import COMPLETE_MARKER
 
+    one = tmp_path / "one"    # a real DCP checkpoint of one tensor: find_latest reads its .metadata as data
+    dcp.save({"w": torch.zeros(2)}, checkpoint_id=one, no_dist=True)
+
     def checkpoint(fanout: str, host: str, run: str, step: int) -> Path:
         path = tmp_path / "runs" / fanout / "hosts" / host / run / "checkpoints" / f"step_{step}"
-        path.mkdir(parents=True)
-        (path / ".metadata").write_bytes(b"")   # what find_latest looks for without checksums.json
+        shutil.copytree(one, path)
         (path / COMPLETE_MARKER).write_text("")
         return path
 
