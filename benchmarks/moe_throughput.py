@@ -282,20 +282,29 @@ def run_cases(args, out: Path, run_variant=tt.run_variant, cuda: bool | None = N
 
 def comparisons(rows: list[dict]) -> list[dict]:
     """Each row with the ratios the table shows: vs_titan and mem_vs_titan (its torchtitan twin: the same
-    compile setting), vs_plain (the same Anvil run without --kernels), goal (vs_titan >= GOAL_SPEEDUP at
-    no more memory), where both figures exist."""
+    compile setting), vs_plain (the same Anvil run without --kernels), vs_titan_best (torchtitan's
+    fastest row of the case, compiled or not), goal (vs_titan_best >= GOAL_SPEEDUP at no more memory
+    than that row: the goal is against torchtitan at its best), where the figures exist."""
     ok = {(r["case"], r["variant"]): r for r in rows if r.get("tokens_per_s")}
+    fastest_titan: dict[str, dict] = {}
+    for (case, variant), r in ok.items():
+        if variant.startswith("titan") and r["tokens_per_s"] > fastest_titan.get(case, {}).get("tokens_per_s", 0):
+            fastest_titan[case] = r
     out = []
     for r in rows:
         r = dict(r)
         if r.get("tokens_per_s"):
             twin = ok.get((r["case"], tt.titan_counterpart(r["variant"]) or ""))
             plain = ok.get((r["case"], with_base(r["variant"], PLAIN_BASES) or ""))
+            best = fastest_titan.get(r["case"])
             if twin:
                 r["vs_titan"] = r["tokens_per_s"] / twin["tokens_per_s"]
                 if r.get("peak_mem_gib") and twin.get("peak_mem_gib"):
                     r["mem_vs_titan"] = r["peak_mem_gib"] / twin["peak_mem_gib"]
-                    r["goal"] = r["vs_titan"] >= GOAL_SPEEDUP and r["mem_vs_titan"] <= 1.0
+            if best and not r["variant"].startswith("titan"):
+                r["vs_titan_best"] = r["tokens_per_s"] / best["tokens_per_s"]
+                if r.get("peak_mem_gib") and best.get("peak_mem_gib"):
+                    r["goal"] = r["vs_titan_best"] >= GOAL_SPEEDUP and r["peak_mem_gib"] <= best["peak_mem_gib"]
             if plain:
                 r["vs_plain"] = r["tokens_per_s"] / plain["tokens_per_s"]
         out.append(r)
@@ -312,16 +321,17 @@ def table(rows: list[dict]) -> str:
     for r in comparisons(rows):
         if not r.get("tokens_per_s"):
             status = "skipped" if r.get("skipped") else "failed"
-            lines.append([r["case"], r["variant"], status, "", "", "", "", "", "", "",
+            lines.append([r["case"], r["variant"], status, "", "", "", "", "", "", "", "",
                           (r.get("skipped") or r.get("error") or "")[:90]])
             continue
         mem = f"{r['peak_mem_gib']:.1f}" if r.get("peak_mem_gib") is not None else "n/a"
         goal = {True: "met", False: "not met"}.get(r.get("goal"), "")
         lines.append([r["case"], r["variant"], f"{r['tokens_per_s']:,.0f}", f"{r['step_time_s'] * 1000:.0f}",
                       f"{r['tflops']:.0f}", mem, ratio(r.get("vs_titan")), ratio(r.get("mem_vs_titan")),
-                      ratio(r.get("vs_plain")), goal, ""])
+                      ratio(r.get("vs_titan_best")), ratio(r.get("vs_plain")), goal, ""])
     return tabulate(lines, headers=["case", "variant", "tokens/s/GPU", "ms/step", "TFLOP/s", "peak GiB",
-                                    "vs torchtitan", "memory vs torchtitan", "vs no --kernels",
+                                    "vs torchtitan", "memory vs torchtitan", "vs torchtitan's fastest",
+                                    "vs no --kernels",
                                     f"goal {GOAL_SPEEDUP}x", "error"], tablefmt="github")
 
 

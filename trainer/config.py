@@ -182,7 +182,7 @@ class TrainSection:
     val_batches: int = 8
     activation_checkpoint: Literal["none", "selective", "selective_lean", "full"] = "none"
     compile: bool = False
-    skip_guards: bool = True       # compile: once a step compiled nothing, skip dynamo's guard checks (guards.py)
+    skip_guards: bool = True       # compile: once a step compiled nothing, skip dynamo's guard checks (guards.py; not MoE)
     float8_activations: bool = False       # compile: saved activations kept in float8 (saved_activations.py)
     float8_activations_min_mib: float = 100.0   # ... those of at least this size (not SwiGLU's stash)
     kernels: bool = False

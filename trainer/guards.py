@@ -21,7 +21,11 @@ stance torch stops with an error rather than run code compiled for other
 inputs; the loop's batches all have one shape, and validation runs outside the
 stance, so it compiles what it needs with every guard in force.
 
-`train.skip_guards: false` keeps every guard on every call.
+`train.skip_guards: false` keeps every guard on every call. A mixture-of-experts
+model keeps them too, whatever the setting: how many tokens each expert gets
+changes from step to step, so a later step can need code no earlier step
+compiled (deepseek_v2_lite on one H100 stopped at such a step under the
+stance, BENCHMARKS.md).
 """
 from __future__ import annotations
 
@@ -32,6 +36,12 @@ def _cache_misses() -> int:
     """Frames dynamo has tried to compile in this process (each cache miss counts once)."""
     from torch._dynamo.utils import counters
     return int(counters["frames"]["total"])
+
+
+def wanted(compile: bool, skip_guards: bool, experts: bool) -> bool:
+    """Whether a run skips guards once a step compiled nothing: compiled, asked for, and its shapes
+    fixed from step to step (a mixture of experts routes a different number of tokens to each expert)."""
+    return compile and skip_guards and not experts
 
 
 class GuardSkip:

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from core import names, runfiles
-from trainer import distributed, fp8, health, metrics, optim, saved_activations
+from trainer import distributed, fp8, guards, health, metrics, optim, saved_activations
 from trainer.config import SYNTHETIC, TrainConfig
 from core.errors import UserError
 from trainer.guards import GuardSkip
@@ -361,7 +361,7 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
     first_step = step
     if profiler is not None:
         profiler.step_done(step)    # a window from step 1 (or one a resumed run starts inside) starts here
-    guard_skip = GuardSkip(cfg.train.compile and cfg.train.skip_guards)
+    guard_skip = GuardSkip(guards.wanted(cfg.train.compile, cfg.train.skip_guards, experts))
     readings = metrics.DeferredScalars(info.device)
     pin = info.device.type == "cuda"
 

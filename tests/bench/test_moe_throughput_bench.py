@@ -107,9 +107,19 @@ def test_ratios_against_torchtitan_and_without_kernels_and_the_goal():
     assert by["compile_kernels"]["vs_plain"] == pytest.approx(120 / 110)
     assert by["compile"]["goal"] is False                       # 1.10x and more memory
     assert "vs_titan" not in by["kernels"] and "vs_titan" not in by["titan_compile"]   # its twin failed
+    # the goal is against torchtitan's fastest row: an eager Anvil run against its compiled one too
+    assert by["kernels"]["vs_titan_best"] == pytest.approx(0.9) and by["kernels"]["goal"] is False
+    assert "vs_titan_best" not in by["titan_compile"]
     text = mt.table(rows)
     assert "| 1.20x " in text and "| 0.90x " in text and "| met " in text and "| not met " in text
     assert "worker exited with 1: boom" in text
+    rows[3] = dict(fake_result(80.0, peak=50.0), case="q", variant="titan_eager")
+    rows[4] = dict(fake_result(120.0, peak=39.0), case="q", variant="kernels")
+    eager = {r["variant"]: r for r in mt.comparisons(rows)}["kernels"]
+    assert eager["vs_titan"] == pytest.approx(1.5) and eager["vs_titan_best"] == pytest.approx(1.2)
+    assert eager["goal"] is True                                # 1.2x the compiled 100, 39 GiB <= its 40
+    rows[3:5] = rows[3:5][:1] + [dict(fake_result(120.0, peak=41.0), case="q", variant="kernels")]
+    assert {r["variant"]: r for r in mt.comparisons(rows)}["kernels"]["goal"] is False   # more memory than 40
 
 
 def test_variant_twins_and_arguments():

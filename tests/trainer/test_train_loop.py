@@ -199,6 +199,10 @@ def test_compiled_steps_skip_guards_once_nothing_compiles_with_the_same_losses(t
     with pytest.raises(RuntimeError, match="skip_guard_eval_unsafe"), skip.step():
         f(torch.ones(3, dtype=torch.float64))
     assert GuardSkip(False).step().__class__.__name__ == "nullcontext"
+    # a mixture of experts keeps its guards: tokens per expert, and so its shapes, change every step
+    from trainer.guards import wanted
+    assert wanted(True, True, experts=False) and not wanted(True, True, experts=True)
+    assert not wanted(False, True, experts=False) and not wanted(True, False, experts=False)
 
 
 def test_a_nan_loss_stops_the_run_before_that_steps_checkpoint(tmp_path, dataset, monkeypatch):
