@@ -5,13 +5,14 @@ import sys
 from invoke import Collection, task
 
 from runtime import settings as settings_mod
+from core import names
 from core.errors import AnvilError, UserError
 
 # Errors (SettingsError, RunDirError, ReplayError: UserErrors) reach the program's executor,
 # which prints them as one line prefixed with the task's name and exits with their code.
 
 
-TRAINING_TASKS = ("train.pretrain", "profile.train")   # the tasks whose runs end with summary.json
+TRAINING_TASKS = names.TRAINING_TASKS   # the tasks whose runs end with summary.json
 
 
 def _settings(c):
