@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -158,6 +159,7 @@ class Program:
         out = sys.stdout if console == "stdout" else sys.stderr
         shown = self.console is None or state.rank in self.console
         prefix = f"[{{}}][{self.host} r{state.rank}/l{state.local_rank}][{tag}] "
+        traceback = Traceback(f"{names.LOGS_DIR}/{names.rank_log(state.rank)}")
         for raw in iter(stream.readline, b""):
             line = self.masker.text(raw.decode("utf-8", "replace").rstrip("\n"))
             state.last_output, state.last_line = time.time(), line
@@ -168,9 +170,10 @@ class Program:
                         log.flush()
                     except (OSError, ValueError):
                         pass
-                if shown:
+                said = traceback.console(line)
+                if shown and said is not None:
                     try:
-                        out.write(line + "\n")
+                        out.write(said + "\n")
                         out.flush()
                     except (OSError, ValueError):
                         pass
@@ -258,6 +261,28 @@ class Program:
             out.update(metric_lines=self.records, unreadable_lines=self.unreadable,
                        unreadable_examples=list(self.examples))
         return out
+
+
+class Traceback:
+    """A Python traceback on a rank's stream reaches the console as its last line only, with where the rest
+    is (as the trainer's own console lines do): `console(line)` is what to show, or None."""
+    _RANK = re.compile(r"^\[rank\d+\]:\s?")      # torch's prefix on a rank's exception
+    _HEAD = "Traceback (most recent call last):"
+
+    def __init__(self, log: str):
+        self.log, self.inside = log, False
+
+    def console(self, line: str) -> str | None:
+        text = self._RANK.sub("", line)
+        if text.startswith(self._HEAD):
+            self.inside = True
+            return None
+        if not self.inside:
+            return line
+        if not text.strip() or text[:1].isspace() or text.startswith(("During handling", "The above exception")):
+            return None
+        self.inside = False
+        return f"{line} (traceback in {self.log})"
 
 
 def _first(*parsers_and_line):

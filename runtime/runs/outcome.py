@@ -124,9 +124,10 @@ _LOGGED_ERROR = re.compile(r"\b(?:ERROR|CRITICAL|FATAL)\b\s*[-:|]\s*(.+)$")
 _PROGRAM_LINE = re.compile(r"^\[[^\]]*\]\[\S+ r\d+/l\d+\]\[(OUT|ERR)\] ?(.*)$")
 
 
-def program_error(run_dir: Path, rank: int) -> str | None:
+def program_error(run_dir: Path, rank: int, last_words: bool = True) -> str | None:
     """Another trainer's own error in its rank log (train.launch): its exception's last line, else its last
-    error log line, else the last line it wrote on stderr."""
+    error log line, else (`last_words`: it exited with a status of its own, not by a signal) the last line
+    it wrote on stderr."""
     path = Path(run_dir) / names.LOGS_DIR / names.rank_log(rank)
     try:
         lines = path.read_text(errors="replace").splitlines()
@@ -141,7 +142,7 @@ def program_error(run_dir: Path, rank: int) -> str | None:
         if found:
             return found.group(1).strip()[:300]
     errors = [text for stream, text in said if stream == "ERR"]
-    return errors[-1][:300] if errors else None
+    return errors[-1][:300] if errors and last_words else None
 
 
 def launcher_said(run_dir: Path) -> str | None:
@@ -260,7 +261,7 @@ def failure_summary(run_dir: Path, expected_nodes: int | None = None) -> str | N
             how += ", SIGKILL: often the kernel's OOM killer (`dmesg | grep -i oom`), or a kill -9"
         cause = rank_error(run_dir, int(first["rank"]))
         if cause is None:   # another trainer's own words (train.launch), with where the rest is
-            said = program_error(run_dir, int(first["rank"]))
+            said = program_error(run_dir, int(first["rank"]), last_words=code > 0)
             cause = f"{said} ({Path(run_dir) / names.LOGS_DIR / names.rank_log(int(first['rank']))})" if said else None
         parts.append(f"rank {first['rank']} on {first['host']} failed first ({how})"
                      + (f": {cause}" if cause else ""))
