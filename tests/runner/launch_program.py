@@ -3,8 +3,7 @@
     python launch_program.py [--steps N] [--sleep S] [--save-every K] [--fail-rank R --fail-at STEP]
                              [--kill-rank R --kill-at STEP] [--hang-at STEP] [--garbage] [--plain]
 
-Every rank reads torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT: env:// over gloo) and
-trains the same tiny linear model on data drawn from the step number, so any number of ranks and any
+Every rank says the torchrun variables it got on stderr, reads them (env:// over gloo) and trains the same tiny linear model on data drawn from the step number, so any number of ranks and any
 resume gives the same curve. Rank 0 prints a JSON metric line a step ({"step", "loss", "tokens_per_s",
 "lr", "mem_gib"}; --plain: "it N loss=X", for --metrics-regex) and saves checkpoints into
 ANVIL_CHECKPOINT_DIR/step_N (written beside, then renamed). SIGUSR2 or SIGTERM on any rank: every rank
@@ -60,6 +59,9 @@ def run_launch_program(argv=None) -> int:
     args = p.parse_args(argv)
     signal.signal(signal.SIGUSR2, _on_stop)
     signal.signal(signal.SIGTERM, _on_stop)
+    seen = " ".join(f"{k}={os.environ.get(k)}" for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"))
+    print(f"launch_program: {seen} MASTER={os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
+          file=sys.stderr, flush=True)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
