@@ -62,6 +62,7 @@ def test_a_program_trains_under_the_runner_with_rank_logs_metrics_summary_and_re
     assert (summary["unreadable_lines"], summary["metric_lines"], summary["unreadable_in"]) == (2, 6, "logs/rank0.log")
     assert "unreadable metric lines  2" in result.stdout and f"run directory: {run}" in result.stdout
     assert json.loads((run / "env.json").read_text())["vars"]          # the environment and where each value came from
+    assert "20_gpus_idle.py (ok)" in (run / "hooks" / "pre.log").read_text()   # the preflight gate's hook
 
     shown = inv(work, "snapshot.show", run)
     assert shown.returncode == 0 and "backend" in shown.stdout and "final train loss" in shown.stdout, explain(shown)
