@@ -95,3 +95,18 @@ def test_a_preempted_batch_job_is_requeued_and_resumes_the_program_on_the_same_c
     assert all(abs(losses[s] - reference[s]) <= 1e-6 * max(1.0, abs(reference[s])) for s in reference)
     md = metadata(run)
     assert (md["status"], md["hosts"], md["world_size"]) == ("ok", ["node1", "node2"], 2), md
+
+
+def test_an_unfollowed_batch_job_records_its_end_and_summary_itself(slurm_cluster, tmp_path):
+    env = inv_environ(tmp_path / "runs", {**slurm_cluster.slurm_env(), **ONE_THREAD})
+    submitted = subprocess.run([str(INV), "train.launch", "--backend", "command", "--runtime", "slurm", "--nodes",
+                                "2", "--nproc", "1", "--no-wait", "--", str(PROGRAM), "--steps", "3"], cwd=REPO,
+                               env=env, capture_output=True, text=True, timeout=120)
+    assert submitted.returncode == 0, explain(submitted)
+    (run,) = runs(tmp_path)
+    assert metadata(run)["status"] == "submitted"
+    ended = waited_for(lambda: metadata(run)["status"] not in ("submitted", "running") and metadata(run), 300,
+                       "the job's end")
+    assert (ended["status"], ended["hosts"], ended["world_size"]) == ("ok", ["node1", "node2"], 2), ended
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["steps"], summary["backend"]) == (3, "command")
