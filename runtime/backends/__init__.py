@@ -26,15 +26,30 @@ snapshot, environment, preflight gate, transports, rank logs, reports are the ru
   record for metrics.jsonl, None (no metric line), or UNREADABLE (a metric line it could not
   read: kept in the rank's log and counted, never fatal).
 
-A new backend is one module with a Backend subclass and one line in BACKENDS (docs/extending.md).
+A new backend is one module in this folder whose BACKEND is a Backend (docs/extending.md): BACKENDS finds
+it by itself, here and in every node's agent.
 """
 from __future__ import annotations
 
-from runtime.backends import command, megatron, torchtitan
+import importlib
+import pkgutil
+
 from runtime.backends.base import (UNREADABLE, Backend, BackendError, Checkpoint, Options, Plan,  # noqa: F401
                                    UnknownBackend, regex_parser)
 
-BACKENDS: dict[str, Backend] = {b.name: b for b in (command.BACKEND, torchtitan.BACKEND, megatron.BACKEND)}
+
+def _modules() -> dict[str, Backend]:
+    """{name: backend} of every module of this package (but base) with a BACKEND, in name order."""
+    found = {}
+    for module in pkgutil.iter_modules(__path__):
+        if module.name != "base":
+            backend = getattr(importlib.import_module(f"{__name__}.{module.name}"), "BACKEND", None)
+            if isinstance(backend, Backend):
+                found[backend.name] = backend
+    return found
+
+
+BACKENDS: dict[str, Backend] = _modules()
 
 
 def get(name: str) -> Backend:

@@ -8,6 +8,8 @@ without microseconds as in core_v0.16 and core_r0.9), its evaluate_and_print_res
 """
 from __future__ import annotations
 
+import importlib.util
+import re
 import signal
 from pathlib import Path
 
@@ -160,8 +162,43 @@ def test_command_finds_the_highest_numbered_checkpoint(tmp_path):
     assert backend.stop_signal_of([]) is None
 
 
-def test_backends_are_one_module_each():
-    assert list(backends.BACKENDS) == ["command", "torchtitan", "megatron"]
-    assert {b.__module__ for b in map(type, backends.BACKENDS.values())} == \
-        {"runtime.backends.command", "runtime.backends.torchtitan", "runtime.backends.megatron"}
+def test_backends_are_one_module_each_found_by_themselves():
+    assert list(backends.BACKENDS) == ["command", "megatron", "torchtitan"]
+    assert {name: type(b).__module__ for name, b in backends.BACKENDS.items()} == \
+        {name: f"runtime.backends.{name}" for name in backends.BACKENDS}
     assert megatron.BACKEND is backends.get("megatron") and torchtitan.BACKEND is backends.get("torchtitan")
+    with pytest.raises(backends.UnknownBackend, match=re.escape("expected command | megatron | torchtitan")):
+        backends.get("deepspeed")
+
+
+#: The marker in docs/extending.md before the backend that page shows.
+BACKEND_MARK = "<!-- the mytrainer backend: tests/runner/test_launch_backends.py takes this block -->"
+
+
+def test_the_backend_of_extending_md_is_one_module(tmp_path):
+    text = (Path(__file__).resolve().parents[2] / "docs" / "extending.md").read_text()
+    block = text.split(BACKEND_MARK, 1)[1].split("```python\n", 1)[1].split("\n```", 1)[0]
+    (tmp_path / "mytrainer.py").write_text(block + "\n")
+    spec = importlib.util.spec_from_file_location("mytrainer_of_the_docs", tmp_path / "mytrainer.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    backend = module.BACKEND
+    assert isinstance(backend, backends.Backend) and backend.name == "mytrainer"
+    (tmp_path / "train.py").write_text("")
+    plan = backend.plan(["train.py", "--batch_size", "8"], Options(cwd=tmp_path))
+    assert plan.argv == [str(tmp_path / "train.py"), "--batch_size", "8"]
+    with pytest.raises(BackendError):
+        backend.plan([], Options(cwd=tmp_path))
+    run = tmp_path / "run"
+    (run / "out").mkdir(parents=True)
+    for step in (100, 200):
+        (run / "out" / f"ckpt_{step}.pt").write_bytes(b"")
+    found = backend.find(plan.argv, run)
+    assert found == Checkpoint(run / "out" / "ckpt_200.pt", 200)
+    assert backend.command(plan.argv, run, found)[-4:] == ["--out_dir", str(run / "out"), "--resume_from",
+                                                           str(found.path)]
+    parse = backend.parser(plan.argv, 1)
+    assert parse("iter 100: loss 2.3456, time 120.00ms, mfu 35.12%") == \
+        pytest.approx({"kind": "train", "step": 100, "loss": 2.3456, "step_time_s": 0.12, "mfu": 0.3512})
+    assert parse("step 100 saved") is None and parse("iter 7: loss nan, time 1.00ms, mfu 1.00%") == UNREADABLE
+    assert backend.stop_signal_of(plan.argv) == signal.SIGTERM

@@ -159,7 +159,7 @@ def test_bad_input_is_one_line_before_any_run_directory(tmp_path):
     bad_toml = tmp_path / "bad.toml"
     bad_toml.write_text("[job\n")
     cases = [
-        (["--backend", "deepspeed", "--", "x.py"], ["--backend 'deepspeed': expected command | torchtitan | megatron"]),
+        (["--backend", "deepspeed", "--", "x.py"], ["--backend 'deepspeed': expected command | megatron | torchtitan"]),
         (["--backend", "command"], ["runs the program after --"]),
         (["--backend", "command", "--", "missing.py"], ["missing.py: no such file"]),
         (["--backend", "megatron", "--", "pretrain_gpt.py"], ["needs a Megatron-LM checkout", "anvil.megatron_path"]),
