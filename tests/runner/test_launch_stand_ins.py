@@ -113,6 +113,6 @@ def test_torchtitan_runs_its_config_stops_on_sigterm_and_resumes_from_its_last_p
 
     config.write_text("[trainig]\nsteps = 2\n")
     refused = inv(tmp_path, *launch, env=STAND_IN_ENV)
-    line = one_line_error(refused, "failed first (status 1): ValueError: Unknown config section(s) in "
-                          f"{config}: trainig", code=1)
+    line = one_line_error(refused, "failed first (status 1): ValueError: Invalid field names in <class "
+                          "'torchtitan.config.job_config.JobConfig'> data: {'trainig'}.", code=1)
     assert f"({runs(tmp_path)[-1]}/logs/rank" in line and metadata(runs(tmp_path)[-1])["status"] == "failed"

@@ -6,7 +6,7 @@ relies on, with no GPU and no torchtitan.
                                [--checkpoint.initial_load_path DIR --checkpoint.no_initial_load_model_only]
                                [--training.steps N] [--checkpoint.interval K]
 
-As torchtitan does: the TOML config (an unknown section is refused with its error), then the command line's
+As torchtitan does: the TOML config (an unknown section is refused with its error, in its words), then the command line's
 overrides; with checkpointing on, the newest complete DUMP/checkpoint/step-N (with .metadata) is loaded,
 else initial_load_path; every rank logs "[titan] ... step: N  loss: X ..." (coloured) and a checkpoint
 is saved every interval steps; no signal handler: SIGTERM ends it where it is.
@@ -36,9 +36,11 @@ def torchtitan_stand_in(argv=None) -> int:
 
     with open(option("--job.config_file"), "rb") as handle:
         config = tomllib.load(handle)
-    unknown = sorted(set(config) - KNOWN)
-    if unknown:
-        raise ValueError(f"Unknown config section(s) in {option('--job.config_file')}: {', '.join(unknown)}")
+    unknown = set(config) - KNOWN
+    if unknown:   # torchtitan 0.2.2's ConfigManager._dict_to_dataclass, word for word
+        raise ValueError(f"Invalid field names in <class 'torchtitan.config.job_config.JobConfig'> data: {unknown}.\n"
+                         "Please modify your .toml config file or override these fields from the command line.\n"
+                         "Run `NGPU=1 ./run_train.sh --help` to read all valid fields.")
     steps = int(option("--training.steps", config.get("training", {}).get("steps", 8)))
     interval = int(option("--checkpoint.interval", config.get("checkpoint", {}).get("interval", 2)))
     sleep = float(config.get("training", {}).get("sleep", 0.0))
