@@ -30,6 +30,31 @@ def numbered(path: Path) -> int | None:
     return int(found.group(1)) if found else None
 
 
+#: torchrun and the modules behind it: train.launch does their work (a rank per GPU, the rank environment).
+_LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch")
+_PYTHON = re.compile(r"^python[\d.]*$")
+
+
+def launcher(program: str, args: list[str]) -> bool:
+    """Whether the program after -- is torchrun itself (torchrun ..., python -m torch.distributed.run ...):
+    under train.launch it would start its own ranks inside each rank."""
+    if Path(program).name == "torchrun":
+        return True
+    if not _PYTHON.match(Path(program).name):
+        return False
+    options = iter(args)                     # Python's own options, up to the script or -m MODULE
+    for arg in options:
+        if arg == "-m":
+            return next(options, None) in _LAUNCHERS
+        if arg.startswith("-m"):
+            return arg[2:] in _LAUNCHERS
+        if arg in ("-W", "-X"):              # an option with its value apart
+            next(options, None)
+        elif not arg.startswith("-") or arg == "-c":
+            return False
+    return False
+
+
 class Command(Backend):
     name = "command"
     summary = "any torchrun-style program after --; JSON metric lines; SIGTERM/SIGUSR2 forwarded, exit 3 requeues"
@@ -39,6 +64,9 @@ class Command(Backend):
             raise BackendError("--backend command runs the program after --: inv train.launch --backend command -- "
                                "python train.py ARGS")
         program, *args = argv
+        if launcher(program, args):
+            raise BackendError(f"{program} after --: train.launch starts the ranks itself, as torchrun does; give "
+                               "the program torchrun would start (-- train.py ARGS), with --nproc for --nproc_per_node")
         if program in ("python", "python3") and args and not args[0].startswith("-"):
             program, *args = args          # python train.py: the node's Python runs it (the one a container has)
         path = Path(program).expanduser()

@@ -162,6 +162,23 @@ def test_command_finds_the_highest_numbered_checkpoint(tmp_path):
     assert backend.stop_signal_of([]) is None
 
 
+def test_command_refuses_torchrun_as_the_program(tmp_path):
+    """train.launch starts the ranks itself: torchrun after -- would start ranks inside each rank."""
+    backend = backends.get("command")
+    for argv in (["torchrun", "--nproc_per_node", "8", "x.py"], ["/opt/venv/bin/torchrun", "x.py"],
+                 ["python", "-m", "torch.distributed.run", "x.py"], ["python3.11", "-u", "-mtorch.distributed.launch"],
+                 ["python", "-W", "ignore", "-m", "torch.distributed.run", "x.py"]):
+        with pytest.raises(BackendError, match="starts the ranks itself"):
+            backend.plan(argv, Options(cwd=tmp_path))
+    (tmp_path / "train.sh").write_text("")
+    (tmp_path / "train.py").write_text("")
+    for argv in (["python", "-m", "mypackage.train"], ["python", "-c", "-m torch.distributed.run"],
+                 ["./train.sh", "-m", "torch.distributed.run"]):
+        assert backend.plan(argv, Options(cwd=tmp_path)).argv[-1] == argv[-1]
+    assert backend.plan(["python", "train.py", "-m", "torch.distributed.run"], Options(cwd=tmp_path)).argv[1:] == \
+        ["-m", "torch.distributed.run"]
+
+
 def test_backends_are_one_module_each_found_by_themselves():
     assert list(backends.BACKENDS) == ["command", "megatron", "torchtitan"]
     assert {name: type(b).__module__ for name, b in backends.BACKENDS.items()} == \

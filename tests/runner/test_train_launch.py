@@ -150,6 +150,8 @@ def test_a_replay_runs_the_program_only_with_trust_run(six_steps):
     assert trusted.returncode == 0, explain(trusted)
     again = [p for p in runs(work) if p != run and metadata(p).get("replay_of") == str(run)]
     assert len(again) == 1 and train_losses(again[0]) == train_losses(run)
+    diff = inv(work, "snapshot.diff", run, again[0])
+    assert diff.returncode == 0 and "final train loss" not in diff.stdout, explain(diff)   # the same losses
 
 
 def test_bad_input_is_one_line_before_any_run_directory(tmp_path):
@@ -162,6 +164,7 @@ def test_bad_input_is_one_line_before_any_run_directory(tmp_path):
         (["--backend", "deepspeed", "--", "x.py"], ["--backend 'deepspeed': expected command | megatron | torchtitan"]),
         (["--backend", "command"], ["runs the program after --"]),
         (["--backend", "command", "--", "missing.py"], ["missing.py: no such file"]),
+        (["--backend", "command", "--", "torchrun", "--nproc_per_node", "2", "x.py"], ["starts the ranks itself"]),
         (["--backend", "megatron", "--", "pretrain_gpt.py"], ["needs a Megatron-LM checkout", "anvil.megatron_path"]),
         (["--backend", "megatron", "--megatron", str(tmp_path / "none"), "--", "pretrain_gpt.py"], ["no such folder"]),
         (["--backend", "megatron", "--megatron", str(tmp_path), "--", "pretrain_gpt.py"],
