@@ -231,7 +231,7 @@ def launch_job(run, transport, spec, job: Placement, excluded: dict[str, list[st
     (3, 130, or a stop signal before any agent reported); a rank that failed is an AnvilError naming it."""
     from contextlib import nullcontext
 
-    from core.signals import STOP_SIGNALS
+    from core.signals import STOP_SIGNALS, killed_outright
     from runtime.cluster.slurm.batch import FollowStopped, submitted_job_id
     from runtime.runs import outcome
     from runtime.runs.replay import resume_command
@@ -267,6 +267,9 @@ def launch_job(run, transport, spec, job: Placement, excluded: dict[str, list[st
         stopped(code, report)
     if code != 0:
         cause = outcome.failure_summary(run.path, expected_nodes=layout.nodes)
+        first = report.first_failure()
+        if first is not None and killed_outright(first.get("exit_code")):
+            code = 137   # 128 + SIGKILL: the rank the line names, though a peer's node ended first
         raise AnvilError(cause or f"the ranks exited with status {code}; see {run.path}/logs/", code)
     return None
 

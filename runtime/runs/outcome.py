@@ -23,6 +23,9 @@ from pathlib import Path
 
 from core import names
 
+#: Seconds apart that two nodes' first failures count as one event (the agents look every 50 ms; a peer's
+#: failure on its closed connection takes milliseconds; the agents' grace before SIGKILL is seconds).
+TOGETHER_S = 1.0
 # A rank log line: "[time][host rR/lL][LEVEL] message"
 _LOG_LINE = re.compile(r"^\[[^\]]*\]\[(?P<host>\S+) r(?P<rank>\d+)/l\d+\]\[(?P<level>[A-Z]+)\] (?P<msg>.*)$")
 
@@ -66,8 +69,18 @@ class Outcome:
         return EXIT_INTERRUPTED if EXIT_INTERRUPTED in codes else EXIT_REQUEUE if EXIT_REQUEUE in codes else 0
 
     def first_failure(self) -> dict | None:
+        """The earliest node's first failure; but a rank SIGKILL ended within TOGETHER_S of it is the cause
+        (core.signals.killed_outright): its peers on other nodes fail on their connection to it, and their
+        agent may see that before its own agent looks."""
+        from core.signals import killed_outright
+
         failures = [n.first_failure for n in self.nodes if n.first_failure]
-        return min(failures, key=lambda f: f.get("time", 0)) if failures else None
+        if not failures:
+            return None
+        earliest = min(f.get("time", 0) for f in failures)
+        killed = [f for f in failures
+                  if killed_outright(f.get("exit_code")) and f.get("time", 0) - earliest <= TOGETHER_S]
+        return min(killed or failures, key=lambda f: f.get("time", 0))
 
 
 def read(run_dir: Path) -> Outcome:
