@@ -1,10 +1,11 @@
 """`inv train.launch --backend command` across two SSH hosts (-H) and on the live two-node Slurm testbed,
 with the tests' own torchrun-style program (tests/runner/launch_program.py), one rank a node.
 
-Covers: the ranks of two hosts meet (torchrun's variables from each host's agent), each rank's log says its
-host, the metrics and the summary come back; a rank SIGKILLed on the second host is named with that host;
-a Slurm batch job preempted with SIGUSR2 checkpoints, exits 3, is requeued, and its next attempt resumes
-the program (ANVIL_RESUME) from that checkpoint on the curve of an uninterrupted run.
+Covers: the ranks of two hosts meet through torch.distributed (env://, gloo: torchrun's variables from each
+host's agent), each rank's log says its host, the metrics and the summary come back; a rank SIGKILLed on
+the second host is named with that host (its peer on the first fails on the closed connection at once, and
+its node ends first); a Slurm batch job preempted with SIGUSR2 checkpoints, exits 3, is requeued, and its
+next attempt resumes the program (ANVIL_RESUME) from that checkpoint on the curve of an uninterrupted run.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def test_the_program_runs_across_two_ssh_hosts_and_a_killed_rank_is_named_with_i
                                "--nproc", "1", "--", str(PROGRAM), *program], cwd=REPO, capture_output=True,
                               text=True, stdin=subprocess.DEVNULL, timeout=600, env=environ)
 
-    result = launch("--steps", "4")
+    result = launch("--steps", "4", "--gloo")      # torch.distributed's own meeting (env://, gloo) across the hosts
     assert result.returncode == 0, explain(result)
     (run,) = runs(tmp_path)
     md = metadata(run)
