@@ -138,7 +138,6 @@ def test_the_seed_model_trains_in_a_podman_container_as_it_does_directly(podman,
     assert contained_losses[6] < contained_losses[1]
 
 
-
 def test_a_program_of_train_launch_runs_in_a_podman_container(podman, tmp_path):
     """train.launch --runtime container: the agent and the program's ranks in the image, torchrun's
     variables there, the metric lines back in the run."""

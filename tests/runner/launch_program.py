@@ -14,10 +14,11 @@ rank order, so any number of ranks and any resume gives the same curve.
 Rank 0 prints a JSON metric line a step ({"step", "loss", "tokens_per_s", "lr", "mem_gib"}; --plain: "it N
 loss=X", for --metrics-regex) and saves checkpoints into ANVIL_CHECKPOINT_DIR/step_N (written beside, then
 renamed). SIGUSR2 or SIGTERM on any rank: every rank finishes its step, rank 0 saves, all exit 3. With
-ANVIL_RESUME=1 it loads ANVIL_RESUME_FROM and goes on from that step. --fail-rank raises ValueError on that
-rank at that step; --kill-rank kills it with SIGKILL (the others then fail: their peer is gone);
---hang-at makes every rank stop printing and wait for ever after that step; --garbage prints metric lines
-it cannot have meant (a loss that is no number, a line cut short).
+ANVIL_RESUME=1 it loads ANVIL_RESUME_FROM and goes on from that step (--sleep, seconds after each step,
+only until then: a requeued attempt, with the same arguments, goes at once). --fail-rank raises
+ValueError on that rank at that step; --kill-rank kills it with SIGKILL (the others then fail: their peer
+is gone); --hang-at makes every rank stop printing and wait for ever after that step; --garbage prints
+metric lines it cannot have meant (a loss that is no number, a line cut short).
 """
 from __future__ import annotations
 
@@ -183,7 +184,7 @@ def run_launch_program(argv=None) -> int:
         loss, grad = _loss_and_grad(w, x[rank * size:(rank + 1) * size], y[rank * size:(rank + 1) * size])
         *summed, total = group.all_reduce([*grad, loss])
         w = [a - LR * g / world for a, g in zip(w, summed)]
-        if args.sleep:
+        if args.sleep and not start:     # slow until a stop signal's checkpoint; a resumed run goes at once
             time.sleep(args.sleep)
         if rank == 0:
             mean = total / world

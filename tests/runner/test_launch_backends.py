@@ -162,6 +162,25 @@ def test_command_finds_the_highest_numbered_checkpoint(tmp_path):
     assert backend.stop_signal_of([]) is None
 
 
+def test_what_a_backend_cannot_start_is_refused_in_its_words(tmp_path):
+    """Checked before any run directory (test_train_launch.py: as inv says it, one line)."""
+    checkout = _megatron_checkout(tmp_path)
+    (checkout / "pretrain_gpt.py").unlink()
+    (checkout / "pretrain_bert.py").write_text("")
+    (tmp_path / "bad.toml").write_text("[job\n")
+    cases = [("command", ["missing.py"], Options(), ["missing.py: no such file"]),
+             ("megatron", ["pretrain_gpt.py"], Options(megatron=str(tmp_path / "none")), ["no such folder"]),
+             ("megatron", ["pretrain_gpt.py"], Options(megatron=str(tmp_path)), ["not a Megatron-LM checkout"]),
+             ("megatron", ["pretrain_gpt.py"], Options(megatron=str(checkout)),
+              ["pretrain_gpt.py: not in the Megatron-LM checkout", "pretrain_bert.py"]),
+             ("torchtitan", [], Options(config="bad.toml"), ["torchtitan cannot read it: invalid TOML"])]
+    for name, argv, options, fragments in cases:
+        options.cwd = tmp_path
+        with pytest.raises(BackendError) as refused:
+            backends.get(name).plan(argv, options)
+        assert all(f in str(refused.value) for f in fragments), (name, str(refused.value))
+
+
 def test_command_refuses_torchrun_as_the_program(tmp_path):
     """train.launch starts the ranks itself: torchrun after -- would start ranks inside each rank."""
     backend = backends.get("command")

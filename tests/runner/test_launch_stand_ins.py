@@ -84,10 +84,10 @@ def test_torchtitan_runs_its_config_stops_on_sigterm_and_resumes_from_its_last_p
     (site / "torchtitan" / "__init__.py").write_text("")
     shutil.copy(HERE / "torchtitan_stand_in.py", site / "torchtitan" / "train.py")
     config = tmp_path / "debug_model.toml"
-    config.write_text("[training]\nsteps = 9\nsleep = 0.5\n[checkpoint]\ninterval = 2\n")
+    config.write_text("[training]\nsteps = 9\n[checkpoint]\ninterval = 2\n")
     launch = ["train.launch", "--backend", "torchtitan", "--config", str(config), "--nproc", "2", "--name", "tt",
               "--env", f"PYTHONPATH={site}"]
-    proc = start_inv(tmp_path, *launch, **STAND_IN_ENV)
+    proc = start_inv(tmp_path, *launch, "--", "--training.sleep", "0.5", **STAND_IN_ENV)   # the resumed run at once
     out, err = _stopped(proc, tmp_path, 3, signal.SIGTERM, group=False)
     assert proc.returncode == 3, out + err
     assert "note: torchtitan saves no checkpoint on a signal: the requeued run goes on from its last periodic " \

@@ -27,9 +27,12 @@ TWO = ["train.launch", "--backend", "command", "--nproc", "2"]
 QUIET_AGENT = {**ONE_THREAD, "ANVIL_AGENT_GRACE": "3"}
 
 
-def launched(work: Path, *options: str, program=(), timeout: float = 300) -> subprocess.CompletedProcess:
-    """`inv train.launch --backend command --nproc 2 OPTIONS -- launch_program.py PROGRAM` in `work`."""
-    return inv(work, *TWO, *options, "--", str(PROGRAM), *program, env=QUIET_AGENT, timeout=timeout)
+def launched(work: Path, *options: str, program=(), grace: int = 3, timeout: float = 300
+             ) -> subprocess.CompletedProcess:
+    """`inv train.launch --backend command --nproc 2 OPTIONS -- launch_program.py PROGRAM` in `work`, its
+    agent waiting `grace` seconds for the ranks to end."""
+    return inv(work, *TWO, *options, "--", str(PROGRAM), *program,
+               env={**QUIET_AGENT, "ANVIL_AGENT_GRACE": str(grace)}, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +134,7 @@ def test_metrics_regex_reads_other_lines(tmp_path):
 
 
 def test_no_progress_for_the_hang_timeout_names_the_silent_ranks(tmp_path):
-    result = launched(tmp_path, "--hang-timeout", "4", program=["--steps", "6", "--hang-at", "2"])
+    result = launched(tmp_path, "--hang-timeout", "2", program=["--steps", "6", "--hang-at", "2"], grace=1)
     line = one_line_error(result, "no progress line for ", "after step 2", code=4)
     assert "silent: rank " in line and " on " in line and "logs/rank*.log" in line, line
     run = runs(tmp_path)[0]
@@ -155,26 +158,14 @@ def test_a_replay_runs_the_program_only_with_trust_run(six_steps):
 
 
 def test_bad_input_is_one_line_before_any_run_directory(tmp_path):
-    checkout = tmp_path / "Megatron-LM"
-    (checkout / "megatron").mkdir(parents=True)
-    (checkout / "pretrain_bert.py").write_text("")
-    bad_toml = tmp_path / "bad.toml"
-    bad_toml.write_text("[job\n")
+    """A case of each kind, through inv (each backend's own refusals, one by one: test_launch_backends.py)."""
     cases = [
         (["--backend", "deepspeed", "--", "x.py"], ["--backend 'deepspeed': expected command | megatron | torchtitan"]),
         (["--backend", "command"], ["runs the program after --"]),
-        (["--backend", "command", "--", "missing.py"], ["missing.py: no such file"]),
         (["--backend", "command", "--", "torchrun", "--nproc_per_node", "2", "x.py"], ["starts the ranks itself"]),
         (["--backend", "megatron", "--", "pretrain_gpt.py"], ["needs a Megatron-LM checkout", "anvil.megatron_path"]),
-        (["--backend", "megatron", "--megatron", str(tmp_path / "none"), "--", "pretrain_gpt.py"], ["no such folder"]),
-        (["--backend", "megatron", "--megatron", str(tmp_path), "--", "pretrain_gpt.py"],
-         ["not a Megatron-LM checkout"]),
-        (["--backend", "megatron", "--megatron", str(checkout), "--", "pretrain_gpt.py"],
-         ["pretrain_gpt.py: not in the Megatron-LM checkout", "pretrain_bert.py"]),
         (["--backend", "torchtitan"], ["needs --config"]),
-        (["--backend", "torchtitan", "--config", str(bad_toml)], ["torchtitan cannot read it: invalid TOML"]),
         (["--backend", "command", "--metrics-regex", "(", "--", str(PROGRAM)], ["not a regular expression"]),
-        (["--backend", "command", "--metrics-regex", "loss=(?P<loss>.*)", "--", str(PROGRAM)], ["(?P<step>"]),
         (["--backend", "command", "--resume", str(tmp_path / "gone"), "--", str(PROGRAM)], ["no such run directory"]),
         (["--backend", "command", "--resume", str(tmp_path), "--", str(PROGRAM)], ["no command checkpoint there"]),
         (["--backend", "command", "--nodes", "2", "--", str(PROGRAM)], ["--nodes", "need --runtime slurm"]),

@@ -4,12 +4,13 @@ relies on, with no GPU and no torchtitan.
 
     python -m torchtitan.train --job.config_file FILE.toml [--job.dump_folder DIR] [--checkpoint.enable]
                                [--checkpoint.initial_load_path DIR --checkpoint.no_initial_load_model_only]
-                               [--training.steps N] [--checkpoint.interval K]
+                               [--training.steps N] [--checkpoint.interval K] [--training.sleep S]
 
 As torchtitan does: the TOML config (an unknown section is refused with its error, in its words), then the command line's
 overrides; with checkpointing on, the newest complete DUMP/checkpoint/step-N (with .metadata) is loaded,
 else initial_load_path; every rank logs "[titan] ... step: N  loss: X ..." (coloured) and a checkpoint
-is saved every interval steps; no signal handler: SIGTERM ends it where it is.
+is saved every interval steps; no signal handler: SIGTERM ends it where it is. --training.sleep (seconds
+before each step) is the tests' own.
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def torchtitan_stand_in(argv=None) -> int:
                          "Run `NGPU=1 ./run_train.sh --help` to read all valid fields.")
     steps = int(option("--training.steps", config.get("training", {}).get("steps", 8)))
     interval = int(option("--checkpoint.interval", config.get("checkpoint", {}).get("interval", 2)))
-    sleep = float(config.get("training", {}).get("sleep", 0.0))
+    sleep = float(option("--training.sleep", config.get("training", {}).get("sleep", 0.0)))   # the tests' own
     folder = os.path.join(option("--job.dump_folder", "./outputs"), "checkpoint")
     enabled = "--checkpoint.enable" in argv
     rank = int(os.environ["RANK"])
