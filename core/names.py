@@ -106,6 +106,12 @@ PROFILE_TOOL_KERNELS = _variable("ANVIL_PROFILE_TOOL_KERNELS", "profile.train --
                                  "vendor profiler is pointed at", "anvil")
 PROFILE_TOOL_ARGS = _variable("ANVIL_PROFILE_TOOL_ARGS", "profile.train: more options for the vendor profiler "
                               "(shell-quoted)", "anvil")
+RESUME = _variable("ANVIL_RESUME", "train.launch: 1 when the program is to resume (a requeued job, --resume): from "
+                   "the checkpoint in ANVIL_RESUME_FROM", "anvil")
+RESUME_FROM = _variable("ANVIL_RESUME_FROM", "train.launch: the checkpoint the program resumes from (set with "
+                        "ANVIL_RESUME)", "anvil")
+CHECKPOINT_DIR = _variable("ANVIL_CHECKPOINT_DIR", "train.launch: the folder the program saves its checkpoints in "
+                           "(RUN/checkpoints for --backend command)", "anvil")
 
 # ---- the test suite's ---------------------------------------------------------------------------
 TEST_CHECKPOINT_DELAY_S = _variable("ANVIL_TEST_CHECKPOINT_DELAY_S", "a checkpoint save waits this long after "
@@ -114,6 +120,10 @@ TEST_FAULT = _variable("ANVIL_TEST_FAULT", "the fault the tests' injection modul
 TEST_FAULT_RANK = _variable("ANVIL_TEST_FAULT_RANK", "the rank the tests' fault injection acts in", "test")
 TESTNET_PREFIX = _variable("ANVIL_TESTNET_PREFIX", "the /16 the test clusters take their subnets from "
                            "(default 10.213)", "test")
+
+#: The tasks that train: stop signals end them as the trainer's (3: requeue me; 130), their runs end with
+#: summary.json and metrics.jsonl (train.launch: the runner's summary of the backend's metrics).
+TRAINING_TASKS = ("train.pretrain", "profile.train", "train.launch")
 
 # ---- a run directory (runtime/runs/rundir.py lays it out) ---------------------------------------
 METADATA = "metadata.json"          # task, name, argv, start, end, status, hosts, ...

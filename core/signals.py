@@ -48,6 +48,13 @@ def exit_status(signum: int, training: bool = False) -> int:
     return 128 + int(signum)
 
 
+def killed_outright(returncode: int | None) -> bool:
+    """A process SIGKILL ended (the kernel's OOM killer, someone's kill -9): never what a rank does of itself
+    when a peer fails, so among ranks that ended together it is the one to blame (runtime.launch.agent,
+    runtime.runs.outcome); their peers, failing on the connection it closed, can end within milliseconds."""
+    return returncode == -signal.SIGKILL
+
+
 def signal_name(signum: int | None) -> str:
     """"Ctrl-C" for SIGINT (what the user pressed), else the signal's name ("SIGTERM")."""
     if signum is None or signum == signal.SIGINT:

@@ -43,6 +43,7 @@ DEFAULTS: dict[str, Any] = {
     "container_mounts": "",      # more SRC:DST[:ro] mounts, comma-separated (the checkout and run dir always are)
     "container_python": "python3",   # the interpreter inside the image that runs the agent and ranks
     "container_extra": "",       # more `run` options, space-separated (e.g. "--pull=never")
+    "megatron_path": "",         # a Megatron-LM checkout: train.launch --backend megatron runs its scripts
     "hooks_dir": "hooks",        # the only folder hooks are taken from
     "hook_timeout": 600,         # seconds a hook may take before it is killed and the task stops; 0 = no limit
     "connect_timeout": 10,       # seconds, SSH connect
@@ -75,6 +76,7 @@ class Settings:
     container_mounts: list[str]
     container_python: str
     container_extra: list[str]
+    megatron_path: str
     hooks_dir: Path
     hook_timeout: float
     connect_timeout: float
@@ -224,6 +226,7 @@ def from_mapping(values: Mapping[str, Any] | None, root: Path) -> Settings:
         container_mounts=split_list(raw["container_mounts"], "container_mounts"),
         container_python=text("container_python"),
         container_extra=_words("container_extra", raw["container_extra"]),
+        megatron_path=str(under_root("megatron_path")) if _text("megatron_path", raw["megatron_path"]) else "",
         hooks_dir=under_root("hooks_dir"),
         hook_timeout=_number("hook_timeout", raw["hook_timeout"]),
         connect_timeout=_number("connect_timeout", raw["connect_timeout"]),
@@ -238,6 +241,15 @@ NODE_RUNTIME_VAR = names.NODE_RUNTIME
 NODE_OVERRIDES = {NODE_RUNS_DIR_VAR: "runs_dir", NODE_RUNTIME_VAR: "runtime"}
 #: Where inv leaves its own SSH flags (-i, -S, -t, prompts) for everything that reaches hosts over SSH.
 SSH_FLAGS = "anvil_cli_ssh_options"
+#: Where inv leaves what its command line has after `--`, word for word (train.launch's program).
+PROGRAM_ARGS = "anvil_cli_program_args"
+
+
+def program_args(ctx) -> list[str]:
+    """The words after `--` on inv's command line (Invoke keeps them only joined by spaces)."""
+    config = getattr(ctx, "config", None)
+    words = config.get(PROGRAM_ARGS, None) if config is not None and hasattr(config, "get") else None
+    return list(words or [])
 
 
 def load(ctx=None) -> Settings:

@@ -5,13 +5,14 @@ import sys
 from invoke import Collection, task
 
 from runtime import settings as settings_mod
+from core import names
 from core.errors import AnvilError, UserError
 
 # Errors (SettingsError, RunDirError, ReplayError: UserErrors) reach the program's executor,
 # which prints them as one line prefixed with the task's name and exits with their code.
 
 
-TRAINING_TASKS = ("train.pretrain", "profile.train")   # the tasks whose runs end with summary.json
+TRAINING_TASKS = names.TRAINING_TASKS   # the tasks whose runs end with summary.json
 
 
 def _settings(c):
@@ -168,10 +169,14 @@ def replay(c, run, force=False, dry_run=False, trust_run=False):
                   "that load code (env.json, --env, --set env.*, the configs' env: blocks), --patch, -c/-r, "
                   "-f settings files and the working directory")
     blocking = [d.item for d in differences if d.blocking]
-    refused = blocking and not force
+    refused = (blocking and not force) or plan.refused
     print(("would replay: inv " if dry_run or refused else "replaying: inv ") + " ".join(plan.argv))
     if dry_run:
         return
+    if plan.refused:
+        raise UserError(f"replay refused: the run is untrusted ({plan.trust}) and names "
+                        + "; ".join(f"{item.what}: {item.why}" for item in plan.refused)
+                        + "; --trust-run runs it")
     if refused:
         # A user error (2), not 3: 3 means "checkpointed, requeue me" to a batch script.
         raise UserError(f"replay refused: this machine differs in {', '.join(blocking)}; "

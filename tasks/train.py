@@ -7,12 +7,19 @@
     inv train.export RUN [--format hf] [--out DIR] [--dtype bfloat16 (default) | float16 | float32]
     inv train.plot RUN [--out DIR]
     inv train.plan [--config X] [--init-from HF_DIR] [--gpus N] [--nodes M] [--gpu MODEL] [--set k=v]... [--json]
+    inv train.launch --backend command|torchtitan|megatron [--config X] [--megatron DIR] [--metrics-regex RE]
+                     [--hang-timeout S] [--nproc N] [--resume auto|PATH] [--gpu X] [--site S] [--runtime R]
+                     [-H a,b] [--nodes N ...] [--name X] [--env K=V]... [--json] -- PROGRAM ARGS...
 
 pretrain: validate the config, resolve the environment (its env: block is a layer), make the
 run directory with its snapshot (runtime.runs.run.execute: the config as used, once), and launch
 `python -m trainer` through the runtime (runtime.cluster) and Anvil's per-node agent
 (runtime.launch.agent: one process per visible GPU, one on CPU; one agent per node, or per host
 of -H).
+
+launch: another trainer's program (runtime.backends) through the same runner (runtime.jobs.launching):
+the same run directory, environment, hooks, transports and node agent, the backend's log lines read into
+metrics.jsonl.
 
 plan: parameters, FLOPs per token and the per-GPU memory of the run (trainer.plan), against the
 memory of the detected GPU or of the named one (envs' profiles); nothing is started.
@@ -84,6 +91,54 @@ def pretrain(c, config=None, set_=None, nproc=0, resume=None, init_from=None, co
     print(f"run directory: {result['run_dir']}", file=sys.stderr if json else sys.stdout)
 
 
+LAUNCH_HELP = {
+    "backend": "The trainer the ranks run: command (any torchrun-style program after --) | torchtitan | megatron",
+    "config": "torchtitan: its TOML config (torchtitan 0.2), or MODULE:NAME of its Python configs",
+    "megatron": "megatron: the Megatron-LM checkout whose script follows -- (default: anvil.megatron_path)",
+    "metrics-regex": "Metric lines of another format: a regex with (?P<step>...) and (?P<loss>...) (optionally "
+                     "tokens_per_s, mfu, mem_gib, lr)",
+    "hang-timeout": "Seconds without a metric line, once there was one, before the ranks are taken for hung, "
+                    "named and stopped (exit 4; 0 = off; default 1800)",
+    "resume": "auto (newest checkpoint among runs/*_train.launch_<name>) or a run directory or checkpoint: the "
+              "program resumes there (the backend's own flags; for command, variables: docs/training.md)",
+    **{k: PRETRAIN_HELP[k] for k in ("nproc", "gpu", "site", "runtime", "master", "nodes", "partition",
+                                     "account", "time", "wait", "exclude", "exclude-from", "json")},
+    "hosts": "SSH: run across these hosts, one agent each, node ranks in this order (comma-separated; '@' = "
+             "anvil.hosts); `inv -H a,b train.launch` says the same",
+    "dry-run": "Print the program and the launch command; start nothing",
+}
+
+
+@run_task(help=LAUNCH_HELP, iterable=["exclude"], takes_hosts=True)
+def launch(c, backend="command", config="", megatron="", metrics_regex="", hang_timeout=1800.0, nproc=0,
+           resume=None, gpu="", site="", runtime="", hosts=None, master="", nodes=0, partition="", account="",
+           time="", wait=True, exclude=None, exclude_from="", dry_run=False, json=False, run_options=None):
+    """Run another trainer under the runner: `--backend command -- PROGRAM ARGS`, torchtitan (--config FILE.toml),
+    megatron (-- pretrain_gpt.py ARGS); run dir, snapshot, hooks, rank logs, metrics, requeue, report."""
+    from runtime import settings as settings_mod
+    from runtime.cluster import Runtime
+    from runtime.jobs.launching import LaunchJob, run_launch
+
+    job = LaunchJob(backend=backend, program=settings_mod.program_args(c), config=config, megatron=megatron,
+                    metrics_regex=metrics_regex, hang_timeout=float(hang_timeout), nproc=nproc, resume=resume,
+                    gpu=gpu, site=site, runtime=Runtime.parse(runtime) if runtime else None, hosts=hosts,
+                    master=master, nodes=nodes, partition=partition, account=account, time=time, wait=wait,
+                    exclude=list(exclude or []), exclude_from=exclude_from, dry_run=dry_run)
+    result = run_launch(c, job, run_options)
+    if result.get("dry_run"):
+        return
+    summary = result.get("summary") or {}
+    if json:
+        submitted = {"slurm_job_id": result["slurm_job_id"]} if result.get("slurm_job_id") else {}
+        print(jsonlib.dumps({**summary, **submitted, "run_dir": str(result["run_dir"])}, indent=2))
+    elif summary:
+        from tabulate import tabulate
+
+        from runtime.runs.history import summary_rows
+        print(tabulate(summary_rows(summary), tablefmt="plain"))
+    print(f"run directory: {result['run_dir']}", file=sys.stderr if json else sys.stdout)
+
+
 @task(help={"run": "Run directory or checkpoint (step_N) to export",
             "format": "Output format: hf (config.json + model.safetensors)",
             "out": "Output directory (default: RUN/export/hf-step_N)",
@@ -147,6 +202,7 @@ def plan(c, config="", set_=None, init_from=None, gpus=None, nodes=1, gpu="", js
 
 ns = Collection("train")
 ns.add_task(pretrain)
+ns.add_task(launch)
 ns.add_task(export)
 ns.add_task(plot)
 ns.add_task(plan)

@@ -49,14 +49,10 @@ class JobStopped(AnvilError):
 
 
 @dataclass
-class TrainingJob:
-    config: str | None = None           # None = configs/tiny.yaml
-    sets: list[str] = field(default_factory=list)
+class Placement:
+    """Where and as what a training launch runs: what train.pretrain and train.launch take alike."""
     nproc: int = 0                      # 0 = one per visible GPU, one on CPU
     resume: str | None = None           # None (not given), "auto", or a run / checkpoint path
-    compile: bool = False
-    kernels: bool = False
-    init_from: str | None = None        # a Hugging Face directory to start from (checkpoint.init_from)
     gpu: str = ""
     site: str = ""
     runtime: Runtime | None = None      # None = the anvil.runtime setting
@@ -70,6 +66,15 @@ class TrainingJob:
     exclude: list[str] = field(default_factory=list)
     exclude_from: str = ""              # a preflight run whose failing nodes are left out
     dry_run: bool = False
+
+
+@dataclass
+class TrainingJob(Placement):
+    config: str | None = None           # None = configs/tiny.yaml
+    sets: list[str] = field(default_factory=list)
+    compile: bool = False
+    kernels: bool = False
+    init_from: str | None = None        # a Hugging Face directory to start from (checkpoint.init_from)
     force: bool = False                 # launch what the memory plan says cannot fit
     ranks_used: frozenset[int] = frozenset()   # global ranks the task needs (profile.train --ranks)
     tool: str = ""                      # profile.train --tool: the vendor profiler the chosen ranks run under
@@ -82,20 +87,21 @@ class TrainingJob:
         return flags.overrides(self.sets, compile=self.compile, kernels=self.kernels, init_from=self.init_from)
 
 
-def previous_checkpoint(runs_dir: Path, name: str) -> str | None:
-    """--resume auto: the newest complete checkpoint among earlier runs with this name.
+def previous_checkpoint(runs_dir: Path, name: str, task: str = "train.pretrain", find=None) -> str | None:
+    """--resume auto: the newest complete checkpoint among earlier runs of `task` with this name
+    (`find(run_dir)`: a run's newest checkpoint, or None; the trainer's by default).
 
     A host of an `inv -H` fan-out keeps its runs in FANOUT/hosts/<host>/, a new fan-out run each
     time: its earlier runs are in the other fan-outs' hosts/<host>/ folders beside it."""
-    from trainer.checkpoint import find_latest
-
+    if find is None:
+        from trainer.checkpoint import find_latest as find
     runs_dir = Path(runs_dir)
-    pattern = f"*_train.pretrain_{name}"
+    pattern = f"*_{task}_{name}"
     candidates = list(runs_dir.glob(pattern))
     if runs_dir.parent.name == "hosts":
         candidates += runs_dir.parent.parent.parent.glob(f"*/hosts/{runs_dir.name}/{pattern}")
     for run_dir in sorted(set(candidates), key=lambda p: p.name, reverse=True):   # names start with the time
-        found = find_latest(run_dir)
+        found = find(run_dir)
         if found is not None:
             return str(found)
     return None
@@ -193,17 +199,89 @@ def _stopped_before_the_first_step(run_dir: Path, code: int, report) -> str | No
     return None
 
 
+def exclusions(job: Placement) -> tuple[dict[str, list[str]], list[str]]:
+    """--exclude-from RUN: ({node: reasons} of its failing nodes, added to job.exclude), and the flags given
+    that leave nodes out (for the note when the runtime has none to leave out)."""
+    from runtime.runs import nodes as nodes_mod
+
+    excluded: dict[str, list[str]] = {}
+    leaving_out = [flag for flag, given in (("--exclude-from", job.exclude_from), ("--exclude", job.exclude)) if given]
+    if job.exclude_from:
+        excluded = nodes_mod.failing(job.exclude_from)
+        job.exclude = sorted(set(job.exclude) | set(excluded))
+    return excluded, leaving_out
+
+
+def kept_local(leaving_out: list[str], runtime: Runtime) -> bool:
+    """Whether --exclude/--exclude-from apply: a note, and False, where the runtime runs on this machine only."""
+    if leaving_out and not runtime.spans_nodes:   # no node of this machine to leave out
+        print(f"note: {' and '.join(leaving_out)} ignored: runtime {runtime} runs on this machine only (it leaves "
+              "nodes out of an ssh or slurm launch)", file=sys.stderr)
+        return False
+    return True
+
+
+def launch_job(run, transport, spec, job: Placement, excluded: dict[str, list[str]], layout, stopped,
+               around=None, env: dict[str, str] | None = None) -> dict | None:
+    """A training run's launch and how it ended, for train.pretrain's body and train.launch's: the
+    excluded nodes recorded, the ranks launched through the transport (`around(run)`: a context the
+    launch runs in; `env`: the ranks' environment, default run.env), a batch job followed (or
+    submitted: its {"run_dir", "summary": None, "slurm_job_id"} returned), the hosts and world size
+    recorded. None once every rank finished; `stopped(code, report)` raises the JobStopped of a stop
+    (3, 130, or a stop signal before any agent reported); a rank that failed is an AnvilError naming it."""
+    from contextlib import nullcontext
+
+    from core.signals import STOP_SIGNALS, killed_outright
+    from runtime.cluster.slurm.batch import FollowStopped, submitted_job_id
+    from runtime.runs import outcome
+    from runtime.runs.replay import resume_command
+
+    if excluded:
+        run.update_metadata(excluded_nodes=excluded)
+        print(f"excluding {len(excluded)} node(s) that failed preflight in {job.exclude_from}: "
+              + ", ".join(f"{h} ({'; '.join(r)[:80]})" for h, r in sorted(excluded.items())), file=sys.stderr)
+    try:
+        with around(run) if around is not None else nullcontext():
+            code = transport.launch(spec, run.env if env is None else env, run.path, masker=run.masker,
+                                    stdout=sys.stderr)   # stdout: the result
+    except FollowStopped as exc:   # a batch job cancelled while followed: how to continue it, where it ran
+        if exc.status != "cancelled":
+            raise
+        raise FollowStopped(f"{exc}; continue where it ran with `{resume_command(run.metadata, run.path)}`",
+                            exc.status, exc.exit_code) from None
+    job_id = submitted_job_id(run.path)
+    if job_id:
+        run.update_metadata(slurm_job_id=job_id)
+    if job_id and not job.wait:
+        # The job runs later, without us: its batch script records the end (runtime.runs.jobend).
+        run.end_status = "submitted"
+        print(f"the run's status is in {run.path}/metadata.json (`inv snapshot.show {run.path}`); "
+              f"`squeue -j {job_id}` shows the job", file=sys.stderr)
+        return {"run_dir": run.path, "summary": None, "slurm_job_id": job_id}
+    report = outcome.read(run.path)
+    if code == 0:
+        code = report.stop_status()   # a clean stop under srun exits 0 (runtime.cluster.slurm.step)
+    if report.nodes:
+        run.update_metadata(hosts=report.hosts, world_size=report.world_size, nodes=len(report.nodes))
+    if code in (EXIT_REQUEUE, EXIT_INTERRUPTED) or (code - 128 in STOP_SIGNALS and not report.nodes):
+        stopped(code, report)
+    if code != 0:
+        cause = outcome.failure_summary(run.path, expected_nodes=layout.nodes)
+        first = report.first_failure()
+        if first is not None and killed_outright(first.get("exit_code")):
+            code = 137   # 128 + SIGKILL: the rank the line names, though a peer's node ended first
+        raise AnvilError(cause or f"the ranks exited with status {code}; see {run.path}/logs/", code)
+    return None
+
+
 def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: list[str] = (), after=None) -> dict:
     """Train as `job` says; returns {"run_dir": Path, "summary": dict | None}, and with `after` (called with
     the run once the launch succeeded) what it returned, under "after"."""
     import envs
     from runtime import settings as settings_mod
-    from runtime.cluster.slurm.batch import FollowStopped, submitted_job_id
     from runtime.jobs import planning, tuning
     from runtime.jobs.environment import print_warnings
     from runtime.launch import LaunchSpec
-    from runtime.runs import nodes as nodes_mod
-    from runtime.runs import outcome
     from runtime.runs.replay import resume_command
     from runtime.runs.run import execute
     from trainer import hf
@@ -227,11 +305,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
                         "the learning rate never leaves warmup")
     print_warnings(warnings)   # stderr: stdout stays the result (--json)
     settings = settings_mod.load(c)
-    excluded: dict[str, list[str]] = {}
-    leaving_out = [flag for flag, given in (("--exclude-from", job.exclude_from), ("--exclude", job.exclude)) if given]
-    if job.exclude_from:
-        excluded = nodes_mod.failing(job.exclude_from)
-        job.exclude = sorted(set(job.exclude) | set(excluded))
+    excluded, leaving_out = exclusions(job)
     name = run_options.name or cfg.name
     resume = job.resume or ""
     if resume not in ("", "auto"):
@@ -256,9 +330,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     data_mounts = [str(Path(path).resolve()) for path in cfg.data.datasets()]
     data_mounts += [cfg.checkpoint.init_from] if cfg.checkpoint.init_from else []
     runtime, transport = where(job, settings, data_mounts)
-    if leaving_out and not runtime.spans_nodes:   # no node of this machine to leave out
-        print(f"note: {' and '.join(leaving_out)} ignored: runtime {runtime} runs on this machine only (it leaves "
-              "nodes out of an ssh or slurm launch)", file=sys.stderr)
+    if not kept_local(leaving_out, runtime):
         excluded = {}
     environ = {**os.environ, **env.environ()}
     if transport.requeues(environ) and not resume:
@@ -300,46 +372,23 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
             run.log.info(f"started from {started_from['path']}: its weights; the optimizer and the step count start "
                          "fresh" if resume in ("", "auto") else f"resumes from {resume}: its checkpoint's weights, not "
                          f"those of {started_from['path']} (checkpoint.init_from)")
-        if excluded:
-            run.update_metadata(excluded_nodes=excluded)
-            print(f"excluding {len(excluded)} node(s) that failed preflight in {job.exclude_from}: "
-                  + ", ".join(f"{h} ({'; '.join(r)[:80]})" for h, r in sorted(excluded.items())), file=sys.stderr)
-        try:
-            with tuning.kept(run):   # --tune-gemm: which TunableOp results file, before and after, kept with the run
-                code = transport.launch(spec, run.env, run.path, masker=run.masker, stdout=sys.stderr)  # stdout: result
-        except FollowStopped as exc:   # a batch job cancelled while followed: how to continue it, where it ran
-            if exc.status != "cancelled":
-                raise
-            raise FollowStopped(f"{exc}; continue where it ran with `{resume_command(run.metadata, run.path)}`",
-                                exc.status, exc.exit_code) from None
-        job_id = submitted_job_id(run.path)
-        if job_id:
-            run.update_metadata(slurm_job_id=job_id)
-        if job_id and not job.wait:
-            # The job runs later, without us: its batch script records the end (runtime.runs.jobend).
-            run.end_status = "submitted"
-            print(f"the run's status is in {run.path}/metadata.json (`inv snapshot.show {run.path}`); "
-                  f"`squeue -j {job_id}` shows the job", file=sys.stderr)
-            return {"run_dir": run.path, "summary": None, "slurm_job_id": job_id}
-        report = outcome.read(run.path)
-        if code == 0:
-            code = report.stop_status()   # a clean stop under srun exits 0 (runtime.cluster.slurm.step)
-        if report.nodes:
-            run.update_metadata(hosts=report.hosts, world_size=report.world_size, nodes=len(report.nodes))
-        early = _stopped_before_the_first_step(run.path, code, report)
-        if early is not None:   # exit 3 (requeue me) or 130, as the trainer's after a checkpoint
-            raise JobStopped(f"interrupted ({early}) before the first step: nothing to checkpoint; the same "
-                             "command starts it again", code if code in (EXIT_REQUEUE, EXIT_INTERRUPTED)
-                             else exit_status(code - 128, training=True), "interrupted")
-        if code == EXIT_REQUEUE:
-            raise JobStopped(f"stopped on a signal after checkpointing; continue where it ran with "
-                             f"`{resume_command(run.metadata, run.path)}`", EXIT_REQUEUE, "preempted")
-        if code == EXIT_INTERRUPTED:
-            raise JobStopped(f"interrupted (Ctrl-C) after checkpointing; continue where it ran with "
-                             f"`{resume_command(run.metadata, run.path)}`", EXIT_INTERRUPTED, "interrupted")
-        if code != 0:
-            cause = outcome.failure_summary(run.path, expected_nodes=layout.nodes)
-            raise AnvilError(cause or f"the trainer exited with status {code}; see {run.path}/logs/", code)
+        def stopped(code, report):
+            early = _stopped_before_the_first_step(run.path, code, report)
+            if early is not None:   # exit 3 (requeue me) or 130, as the trainer's after a checkpoint
+                raise JobStopped(f"interrupted ({early}) before the first step: nothing to checkpoint; the same "
+                                 "command starts it again", code if code in (EXIT_REQUEUE, EXIT_INTERRUPTED)
+                                 else exit_status(code - 128, training=True), "interrupted")
+            if code == EXIT_REQUEUE:
+                raise JobStopped(f"stopped on a signal after checkpointing; continue where it ran with "
+                                 f"`{resume_command(run.metadata, run.path)}`", EXIT_REQUEUE, "preempted")
+            if code == EXIT_INTERRUPTED:
+                raise JobStopped(f"interrupted (Ctrl-C) after checkpointing; continue where it ran with "
+                                 f"`{resume_command(run.metadata, run.path)}`", EXIT_INTERRUPTED, "interrupted")
+
+        # --tune-gemm: which TunableOp results file, before and after, kept with the run
+        submitted = launch_job(run, transport, spec, job, excluded, layout, stopped, around=tuning.kept)
+        if submitted is not None:
+            return submitted
         summary = runfiles.read_summary(run.path) if (run.path / names.SUMMARY).is_file() else None
         return {"run_dir": run.path, "summary": summary, **({"after": after(run)} if after else {})}
 

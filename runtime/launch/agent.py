@@ -2,6 +2,8 @@
 
     python -m runtime.launch.agent --nproc N [--nnodes M --node-rank R --master-addr A]
                                    [--master-port P] -- PYTHON -m trainer ARGS...
+    python -m runtime.launch.agent --nproc N [...] --backend megatron [--metrics-regex RE]
+                                   [--hang-timeout S] [--chdir DIR] -- PYTHON pretrain_gpt.py ARGS...
 
 It does what torchrun does for a static job (RANK, LOCAL_RANK, WORLD_SIZE,
 LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT in each rank's
@@ -31,6 +33,13 @@ environment; env:// rendezvous), and what torchrun does not:
 - With names.PROFILE_TOOL set (inv profile.train --tool), the ranks names.PROFILE_RANKS names
   run under that vendor profiler (runtime.launch.tools); a profiler missing on this node is one
   line and exit 2, before any rank starts.
+- With --backend NAME (inv train.launch) the ranks run another trainer's program
+  (runtime.backends): the agent picks the checkpoint each attempt resumes from,
+  writes each rank's output to logs/rank<R>.log, its metric lines to
+  metrics.jsonl, passes stop signals on the way the backend expects (Megatron-LM's
+  SIGTERM, after which its exit 0 is a clean stop), and with --hang-timeout ends
+  ranks that made no progress for that long (runtime.launch.output). --chdir
+  runs them in that folder (where inv ran, on a shared file system).
 - With names.RUN_DIR set it writes RUN_DIR/logs/agent-<node rank>.json
   (host, ranks, exit statuses, first failure, and what its starter adds: a
   Slurm job id and restart count) for the runner's summary.
@@ -52,7 +61,8 @@ import runtime.launch.tools as tools
 from runtime.launch.spec import (EXIT_INTERRUPTED, EXIT_REQUEUE, LAUNCHER_PID_VAR, NODE_LOCAL_VAR, PASSED_SIGNALS,
                                  RUN_DIR_VAR)
 from core.files import write_json_atomic
-from core.signals import EXIT_HUNG, STOP_SIGNALS, exit_status, on_parent_death
+from core.signals import EXIT_HUNG, STOP_SIGNALS, exit_status, killed_outright, on_parent_death
+from runtime.launch.output import Program
 
 
 def container_engine(environ) -> str | None:
@@ -93,6 +103,10 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--node-rank", type=int, default=0)
     p.add_argument("--master-addr", default="127.0.0.1")
     p.add_argument("--master-port", type=int, default=0)
+    p.add_argument("--backend", default="", help="the ranks run this backend's program (runtime.backends)")
+    p.add_argument("--metrics-regex", default="", help="--backend: metric lines this regex reads, too")
+    p.add_argument("--hang-timeout", type=float, default=0.0, help="--backend: seconds without progress = hung")
+    p.add_argument("--chdir", default="", help="--backend: the ranks' working directory (when it is there)")
     args = p.parse_args(argv[:split])
     command = argv[split + 1:]
     if not command:
@@ -102,9 +116,23 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     return args, command
 
 
+def program_options(args: argparse.Namespace) -> dict:
+    """The Agent's keywords for a backend's program, from parse_args's options."""
+    return dict(backend=args.backend, metrics_regex=args.metrics_regex, hang_timeout=args.hang_timeout,
+                chdir=args.chdir)
+
+
+def blame_order(ended: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The ranks found ended in one look (local rank, exit status), in the order they are blamed: one SIGKILL
+    ended first (core.signals.killed_outright), then by rank; its peers, failing on their closed connection
+    to it, often end within the 50 ms between looks."""
+    return sorted(ended, key=lambda ended_rank: not killed_outright(ended_rank[1]))
+
+
 class Agent:
     def __init__(self, nproc: int, nnodes: int, node_rank: int, master_addr: str, master_port: int,
-                 command: list[str], environ=None, grace: float | None = None, report: dict | None = None):
+                 command: list[str], environ=None, grace: float | None = None, report: dict | None = None,
+                 backend: str = "", metrics_regex: str = "", hang_timeout: float = 0.0, chdir: str = ""):
         self.nproc, self.nnodes, self.node_rank = nproc, nnodes, node_rank
         self.master_addr, self.master_port = master_addr, master_port or free_port()
         self.command = command
@@ -118,6 +146,10 @@ class Agent:
         self.stopped_early = False        # a rank ended by the stop signal before its first step
         self.started = time.time()
         self.report = {"restart_count": 0, **(report or {})}   # what the starter adds (a scheduler's job id)
+        self.backend, self.metrics_regex, self.hang_timeout = backend, metrics_regex, hang_timeout
+        self.chdir = chdir if chdir and os.path.isdir(chdir) else None
+        self.program: Program | None = None     # --backend: the other trainer's ranks (runtime.launch.output)
+        self.forwarded: int | None = None       # the signal the ranks were sent for the stop signal
 
     # ---- environment
     def base_env(self) -> dict[str, str]:
@@ -152,10 +184,13 @@ class Agent:
     def _on_signal(self, signum, _frame) -> None:
         if self.stop_signal is None:
             self.stop_signal = signum
+        sent = self.program.forwarded(signum) if self.program is not None else signum
+        if signum in STOP_SIGNALS and self.forwarded is None:
+            self.forwarded = sent
         for proc in self.procs:
             if proc.poll() is None:
                 try:
-                    proc.send_signal(signum)
+                    proc.send_signal(sent)
                 except ProcessLookupError:
                     pass
 
@@ -176,15 +211,19 @@ class Agent:
             return 2
         if profiled and run_dir:
             Path(run_dir, "profile").mkdir(parents=True, exist_ok=True)   # the tools write there, and make no folder
-        for local_rank in range(self.nproc):
-            command = tools.wrap(self.command, self.node_rank * self.nproc + local_rank, base, run_dir)
-            self.procs.append(subprocess.Popen(command, env=self.rank_env(base, local_rank)))
+        if self.backend:
+            started = self._start_program(base, run_dir)
+            if started is not None:
+                return started
+        else:
+            for local_rank in range(self.nproc):
+                command = tools.wrap(self.command, self.node_rank * self.nproc + local_rank, base, run_dir)
+                self.procs.append(subprocess.Popen(command, env=self.rank_env(base, local_rank)))
         kill_at = None
         while len(self.codes) < len(self.procs):
-            for local_rank, proc in enumerate(self.procs):
-                if local_rank in self.codes or proc.poll() is None:
-                    continue
-                code = proc.returncode
+            ended = [(local_rank, proc.returncode) for local_rank, proc in enumerate(self.procs)
+                     if local_rank not in self.codes and proc.poll() is not None]
+            for local_rank, code in blame_order(ended):
                 self.codes[local_rank] = code
                 if self._ended_by_the_stop_signal(local_rank, code):
                     continue
@@ -196,7 +235,13 @@ class Agent:
                     if proc.poll() is None:
                         proc.kill()
                 kill_at = None
+            quiet = self.program.silent() if self.program is not None and self.first_failure is None else None
+            if quiet is not None:
+                self._hung(quiet)
+                kill_at = time.monotonic() + self.grace
             time.sleep(0.05)
+        if self.program is not None:
+            self.program.close()
         if self.stop_signal is not None:
             # Every rank has ended: a later copy of the stop signal (scancel's TERM after the
             # warning) must not turn this clean stop into a death by signal, which it would while
@@ -207,6 +252,54 @@ class Agent:
         self._write_record(code)
         return code
 
+    def _start_program(self, base: dict[str, str], run_dir: str | None) -> int | None:
+        """--backend: this node's ranks of the other trainer, their output followed; None once they run, else
+        the exit status of a rank that could not start (the others stopped)."""
+        self.program = Program.start(self.backend, self.command, base, Path(run_dir) if run_dir else None,
+                                     self.host, self.node_rank, self.nproc, self.nproc * self.nnodes,
+                                     self.metrics_regex, self.hang_timeout)
+        if self.program.resume is not None and self.program.hosts_metrics_rank:
+            print(f"anvil-agent: resuming from {self.program.resume.path} (step {self.program.resume.step})",
+                  file=sys.stderr, flush=True)
+        started = []
+        for local_rank in range(self.nproc):
+            try:
+                proc = subprocess.Popen(self.program.command, env=self.rank_env(self.program.env, local_rank),
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                        cwd=self.chdir, preexec_fn=self.program.preexec())
+            except OSError as exc:
+                rank = self.node_rank * self.nproc + local_rank
+                said = f"cannot start {self.program.command[0]}: {exc.strerror or exc}"
+                print(f"anvil-agent: rank {rank} on {self.host}: {said}", file=sys.stderr, flush=True)
+                self.program.error(local_rank, said)
+                self.first_failure = {"rank": rank, "local_rank": local_rank, "host": self.host, "exit_code": 127,
+                                      "time": time.time()}
+                for other in started:
+                    other.kill()
+                    other.wait()
+                self._write_record(127)
+                return 127
+            started.append(proc)
+        self.procs = started
+        for local_rank, proc in enumerate(self.procs):
+            self.program.follow(local_rank, proc.stdout, proc.stderr)
+        return None
+
+    def _hung(self, quiet: float) -> None:
+        """No progress for `quiet` seconds (--hang-timeout): hang reports, this node's ranks ended, exit 4."""
+        self.program.hang_reports(quiet)
+        rank = self.node_rank * self.nproc
+        self.first_failure = {"rank": rank, "local_rank": 0, "host": self.host, "exit_code": EXIT_HUNG,
+                              "time": time.time()}
+        print(f"anvil-agent: no progress for {quiet:.0f} s (--hang-timeout {self.hang_timeout:g}); stopping the "
+              f"{self.nproc} rank(s) on {self.host} ({names.LOGS_DIR}/hang-rank*.json)", file=sys.stderr, flush=True)
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    proc.send_signal(signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+
     def _ended_by_the_stop_signal(self, local_rank: int, code: int) -> bool:
         """A rank that the stop signal this agent got ended before its handler was in place (the
         trainer's is installed once its model is built, before the first step; SIGTERM, SIGHUP and
@@ -215,7 +308,7 @@ class Agent:
             return False
         if self.stop_signal is None:   # the group's signal reached the rank first: this agent's handler runs now
             time.sleep(0.1)
-        if self.stop_signal != -code:
+        if -code not in (self.stop_signal, self.forwarded):
             return False
         if not self.stopped_early:
             print(f"anvil-agent: rank {self.node_rank * self.nproc + local_rank} on {self.host} ended by "
@@ -245,6 +338,9 @@ class Agent:
             code = self.first_failure["exit_code"]
             return 128 - code if code < 0 else code
         codes = set(self.codes.values())
+        if self.stop_signal is not None and self.program is not None and self.program.backend.stops_with_zero \
+                and codes == {0}:   # Megatron-LM: its checkpoint on the signal, then exit 0
+            codes = {exit_status(self.stop_signal, training=True)}
         if self.stopped_early:     # the trainer's status for the signal, as after a checkpoint (3 or 130)
             codes.add(exit_status(self.stop_signal, training=True))
         if EXIT_INTERRUPTED in codes:
@@ -263,7 +359,7 @@ class Agent:
                   "exit_code": code, "first_failure": self.first_failure,
                   "signal": signal.Signals(self.stop_signal).name if self.stop_signal else None,
                   "start": self.started, "end": time.time(), "container": container_engine(self.environ),
-                  **self.report}
+                  **({"program": self.program.report()} if self.program is not None else {}), **self.report}
         path = Path(run_dir) / names.LOGS_DIR / names.agent_report(self.node_rank)
         try:
             write_json_atomic(path, record)
@@ -286,7 +382,8 @@ def _end_with_launcher() -> bool:
 
 def main(argv=None) -> int:
     args, command = parse_args(argv)
-    return Agent(args.nproc, args.nnodes, args.node_rank, args.master_addr, args.master_port, command).run()
+    return Agent(args.nproc, args.nnodes, args.node_rank, args.master_addr, args.master_port, command,
+                 **program_options(args)).run()
 
 
 if __name__ == "__main__":

@@ -20,14 +20,14 @@ AGENT_MODULE = "runtime.launch.agent"
 
 def agent_command(spec: LaunchSpec, nproc: int, python: str = "", run_dir: Path | str | None = None, *,
                   layout: Sequence[str] = (), module: str = AGENT_MODULE) -> list[str]:
-    """The per-node agent starting `nproc` ranks of spec.module. `layout` names the node's place
+    """The per-node agent starting `nproc` ranks of spec (its module or program). `layout` names the node's place
     (--nnodes, --node-rank, --master-addr, --master-port); `module` is the agent itself or an entry of a
     transport's that works the layout out on the node and runs the agent (runtime.cluster.slurm.step)."""
     python = python or spec.python or sys.executable
     options = ["--nproc", str(nproc), *layout]
     if spec.master_port and "--master-port" not in layout:
         options += ["--master-port", str(spec.master_port)]
-    return [python, "-m", module, *options, "--", python, "-m", spec.module, *spec.module_args(run_dir)]
+    return [python, "-m", module, *options, *spec.agent_args, "--", *spec.rank_command(python, run_dir)]
 
 
 def launch_env(spec: LaunchSpec, env: Mapping[str, str], run_dir: Path | None, spans_nodes: bool = False

@@ -1,7 +1,8 @@
-"""What to launch, the same under every transport: the module, its arguments, the ranks per node.
+"""What to launch, the same under every transport: the module (or a program), its arguments, the ranks per node.
 
     LaunchSpec(module="trainer", args=["--config", f"{RUN_DIR}/configs/train.yaml", "--run-dir", RUN_DIR],
                nproc=None, gpus=machine.count, vendor=machine.vendor, node_local=env.node_local())
+    LaunchSpec(program=["/x/pretrain_gpt.py", "--num-layers", "2"], agent_args=["--backend", "megatron"], ...)
 
 Where it runs (this machine, SSH hosts, a Slurm allocation, a container) is not
 part of it: runtime.cluster takes a LaunchSpec and starts it on its nodes.
@@ -43,8 +44,11 @@ class LaunchError(UserError):
 
 @dataclass
 class LaunchSpec:
-    module: str                          # python -m MODULE on every rank
+    module: str = ""                     # python -m MODULE on every rank, or
     args: list[str] = field(default_factory=list)   # RUN_DIR in them stands for the run directory
+    program: list[str] = field(default_factory=list)   # a program and its arguments (train.launch): one that
+    #                                      starts with a .py file or -m runs with the node's Python, as torchrun runs it
+    agent_args: list[str] = field(default_factory=list)   # more options for the node agent (--backend NAME, ...)
     nproc: int | None = None             # processes per node; None = visible GPUs (1 on CPU)
     gpus: int | None = None              # GPUs detected on this node (envs.detect().count)
     vendor: Vendor = Vendor.CPU          # the GPUs' maker: container device flags, --gpus-per-node
@@ -60,6 +64,14 @@ class LaunchSpec:
         """args with the run directory filled in (RUN_DIR where there is none: a dry run)."""
         where = str(run_dir) if run_dir is not None else "RUN_DIR"
         return [arg.replace(RUN_DIR, where) for arg in self.args]
+
+    def rank_command(self, python: str, run_dir: Path | str | None) -> list[str]:
+        """What every rank runs: python -m MODULE ARGS, or the program (with python before a .py or -m)."""
+        if not self.program:
+            return [python, "-m", self.module, *self.module_args(run_dir)]
+        where = str(run_dir) if run_dir is not None else "RUN_DIR"
+        argv = [arg.replace(RUN_DIR, where) for arg in self.program]
+        return [python, *argv] if argv[0] == "-m" or argv[0].endswith(".py") else argv
 
 
 @dataclass

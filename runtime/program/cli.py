@@ -22,6 +22,8 @@ for a reason:
 - `inv` alone lists the tasks. Invoke's options for commands run through
   c.run() (--dry, --echo, --pty, ...: INERT_CORE) would do nothing here, so
   they are hidden from --help and refused; `-H ''` is refused, not run here.
+- What follows `--` reaches a task word for word (settings.program_args: train.launch's
+  program), where Invoke keeps only the words joined by spaces.
 - Every YAML file Invoke reads for us goes through core.safe_yaml, and the
   settings' types are checked (-f before Invoke merges it, INVOKE_ANVIL_*
   before a task runs): one line, exit 2, never a traceback.
@@ -256,6 +258,9 @@ class AnvilProgram(Program):
             super().update_config(merge=merge)
             # Check the runner settings once, here, so no task meets a bad one as a traceback.
             settings_mod.load(self)
+        # What follows `--`, word for word (train.launch's program): Invoke keeps it joined by spaces only.
+        argv = list(self.argv or [])
+        self.config[settings_mod.PROGRAM_ARGS] = argv[argv.index("--") + 1:] if "--" in argv else []
 
     def load_collection(self):
         with _config_errors():

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import sys
 
-from core import signals
+from core import names, signals
 
 #: Tasks whose stop signals end them as the trainer's do (3: requeue me; 130): they train.
-TRAINING_TASKS = ("train.pretrain", "profile.train")
+TRAINING_TASKS = names.TRAINING_TASKS
 
 
 def install(words: list[str]) -> bool:

@@ -19,7 +19,7 @@ from core.runfiles import source_text
 from runtime.report import charts, experts
 from runtime.runs import history, metrics, rundir
 
-TRAINING_TASKS = ("train.pretrain", "profile.train")
+TRAINING_TASKS = names.TRAINING_TASKS
 MAX_RANK_LINES = 32        # more ranks: their min, median and max instead of one line each
 
 

@@ -124,7 +124,9 @@ def load(path: str | Path, runs_dir: Path | None = None) -> Recorded:
 # trainer writes (trainer.metrics.Metrics.summary, summary_table formats it the same way)
 RESULTS = (("status", "status"), ("steps", "steps"), ("final_loss", "final train loss"),
            ("val_loss", "final val loss"), ("tokens_per_s", "tokens/s"), ("mfu", "MFU"),
-           ("wall_s", "wall time"), ("init_from", "started from"), ("experts", "experts' load"))
+           ("wall_s", "wall time"), ("init_from", "started from"), ("experts", "experts' load"),
+           # train.launch: the runner's summary of another trainer's metric lines (runtime.runs.metrics.summary)
+           ("backend", "backend"), ("resumed_from", "resumed from"), ("unreadable_lines", "unreadable metric lines"))
 
 
 def training_summary(run_dir: Path) -> tuple[dict, str]:
@@ -280,8 +282,12 @@ def result_rows(rec: Recorded) -> list[tuple[str, str]]:
     result its benchmark recorded; [] when it has neither."""
     if rec.benchmark:
         return benchmark_rows(rec.benchmark)
-    return [(label, _result_text(key, rec.summary.get(key), rec.summary))
-            for key, label in RESULTS if key in rec.summary]
+    return summary_rows(rec.summary)
+
+
+def summary_rows(summary: dict) -> list[tuple[str, str]]:
+    """(label, text) for each result a training summary holds, as snapshot.show prints them."""
+    return [(label, _result_text(key, summary.get(key), summary)) for key, label in RESULTS if key in summary]
 
 
 def _read_metadata(path: Path) -> tuple[dict | None, str]:

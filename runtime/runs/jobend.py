@@ -11,7 +11,8 @@ after each attempt's step (and, as a requeued job's next attempt starts, `RUN_DI
 status "resumed"). It writes what inv would have: status (ok, failed, interrupted,
 "requeued" when the job checkpointed and Slurm took it back, "preempted" when it checkpointed
 and was not taken back: after SIGTERM, from scancel or the time limit), exit code, end time,
-the failing rank's line, hosts and world size, result.json with the summary. A run that inv
+the failing rank's line, hosts and world size, result.json with the summary (train.launch's made here from
+its metrics.jsonl, as inv makes it when it follows the job). A run that inv
 is still following ("running") is left to inv, so there is one writer at a time.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ import sys
 from pathlib import Path
 
 from core import names
-from runtime.runs import diagnose, outcome, rundir
+from runtime.runs import diagnose, metrics, outcome, rundir
 from runtime.runs.run import end_entries
 from core.secrets import Masker
 from core.signals import EXIT_INTERRUPTED, EXIT_REQUEUE
@@ -67,6 +68,10 @@ def record(run_dir: Path, code: int, requeued: bool = False, environ: dict[str, 
     if report.nodes:
         metadata.update(hosts=report.hosts, world_size=report.world_size, nodes=len(report.nodes))
     metadata.update(end_entries(metadata, status, error, code, masker, findings, ended))
+    if metadata.get("task") == "train.launch":   # its summary is the runner's, from the metrics the agents parsed
+        made = metrics.summary(run_dir, wall_s=metadata.get("duration_s"))
+        if made is not None:
+            rundir.write_text(run_dir / names.SUMMARY, rundir.to_json(masker.mapping(made)))
     summary = rundir.read_json(run_dir / names.SUMMARY)
     if status == "ok":
         rundir.write_text(run_dir / names.RESULT, rundir.to_json({"run_dir": str(run_dir), "summary": summary}))

@@ -13,6 +13,7 @@ each step's last record). A segment that cannot be found or read is a note, neve
 from __future__ import annotations
 
 import re
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -160,3 +161,48 @@ def _step(record: dict) -> int:
         return int(record.get("step", 0))
     except (TypeError, ValueError):
         return 0
+
+
+def summary(run_dir: str | Path, wall_s: float | None = None) -> dict | None:
+    """A train.launch run's summary.json, made by the runner from the records its node agents parsed out of
+    another trainer's log lines (runtime.launch.output), over every segment as the report draws them:
+    steps, final loss and val loss, tokens/s, MFU and TFLOP/s (medians after the first record, which holds
+    start-up), peak memory, the backend, the checkpoint the run's last attempt resumed from, and how many
+    metric lines could not be read (and where they are). None when there is no train record."""
+    from runtime.runs import outcome
+
+    curves = read(run_dir)
+    if not curves.train:
+        return None
+    train = [curves.train[s] for s in sorted(curves.train)]
+    steady = train[1:] or train
+
+    def median(key: str):
+        values = [r[key] for r in steady if _is_number(r.get(key))]
+        return statistics.median(values) if values else None
+
+    memory = [r.get(k) for r in train for k in ("gpu_mem_gib", "gpu_mem_reserved_gib") if _is_number(r.get(k))]
+    last = train[-1]
+    out = {"steps": last["step"], "final_loss": last.get("loss"),
+           "val_loss": curves.val[max(curves.val)].get("val_loss") if curves.val else None,
+           "tokens_per_s": median("tokens_per_s"), "tokens_per_s_per_device": median("tokens_per_s_per_device"),
+           "step_time_s": median("step_time_s"), "mfu": median("mfu"), "tflops": median("tflops"),
+           "peak_mem_gib": max(memory) if memory else None, "wall_s": wall_s}
+    try:
+        resumes = [r for r in runfiles.metrics_records(run_dir) if r.get("kind") == "resume" and r.get("checkpoint")]
+    except OSError:
+        resumes = []
+    programs = [n.program for n in outcome.read(Path(run_dir)).nodes if n.program]
+    if programs:
+        out["backend"] = programs[0].get("backend")
+    if resumes:
+        out["resumed_from"] = str(resumes[-1]["checkpoint"])
+        out["resumed_step"] = resumes[-1].get("step")
+    counted = [p for p in programs if "unreadable_lines" in p]
+    if counted:
+        out["metric_lines"] = sum(int(p.get("metric_lines") or 0) for p in counted)
+        out["unreadable_lines"] = sum(int(p.get("unreadable_lines") or 0) for p in counted)
+        if out["unreadable_lines"]:
+            out["unreadable_in"] = f"{names.LOGS_DIR}/{names.rank_log(int(counted[0].get('metrics_rank') or 0))}"
+            out["unreadable_examples"] = [e for p in counted for e in p.get("unreadable_examples") or []][:5]
+    return {k: v for k, v in out.items() if v is not None or k in ("steps", "final_loss")}

@@ -23,6 +23,9 @@ from pathlib import Path
 
 from core import names
 
+#: Seconds apart that two nodes' first failures count as one event (the agents look every 50 ms; a peer's
+#: failure on its closed connection takes milliseconds; the agents' grace before SIGKILL is seconds).
+TOGETHER_S = 1.0
 # A rank log line: "[time][host rR/lL][LEVEL] message"
 _LOG_LINE = re.compile(r"^\[[^\]]*\]\[(?P<host>\S+) r(?P<rank>\d+)/l\d+\]\[(?P<level>[A-Z]+)\] (?P<msg>.*)$")
 
@@ -38,6 +41,7 @@ class NodeReport:
     end: float = 0.0
     start: float = 0.0
     restart: int = 0            # SLURM_RESTART_COUNT of the job attempt that wrote it
+    program: dict = field(default_factory=dict)   # train.launch: its backend, metric lines, what it resumed from
 
 
 @dataclass
@@ -65,8 +69,18 @@ class Outcome:
         return EXIT_INTERRUPTED if EXIT_INTERRUPTED in codes else EXIT_REQUEUE if EXIT_REQUEUE in codes else 0
 
     def first_failure(self) -> dict | None:
+        """The earliest node's first failure; but a rank SIGKILL ended within TOGETHER_S of it is the cause
+        (core.signals.killed_outright): its peers on other nodes fail on their connection to it, and their
+        agent may see that before its own agent looks."""
+        from core.signals import killed_outright
+
         failures = [n.first_failure for n in self.nodes if n.first_failure]
-        return min(failures, key=lambda f: f.get("time", 0)) if failures else None
+        if not failures:
+            return None
+        earliest = min(f.get("time", 0) for f in failures)
+        killed = [f for f in failures
+                  if killed_outright(f.get("exit_code")) and f.get("time", 0) - earliest <= TOGETHER_S]
+        return min(killed or failures, key=lambda f: f.get("time", 0))
 
 
 def read(run_dir: Path) -> Outcome:
@@ -79,7 +93,8 @@ def read(run_dir: Path) -> Outcome:
                                         ranks={int(k): int(v) for k, v in rec.get("ranks", {}).items()},
                                         first_failure=rec.get("first_failure"), signal=rec.get("signal"),
                                         end=float(rec.get("end") or 0), start=float(rec.get("start") or 0),
-                                        restart=int(rec.get("restart_count") or 0)))
+                                        restart=int(rec.get("restart_count") or 0),
+                                        program=rec["program"] if isinstance(rec.get("program"), dict) else {}))
         except (OSError, ValueError, KeyError, TypeError):
             continue   # a node killed mid-write leaves nothing readable: reported as missing
     return out
@@ -113,6 +128,34 @@ def rank_error(run_dir: Path, rank: int) -> str | None:
         if match and match.group("level") in ("ERROR", "CRITICAL"):
             return match.group("msg").strip()
     return None
+
+
+# A Python exception's last line ("ValueError: bad key"), or a logger's error line ("... - ERROR - message").
+_EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)|AssertionError)(?::\s|$)")
+_LOGGED_ERROR = re.compile(r"\b(?:ERROR|CRITICAL|FATAL)\b\s*[-:|]\s*(.+)$")
+# A line of another trainer's output in its rank log (runtime.launch.output): "[time][host rR/lL][ERR] text"
+_PROGRAM_LINE = re.compile(r"^\[[^\]]*\]\[\S+ r\d+/l\d+\]\[(OUT|ERR)\] ?(.*)$")
+
+
+def program_error(run_dir: Path, rank: int, last_words: bool = True) -> str | None:
+    """Another trainer's own error in its rank log (train.launch): its exception's last line, else its last
+    error log line, else (`last_words`: it exited with a status of its own, not by a signal) the last line
+    it wrote on stderr."""
+    path = Path(run_dir) / names.LOGS_DIR / names.rank_log(rank)
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    said = [(m.group(1), m.group(2).strip()) for m in map(_PROGRAM_LINE.match, lines) if m and m.group(2).strip()]
+    for _, text in reversed(said):
+        if _EXCEPTION.match(text):
+            return text[:300]
+    for _, text in reversed(said):
+        found = _LOGGED_ERROR.search(text)
+        if found:
+            return found.group(1).strip()[:300]
+    errors = [text for stream, text in said if stream == "ERR"]
+    return errors[-1][:300] if errors and last_words else None
 
 
 def launcher_said(run_dir: Path) -> str | None:
@@ -167,6 +210,8 @@ def hang_summary(run_dir: Path, outcome: Outcome | None = None) -> str | None:
     reports = hang_reports(run_dir, since=min(starts) if starts else None)
     if not reports:
         return None
+    if all(r.get("source") == "agent" for r in reports):
+        return silent_ranks(reports)
     first = first_hung(reports)
     step = first.get("step")
     at = f" at step {step}" if step is not None else ""
@@ -200,6 +245,20 @@ def hang_summary(run_dir: Path, outcome: Outcome | None = None) -> str | None:
     return line
 
 
+def silent_ranks(reports: list[dict]) -> str:
+    """One line from the node agents' hang reports (train.launch --hang-timeout): no progress line for how
+    long, after which step, and the ranks that printed nothing the longest (the silent ranks and hosts)."""
+    stalled = max(_number(r.get("stalled_s"), 0) for r in reports)
+    step = next((r.get("step") for r in reports if r.get("step") is not None), None)
+    by_silence = sorted(reports, key=lambda r: (-_number(r.get("silent_s"), 0), r["rank"]))
+    silent = [r for r in by_silence if _number(r.get("silent_s"), 0) >= stalled] or by_silence
+    shown = ", ".join(f"rank {r['rank']} on {r.get('host', '?')} (nothing printed for {_number(r.get('silent_s'), 0):.0f} s)"
+                      for r in silent[:8]) + (f" and {len(silent) - 8} more" if len(silent) > 8 else "")
+    after = f" after step {step}" if step is not None else ""
+    return (f"no progress line for {stalled:.0f} s{after} (--hang-timeout); silent: {shown}; their output is in "
+            f"{names.LOGS_DIR}/{names.RANK_LOGS}")
+
+
 def failure_summary(run_dir: Path, expected_nodes: int | None = None) -> str | None:
     """One line: which rank on which host failed first, and why; None when nothing is known."""
     outcome = read(run_dir)
@@ -214,6 +273,9 @@ def failure_summary(run_dir: Path, expected_nodes: int | None = None) -> str | N
         if code == -9:   # nothing in the rank's log: say who sends SIGKILL unasked
             how += ", SIGKILL: often the kernel's OOM killer (`dmesg | grep -i oom`), or a kill -9"
         cause = rank_error(run_dir, int(first["rank"]))
+        if cause is None:   # another trainer's own words (train.launch), with where the rest is
+            said = program_error(run_dir, int(first["rank"]), last_words=code > 0)
+            cause = f"{said} ({Path(run_dir) / names.LOGS_DIR / names.rank_log(int(first['rank']))})" if said else None
         parts.append(f"rank {first['rank']} on {first['host']} failed first ({how})"
                      + (f": {cause}" if cause else ""))
     if expected_nodes and len(outcome.nodes) < expected_nodes:

@@ -83,6 +83,11 @@ class ReplayPlan:
     explicit: bool = False                               # --trust-run
     trust: str = ""                                      # why the run is trusted or not, in words
 
+    @property
+    def refused(self) -> list[trust.Item]:
+        """What the replay cannot leave out and may not run (train.launch's program of an untrusted run)."""
+        return [item for item in self.items if item.required and not item.kept]
+
 
 def _major_minor(version: str | None) -> str | None:
     if not version:
@@ -133,6 +138,11 @@ def _replay_argv(metadata: dict, run_dir: Path, keep=lambda item: False,
     i = 0
     while i < len(argv):
         token = argv[i]
+        if token == "--" and i > core_end:   # train.launch's program: taken as it is, or not at all
+            if task == "train.launch":
+                items.append(_program_item(argv[:i], argv[i + 1:]))
+            out += argv[i:]
+            break
         flag, has_value, attached = token.partition("=")
         value = attached if has_value else (argv[i + 1] if i + 1 < len(argv) else "")
         width = 1 if has_value else 2     # tokens of a flag that takes a value
@@ -180,6 +190,17 @@ def _replay_argv(metadata: dict, run_dir: Path, keep=lambda item: False,
             out += [option, str(copy)]
             notes.append(f"added {option} {copy} (the run used the default {name})")
     return out, notes, items
+
+
+def _program_item(options: list[str], program: list[str]) -> trust.Item:
+    """train.launch's program (with its --backend and --megatron): code it names, which a replay cannot leave
+    out."""
+    given = {flag: options[k + 1] for k, flag in enumerate(options[:-1]) if flag in ("--backend", "--megatron")}
+    given.update(dict(t.split("=", 1) for t in options if t.startswith(("--backend=", "--megatron="))))
+    said = " ".join(f"{k} {v}" for k, v in given.items())
+    return trust.Item(f"the program {shlex.join(program) or '(none)'}" + (f" ({said})" if said else ""),
+                      "what train.launch runs on every rank", "runs it", where="the command line (after --)",
+                      required=True)
 
 
 def _config_swaps(metadata: dict, run_dir: Path) -> dict[str, str]:
@@ -238,7 +259,9 @@ def _runs_code(flag: str, value: str, core: bool, cwd: Path | None, run_dir: Pat
 
 # Tasks whose recorded launcher and node count a replay pins when the command line left them to the
 # settings or to the allocation (a 2-node run replayed outside its allocation would run on 1 node).
-_TOPOLOGY_TASKS = ("train.pretrain",)
+_TOPOLOGY_TASKS = ("train.pretrain", "train.launch")
+#: Tasks that continue a stopped run with --resume RUN.
+_RESUMING_TASKS = ("train.pretrain", "train.launch")
 
 
 def recorded_runtime(metadata: dict) -> Runtime | None:
@@ -298,15 +321,18 @@ def _pinned_resume(metadata: dict, argv: list[str], notes: list[str]) -> list[st
 
 
 def resume_command(metadata: dict, run_dir: Path | str) -> str:
-    """What continues a stopped train.pretrain run, where it ran: the command line as it was typed (its -H
+    """What continues a stopped train.pretrain or train.launch run, where it ran: the command line as it was typed (its -H
     hosts and inv's SSH and settings flags, --runtime, --nodes, --partition, --master, --exclude, its config
     and --set overrides; secrets masked), its --resume pointing at `run_dir`, and the runtime and node
     count it ran with where the command line left them to the settings (a scheduler's, as a replay pins
     them; or ssh over anvil.hosts, a container)."""
     argv = list(metadata.get("argv") or [])[1:]
-    if metadata.get("task") != "train.pretrain" or "train.pretrain" not in argv:   # profile.train: no --resume
+    task = metadata.get("task")
+    if task not in _RESUMING_TASKS or task not in argv:   # profile.train: no --resume
         return f"inv train.pretrain --resume {shlex.quote(str(run_dir))}"
-    start = argv.index("train.pretrain") + 1
+    start = argv.index(task) + 1
+    program = argv[argv.index("--", start):] if "--" in argv[start:] else []   # train.launch's, kept last
+    argv = argv[:len(argv) - len(program)]
     out, i = argv[:start], start
     while i < len(argv):
         flag, attached, _ = argv[i].partition("=")
@@ -323,7 +349,7 @@ def resume_command(metadata: dict, run_dir: Path | str) -> str:
         return any(t.split("=", 1)[0] in options for t in out)
     if runtime is not None and str(runtime) != "direct" and not given("--runtime", "-H", "--hosts"):
         out += ["--runtime", str(runtime)]
-    return shlex.join(["inv", *out])
+    return shlex.join(["inv", *out, *program])
 
 
 def _pinned_sizes(metadata: dict, run_dir: Path, argv: list[str], notes: list[str]) -> list[str]:

@@ -28,10 +28,12 @@ code of its own choosing is an Item, left out with a note unless the run is trus
 - `--patch FILE` (a hook file run before the task), Invoke's `-c/--collection` and `-r/--search-root`
   (which tasks.py is loaded), and `-f FILE` when it is not the user's own (someone else owns it, or
   others can write it, or it lies in the replayed run directory) and is Python (Invoke runs it) or
-  sets where code comes from (`tasks:`, anvil.hooks_dir, remote_inv, remote_path, container_python,
+  sets where code comes from (`tasks:`, anvil.hooks_dir, remote_inv, remote_path, megatron_path, container_python,
   container_image) or options of every rank's launch (container_extra, slurm_extra).
 - a recorded working directory outside this checkout, other than where inv runs now (`python -m`
   imports from it; Invoke looks for tasks.py there).
+- train.launch's program (what followed `--`, with --backend and --megatron): the replay cannot run
+  without it, so an untrusted run's replay is refused instead of leaving it out.
 
     found = trust.variables(recorded_env, os.environ)      # [Item]
     trust.executes("LD_PRELOAD")                            # why it can run code, or ""
@@ -127,12 +129,15 @@ class Item:
     variable: str = ""  # the variable's name, for an item of the environment
     where: str = ""     # where the run names it: "env.json", "--env", "configs/train.yaml (env:)"
     kept: bool = False  # the replay passes it on (a trusted run)
+    required: bool = False   # the replay cannot go without it: refused rather than left out (train.launch's program)
 
     def line(self) -> str:
         return f"{self.what}{self.origin()}: {self.why}; --trust-run {self.allows}"
 
     def note(self) -> str:
-        """The replay's note on leaving it out."""
+        """The replay's note on leaving it out (or, for a required item, on refusing the replay)."""
+        if self.required:
+            return f"refused: {self.what} ({self.why}; --trust-run {self.allows})"
         return f"left out {self.what} ({self.why}; --trust-run {self.allows})" + (
             f", from {self.where}" if self.where else "")
 
@@ -275,7 +280,7 @@ def trusted_by_key(seals: Mapping[str, str]) -> tuple[bool, str]:
     return False, why + (f"; your run key: {problem}" if key is None else "")
 
 
-CODE_SETTINGS = ("hooks_dir", "remote_inv", "remote_path", "container_python", "container_image")
+CODE_SETTINGS = ("hooks_dir", "remote_inv", "remote_path", "container_python", "container_image", "megatron_path")
 # Settings whose options reach every rank's launch line, and so its environment
 LAUNCH_SETTINGS = ("container_extra", "slurm_extra")
 

@@ -137,3 +137,19 @@ def test_the_seed_model_trains_in_a_podman_container_as_it_does_directly(podman,
     assert contained_losses == train_losses(run_d) and sorted(contained_losses) == list(range(1, 7))
     assert contained_losses[6] < contained_losses[1]
 
+
+def test_a_program_of_train_launch_runs_in_a_podman_container(podman, tmp_path):
+    """train.launch --runtime container: the agent and the program's ranks in the image, torchrun's
+    variables there, the metric lines back in the run."""
+    env, _image = podman
+    program = REPO / "tests" / "runner" / "launch_program.py"
+    proc = run_inv("train.launch", "--backend", "command", "--runtime", "container", "--nproc", "2", "--env",
+                   "OMP_NUM_THREADS=1", "--", str(program), "--steps", "3", runs=tmp_path / "runs", env=env,
+                   timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (run,) = (tmp_path / "runs").iterdir()
+    assert "podman run --rm --network=host --ipc=host" in (run / "logs" / "launcher.log").read_text()
+    agent = json.loads((run / "logs" / "agent-0.json").read_text())
+    assert (agent["container"], agent["world_size"], agent["program"]["backend"]) == ("podman", 2, "command")
+    assert "RANK=1 LOCAL_RANK=1 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2" in (run / "logs" / "rank1.log").read_text()
+    assert sorted(train_losses(run)) == [1, 2, 3]

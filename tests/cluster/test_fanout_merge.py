@@ -135,6 +135,31 @@ def test_remote_line_quotes_everything_and_carries_no_values():
     assert control.read() == ""                        # its end: the remote command stops as at a Ctrl-C
 
 
+def test_a_signal_passed_on_to_a_command_that_has_just_ended_is_dropped():
+    """The launcher stops the other nodes as one of them ends by itself: Invoke's stdin thread then writes
+    the signal's name to a closed channel, which must not become the host's result."""
+    from runtime.cluster.ssh.session import fabric_config
+
+    class Channel:
+        def __init__(self, closed):
+            self.closed, self.sent = closed, []
+
+        def exit_status_ready(self):
+            return self.closed
+
+        def sendall(self, data):
+            if self.closed:
+                raise OSError("Socket is closed")
+            self.sent.append(data)
+
+    runner = fabric_config().runners.remote.__new__(fabric_config().runners.remote)
+    runner.channel = Channel(closed=False)
+    runner._write_proc_stdin(b"SIGTERM\n")
+    assert runner.channel.sent == [b"SIGTERM\n"]
+    runner.channel = Channel(closed=True)
+    assert runner._write_proc_stdin(b"SIGTERM\n") is None
+
+
 def test_node_overrides_win_over_every_configuration_level(monkeypatch, tmp_path):
     from runtime import settings as settings_mod
     from runtime.cluster import BadRuntime, Runtime

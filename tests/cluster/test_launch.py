@@ -111,6 +111,26 @@ def test_agent_stops_the_others_when_one_rank_fails(tmp_path):
     assert record["first_failure"]["rank"] == 1 and record["first_failure"]["exit_code"] == 7
 
 
+def test_a_rank_sigkill_ended_is_blamed_before_its_peers_that_failed_on_it():
+    """Its peers fail on their closed connection to it within milliseconds: on its node they may be seen
+    ended in the same look (every 50 ms), on another node their agent may record them a moment earlier."""
+    from runtime.launch.agent import blame_order
+    from runtime.runs.outcome import TOGETHER_S, NodeReport, Outcome
+
+    assert blame_order([(0, 1), (1, -signal.SIGKILL), (2, 1)]) == [(1, -signal.SIGKILL), (0, 1), (2, 1)]
+    assert blame_order([(0, 1), (1, -signal.SIGTERM)]) == [(0, 1), (1, -signal.SIGTERM)]   # by rank otherwise
+
+    def node(rank: int, code: int, at: float) -> NodeReport:
+        return NodeReport(f"node{rank + 1}", rank, 1, {rank: code}, {"rank": rank, "exit_code": code, "time": at},
+                          None)
+
+    peer_first = Outcome(nodes=[node(0, 1, 100.0), node(1, -signal.SIGKILL, 100.2)])
+    assert peer_first.first_failure()["rank"] == 1
+    long_after = Outcome(nodes=[node(0, 1, 100.0), node(1, -signal.SIGKILL, 100.0 + TOGETHER_S + 5)])  # a grace's kill
+    assert long_after.first_failure()["rank"] == 0
+    assert Outcome(nodes=[node(0, 1, 100.3), node(1, 7, 100.0)]).first_failure()["rank"] == 1   # the earliest
+
+
 def test_signal_to_the_launcher_reaches_every_rank_and_exit_3_survives(tmp_path):
     """What a scheduler does: signal the launching process; ranks checkpoint (here: exit 3)."""
     env = worker_environ(tmp_path, WAIT_SIGNAL="1")

@@ -1,5 +1,5 @@
 """The house rules, checked: imports point one way (tasks -> runtime -> envs/benchmarks -> trainer
--> kernels -> core, the ground floor that imports nothing of Anvil's; and inside runtime: program -> jobs/preflight -> runs -> settings -> cluster -> launch),
+-> kernels -> core, the ground floor that imports nothing of Anvil's; and inside runtime: program -> jobs/preflight -> runs -> settings -> cluster -> launch -> backends),
 no two modules import each other (directly or around a loop), tasks.py finds collections by itself."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 from helpers.program import REPO as ROOT   # the checkout
 LAYERS = {"tasks": 5, "runtime": 4, "envs": 3, "benchmarks": 3, "trainer": 2, "kernels": 1, "core": 0}
 # Inside runtime/: the inv program on top; what tasks call; the run record; the settings; where work
-# runs (every transport); what is the same under every transport.
-RUNTIME_FLOORS = {"program": 6, "jobs": 5, "preflight": 5, "report": 5, "runs": 4, "settings": 3, "cluster": 2,
-                  "launch": 1}
+# runs (every transport); what is the same under every transport; the other trainers it can start.
+RUNTIME_FLOORS = {"program": 7, "jobs": 6, "preflight": 6, "report": 6, "runs": 5, "settings": 4, "cluster": 3,
+                  "launch": 2, "backends": 1}
 
 
 def _module_name(path: Path) -> str:

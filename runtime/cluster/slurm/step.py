@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Mapping
 
 from runtime.cluster.slurm.srun import STEP_FILE, expand_hostlist
-from runtime.launch.agent import Agent, parse_args
+from runtime.launch.agent import Agent, parse_args, program_options
 from runtime.launch.spec import EXIT_INTERRUPTED, EXIT_REQUEUE, RUN_DIR_VAR
 from core.files import write_atomic
 
@@ -49,7 +49,8 @@ def main(argv=None) -> int:
         except OSError:
             pass
     report = {"slurm_job_id": job, "restart_count": int(os.environ.get("SLURM_RESTART_COUNT", 0) or 0)}
-    code = Agent(args.nproc, nnodes, node_rank, master, args.master_port or port, command, report=report).run()
+    code = Agent(args.nproc, nnodes, node_rank, master, args.master_port or port, command, report=report,
+                 **program_options(args)).run()
     if code in (EXIT_REQUEUE, EXIT_INTERRUPTED) and run_dir:
         return 0
     return code

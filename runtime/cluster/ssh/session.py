@@ -213,9 +213,30 @@ def describe(exc: BaseException) -> str:
 
 
 def fabric_config(ssh_config: str | None = None):
-    """A Fabric Config (loads ~/.ssh/config, or the -S file)."""
+    """A Fabric Config (loads ~/.ssh/config, or the -S file), its commands run by _remote_runner()."""
     from fabric import Config as FabricConfig
-    return FabricConfig(runtime_ssh_path=ssh_config) if ssh_config else FabricConfig()
+    overrides = {"runners": {"remote": _remote_runner()}}
+    return FabricConfig(runtime_ssh_path=ssh_config, overrides=overrides) if ssh_config else \
+        FabricConfig(overrides=overrides)
+
+
+def _remote_runner():
+    """Fabric's Remote runner, but what Control passes on (a signal's name) to a command that has just ended is
+    dropped: Invoke's stdin thread raised there (OSError: Socket is closed) and the host's exit status was lost
+    in a ThreadException, its traceback the host's one-line result. It happens when one node fails and the
+    launcher stops the others as one of them ends by itself."""
+    from fabric.runners import Remote
+
+    class Remote_(Remote):
+        def _write_proc_stdin(self, data):
+            try:
+                return super()._write_proc_stdin(data)
+            except OSError:
+                if self.channel.closed or self.channel.exit_status_ready():
+                    return None
+                raise
+
+    return Remote_
 
 
 def _quiet_paramiko() -> None:

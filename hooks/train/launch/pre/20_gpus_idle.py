@@ -1,0 +1,1 @@
+../../pretrain/pre/20_gpus_idle.py
