@@ -222,6 +222,18 @@ def _gathered_numel(name: str, shape, world: int, ep: int) -> int:
     return world * _shard_numel(shape, world)
 
 
+def by_layer(shapes: dict[str, tuple[int, ...]], n_layers: int) -> list[dict[str, tuple[int, ...]]]:
+    """Each decoder layer's parameters (model.layers.<i>.*), in one pass over the names."""
+    layers: list[dict[str, tuple[int, ...]]] = [{} for _ in range(n_layers)]
+    for name, shape in shapes.items():
+        if name.startswith("model.layers."):
+            layers[int(name.split(".", 3)[2])][name] = shape
+    return layers
+
+
+_PARAM_COUNTS: dict[str, "ParamCount"] = {}
+
+
 @dataclass(frozen=True)
 class ParamCount:
     total: int           # Transformer.num_params()
@@ -233,9 +245,16 @@ class ParamCount:
     @classmethod
     def of(cls, m: ModelConfig) -> "ParamCount":
         """per_layer and layer_matmul are the largest layer's (a MoE layer's, beside dense ones)."""
+        key = repr(m)      # (train.plan's layout search asks for the same model a thousand times)
+        if key not in _PARAM_COUNTS:
+            _PARAM_COUNTS[key] = cls._count(m)
+        return _PARAM_COUNTS[key]
+
+    @classmethod
+    def _count(cls, m: ModelConfig) -> "ParamCount":
         shapes = param_shapes(m)
         total = sum(_numel(s) for s in shapes.values())
-        layers = [[s for n, s in shapes.items() if n.startswith(f"model.layers.{i}.")] for i in range(m.n_layers)]
+        layers = [list(layer.values()) for layer in by_layer(shapes, m.n_layers)]
         largest = max(layers, key=lambda layer: sum(_numel(s) for s in layer))
         embed = m.vocab_size * m.dim
         return cls(total=total, non_embedding=total if m.tie_embeddings else total - embed,
@@ -579,8 +598,8 @@ def memory(cfg: TrainConfig, world: int, device: Device, batch_size: int | None 
         fwd_extra.append(a2a)
         layer_extra.append(a2a)
     if dt.fsdp:
-        layer_numel = max(sum(_gathered_numel(n, s, world, ep) for n, s in shapes.items()
-                              if n.startswith(f"model.layers.{i}.")) for i in range(L))
+        layer_numel = max(sum(_gathered_numel(n, s, world, ep) for n, s in layer.items())
+                          for layer in by_layer(shapes, L))
         # Bytes of one gathered layer: float8 for the converted weights under float8 all-gather.
         f8_numel = fp8.converted if fp8 and fp8.gather else 0
         layer_gathered = c * layer_numel - (c - 1) * f8_numel

@@ -24,10 +24,15 @@ def signal_until_exit(proc: subprocess.Popen, signum: int, timeout: float = 60.0
 
 def start_as_from_a_terminal(argv: list[str], **kwargs) -> subprocess.Popen:
     """Start argv as a shell on a terminal would: in its own process group, so that
-    os.killpg(proc.pid, SIGINT) is a Ctrl-C, and with SIGINT handled (a suite started in the
-    background, `cmd &` in a script, hands its children SIGINT ignored, and Python keeps it so)."""
-    return subprocess.Popen(argv, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **kwargs)
+    os.killpg(proc.pid, SIGINT) is a Ctrl-C, and with SIGINT and SIGHUP handled (a suite started in
+    the background, `cmd &` in a script, hands its children SIGINT ignored, `nohup` SIGHUP, and
+    Python keeps them so)."""
+    return subprocess.Popen(argv, start_new_session=True, preexec_fn=_terminal_signals, **kwargs)
+
+
+def _terminal_signals() -> None:
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def wait_until(ready, proc: subprocess.Popen | None = None, timeout: float = 120.0, pause: float = 0.1) -> bool:

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
-import time
 
 import pytest
 
@@ -43,21 +41,6 @@ def test_inv_list_shows_every_collection_without_torch(inv_bin, repo):
     assert not {m for m in imported if m == "torch" or m.startswith("torch.")}, "inv --list imported torch"
 
 
-def test_inv_list_is_fast(inv_bin, repo):
-    """Benchmark: median of 5 `inv --list` runs; the target is 0.5 s, the assert is loose."""
-    run_command([inv_bin, "--list"], repo)   # warm the page cache and .pyc files
-    times = []
-    for _ in range(5):
-        started = time.perf_counter()
-        listed = run_command([inv_bin, "--list"], repo)
-        times.append(time.perf_counter() - started)
-        assert listed.returncode == 0, listed.stderr
-    median = statistics.median(times)
-    print(f"\ninv --list: median {median:.3f} s of 5 (min {min(times):.3f}, max {max(times):.3f}); "
-          f"target < 0.5 s")
-    assert median < 3.0, f"inv --list median {median:.2f} s"
-
-
 def test_completion(inv_bin, repo):
     script = run_command([inv_bin, "--print-completion-script", "bash"], repo)
     assert script.returncode == 0, script.stderr
@@ -71,18 +54,17 @@ def test_completion(inv_bin, repo):
 
 # ---- bootstrap -------------------------------------------------------------------------------
 
-def test_bootstrap_rerun_is_a_fast_no_op(repo):
-    if not (repo / ".venv" / ".anvil-bootstrap.json").exists():
+def test_bootstrap_rerun_is_a_no_op(repo):
+    stamp = repo / ".venv" / ".anvil-bootstrap.json"
+    if not stamp.exists():
         # A .venv made by hand: a rerun would install into it, not check it.
         pytest.skip(".venv was not made by ./bootstrap")
-    started = time.perf_counter()
-    again = run_command([repo / "bootstrap"], repo, timeout=120)
-    seconds = time.perf_counter() - started
+    before = stamp.read_bytes()
+    again = run_command([repo / "bootstrap"], repo, timeout=300)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "up to date" in again.stdout
     assert "source .venv/bin/activate" in again.stdout
-    print(f"\n./bootstrap rerun: {seconds:.2f} s")
-    assert seconds < 30
+    assert stamp.read_bytes() == before          # nothing installed again
 
 
 def test_bootstrap_bad_input_is_one_clear_message(repo):
