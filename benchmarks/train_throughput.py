@@ -47,7 +47,7 @@ _f8act (compiled Anvil variants): saved activations of 100 MiB or more kept in
 float8 until backward (train.float8_activations); _f8act<N>, those of N MiB or more
 (train.float8_activations_min_mib=N), e.g. _f8act32.
 _docs (Anvil): attention inside documents (data.document_mask) through FlexAttention; _docsdpa,
-through SDPA's boolean mask (train.attention=sdpa). The synthetic rows then hold documents of
+through SDPA's additive mask (train.attention=sdpa). The synthetic rows then hold documents of
 --seq / 4 tokens on average. `--worker attention` also times the two kernels on one such mask.
 
 --quality trains each variant on a real prepared dataset (--data) for --steps
@@ -680,7 +680,7 @@ def profile_anvil(args) -> dict:
 def attention_backends(args) -> dict:
     """fwd+bwd ms of causal GQA attention at the model's shape, per SDPA backend; and attention inside
     documents (synthetic rows' documents, --seq / 4 tokens on average), FlexAttention's block mask against
-    SDPA's boolean mask, each with its mask built as the trainer builds it once a batch."""
+    SDPA's additive mask, each with its mask built as the trainer builds it once a batch."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -715,7 +715,7 @@ def attention_backends(args) -> dict:
     documents = {}
     for kernel in ("flex", "sdpa"):
         def masked():
-            y = attend(q, k, v, layout.mask(kernel, tokens.device), enable_gqa=h != kv)
+            y = attend(q, k, v, layout.mask(kernel, tokens.device, q.dtype), enable_gqa=h != kv)
             y.sum().backward()
         try:
             documents[kernel] = round(do_bench(masked, warmup=5, rep=50), 3)

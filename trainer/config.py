@@ -190,7 +190,7 @@ class TrainSection:
     float8_activations_min_mib: float = 100.0   # ... those of at least this size (not SwiGLU's stash)
     kernels: bool = False
     attention: Literal["auto", "flex", "sdpa"] = "auto"   # with data.document_mask: the attention
-    #                                kernel; auto: FlexAttention on a GPU, SDPA with a boolean mask on the CPU
+    #                                kernel; auto: FlexAttention on a GPU, SDPA with a mask on the CPU
 
 
 @dataclass

@@ -62,7 +62,8 @@ stash, SwiGLU's float8 output (F) is rebuilt there under none too.
 
 With data.document_mask the layers keep what they keep causally (FlexAttention saves q, k, v, its
 output and the log-sum-exp, as flash does); the mask built once a batch comes on top for the whole
-step: FlexAttention's block tables (16 bytes per 128 x 128 block a row) or SDPA's T x T booleans a row,
+step: FlexAttention's block tables (16 bytes per 128 x 128 block a row) or SDPA's additive T x T mask a row
+in the compute dtype (c bytes each),
 and with data.position_reset the per-row RoPE tables (2 x 4 x head_dim bytes a token).
 
 Around the layers: the final norm and the LM head's input (4D + rD + 4 + cD per token; fused:
@@ -695,7 +696,8 @@ def attention_kernel(cfg: TrainConfig, device: Device) -> str:
 def attention_mask_term(cfg: TrainConfig, batch: int, device: Device) -> Term | None:
     """The mask built once a batch for every layer (trainer/models/masking.py), with data.document_mask:
     FlexAttention's block mask (four int32 tables of 128 x 128 blocks a row: kept and partly kept
-    blocks, forward and backward) or SDPA's boolean T x T a row; and RoPE's tables read at restarting
+    blocks, forward and backward) or SDPA's additive T x T mask a row in the compute dtype (fp32 on the
+    CPU); and RoPE's tables read at restarting
     positions (cos and sin, fp32, per row). None without document masking."""
     d, m = cfg.data, cfg.model
     if not d.document_mask:
@@ -706,7 +708,9 @@ def attention_mask_term(cfg: TrainConfig, batch: int, device: Device) -> Term | 
         blocks = -(-T // 128)
         mask, what = 16 * batch * blocks * blocks, f"FlexAttention block mask, {blocks} x {blocks} blocks a row"
     else:
-        mask, what = batch * T * T, f"SDPA boolean mask, {T:,} x {T:,} a row"
+        cpu = device.vendor is not None and Vendor.parse(device.vendor) is Vendor.CPU
+        c = 4 if cfg.precision.compute == "fp32" or cpu else 2
+        mask, what = c * batch * T * T, f"SDPA additive mask, {T:,} x {T:,} a row, {c} bytes each"
     tables = 2 * 4 * batch * T * m.head_dim if d.position_reset else 0
     return Term("attention_mask", "attention inside documents: mask" + (" + RoPE tables" if tables else ""),
                 mask + tables, what + (", positions restart per document" if tables else ""))
@@ -948,7 +952,7 @@ def attention_line(cfg: TrainConfig, device: Device) -> str:
     """"causal over each row" or "inside documents (FlexAttention block mask, positions restart)"."""
     if not cfg.data.document_mask:
         return "causal over each row (SDPA)"
-    kernel = {"flex": "FlexAttention block mask", "sdpa": "SDPA boolean mask"}[attention_kernel(cfg, device)]
+    kernel = {"flex": "FlexAttention block mask", "sdpa": "SDPA additive mask"}[attention_kernel(cfg, device)]
     return f"inside documents ({kernel}" + (", positions restart per document)" if cfg.data.position_reset else ")")
 
 

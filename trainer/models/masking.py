@@ -9,10 +9,13 @@ it in its own document (trainer/sequence.py cuts the documents and makes the lay
 
 Without a layout, attention is SDPA's causal kernel over the whole row. With one, the kernel is
 FlexAttention with a block mask (blocks of 128 x 128 that hold no allowed pair are skipped: shorter
-documents cost less) or SDPA with a boolean [B, 1, T, T] mask (T x T bytes a row). torch 2.13's
-FlexAttention has no backward on the CPU, so training there takes the SDPA mask. A batch gets the
-same kind of mask whatever its documents (no data-dependent shortcut to the causal kernel), so a
-compiled layer sees one signature and torch.compile's skipped guards stay safe (trainer/guards.py).
+documents cost less) or SDPA with an additive [B, 1, T, T] mask in the compute dtype (0 where a
+query sees a key, -inf elsewhere: 2 or 4 x T x T bytes a row). Additive rather than boolean: SDPA turns a boolean mask into
+that float inside the graph, where torch.compile's float8 storage of saved activations
+(train.float8_activations) would round its -inf to NaN; a graph input is never stored so (nor its cast
+to the compute dtype). torch 2.13's FlexAttention has no backward on the CPU, so training there takes
+the SDPA mask. A layout always gives its kernel's mask, whatever the documents, so a compiled layer sees
+one signature (trainer/sequence.py's Rows alone may drop the layout, and only when not compiled).
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ class AttentionMask:
     """What attention needs beyond q, k and v, built once per batch: one of the two masks."""
 
     block_mask: object | None = None       # FlexAttention's BlockMask
-    dense: torch.Tensor | None = None      # SDPA's boolean mask [B, 1, T, T], True where a query sees a key
+    dense: torch.Tensor | None = None      # SDPA's additive mask [B, 1, T, T]: 0 where a query sees a key
 
 
 @dataclass
@@ -43,9 +46,10 @@ class SequenceLayout:
     documents: torch.Tensor | None = None
     positions: torch.Tensor | None = None
 
-    def mask(self, kernel: Kernel, device: torch.device) -> AttentionMask | None:
+    def mask(self, kernel: Kernel, device: torch.device, dtype: torch.dtype = torch.float32) -> AttentionMask | None:
         """The mask of this layout for `kernel`: a key is seen when it is not after the query in the row
-        and is in the query's document. None (SDPA's causal kernel) without documents."""
+        and is in the query's document. None (SDPA's causal kernel) without documents. `dtype`: the
+        SDPA mask's, that of the queries (the compute dtype)."""
         docs = self.documents
         if docs is None:
             return None
@@ -54,7 +58,8 @@ class SequenceLayout:
         places = torch.arange(self.seq_len, device=docs.device)
         causal = places[None, :] <= places[:, None]                   # [T, T]
         same = docs[:, :, None] == docs[:, None, :]                   # [B, T, T]
-        return AttentionMask(dense=(causal & same)[:, None])
+        seen, hidden = (torch.full((), value, dtype=dtype, device=docs.device) for value in (0.0, float("-inf")))
+        return AttentionMask(dense=torch.where(causal & same, seen, hidden)[:, None])
 
 
 def _block_mask(docs: torch.Tensor, device: torch.device):
@@ -89,4 +94,5 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMas
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=enable_gqa)
     if mask.block_mask is not None:
         return _flex(q, k, v, block_mask=mask.block_mask, scale=scale, enable_gqa=enable_gqa)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.dense, scale=scale, enable_gqa=enable_gqa)
+    dense = mask.dense.to(q.dtype)   # (no copy where it was built in the compute dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=dense, scale=scale, enable_gqa=enable_gqa)

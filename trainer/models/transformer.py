@@ -39,7 +39,9 @@ class DecoderModel(nn.Module):
             cos, sin = self.rotary_emb(layout.seq_len)
             if layout.positions is not None:
                 cos, sin = cos[layout.positions], sin[layout.positions]
-            mask = layout.mask(self.attention_kernel, input_ids.device)
+            device = input_ids.device
+            dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else h.dtype
+            mask = layout.mask(self.attention_kernel, device, dtype)
         for layer in self.layers:
             h = layer(h, cos, sin, mask)
         return self.norm(h)
