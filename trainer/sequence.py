@@ -46,7 +46,8 @@ class Rows:
     are not cut: the batch goes through untouched, with no layout, causal attention over the row);
     `position_reset` restarts RoPE positions per document. `causal_when_whole`: a batch on the CPU whose
     rows are each one document goes through with no layout either (the causal kernel skips the blocks
-    above the diagonal; a mask does not), the common case where documents are longer than a row. Not
+    above the diagonal; a mask does not), the common case where documents are longer than a row, and in
+    another batch SDPA takes the rows of one document apart on the causal kernel (split_rows). Not
     under torch.compile: a layer compiled for one of the two would run for the other once its guards are
     skipped (trainer/guards.py); nor on a GPU, where the test would wait for the stream."""
 
@@ -61,4 +62,5 @@ class Rows:
         if self.causal_when_whole and x.device.type == "cpu" and not bool(documents[:, -1].any()):
             return x, y, None   # every row one document: its positions are its places, its mask causal
         positions = restarting_positions(documents) if self.position_reset else None
-        return x, y, SequenceLayout(x.shape[1], documents, positions)
+        split = self.causal_when_whole and x.device.type == "cpu"
+        return x, y, SequenceLayout(x.shape[1], documents, positions, split_rows=split)

@@ -136,12 +136,20 @@ def test_positions_restart_at_each_document():
     assert restarting_positions(docs).tolist() == [[0, 1, 2, 0, 1, 0, 1, 2, 3]]
 
 
-def test_a_batch_of_whole_documents_takes_the_causal_kernel_on_the_cpu_unless_compiled():
+def test_rows_of_one_document_take_the_causal_kernel_on_the_cpu_unless_compiled():
+    """A batch of whole documents goes through without a layout; in a batch with some cut rows, SDPA runs
+    the others on the causal kernel: the same output as the mask over every row."""
     whole = torch.tensor([[7, 5, 6, 2], [1, 5, 6, 7]])        # no EOS then BOS in any row
-    cut = torch.tensor([[7, 5, 6, 2], [5, 2, 1, 7]])
     assert Rows((BOS, EOS), causal_when_whole=True)(whole, whole)[2] is None
-    assert Rows((BOS, EOS), causal_when_whole=True)(cut, cut)[2].documents.tolist() == [[0] * 4, [0, 0, 1, 1]]
     assert Rows((BOS, EOS))(whole, whole)[2] is not None      # (under torch.compile: one signature)
+    torch.manual_seed(0)
+    batch = torch.randint(3, VOCAB, (5, 32))
+    batch[1, 9:11] = batch[3, 20:22] = torch.tensor([EOS, BOS])
+    split = Rows((BOS, EOS), causal_when_whole=True)(batch, batch)[2].mask("sdpa", torch.device("cpu"))
+    assert split.cut.tolist() == [1, 3] and split.whole.tolist() == [0, 2, 4]
+    q, k, v = (torch.randn(5, 4, 32, 8) for _ in range(3))
+    every_row = Rows((BOS, EOS))(batch, batch)[2].mask("sdpa", torch.device("cpu"))
+    torch.testing.assert_close(attend(q, k, v, split), attend(q, k, v, every_row), **TOL)
 
 
 def test_synthetic_rows_hold_documents():

@@ -15,7 +15,8 @@ that float inside the graph, where torch.compile's float8 storage of saved activ
 (train.float8_activations) would round its -inf to NaN; a graph input is never stored so (nor its cast
 to the compute dtype). torch 2.13's FlexAttention has no backward on the CPU, so training there takes
 the SDPA mask. A layout always gives its kernel's mask, whatever the documents, so a compiled layer sees
-one signature (trainer/sequence.py's Rows alone may drop the layout, and only when not compiled).
+one signature (trainer/sequence.py's Rows alone may drop the layout, or split a batch's rows into those
+of one document, on the causal kernel, and the others, and only when not compiled).
 """
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ class AttentionMask:
 
     block_mask: object | None = None       # FlexAttention's BlockMask
     dense: torch.Tensor | None = None      # SDPA's additive mask [B, 1, T, T]: 0 where a query sees a key
+    cut: torch.Tensor | None = None        # with split rows: the rows `dense` is for ([C, 1, T, T]) ...
+    whole: torch.Tensor | None = None      # ... and the rows of one document, causal
 
 
 @dataclass
@@ -45,6 +48,7 @@ class SequenceLayout:
     seq_len: int
     documents: torch.Tensor | None = None
     positions: torch.Tensor | None = None
+    split_rows: bool = False   # SDPA: the rows of one document apart, on the causal kernel (not compiled)
 
     def mask(self, kernel: Kernel, device: torch.device, dtype: torch.dtype = torch.float32) -> AttentionMask | None:
         """The mask of this layout for `kernel`: a key is seen when it is not after the query in the row
@@ -57,9 +61,14 @@ class SequenceLayout:
             return AttentionMask(block_mask=_block_mask(docs, device))
         places = torch.arange(self.seq_len, device=docs.device)
         causal = places[None, :] <= places[:, None]                   # [T, T]
+        cut = whole = None
+        if self.split_rows:   # (reads the documents on the host: for the CPU, uncompiled)
+            several = docs[:, -1] > 0
+            cut, whole = several.nonzero().flatten(), (~several).nonzero().flatten()
+            docs = docs[cut]
         same = docs[:, :, None] == docs[:, None, :]                   # [B, T, T]
         seen, hidden = (torch.full((), value, dtype=dtype, device=docs.device) for value in (0.0, float("-inf")))
-        return AttentionMask(dense=torch.where(causal & same, seen, hidden)[:, None])
+        return AttentionMask(dense=torch.where(causal & same, seen, hidden)[:, None], cut=cut, whole=whole)
 
 
 def _block_mask(docs: torch.Tensor, device: torch.device):
@@ -95,4 +104,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMas
     if mask.block_mask is not None:
         return _flex(q, k, v, block_mask=mask.block_mask, scale=scale, enable_gqa=enable_gqa)
     dense = mask.dense.to(q.dtype)   # (no copy where it was built in the compute dtype)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=dense, scale=scale, enable_gqa=enable_gqa)
+    if mask.cut is None or len(mask.whole) == 0:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=dense, scale=scale, enable_gqa=enable_gqa)
+    # the masked kernel computes every block of T x T, the causal one skips those above the diagonal
+    c, w = mask.cut, mask.whole
+    y_cut = F.scaled_dot_product_attention(q[c], k[c], v[c], attn_mask=dense, scale=scale, enable_gqa=enable_gqa)
+    y_whole = F.scaled_dot_product_attention(q[w], k[w], v[w], is_causal=True, scale=scale, enable_gqa=enable_gqa)
+    return torch.cat((y_cut, y_whole))[torch.cat((c, w)).argsort()]
