@@ -46,6 +46,9 @@ in float8 inside the fused loss (precision.fp8_lm_head).
 _f8act (compiled Anvil variants): saved activations of 100 MiB or more kept in
 float8 until backward (train.float8_activations); _f8act<N>, those of N MiB or more
 (train.float8_activations_min_mib=N), e.g. _f8act32.
+_docs (Anvil): attention inside documents (data.document_mask) through FlexAttention; _docsdpa,
+through SDPA's additive mask (train.attention=sdpa). The synthetic rows then hold documents of
+--seq / 4 tokens on average. `--worker attention` also times the two kernels on one such mask.
 
 --quality trains each variant on a real prepared dataset (--data) for --steps
 and compares every loss curve with the first variant's: final and mean loss
@@ -126,16 +129,19 @@ def parse_variant(name: str) -> dict:
     kernels: True, params: fp32, fp8: tensorwise}; ValueError for an unknown name."""
     if name in ("hf", "hf_liger"):
         return {"family": "hf", "base": name, "compile": False, "kernels": name == "hf_liger",
-                "params": "bf16", "fp8": "off", "fp8_fused": True, "f8act": False, "f8head": False}
+                "params": "bf16", "fp8": "off", "fp8_fused": True, "f8act": False, "f8head": False, "docs": None}
     bases = sorted(OUR_BASES + TITAN_BASES, key=len, reverse=True)
     base = next((b for b in bases if name == b or name.startswith(b + "_")), None)
     if base is None:
         raise ValueError(f"unknown variant {name!r}")
-    params, fp8, fused, f8act, f8head = "bf16", "off", True, False, False
+    params, fp8, fused, f8act, f8head, docs = "bf16", "off", True, False, False, None
     family = "titan" if base.startswith("titan_") else "anvil"
     for token in filter(None, name[len(base):].split("_")):
         if f8act:
             raise ValueError(f"variant {name!r}: _f8act comes last")
+        if token in ("docs", "docsdpa") and family == "anvil" and docs is None:
+            docs = "flex" if token == "docs" else "sdpa"
+            continue
         mib = token[len("f8act"):] if token.startswith("f8act") else None
         if mib is not None and (mib == "" or mib.isdigit() and int(mib) > 0) and family == "anvil" \
                 and "compile" in base:
@@ -150,10 +156,10 @@ def parse_variant(name: str) -> dict:
             raise ValueError(f"variant {name!r}: unexpected suffix {token!r} "
                              "(allowed, in this order: _fp32, then _fp8, _fp8rw or, Anvil only, _fp8ref, then, "
                              "Anvil --kernels with FP8 only, _f8head, then, compiled Anvil only, _f8act or "
-                             "_f8act<MiB>)")
+                             "_f8act<MiB>; Anvil's _docs or _docsdpa anywhere before _f8act)")
     return {"family": family, "base": base, "compile": "compile" in base,
             "kernels": base.endswith("kernels"), "params": params, "fp8": fp8, "fp8_fused": fused, "f8act": f8act,
-            "f8head": f8head}
+            "f8head": f8head, "docs": docs}
 
 
 def flops_for_shape(cfg) -> tuple[int, int]:
@@ -286,6 +292,9 @@ def anvil_argv(args, variant: str, run_dir: Path, steps: int | None = None) -> l
             sets.append(f"train.float8_activations_min_mib={spec['f8act']}")
     if spec["f8head"]:
         sets.append("precision.fp8_lm_head=true")
+    # causal over the row unless _docs: the same attention as the torchtitan and transformers variants
+    sets += ["data.document_mask=true", f"train.attention={spec['docs']}"] if spec["docs"] else \
+        ["data.document_mask=false"]
     argv = [*_launcher(args), "-m", "trainer", "--config", args.config, "--run-dir", str(run_dir)]
     for item in sets:
         argv += ["--set", item]
@@ -669,11 +678,17 @@ def profile_anvil(args) -> dict:
 
 
 def attention_backends(args) -> dict:
-    """fwd+bwd ms of causal GQA attention at the model's shape, per SDPA backend."""
+    """fwd+bwd ms of causal GQA attention at the model's shape, per SDPA backend; and attention inside
+    documents (synthetic rows' documents, --seq / 4 tokens on average), FlexAttention's block mask against
+    SDPA's additive mask, each with its mask built as the trainer builds it once a batch."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from triton.testing import do_bench
+
+    from trainer.data import SyntheticLoader
+    from trainer.models.masking import SequenceLayout, attend
+    from trainer.sequence import document_ids
 
     cfg = _model_cfg(args)
     b, t, h, kv, d = args.batch, args.seq, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -694,7 +709,21 @@ def attention_backends(args) -> dict:
             out[label] = round(do_bench(run, warmup=5, rep=50), 3)
         except Exception as exc:
             out[label] = f"unsupported: {str(exc).splitlines()[0][:80]}"
-    return {"attention_fwd_bwd_ms_per_layer": out}
+    loader = SyntheticLoader(cfg.vocab_size, seq_len=t, batch_size=b, documents=True)
+    tokens = next(loader)[0].cuda()
+    layout = SequenceLayout(t, document_ids(tokens, *loader.document_tokens()))
+    documents = {}
+    for kernel in ("flex", "sdpa"):
+        def masked():
+            y = attend(q, k, v, layout.mask(kernel, tokens.device, q.dtype), enable_gqa=h != kv)
+            y.sum().backward()
+        try:
+            documents[kernel] = round(do_bench(masked, warmup=5, rep=50), 3)
+        except Exception as exc:
+            documents[kernel] = f"unsupported: {str(exc).splitlines()[0][:80]}"
+    return {"attention_fwd_bwd_ms_per_layer": out,
+            "document_mask_fwd_bwd_ms_per_layer": {**documents, "documents_per_row": round(
+                float(layout.documents.max(1).values.float().mean()) + 1, 1)}}
 
 
 # --------------------------------------------------------------------------- FP8 quality

@@ -148,6 +148,25 @@ def dataset(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def short_documents(tmp_path_factory) -> Path:
+    """3000 documents of 3 to 40 words (the byte tokenizer: about 20 to 250 tokens each), so that most
+    windows of 64 tokens cross a document's end. Read-only for tests: one per session, shared."""
+    import json
+    import random
+
+    from trainer.data import prepare
+
+    words = "the of and to in is was for on that with as by at from his her an which or be this are".split()
+    rng = random.Random(0)
+    folder = tmp_path_factory.mktemp("short")
+    corpus = folder / "short.jsonl"
+    corpus.write_text("".join(json.dumps({"text": " ".join(rng.choice(words) for _ in range(rng.randint(3, 40)))})
+                              + "\n" for _ in range(3000)))
+    prepare([corpus], folder / "dataset", progress=False)
+    return folder / "dataset"
+
+
 @pytest.fixture
 def small_corpus(tmp_path) -> Path:
     """tmp_path/corpus: three short text documents."""

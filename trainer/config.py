@@ -143,6 +143,9 @@ class DataConfig:
     seq_len: int = 256
     batch_size: int = 8            # micro batch per rank
     grad_accum: int = 1            # micro batches per optimizer step
+    document_mask: bool = False    # attention stays inside each document of a packed row (documents cut
+    #                                by the dataset's BOS/EOS ids); false: causal over the whole row
+    position_reset: bool = False   # with document_mask: RoPE positions restart at 0 in each document
 
     def __post_init__(self):
         if self.path is None and not self.blend:
@@ -186,6 +189,8 @@ class TrainSection:
     float8_activations: bool = False       # compile: saved activations kept in float8 (saved_activations.py)
     float8_activations_min_mib: float = 100.0   # ... those of at least this size (not SwiGLU's stash)
     kernels: bool = False
+    attention: Literal["auto", "flex", "sdpa"] = "auto"   # with data.document_mask: the attention
+    #                                kernel; auto: FlexAttention on a GPU, SDPA with a mask on the CPU
 
 
 @dataclass
@@ -494,6 +499,8 @@ def _check_values(cfg: TrainConfig, src: str) -> None:
     need(d.seq_len <= m.max_seq_len, "data.seq_len", f"at most model.max_seq_len ({m.max_seq_len})")
     need(d.batch_size > 0, "data.batch_size", "a positive integer")
     need(d.grad_accum > 0, "data.grad_accum", "a positive integer")
+    need(d.document_mask or not d.position_reset, "data.position_reset",
+         "false unless data.document_mask is true (positions restart where attention stops at a document's end)")
     o = cfg.optim
     need(0 < o.lr <= 1, "optim.lr", "a learning rate in (0, 1], e.g. 3e-4")
     need(o.weight_decay >= 0, "optim.weight_decay", "a number >= 0")

@@ -60,6 +60,12 @@ counts them with saved_tensors_hooks, bf16 weights and fp32 weights under autoca
 Checkpointing adds, during each layer's backward, the recomputed rest of that one layer; with the
 stash, SwiGLU's float8 output (F) is rebuilt there under none too.
 
+With data.document_mask the layers keep what they keep causally (FlexAttention saves q, k, v, its
+output and the log-sum-exp, as flash does); the mask built once a batch comes on top for the whole
+step: FlexAttention's block tables (16 bytes per 128 x 128 block a row) or SDPA's additive T x T mask a row
+in the compute dtype (c bytes each),
+and with data.position_reset the per-row RoPE tables (2 x 4 x head_dim bytes a token).
+
 Around the layers: the final norm and the LM head's input (4D + rD + 4 + cD per token; fused:
 rD + 4); the loss. Eager `linear_cross_entropy` makes c*V logits, a fp32 copy and fp32
 log-probs (kept): (c + 8) * V * N bytes in forward; its backward holds the log-probs, the NLL
@@ -675,6 +681,9 @@ def memory(cfg: TrainConfig, world: int, device: Device, batch_size: int | None 
             shared.append(Term("carry", "gradients between micro-batches", p * count.total,
                                f"data.grad_accum {cfg.data.grad_accum}"))
 
+    mask = attention_mask_term(cfg, batch, device)
+    if mask is not None:
+        shared.append(mask)
     base = [weights, optim]
     moments = [
         Moment("forward", "forward end (loss forward)",
@@ -694,6 +703,36 @@ def memory(cfg: TrainConfig, world: int, device: Device, batch_size: int | None 
         notes.append("fp32 compute: SDPA runs its math kernel (flash needs bf16/fp16), which keeps "
                      "T x T attention probabilities per head")
     return Memory(batch, mode, [weights, grads, optim], moments, acts, device, notes)
+
+
+def attention_kernel(cfg: TrainConfig, device: Device) -> str:
+    """The kernel train.attention picks on the planned device (trainer.train.attention_kernel's rule)."""
+    if cfg.train.attention != "auto":
+        return cfg.train.attention
+    return "sdpa" if device.vendor is not None and Vendor.parse(device.vendor) is Vendor.CPU else "flex"
+
+
+def attention_mask_term(cfg: TrainConfig, batch: int, device: Device) -> Term | None:
+    """The mask built once a batch for every layer (trainer/models/masking.py), with data.document_mask:
+    FlexAttention's block mask (four int32 tables of 128 x 128 blocks a row: kept and partly kept
+    blocks, forward and backward) or SDPA's additive T x T mask a row in the compute dtype (fp32 on the
+    CPU); and RoPE's tables read at restarting
+    positions (cos and sin, fp32, per row). None without document masking."""
+    d, m = cfg.data, cfg.model
+    if not d.document_mask:
+        return None
+    T = d.seq_len
+    kernel = attention_kernel(cfg, device)
+    if kernel == "flex":
+        blocks = -(-T // 128)
+        mask, what = 16 * batch * blocks * blocks, f"FlexAttention block mask, {blocks} x {blocks} blocks a row"
+    else:
+        cpu = device.vendor is not None and Vendor.parse(device.vendor) is Vendor.CPU
+        c = 4 if cfg.precision.compute == "fp32" or cpu else 2
+        mask, what = c * batch * T * T, f"SDPA additive mask, {T:,} x {T:,} a row, {c} bytes each"
+    tables = 2 * 4 * batch * T * m.head_dim if d.position_reset else 0
+    return Term("attention_mask", "attention inside documents: mask" + (" + RoPE tables" if tables else ""),
+                mask + tables, what + (", positions restart per document" if tables else ""))
 
 
 # --------------------------------------------------------------------------- the plan
@@ -773,7 +812,10 @@ class Plan:
                     "batch_size": mem.batch_size, "seq_len": self.cfg.data.seq_len,
                     "grad_accum": self.cfg.data.grad_accum, "tokens_per_step": self.tokens_per_step,
                     "activation_checkpoint": mem.mode, "kernels": self.cfg.train.kernels,
-                    "compile": self.cfg.train.compile},
+                    "compile": self.cfg.train.compile, "document_mask": self.cfg.data.document_mask,
+                    "position_reset": self.cfg.data.position_reset,
+                    "attention": attention_kernel(self.cfg, self.device) if self.cfg.data.document_mask
+                    else "sdpa_causal"},
             "device": {"name": self.device.name, "memory_gib": self.device.memory_gib,
                        "vendor": self.device.vendor, "source": self.device.source},
             "memory": {
@@ -925,6 +967,14 @@ def experts_line(cfg: TrainConfig, world: int) -> str:
             f"{_count(active).replace(' G', ' B')} parameters active a token")
 
 
+def attention_line(cfg: TrainConfig, device: Device) -> str:
+    """"causal over each row" or "inside documents (FlexAttention block mask, positions restart)"."""
+    if not cfg.data.document_mask:
+        return "causal over each row (SDPA)"
+    kernel = {"flex": "FlexAttention block mask", "sdpa": "SDPA additive mask"}[attention_kernel(cfg, device)]
+    return f"inside documents ({kernel}" + (", positions restart per document)" if cfg.data.position_reset else ")")
+
+
 def render(plan: Plan) -> str:
     """The plan as text: a header, the memory table, the checkpointing table, notes, the verdict."""
     from tabulate import tabulate
@@ -953,6 +1003,7 @@ def render(plan: Plan) -> str:
                   f"{mem.batch_size * cfg.data.seq_len:,} tokens per GPU, grad_accum {cfg.data.grad_accum}"),
         ("precision", f"params {cfg.precision.params}, compute {compute}; activation checkpointing "
                       f"{mem.mode}; kernels {'on' if cfg.train.kernels else 'off'}"),
+        ("attention", attention_line(cfg, dev)),
     ]
     out = [tabulate(header, tablefmt="plain")]
 

@@ -98,6 +98,10 @@ def _check_dataset(cfg: TrainConfig, key: str, path: Path):
                         f"model.vocab_size is {cfg.model.vocab_size}; set model.vocab_size >= "
                         f"{tok.vocab_size}")
     _check_split_sizes(cfg, key, path)
+    if cfg.data.document_mask:
+        from trainer.data import read_manifest
+        from trainer.data.loader import document_tokens
+        document_tokens(read_manifest(path), f"{key} {str(path)!r}")
     return tok
 
 
@@ -140,7 +144,26 @@ def _dataset_loader(cfg: TrainConfig, path: str, split: str, info: distributed.D
     from trainer.data import TokenLoader
     return TokenLoader(path, split, cfg.data.seq_len, cfg.data.batch_size,
                        info.rank, info.world_size, cfg.train.seed, shuffle=shuffle,
-                       vocab_size=cfg.model.vocab_size)
+                       vocab_size=cfg.model.vocab_size, documents=cfg.data.document_mask)
+
+
+def make_rows(cfg: TrainConfig, loader):
+    """What turns each batch into the model's input (trainer/sequence.py): documents cut by the loader's
+    BOS/EOS ids with data.document_mask; without it each row goes through as it is."""
+    from trainer.sequence import Rows
+    cut = loader.document_tokens() if cfg.data.document_mask else None
+    return Rows(cut, cfg.data.position_reset, causal_when_whole=not cfg.train.compile)
+
+
+def attention_kernel(cfg: TrainConfig, device: torch.device) -> str:
+    """train.attention as it runs on `device`: auto is FlexAttention on a GPU, SDPA's mask elsewhere."""
+    choice = cfg.train.attention
+    if choice == "auto":
+        return "flex" if device.type == "cuda" else "sdpa"
+    if choice == "flex" and device.type != "cuda":
+        raise TrainError(f"train.attention flex needs a GPU: torch {torch.__version__.split('+')[0]}'s "
+                         "FlexAttention has no backward on the CPU; use train.attention=sdpa (or auto)")
+    return choice
 
 
 # --------------------------------------------------------------------------- model
@@ -181,6 +204,7 @@ def build_model(cfg: TrainConfig, info: distributed.DistInfo, log):
         log.info(model.fp8_state.describe())
     for layer in model.model.layers:
         layer.activation_checkpoint = cfg.train.activation_checkpoint
+    model.model.attention_kernel = attention_kernel(cfg, info.device)
     if cfg.train.float8_activations:
         saved_activations.check_device(info.device)   # float8 casts: a GPU with FP8 (or the CPU)
         if cfg.train.activation_checkpoint == "full":
@@ -229,12 +253,13 @@ def evaluate(model, cfg: TrainConfig, info, autocast) -> tuple[float, dict[str, 
 def _val_loss(model, loader, cfg: TrainConfig, info, autocast) -> float:
     n_batches = min(cfg.train.val_batches, max(1, len(loader)))
     total = torch.zeros(2, dtype=torch.float64, device=info.device)
+    rows = make_rows(cfg, loader)
     model.eval()
     for _ in range(n_batches):
         x, y = next(loader)
-        x, y = x.to(info.device), y.to(info.device)
+        x, y, layout = rows(x.to(info.device), y.to(info.device))
         with autocast():
-            total[0] += model(x, y).double()
+            total[0] += model(x, y, layout).double()
         total[1] += (y != IGNORE_INDEX).sum()
     model.train()
     if info.distributed:
@@ -294,9 +319,13 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
     loader = make_loader(cfg, "train", info)
     if cfg.data.path == SYNTHETIC:
         log.warning("data: SYNTHETIC random tokens: throughput figures only, the loss means nothing")
+    rows = make_rows(cfg, loader)
     log.info(f"data: {data_label}; {loader.describe()}; micro batch {cfg.data.batch_size} x "
              f"{cfg.data.seq_len}, grad accum {cfg.data.grad_accum}, global batch "
-             f"{cfg.data.batch_size * cfg.data.grad_accum * info.world_size * cfg.data.seq_len:,} tokens")
+             f"{cfg.data.batch_size * cfg.data.grad_accum * info.world_size * cfg.data.seq_len:,} tokens"
+             + (f"; attention inside documents ({model.model.attention_kernel}"
+                + (", positions restart per document)" if cfg.data.position_reset else ")")
+                if cfg.data.document_mask else ""))
 
     ckpt_dir = run_dir / cfg.checkpoint.dir
     config_dict = cfg.to_dict()
@@ -396,14 +425,13 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
                     last = i == accum - 1
                     if pin:   # a pageable copy may wait for the stream; the host runs a step ahead of it
                         x, y = x.pin_memory(), y.pin_memory()
-                    x = x.to(info.device, non_blocking=True)
-                    y = y.to(info.device, non_blocking=True)
+                    x, y, row_layout = rows(x.to(info.device, non_blocking=True), y.to(info.device, non_blocking=True))
                     if fsdp:
                         model.set_requires_gradient_sync(last)
                     sync = train_model.no_sync() if ddp and not last else contextlib.nullcontext()
                     with sync:
                         with autocast():
-                            loss = train_model(x, y)
+                            loss = train_model(x, y, row_layout)
                         (loss / step_tokens).backward()
                     loss_sum += loss.detach()
             if guard_skip.active and not skipping:

@@ -129,6 +129,9 @@ def _needs_a_gpu_here(cfg, machine) -> None:
     if not machine.has_gpu and cfg.precision.fp8 != "off":
         from trainer.fp8 import NEEDS_GPU
         raise UserError(f"{NEEDS_GPU}; this machine has none. Set precision.fp8=off")
+    if (not machine.has_gpu or cfg.train.device == "cpu") and cfg.train.attention == "flex":
+        raise UserError("train.attention flex needs a GPU: torch's FlexAttention has no backward on the CPU; "
+                        "set train.attention=sdpa (or auto: SDPA with a mask on the CPU)")
 
 
 def where(job: TrainingJob, settings, mounts: list[str] = ()):

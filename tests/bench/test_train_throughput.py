@@ -12,7 +12,7 @@ from helpers.program import REPO
 def test_variant_names():
     assert tt.parse_variant("compile_kernels_fp32_fp8") == {
         "family": "anvil", "base": "compile_kernels", "compile": True, "kernels": True,
-        "params": "fp32", "fp8": "tensorwise", "fp8_fused": True, "f8act": False, "f8head": False}
+        "params": "fp32", "fp8": "tensorwise", "fp8_fused": True, "f8act": False, "f8head": False, "docs": None}
     assert tt.parse_variant("compile_kernels_fp32_fp8_f8act")["f8act"] is True   # float8 saved activations
     both = tt.parse_variant("compile_kernels_fp8_f8head_f8act")   # and the LM head in float8
     assert both["f8head"] is True and both["f8act"] is True
@@ -24,11 +24,14 @@ def test_variant_names():
     assert tt.parse_variant("hf_liger")["family"] == "hf"
     assert tt.parse_variant("kernels") == {"family": "anvil", "base": "kernels", "compile": False,
                                            "kernels": True, "params": "bf16", "fp8": "off",
-                                           "fp8_fused": True, "f8act": False, "f8head": False}
+                                           "fp8_fused": True, "f8act": False, "f8head": False, "docs": None}
+    assert tt.parse_variant("compile_kernels_docs")["docs"] == "flex"        # attention inside documents
+    assert tt.parse_variant("compile_kernels_fp8_docsdpa_f8act")["docs"] == "sdpa"
     for bad in ("kernels_fp8_fp32", "titan", "compile_kernels_bf16", "kernels_fp8_fp8rw", "titan_compile_fp8ref",
                 "kernels_f8act", "titan_compile_f8act", "compile_f8act_fp8", "compile_kernels_f8head",
                 "compile_fp8_f8head", "titan_compile_fp8_f8head", "compile_kernels_fp8_f8act_f8head",
-                "compile_kernels_f8head_fp8", "compile_f8act0", "compile_f8actx", "compile_f8act32_f8act"):
+                "compile_kernels_f8head_fp8", "compile_f8act0", "compile_f8actx", "compile_f8act32_f8act",
+                "titan_compile_docs", "compile_docs_docsdpa", "compile_f8act_docs"):
         with pytest.raises(ValueError):
             tt.parse_variant(bad)
 
@@ -61,6 +64,9 @@ def test_anvil_command_line():
     assert "float8_activations_min_mib" not in " ".join(tt.anvil_argv(args, "compile_f8act", Path("/tmp/r")))
     low = " ".join(tt.anvil_argv(args, "compile_f8act32", Path("/tmp/r")))
     assert "train.float8_activations=true" in low and "train.float8_activations_min_mib=32" in low
+    docs = " ".join(tt.anvil_argv(args, "compile_kernels_docsdpa", Path("/tmp/r")))
+    assert "data.document_mask=true" in docs and "train.attention=sdpa" in docs
+    assert "data.document_mask=false" in joined     # causal, as torchtitan's and transformers' runs
 
 
 def test_torchtitan_command_line_follows_anvils_config():

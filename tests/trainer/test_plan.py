@@ -252,8 +252,10 @@ def test_llama3_8b_on_8_h100_hand_computed():
     assert terms["fsdp_head"] == 2 * V * D                    # groups of their own (bf16 head gathered)
     assert terms["fsdp_layers"] == 2 * layer                  # the last layer stays gathered
     assert terms["final"] == T * (4 * D + 2 * D + 4 + 2 * D)
-    assert peak.bytes == sum(terms.values()) == (n * 12 // 8 + 2 * (V * D + D) + 2 * layer
-                                                 + L * T * selective + T * (8 * D + 4) + 12 * T * V)
+    assert terms["attention_mask"] == 16 * (T // 128) ** 2      # the config's document mask: FlexAttention's
+    assert peak.bytes == sum(terms.values()) == (n * 12 // 8 + 2 * (V * D + D) + 2 * layer   # block tables
+                                                 + L * T * selective + T * (8 * D + 4) + 12 * T * V
+                                                 + 16 * (T // 128) ** 2)
     assert round(peak.bytes / GIB, 2) == 47.63
     assert plan.fits and plan.max_batch == {"none": 1, "selective": 1, "selective_lean": 2, "full": 4}
     one = make_plan(cfg, gpus=1, device=H100)                 # 16 bytes a parameter alone: 120 GiB

@@ -163,6 +163,9 @@ class BlendLoader(Loader):
         self.counts = after
         return inputs_and_labels(rows)
 
+    def document_tokens(self) -> tuple[int | None, int]:
+        return self.sources[0].document_tokens()   # one tokenizer for every source (check_same_tokenizer)
+
     def tokens_by_source(self) -> dict[str, int]:
         return {name: count * self.seq_len for name, count in zip(self.names, self.counts)}
 

@@ -123,6 +123,10 @@ class Loader:
         """The windows of global samples `samples`: [len(samples), seq_len+1] int64."""
         raise NotImplementedError
 
+    def document_tokens(self) -> tuple[int | None, int]:
+        """(BOS id or None, EOS id): what cuts the stream into documents (trainer/sequence.py)."""
+        raise NotImplementedError
+
     def tokens_by_source(self) -> dict[str, int]:
         """Tokens each source of a blend gave, all ranks together ({}: one source)."""
         return {}
@@ -151,6 +155,22 @@ class Loader:
         self.cursor = int(state["cursor"])
 
 
+def document_tokens(manifest: dict, path) -> tuple[int | None, int]:
+    """(BOS id or None, EOS id) that a dataset's manifest records for its tokenizer; DataError when it
+    records no usable EOS id, which data.document_mask cuts documents by."""
+    spec = manifest.get("tokenizer") or {}
+    bos, eos = spec.get("bos_id"), spec.get("eos_id")
+
+    def an_id(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    if not an_id(eos) or not (bos is None or an_id(bos)):
+        raise DataError(f"data.document_mask: dataset {path} records no BOS/EOS ids for its tokenizer (bos_id "
+                        f"{bos!r}, eos_id {eos!r}), so its documents cannot be told apart; prepare it again "
+                        f"with `inv data.prepare --force`, or set data.document_mask=false")
+    return bos, eos
+
+
 class TokenLoader(Loader):
     """(input_ids, labels) LongTensors [batch_size, seq_len] from a prepared dataset.
 
@@ -175,8 +195,9 @@ class TokenLoader(Loader):
 
     def __init__(self, path: str | Path, split: str = "train", seq_len: int = 1024,
                  batch_size: int = 8, rank: int = 0, world_size: int = 1, seed: int = 0,
-                 epochs: int | None = None, shuffle: bool = True, vocab_size: int | None = None):
-        super().__init__(seq_len, batch_size, rank, world_size, seed, epochs)
+                 epochs: int | None = None, shuffle: bool = True, vocab_size: int | None = None,
+                 documents: bool = False):
+        super().__init__(seq_len, batch_size, rank, world_size, seed, epochs)   # (documents: synthetic only)
         self.dataset = Dataset(path)
         self.split = split
         self.shuffle = shuffle
@@ -221,6 +242,9 @@ class TokenLoader(Loader):
             raise bad_token_error(self.dataset.path, file, int(rows[i, j]), at, self.vocab_size)
         return rows
 
+    def document_tokens(self) -> tuple[int | None, int]:
+        return document_tokens(self.dataset.manifest, self.dataset.path)
+
     def _identity(self) -> dict:
         return {"split": self.split, "shuffle": self.shuffle, "tokens": self.stream.tokens}
 
@@ -233,7 +257,10 @@ class SyntheticLoader(Loader):
     """SYNTHETIC uniform random tokens, for throughput runs without a dataset.
 
     Deterministic per (seed, global sample), so it resumes and splits over ranks
-    like TokenLoader; the loss it gives says nothing about learning.
+    like TokenLoader; the loss it gives says nothing about learning. With `documents`
+    (data.document_mask), each row holds documents of seq_len / 4 tokens on average
+    (geometric lengths), each begun by BOS = vocab_size - 2 and ended by EOS =
+    vocab_size - 1, which the random tokens then never are.
     """
 
     kind = "synthetic"
@@ -241,24 +268,33 @@ class SyntheticLoader(Loader):
 
     def __init__(self, vocab_size: int, seq_len: int = 1024, batch_size: int = 8, rank: int = 0,
                  world_size: int = 1, seed: int = 0, epochs: int | None = None,
-                 windows: int = 1 << 40, split: str = "train"):
+                 windows: int = 1 << 40, split: str = "train", documents: bool = False):
         super().__init__(seq_len, batch_size, rank, world_size, seed, epochs)
-        if vocab_size < 2:
-            raise DataError(f"synthetic data needs vocab_size >= 2 (got {vocab_size})")
+        if vocab_size < (4 if documents else 2):
+            raise DataError(f"synthetic data needs vocab_size >= {4 if documents else 2} (got {vocab_size})")
         self.vocab_size = vocab_size
         self.split = split
         self.windows = windows
+        self.documents = documents
         self._key = _seed_words("synthetic", seed, split)[0]
 
     def rows(self, samples: np.ndarray) -> np.ndarray:
         rows = np.empty((len(samples), self.seq_len + 1), dtype=np.int64)
+        bos, eos = self.document_tokens()
         for i, g in enumerate(samples):
             rng = np.random.default_rng([self._key, int(g)])
-            rows[i] = rng.integers(0, self.vocab_size, self.seq_len + 1)
+            rows[i] = rng.integers(0, self.vocab_size - 2 * self.documents, self.seq_len + 1)
+            if self.documents:   # an EOS then a BOS at each boundary; the row starts inside a document
+                ends = np.cumsum(rng.geometric(min(1.0, 4 / self.seq_len), self.seq_len + 1))
+                ends = ends[ends < self.seq_len]
+                rows[i, ends - 1], rows[i, ends] = eos, bos
         return rows
 
+    def document_tokens(self) -> tuple[int | None, int]:
+        return self.vocab_size - 2, self.vocab_size - 1
+
     def _identity(self) -> dict:
-        return {"split": self.split, "vocab_size": self.vocab_size}
+        return {"split": self.split, "vocab_size": self.vocab_size} | ({"documents": True} if self.documents else {})
 
     def describe(self) -> str:
         return (f"SYNTHETIC random tokens (vocab {self.vocab_size}), seq {self.seq_len}, "

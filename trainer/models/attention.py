@@ -1,17 +1,18 @@
 """The attention blocks: grouped-query attention (Llama; Qwen3 with a norm on each query and key
 head) and multi-head latent attention (DeepSeek-V2/V3).
 
-Each takes (x, cos, sin) and returns the output projection's result; `rotary_fn` is the kernel hook
-(kernels/patch.py swaps in the fused RoPE), applied to [batch, seq, heads, rotated dims] tensors.
+Each takes (x, cos, sin, mask) and returns the output projection's result; `rotary_fn` is the kernel
+hook (kernels/patch.py swaps in the fused RoPE), applied to [batch, seq, heads, rotated dims] tensors.
+`mask` (masking.AttentionMask, None: causal over the row) keeps attention inside documents.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from trainer.config import ModelConfig
 from trainer.models.blocks import RMSNorm, apply_rotary_emb, yarn_mscale
+from trainer.models.masking import attend
 
 
 class Attention(nn.Module):
@@ -38,7 +39,7 @@ class Attention(nn.Module):
             self.q_norm.reset_parameters()
             self.k_norm.reset_parameters()
 
-    def forward(self, x, cos, sin):
+    def forward(self, x, cos, sin, mask=None):
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
@@ -48,8 +49,7 @@ class Attention(nn.Module):
         q, k = self.rotary_fn(q, k, cos, sin)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         # Flash / memory-efficient kernels on GPU; GQA without materialising repeated K/V.
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                           enable_gqa=self.n_kv_heads != self.n_heads)
+        y = attend(q, k, v, mask, enable_gqa=self.n_kv_heads != self.n_heads)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -101,7 +101,7 @@ class LatentAttention(nn.Module):
         if self.q_lora_rank:
             self.q_a_layernorm.reset_parameters()
 
-    def forward(self, x, cos, sin):
+    def forward(self, x, cos, sin, mask=None):
         B, T, _ = x.shape
         q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.q_lora_rank else self.q_proj(x)
         q_nope, q_rope = q.view(B, T, self.n_heads, -1).split([self.nope_dim, self.rope_dim], dim=-1)
@@ -111,5 +111,5 @@ class LatentAttention(nn.Module):
         q_rope, k_rope = self.rotary_fn(q_rope, k_rope.view(B, T, 1, self.rope_dim), cos, sin)
         q = torch.cat((q_nope, q_rope), dim=-1).transpose(1, 2)
         k = torch.cat((k_nope, k_rope.expand(B, T, self.n_heads, self.rope_dim)), dim=-1).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v.transpose(1, 2), is_causal=True, scale=self.scale)
+        y = attend(q, k, v.transpose(1, 2), mask, scale=self.scale)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))

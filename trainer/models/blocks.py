@@ -125,9 +125,12 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary_emb(q, k, cos, sin):
-    """q, k: [batch, seq, heads, head_dim]; cos, sin: [seq, head_dim] (HF rotate-half)."""
-    cos = cos[None, :, None, :].to(q.dtype)
-    sin = sin[None, :, None, :].to(q.dtype)
+    """q, k: [batch, seq, heads, head_dim]; cos, sin: [seq, head_dim], or [batch, seq, head_dim] where
+    positions differ by row (data.position_reset) (HF rotate-half)."""
+    if cos.dim() == 2:   # one table for every row
+        cos, sin = cos[None], sin[None]
+    cos = cos[:, :, None, :].to(q.dtype)   # broadcast over the heads
+    sin = sin[:, :, None, :].to(q.dtype)
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
 
@@ -245,14 +248,15 @@ class DecoderLayer(nn.Module):
         self.input_layernorm.reset_parameters()
         self.post_attention_layernorm.reset_parameters()
 
-    def _forward(self, x, cos, sin, rebuild: bool = False):
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin)
+    def _forward(self, x, cos, sin, mask=None, rebuild: bool = False):
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
         mlp_in = self.post_attention_layernorm(h)
         return h + (self.mlp(mlp_in, rebuild) if isinstance(self.mlp, MLP) else self.mlp(mlp_in))
 
-    def forward(self, x, cos, sin):
+    def forward(self, x, cos, sin, mask=None):
+        """`mask`: trainer.models.masking.AttentionMask (None: causal over the row)."""
         if self.activation_checkpoint == "none" or not torch.is_grad_enabled():
-            return self._forward(x, cos, sin, rebuild=True)
+            return self._forward(x, cos, sin, mask, rebuild=True)
         from torch.utils.checkpoint import checkpoint
         kwargs = {}
         if self.activation_checkpoint in self.recomputed:
@@ -260,7 +264,7 @@ class DecoderLayer(nn.Module):
             if getattr(self.mlp, "stashes", False):
                 recomputed = recomputed | STASHED_MATMULS
             kwargs["context_fn"] = partial(_selective_context, recomputed)
-        return checkpoint(self._forward, x, cos, sin, use_reentrant=False, **kwargs)
+        return checkpoint(self._forward, x, cos, sin, mask, use_reentrant=False, **kwargs)
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,

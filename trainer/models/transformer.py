@@ -5,6 +5,7 @@ and .lm_head.
     model = Transformer(cfg.model)           # the layers of model.family (trainer/models/__init__.py)
     loss_sum = model(input_ids, labels)      # the SUM of token losses (the loop divides)
     logits = model(input_ids)
+    loss_sum = model(input_ids, labels, layout)   # documents and their positions (trainer/models/masking.py)
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from torch import nn
 from trainer.config import ModelConfig
 from trainer.models import deepseek, llama, qwen3_moe
 from trainer.models.blocks import LMHead, RMSNorm, RotaryEmbedding, linear_cross_entropy
+from trainer.models.masking import SequenceLayout
 
 #: model.family -> the module whose layer(cfg, layer_id) builds a decoder layer.
 FAMILIES = {"llama": llama, "deepseek_v2": deepseek, "deepseek_v3": deepseek, "qwen3_moe": qwen3_moe}
@@ -26,12 +28,22 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(FAMILIES[cfg.family].layer(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.rotary_emb = RotaryEmbedding(cfg)
+        self.attention_kernel = "sdpa"   # with a layout: "flex" or "sdpa" (masking.py; the trainer picks it)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, layout: SequenceLayout | None = None) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
-        cos, sin = self.rotary_emb(input_ids.shape[1])
+        if layout is None:
+            cos, sin = self.rotary_emb(input_ids.shape[1])
+            mask = None
+        else:   # the row's tables, read per token where positions restart; the mask built once for every layer
+            cos, sin = self.rotary_emb(layout.seq_len)
+            if layout.positions is not None:
+                cos, sin = cos[layout.positions], sin[layout.positions]
+            device = input_ids.device
+            dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else h.dtype
+            mask = layout.mask(self.attention_kernel, device, dtype)
         for layer in self.layers:
-            h = layer(h, cos, sin)
+            h = layer(h, cos, sin, mask)
         return self.norm(h)
 
 
@@ -60,9 +72,11 @@ class Transformer(nn.Module):
         if not self.cfg.tie_embeddings:
             nn.init.normal_(self.lm_head.weight, std=std)
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        """labels None -> logits [B, T, V]; else the SUM of token losses (the loop divides)."""
-        return self.lm_head(self.model(input_ids), labels, self.loss_fn)
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                layout: SequenceLayout | None = None) -> torch.Tensor:
+        """labels None -> logits [B, T, V]; else the SUM of token losses (the loop divides). `layout`:
+        where the tokens sit in their rows (None: each row whole, causal over it)."""
+        return self.lm_head(self.model(input_ids, layout), labels, self.loss_fn)
 
     def num_params(self, exclude_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())  # parameters() yields a tied weight once
