@@ -96,22 +96,6 @@ def _train(env, tmp_path, dataset, runtime: str, *extra: str, name: str = "") ->
                    "OMP_NUM_THREADS=1", *extra, *run_sets, runs=tmp_path / "runs", env=env, timeout=600)
 
 
-def test_training_in_a_podman_container_matches_the_direct_run(podman, dataset, tmp_path):
-    env, _image = podman
-    contained = _train(env, tmp_path, dataset, "container")
-    assert contained.returncode == 0, contained.stdout[-2000:] + contained.stderr[-3000:]
-    direct = _train(env, tmp_path, dataset, "direct")
-    assert direct.returncode == 0, direct.stderr[-3000:]
-    (run_c,) = (tmp_path / "runs").glob("*_container")
-    (run_d,) = (tmp_path / "runs").glob("*_direct")
-    assert "podman run --rm --network=host --ipc=host" in (run_c / "logs" / "launcher.log").read_text()
-    agent = json.loads((run_c / "logs" / "agent-0.json").read_text())
-    assert agent["container"] == "podman" and agent["world_size"] == 2 and agent["exit_code"] == 0
-    # (the direct run reports whatever this machine itself runs in, never podman)
-    assert json.loads((run_d / "logs" / "agent-0.json").read_text())["container"] != "podman"
-    assert train_losses(run_c) == train_losses(run_d) and len(train_losses(run_c)) == 6
-
-
 def test_a_missing_image_is_one_line_with_the_engine_error(podman, dataset, tmp_path):
     env, _image = podman
     proc = _train({**env, "INVOKE_ANVIL_CONTAINER_IMAGE": "localhost/anvil-no-such-image:0"}, tmp_path, dataset,
@@ -123,7 +107,7 @@ def test_a_missing_image_is_one_line_with_the_engine_error(podman, dataset, tmp_
 
 def test_the_seed_model_trains_in_a_podman_container_as_it_does_directly(podman, dataset, tmp_path):
     """The seed's container step: DeepSeek-V2 in miniature, 2 ranks at parallel.ep=2, in the image and
-    directly: the same losses bit for bit."""
+    directly: the same losses bit for bit. (A dense model goes the same way: one run each is enough.)"""
     env, _image = podman
     moe = ["--config", str(REPO / "configs" / "deepseek_v2_debug.yaml"), "--set", "parallel.ep=2"]
     contained = _train(env, tmp_path, dataset, "container", *moe, name="moe_container")
@@ -132,7 +116,11 @@ def test_the_seed_model_trains_in_a_podman_container_as_it_does_directly(podman,
     assert direct.returncode == 0, direct.stderr[-3000:]
     (run_c,) = (tmp_path / "runs").glob("*_moe_container")
     (run_d,) = (tmp_path / "runs").glob("*_moe_direct")
-    assert "podman run --rm" in (run_c / "logs" / "launcher.log").read_text()
+    assert "podman run --rm --network=host --ipc=host" in (run_c / "logs" / "launcher.log").read_text()
+    agent = json.loads((run_c / "logs" / "agent-0.json").read_text())
+    assert agent["container"] == "podman" and agent["world_size"] == 2 and agent["exit_code"] == 0
+    # (the direct run reports whatever this machine itself runs in, never podman)
+    assert json.loads((run_d / "logs" / "agent-0.json").read_text())["container"] != "podman"
     contained_losses = train_losses(run_c)
     assert contained_losses == train_losses(run_d) and sorted(contained_losses) == list(range(1, 7))
     assert contained_losses[6] < contained_losses[1]

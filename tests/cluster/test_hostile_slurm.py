@@ -96,7 +96,9 @@ def test_ranks_whose_salloc_and_inv_are_killed_checkpoint_and_stop(slurm_cluster
     last = max(train_losses(run))
     assert last < 100000 and (run / "checkpoints" / f"step_{last}" / "COMPLETE").is_file(), sorted(
         p.name for p in (run / "checkpoints").glob("*"))
-    assert "SIGUSR2: stopping after step" in (run / "logs" / "rank0.log").read_text()
+    # every rank stops after the same step; rank 0 may hear of it from a peer before its own signal is read
+    assert "stopping after step" in (run / "logs" / "rank0.log").read_text()
+    assert "SIGUSR2: stopping after step" in "".join(p.read_text() for p in (run / "logs").glob("rank*.log"))
     # each node's agent writes its report once its ranks have exited: a moment after the test saw them go
     waited_for(lambda: len(list((run / "logs").glob("agent-*.json"))) == 2, 60, "both nodes' agent reports")
     reports = [json.loads(p.read_text()) for p in sorted((run / "logs").glob("agent-*.json"))]
