@@ -104,6 +104,17 @@ class Backend:
         return lambda line: None
 
 
+def option_value(argv: list[str], name: str) -> str | None:
+    """The value of --name VALUE or --name=VALUE in a backend's arguments (the last one given), else None."""
+    found = None
+    for i, token in enumerate(argv):
+        if token == name and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif token.startswith(name + "="):
+            found = token.split("=", 1)[1]
+    return found
+
+
 # ---- what the parsers share
 def plain(line: str) -> str:
     """The line without terminal colours and its line end."""

@@ -28,8 +28,8 @@ import signal
 from pathlib import Path
 
 from core import names
-from runtime.backends.base import (UNREADABLE, Backend, BackendError, Checkpoint, Options, Plan, number, plain,
-                                   train_record)
+from runtime.backends.base import (UNREADABLE, Backend, BackendError, Checkpoint, Options, Plan, number, option_value,
+                                   plain, train_record)
 
 TRACKER = "latest_checkpointed_iteration.txt"
 _ITERATION = re.compile(r"(?:^|\s)iteration\s+(\d+)\s*/\s*\d+\s*\|(.*)$")
@@ -37,16 +37,6 @@ _VALIDATION = re.compile(r"validation\S* loss at iteration (\d+)[^|]*\|(.*)$")
 _MEMORY = re.compile(r"\(after (\d+) iterations\) memory \(MB\)(.*)$")
 _CHECKPOINT = re.compile(r"^iter_(\d+)$")
 GIB_IN_MB = 1024.0
-
-
-def _value(argv: list[str], name: str) -> str | None:
-    found = None
-    for i, token in enumerate(argv):
-        if token == name and i + 1 < len(argv):
-            found = argv[i + 1]
-        elif token.startswith(name + "="):
-            found = token.split("=", 1)[1]
-    return found
 
 
 def _without(argv: list[str], *options: str) -> list[str]:
@@ -110,7 +100,7 @@ class Megatron(Backend):
                     notes=[self.on_signal.replace("SIGTERM", signal.Signals(self.stop_signal_of(argv)).name)])
 
     def stop_signal_of(self, argv: list[str]) -> int:
-        given = _value(argv, "--exit-signal")
+        given = option_value(argv, "--exit-signal")
         if given:
             name = given.upper() if given.upper().startswith("SIG") else f"SIG{given.upper()}"
             if given.isdigit():
@@ -120,13 +110,13 @@ class Megatron(Backend):
         return int(signal.SIGTERM)
 
     def checkpoint_dir(self, argv: list[str], run_dir: Path) -> Path:
-        return Path(_value(argv, "--save") or Path(run_dir) / names.CHECKPOINTS_DIR)
+        return Path(option_value(argv, "--save") or Path(run_dir) / names.CHECKPOINTS_DIR)
 
     def command(self, argv: list[str], run_dir: Path, resume: Checkpoint | None) -> list[str]:
         out = list(argv)
         if "--exit-signal-handler" not in out:
             out.append("--exit-signal-handler")
-        if _value(out, "--save") is None:
+        if option_value(out, "--save") is None:
             out += ["--save", str(self.checkpoint_dir(out, run_dir))]
         if resume is not None:
             folder = Path(resume.path).parent
@@ -154,7 +144,7 @@ class Megatron(Backend):
         return max(0, world_size - 1)
 
     def parser(self, argv: list[str], world_size: int, peak_tflops: float | None = None):
-        return Parser(number(_value(argv, "--seq-length") or ""), world_size, peak_tflops)
+        return Parser(number(option_value(argv, "--seq-length") or ""), world_size, peak_tflops)
 
 
 class Parser:

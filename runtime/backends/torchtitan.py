@@ -26,25 +26,14 @@ import re
 import signal
 from pathlib import Path
 
-from runtime.backends.base import (UNREADABLE, Backend, BackendError, Checkpoint, Options, Plan, number, plain,
-                                   train_record)
+from runtime.backends.base import (UNREADABLE, Backend, BackendError, Checkpoint, Options, Plan, number, option_value,
+                                   plain, train_record)
 
 MODULE = "torchtitan.train"
 CONFIG_FILE = "torchtitan.toml"          # the config's copy in RUN/configs/
 _STEP = re.compile(r"(?<![A-Za-z_])(validate )?step:\s*(\d+)\s+loss:\s*(\S+)")
 _FIELD = re.compile(r"(grad_norm|memory|tps|tflops|mfu):\s*([0-9.,eE+-]+(?:GiB)?%?)")
 _CHECKPOINT = re.compile(r"^step-(\d+)$")
-
-
-def _option(argv: list[str], name: str) -> str | None:
-    """The value of --name VALUE or --name=VALUE (the last one given), else None."""
-    found = None
-    for i, token in enumerate(argv):
-        if token == name and i + 1 < len(argv):
-            found = argv[i + 1]
-        elif token.startswith(name + "="):
-            found = token.split("=", 1)[1]
-    return found
 
 
 class Torchtitan(Backend):
@@ -74,12 +63,12 @@ class Torchtitan(Backend):
         return Plan(["-m", MODULE, "--module", module, "--config", name, *argv], notes=[self.on_signal])
 
     def checkpoint_dir(self, argv: list[str], run_dir: Path) -> Path:
-        dump = _option(argv, "--job.dump_folder") or str(run_dir)
-        return Path(dump) / (_option(argv, "--checkpoint.folder") or "checkpoint")
+        dump = option_value(argv, "--job.dump_folder") or str(run_dir)
+        return Path(dump) / (option_value(argv, "--checkpoint.folder") or "checkpoint")
 
     def command(self, argv: list[str], run_dir: Path, resume: Checkpoint | None) -> list[str]:
         out = list(argv)
-        if _option(argv, "--job.dump_folder") is None:
+        if option_value(argv, "--job.dump_folder") is None:
             out += ["--job.dump_folder", str(run_dir)]
         if "--checkpoint.enable" not in argv:
             out.append("--checkpoint.enable")

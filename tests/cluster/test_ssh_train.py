@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.cluster import _cmdline, _netns_pids, trainer_pids
+from helpers.cluster import _cmdline, _netns_pids, kill_trainers
 from helpers.processes import start_as_from_a_terminal, wait_until
 from helpers.program import explain, inv_environ
 from helpers.training import MOE_ARGS, assert_same_curve, last_step, train_args, train_losses
@@ -187,11 +187,7 @@ def test_a_host_whose_ranks_die_ends_the_job_and_is_named(hosts, dataset):
     try:
         assert wait_until(lambda: _steps_of(hosts.runs, "*_dies") >= 3, proc, timeout=300), \
             proc.communicate(timeout=60)
-        victims = trainer_pids(hosts.netns[1])
-        assert victims, "no trainer processes found on the second host"
-        killed = time.monotonic()
-        for pid in victims:
-            os.kill(pid, signal.SIGKILL)
+        killed = kill_trainers(hosts.netns[1])
         out, err = proc.communicate(timeout=240)
         ended = time.monotonic() - killed
     finally:

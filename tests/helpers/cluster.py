@@ -863,6 +863,16 @@ def trainer_pids(netns: str) -> list[int]:
     return [pid for pid in _netns_pids(netns) if _cmdline(pid)[1:3] == ["-m", "trainer"]]
 
 
+def kill_trainers(netns: str) -> float:
+    """SIGKILL every rank of one host at once, as a lost node; the time.monotonic() of the kill."""
+    victims = trainer_pids(netns)
+    assert victims, f"no trainer processes found in {netns}"
+    killed = time.monotonic()
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    return killed
+
+
 def _wait_for_ssh(address: str, log: Path, timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
     last = None
