@@ -77,9 +77,19 @@ def sets(*items: str) -> list[str]:
 
 
 def runs(work: Path) -> list[Path]:
-    """What is in work/runs (run directories only, when Anvil made it), oldest first."""
+    """What is in work/runs (run directories only, when Anvil made it), oldest first: by the second in the
+    name, then, for runs begun in the same second, by metadata.json's start_ts (the name alone would put
+    `..._failing` before `..._killed` whatever their order)."""
     folder = Path(work) / "runs"
-    return sorted(folder.iterdir()) if folder.is_dir() else []
+    return sorted(folder.iterdir(), key=_begun) if folder.is_dir() else []
+
+
+def _begun(run: Path) -> tuple:
+    try:
+        start = float(json.loads((run / "metadata.json").read_text())["start_ts"])
+    except (OSError, ValueError, KeyError, TypeError):
+        start = 0.0
+    return run.name.split("_", 1)[0], start, run.name
 
 
 def metadata(run: Path) -> dict:
