@@ -165,6 +165,8 @@ PROFILE_SUMMARY = "summary.json"    # their summary, in PROFILE_DIR
 
 RANK_LOGS = "rank*.log"             # in LOGS_DIR, every rank's log
 HANG_REPORTS = "hang-rank*.json"    # in LOGS_DIR, the hang watchdog's reports
+FAULT_REPORTS = "fault-rank*.json"  # in LOGS_DIR, the ranks a rerun step blamed (trainer/numeric.py)
+ATTEMPTS_DIR = "attempts"           # in LOGS_DIR, each failed attempt's agent, hang and fault reports
 
 # ---- between the runner and a Python hook's own interpreter (runtime/runs/hooks.py), in its folder
 HOOK_REQUEST = "request.json"       # which hook, with what context
@@ -178,6 +180,10 @@ def rank_log(rank: int) -> str:
 
 def hang_report(rank: int) -> str:
     return f"hang-rank{rank}.json"
+
+
+def fault_report(rank: int) -> str:
+    return f"fault-rank{rank}.json"
 
 
 def agent_report(node_rank: int) -> str:

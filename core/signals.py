@@ -35,6 +35,7 @@ from core import names
 
 EXIT_REQUEUE = 3
 EXIT_HUNG = 4            # no training step for health.hang_timeout_s: stacks dumped, rank ended
+EXIT_FAULTY = 5          # a step's numbers changed when it ran again (health.on_nonfinite=rerun): hardware
 EXIT_INTERRUPTED = 130
 DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR2", "SIGINT", "SIGHUP")
 _USER_STOPS = (signal.SIGINT, signal.SIGHUP)     # the user ended it: interrupted, not preempted

@@ -235,13 +235,26 @@ class LoggingConfig:
     gpu_stats: bool = True         # utilisation via nvidia-ml-py / pyrsmi
 
 
+#: health.on_nonfinite: what a NaN/Inf loss or gradient norm does (trainer.health.NumericGuard).
+NONFINITE_ACTIONS = ("stop", "rerun")
+
+
 @dataclass
 class HealthConfig:
-    """Straggler detection and the hang watchdog (trainer.health)."""
+    """Straggler detection, the hang watchdog and numeric faults (trainer.health); restarts inside the job
+    (runtime.jobs.restarts)."""
     straggler_interval: int = 50   # steps between straggler checks (one small all_gather); 0 = off
     straggler_margin: float = 0.2  # name a rank this much slower than the median (0.2 = 20%)
     hang_timeout_s: Optional[float] = None  # no step for this long = hung: stacks dumped, rank ended
     #                                 (exit 4); null: min(300, half of parallel.timeout_minutes); 0 = off
+    max_restarts: int = 2          # the launcher restarts every rank from the newest checkpoint after a
+    #                                 rank dies, hangs or hits a faulty GPU, this many times per run; 0 = off
+    spares: int = 0                # nodes held back (the last ones named); a node that failed twice is
+    #                                 swapped for one
+    on_nonfinite: str = "stop"     # a NaN/Inf loss or gradient norm (or a spike): stop (checked at the log
+    #                                 interval), or rerun the step once (checked every step): the batch's
+    #                                 fault -> the step is skipped; the hardware's -> exit 5, restart
+    spike_factor: float = 0.0      # rerun: a loss over this many times the recent median is a fault too; 0 = off
 
 
 @dataclass
@@ -532,6 +545,13 @@ def _check_values(cfg: TrainConfig, src: str) -> None:
     need(h.hang_timeout_s is None or 0 <= h.hang_timeout_s < collective_s, "health.hang_timeout_s",
          f"null (auto), 0 (off) or seconds below the collective timeout parallel.timeout_minutes "
          f"({collective_s} s), which would end the ranks first")
+    need(h.max_restarts >= 0, "health.max_restarts", "an integer >= 0 (0 = a fault ends the run)")
+    need(h.spares >= 0, "health.spares", "an integer >= 0 (nodes held back for a node that fails twice)")
+    need(h.on_nonfinite in NONFINITE_ACTIONS, "health.on_nonfinite", " or ".join(NONFINITE_ACTIONS))
+    need(h.spike_factor == 0 or h.spike_factor > 1, "health.spike_factor",
+         "0 (off) or a factor above 1, e.g. 3 (a loss 3x its recent median)")
+    need(h.spike_factor == 0 or h.on_nonfinite == "rerun", "health.spike_factor",
+         "0 unless health.on_nonfinite is rerun (a spike is rerun like a NaN)")
     for name in cfg.env:
         if not name or not (name[0].isalpha() or name[0] == "_") or not all(
                 ch.isalnum() or ch == "_" for ch in name):

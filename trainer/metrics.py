@@ -300,6 +300,15 @@ class Metrics:
         if self.is_main:
             self._write({"kind": "resume", "step": step, "time": time.time(), "checkpoint": str(checkpoint)})
 
+    def skipped(self, step: int, why: str, window: dict) -> None:
+        """Record a step whose optimizer update was skipped (trainer.numeric: the batch was at fault), with
+        the samples it read; a warning on the console."""
+        if self.is_main:
+            self._write({"kind": "skipped", "step": step, "time": time.time(), "why": why, **window})
+            self.log.warning(f"step {step}: {why}, again when run a second time: the batch is at fault; its "
+                             f"update is skipped (samples {window['samples'][0]}-{window['samples'][1] - 1}, "
+                             f"listed in {names.METRICS})")
+
     def _console_line(self, r: dict) -> str:
         parts = [f"step {r['step']}/{self.total_steps}", f"loss {r['loss']:.4f}",
                  f"lr {r['lr']:.2e}", f"gnorm {r['grad_norm']:.3f}",

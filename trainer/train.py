@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from core import names, runfiles
-from trainer import distributed, fp8, guards, health, metrics, optim, saved_activations
+from trainer import distributed, fp8, guards, health, metrics, numeric, optim, saved_activations
 from trainer.config import SYNTHETIC, TrainConfig
 from core.errors import UserError
 from trainer.guards import GuardSkip
@@ -37,14 +37,15 @@ LARGE_MODEL = 100_000_000   # parameters: building one takes long enough to say 
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
-    """Exception types whose message is the whole story (no traceback for the user)."""
+    """Exception types whose message is the whole story (no traceback for the user); each carries its exit
+    status (2 for what the user can fix; numeric.NumericFault: 5)."""
     from trainer.checkpoint import CheckpointError
     from trainer.config import ConfigError
     from trainer.data import DataError
     from trainer.hf import InitError
     from trainer.profiling import ProfileSettingsError
     return (ConfigError, DataError, CheckpointError, distributed.DistributedError, TrainError,
-            ProfileSettingsError, fp8.Fp8Error, InitError)
+            ProfileSettingsError, fp8.Fp8Error, InitError, numeric.NumericFault)
 
 
 # --------------------------------------------------------------------------- data
@@ -392,6 +393,7 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
         profiler.step_done(step)    # a window from step 1 (or one a resumed run starts inside) starts here
     guard_skip = GuardSkip(guards.wanted(cfg.train.compile, cfg.train.skip_guards, experts))
     readings = metrics.DeferredScalars(info.device)
+    numeric_guard = numeric.NumericGuard.from_config(cfg)
     pin = info.device.type == "cuda"
 
     def log_reading(reading, started: float) -> float:
@@ -412,35 +414,88 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
     if cfg.train.compile:
         log.info(f"step {step + 1} compiles the model (torch.compile) before it trains: minutes for a large "
                  "model, once")
+    def forward_backward(micro, step_tokens: int):
+        """The step's micro-batches forward and backward (gradients summed); their summed loss."""
+        loss_sum = torch.zeros((), device=info.device)
+        for i, (x, y) in enumerate(micro):
+            last = i == accum - 1
+            if pin:   # a pageable copy may wait for the stream; the host runs a step ahead of it
+                x, y = x.pin_memory(), y.pin_memory()
+            x, y, row_layout = rows(x.to(info.device, non_blocking=True), y.to(info.device, non_blocking=True))
+            if fsdp:
+                model.set_requires_gradient_sync(last)
+            sync = train_model.no_sync() if ddp and not last else contextlib.nullcontext()
+            with sync:
+                with autocast():
+                    loss = train_model(x, y, row_layout)
+                (loss / step_tokens).backward()
+            loss_sum += loss.detach()
+        return loss_sum
+
+    def readings_of(loss_sum, step_tokens: int, grad_norm) -> tuple[float, float, float]:
+        """(mean loss of all ranks, gradient norm, this rank's own mean loss), read on the host."""
+        own = loss_sum / step_tokens
+        norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm   # (FSDP: a DTensor)
+        return (float(distributed.all_reduce_mean(own, info)), float(norm), float(own))
+
+    def faulty_ranks(changed: bool) -> list[int]:
+        """The ranks whose own loss changed between a step's two runs (a collective)."""
+        flags = torch.zeros(info.world_size, device=info.device)
+        flags[info.rank] = float(changed)
+        if info.distributed:
+            torch.distributed.all_reduce(flags)
+        return [r for r, f in enumerate(flags.tolist()) if f]
+
+    def rerun(micro, step_tokens: int, first: tuple[float, float, float], why: str) -> bool:
+        """A step whose numbers failed the guard, run again from the same weights: True when the fault came
+        back (the batch's: skip its update), else NumericFault (the hardware's)."""
+        optimizer.zero_grad(set_to_none=True)
+        log.warning(f"step {step + 1}: {why}; running it again from the same weights")
+        loss_sum = forward_backward(micro, step_tokens)
+        second = readings_of(loss_sum, step_tokens, optim.clip_grad_norm(model.parameters(), cfg.optim.grad_clip,
+                                                                          optimizer))
+        again = numeric_guard.fault(second[0], second[1])
+        own_changed = numeric_guard.fault(first[2], first[1]) is not None and \
+            numeric_guard.fault(second[2], second[1]) is None
+        blamed = faulty_ranks(own_changed)
+        if again is not None:
+            return True
+        if info.rank in blamed or (not blamed and info.is_main):   # (no rank's own loss changed: the gradients)
+            numeric.report_fault(run_dir, info.rank, step + 1, first[:2], second[:2], info.device)
+        distributed.barrier(info)
+        raise numeric.NumericFault(
+            f"step {step + 1}: {why}, but not when run again from the same weights (loss {second[0]:.4g}): "
+            f"the hardware is suspect, rank(s) {', '.join(map(str, blamed)) or 'unknown'} "
+            f"({names.LOGS_DIR}/{names.FAULT_REPORTS})")
+
     try:
         while step < cfg.train.steps:
+            cursor = loader.cursor
             with straggler.data_time():
                 micro = [next(loader) for _ in range(accum)]
             # Scale by the step's token count so accumulation equals one big batch.
             step_tokens = sum(int((y != IGNORE_INDEX).sum()) for _, y in micro)
-            loss_sum = torch.zeros((), device=info.device)
             skipping = guard_skip.active
             with guard_skip.step():
-                for i, (x, y) in enumerate(micro):
-                    last = i == accum - 1
-                    if pin:   # a pageable copy may wait for the stream; the host runs a step ahead of it
-                        x, y = x.pin_memory(), y.pin_memory()
-                    x, y, row_layout = rows(x.to(info.device, non_blocking=True), y.to(info.device, non_blocking=True))
-                    if fsdp:
-                        model.set_requires_gradient_sync(last)
-                    sync = train_model.no_sync() if ddp and not last else contextlib.nullcontext()
-                    with sync:
-                        with autocast():
-                            loss = train_model(x, y, row_layout)
-                        (loss / step_tokens).backward()
-                    loss_sum += loss.detach()
+                loss_sum = forward_backward(micro, step_tokens)
             if guard_skip.active and not skipping:
                 log.info(f"step {step + 1} compiled nothing: the steps after it skip torch.compile's guard "
                          "checks (train.skip_guards)")
             grad_norm = optim.clip_grad_norm(model.parameters(), cfg.optim.grad_clip, optimizer)
-            optimizer.step()
-            moe.update_balance_bias(model)   # DeepSeek-V3's balancing bias, from this step's load
-            fp8.after_optimizer_step(model, model.fp8_state)
+            skip_update = False
+            if numeric_guard.every_step:   # health.on_nonfinite=rerun: before the optimizer touches the weights
+                first = readings_of(loss_sum, step_tokens, grad_norm)
+                why = numeric_guard.fault(first[0], first[1])
+                if why is None:
+                    numeric_guard.passed(first[0])
+                else:
+                    with guard_skip.step():
+                        skip_update = rerun(micro, step_tokens, first, why)
+                    met.skipped(step + 1, why, numeric.sample_window(loader, cursor, loader.cursor))
+            if not skip_update:
+                optimizer.step()
+                moe.update_balance_bias(model)   # DeepSeek-V3's balancing bias, from this step's load
+                fp8.after_optimizer_step(model, model.fp8_state)
             optimizer.zero_grad(set_to_none=True)
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
@@ -463,7 +518,7 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
 
             # The previous log step's loss and grad norm: its kernels ran while this step's were queued.
             interval_start = log_reading(readings.take(), interval_start)
-            if step % cfg.train.log_interval == 0 or step == cfg.train.steps:
+            if (step % cfg.train.log_interval == 0 or step == cfg.train.steps) and not skip_update:   # (a NaN)
                 readings.put([distributed.all_reduce_mean(loss_sum / step_tokens, info), grad_norm]
                              + ([moe.collect_load(model)] if experts else []),
                              step=step, lr=lr, tokens=tokens_seen, interval_tokens=interval_tokens,
