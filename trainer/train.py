@@ -455,8 +455,8 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
         second = readings_of(loss_sum, step_tokens, optim.clip_grad_norm(model.parameters(), cfg.optim.grad_clip,
                                                                           optimizer))
         again = numeric_guard.fault(second[0], second[1])
-        own_changed = numeric_guard.fault(first[2], first[1]) is not None and \
-            numeric_guard.fault(second[2], second[1]) is None
+        # (the gradient norm is all ranks': a NaN in one rank's gradients reaches every rank's)
+        own_changed = numeric_guard.fault(first[2], 0.0) is not None and numeric_guard.fault(second[2], 0.0) is None
         blamed = faulty_ranks(own_changed)
         if again is not None:
             return True

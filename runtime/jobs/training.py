@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -224,18 +225,49 @@ def kept_local(leaving_out: list[str], runtime: Runtime) -> bool:
     return True
 
 
+def _restarts(cfg, runtime: Runtime, transport, environ):
+    """The in-job restarts of a training launch (runtime.jobs.restarts), or None where none can be: a
+    batch job (Slurm requeues it) or health.max_restarts 0."""
+    from runtime.jobs.restarts import Restarts
+
+    if not cfg.health.max_restarts:
+        return None
+    try:
+        nodes = transport.nodes(environ)
+    except AnvilError:   # an sbatch job: its nodes are Slurm's to choose
+        return None
+    return Restarts.of(cfg, nodes)
+
+
+def _held_back(spares: int, runtime: Runtime, layout, restarts):
+    """The layout without health.spares nodes (the last ones), which wait for a node that fails."""
+    from runtime.launch.spec import Layout
+
+    if restarts is None:
+        raise UserError(f"health.spares={spares}: spares take the place of a node that failed when inv restarts "
+                        "the ranks: set health.max_restarts above 0, and launch where inv runs the launch (-H "
+                        "hosts, or an srun step inside an allocation; a batch job's nodes are Slurm's)")
+    if not runtime.spans_nodes:
+        raise UserError(f"health.spares={spares}: spare nodes need a launch over several (-H hosts, or Slurm's "
+                        f"nodes); runtime {runtime} runs on this machine only")
+    if layout.nodes <= spares:
+        raise UserError(f"health.spares={spares}: the launch has {layout.nodes} node(s); at least one more than "
+                        "the spares must train")
+    return Layout(layout.nproc, layout.nodes - spares)
+
+
 def launch_job(run, transport, spec, job: Placement, excluded: dict[str, list[str]], layout, stopped,
-               around=None, env: dict[str, str] | None = None) -> dict | None:
+               around=None, env: dict[str, str] | None = None, restarts=None) -> dict | None:
     """A training run's launch and how it ended, for train.pretrain's body and train.launch's: the
     excluded nodes recorded, the ranks launched through the transport (`around(run)`: a context the
     launch runs in; `env`: the ranks' environment, default run.env), a batch job followed (or
     submitted: its {"run_dir", "summary": None, "slurm_job_id"} returned), the hosts and world size
     recorded. None once every rank finished; `stopped(code, report)` raises the JobStopped of a stop
-    (3, 130, or a stop signal before any agent reported); a rank that failed is an AnvilError naming it."""
-    from contextlib import nullcontext
-
+    (3, 130, or a stop signal before any agent reported); a rank that failed is an AnvilError naming it,
+    unless `restarts` (runtime.jobs.restarts.Restarts) starts the ranks again from a checkpoint."""
     from core.signals import STOP_SIGNALS, killed_outright
-    from runtime.cluster.slurm.batch import FollowStopped, submitted_job_id
+    from runtime.cluster.slurm.batch import submitted_job_id
+    from runtime.jobs.restarts import with_resume
     from runtime.runs import outcome
     from runtime.runs.replay import resume_command
 
@@ -243,16 +275,24 @@ def launch_job(run, transport, spec, job: Placement, excluded: dict[str, list[st
         run.update_metadata(excluded_nodes=excluded)
         print(f"excluding {len(excluded)} node(s) that failed preflight in {job.exclude_from}: "
               + ", ".join(f"{h} ({'; '.join(r)[:80]})" for h, r in sorted(excluded.items())), file=sys.stderr)
-    try:
-        with around(run) if around is not None else nullcontext():
-            code = transport.launch(spec, run.env if env is None else env, run.path, masker=run.masker,
-                                    stdout=sys.stderr)   # stdout: the result
-    except FollowStopped as exc:   # a batch job cancelled while followed: how to continue it, where it ran
-        if exc.status != "cancelled":
-            raise
-        raise FollowStopped(f"{exc}; continue where it ran with `{resume_command(run.metadata, run.path)}`",
-                            exc.status, exc.exit_code) from None
-    job_id = submitted_job_id(run.path)
+    while True:
+        attempt_started = time.time()
+        code = _launch_once(run, transport, spec, around, env, restarts)
+        job_id = submitted_job_id(run.path)
+        if restarts is None or job_id or code == 0:
+            break
+        report = outcome.read(run.path)
+        if code in (EXIT_REQUEUE, EXIT_INTERRUPTED) or code - 128 in STOP_SIGNALS \
+                or report.stop_status() in (EXIT_REQUEUE, EXIT_INTERRUPTED):
+            break
+        record = restarts.after_failure(run.path, code, report, _resume_of(spec), attempt_started,
+                                        outcome.failure_summary(run.path, expected_nodes=layout.nodes))
+        if record is None:
+            break
+        run.update_metadata(restarts=restarts.done, **({"left_out": restarts.left_out} if restarts.left_out
+                                                        else {}))
+        run.log.warning(restarts.line(record))
+        spec = replace(spec, args=with_resume(spec.args))
     if job_id:
         run.update_metadata(slurm_job_id=job_id)
     if job_id and not job.wait:
@@ -273,7 +313,38 @@ def launch_job(run, transport, spec, job: Placement, excluded: dict[str, list[st
         first = report.first_failure()
         if first is not None and killed_outright(first.get("exit_code")):
             code = 137   # 128 + SIGKILL: the rank the line names, though a peer's node ended first
-        raise AnvilError(cause or f"the ranks exited with status {code}; see {run.path}/logs/", code)
+        after = f" after {len(restarts.done)} restart(s)" if restarts is not None and restarts.done else ""
+        why_not = f"; not restarted: {restarts.why_not}" if restarts is not None and restarts.why_not else ""
+        raise AnvilError((cause or f"the ranks exited with status {code}; see {run.path}/logs/") + after + why_not,
+                         code)
+    return None
+
+
+def _launch_once(run, transport, spec, around, env, restarts) -> int:
+    """One attempt of a launch: its exit status."""
+    from contextlib import nullcontext
+
+    from runtime.cluster.slurm.batch import FollowStopped
+    from runtime.runs.replay import resume_command
+
+    nodes = restarts.active() if restarts is not None else None
+    try:
+        with around(run) if around is not None else nullcontext():
+            return transport.launch(spec, run.env if env is None else env, run.path, masker=run.masker,
+                                    stdout=sys.stderr, **({"nodes": nodes} if nodes else {}))   # stdout: the result
+    except FollowStopped as exc:   # a batch job cancelled while followed: how to continue it, where it ran
+        if exc.status != "cancelled":
+            raise
+        raise FollowStopped(f"{exc}; continue where it ran with `{resume_command(run.metadata, run.path)}`",
+                            exc.status, exc.exit_code) from None
+
+
+def _resume_of(spec) -> str | None:
+    """The checkpoint path the trainer's --resume names, if it names one (not auto)."""
+    args = list(spec.args)
+    if "--resume" in args:
+        value = args[args.index("--resume") + 1]
+        return value if value not in ("", "auto") else None
     return None
 
 
@@ -350,6 +421,9 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     if job.tool:
         _check_tool(job.tool, env.machine, here=not runtime.spans_nodes and not job.dry_run)
     layout = transport.layout(spec, environ)
+    restarts = _restarts(cfg, runtime, transport, environ)
+    if cfg.health.spares:
+        layout = _held_back(cfg.health.spares, runtime, layout, restarts)
     check_world(cfg, layout.world_size, config_path)
     if job.ranks_used and max(job.ranks_used) >= layout.world_size:
         raise UserError(f"--ranks {','.join(map(str, sorted(job.ranks_used)))}: this job has {layout.world_size} "
@@ -366,7 +440,8 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
                                            if too_big.certain and job.dry_run else "")])
     if job.dry_run:
         print(dump(cfg))
-        transport.launch(spec, environ, run_dir=Path("RUN_DIR"), dry_run=True)
+        active = restarts.active() if restarts is not None else None
+        transport.launch(spec, environ, run_dir=Path("RUN_DIR"), dry_run=True, **({"nodes": active} if active else {}))
         return {"run_dir": None, "summary": None, "dry_run": True}
 
     def body(run):
@@ -389,7 +464,8 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
                                  f"`{resume_command(run.metadata, run.path)}`", EXIT_INTERRUPTED, "interrupted")
 
         # --tune-gemm: which TunableOp results file, before and after, kept with the run
-        submitted = launch_job(run, transport, spec, job, excluded, layout, stopped, around=tuning.kept)
+        submitted = launch_job(run, transport, spec, job, excluded, layout, stopped, around=tuning.kept,
+                               restarts=restarts)
         if submitted is not None:
             return submitted
         summary = runfiles.read_summary(run.path) if (run.path / names.SUMMARY).is_file() else None

@@ -3,9 +3,7 @@
 The fast tests drive the watchdog, the straggler detector, the failure summary and the
 launcher in-process or with a stub worker. The slow ones run the real thing - `inv
 train.pretrain --nproc 2`, gloo on CPU, the agent - with a fault put in from outside the
-product: a sitecustomize.py that the test writes and puts on PYTHONPATH (Python's site
-module loads it in every process; it acts only in the rank ANVIL_TEST_FAULT_RANK names),
-or SIGSTOP sent to one rank's process. Nothing in trainer/ or runtime/ reads those variables.
+product (tests/helpers/faults.py) or SIGSTOP sent to one rank's process.
 """
 from __future__ import annotations
 
@@ -28,6 +26,7 @@ from trainer import health, ranklog
 from trainer.config import ConfigError, load
 from core.signals import EXIT_HUNG
 from helpers.program import INV, REPO, inv_environ
+from helpers.faults import environ_with_fault
 from helpers.training import TINY_RUN
 
 
@@ -271,72 +270,7 @@ def test_agent_treats_a_hung_rank_as_the_failure_and_stops_the_rest(tmp_path):
 
 # --------------------------------------------------------------------------- the real launcher
 
-FAULTS = '''
-"""Test-only fault injection (tests/trainer/test_health.py): Python's site module loads this file from
-PYTHONPATH in every process; it acts only in the rank that ANVIL_TEST_FAULT_RANK names."""
-import os
-
-if os.environ.get("RANK") is not None and os.environ.get("RANK") == os.environ.get("ANVIL_TEST_FAULT_RANK"):
-    import importlib.abc
-    import importlib.util
-    import sys
-    import threading
-    import time
-
-    kind, _, value = os.environ["ANVIL_TEST_FAULT"].partition(":")   # slow:SECONDS | hang:STEP
-
-    def patch(module):
-        if kind == "slow" and module.__name__ == "trainer.models.transformer":
-            forward = module.Transformer.forward
-
-            def slow_forward(self, *args, **kwargs):
-                time.sleep(float(value))          # this rank computes slower
-                return forward(self, *args, **kwargs)
-            module.Transformer.forward = slow_forward
-        if kind == "hang" and module.__name__ == "trainer.optim":
-            clip, calls = module.clip_grad_norm, [0]
-
-            def stuck_clip(*args, **kwargs):
-                calls[0] += 1
-                if calls[0] == int(value):        # step N never finishes on this rank
-                    threading.Event().wait()
-                return clip(*args, **kwargs)
-            module.clip_grad_norm = stuck_clip
-
-    class PatchOnImport(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            if name not in ("trainer.models.transformer", "trainer.optim"):
-                return None
-            sys.meta_path.remove(self)
-            try:
-                spec = importlib.util.find_spec(name)
-            finally:
-                sys.meta_path.insert(0, self)
-            load = spec.loader.exec_module
-
-            def exec_module(module):
-                load(module)
-                patch(module)
-            spec.loader.exec_module = exec_module
-            return spec
-
-    sys.meta_path.insert(0, PatchOnImport())
-'''
-
 SHORT = [*TINY_RUN, "train.log_interval=1", "train.val_interval=0"]
-
-
-def environ_with_fault(tmp_path: Path, fault: str | None = None, rank: int = 1) -> dict:
-    """inv's environment, its runs in tmp_path/runs; with `fault` (slow:SECONDS | hang:STEP), FAULTS put in
-    rank `rank` through a sitecustomize.py on PYTHONPATH."""
-    env = inv_environ(tmp_path / "runs", {"OMP_NUM_THREADS": "1"})
-    if fault:
-        inject = tmp_path / "inject"
-        inject.mkdir(exist_ok=True)
-        (inject / "sitecustomize.py").write_text(FAULTS)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(inject), os.environ.get("PYTHONPATH")) if p)
-        env.update(ANVIL_TEST_FAULT=fault, ANVIL_TEST_FAULT_RANK=str(rank))
-    return env
 
 
 def pretrain_argv(dataset: Path, name: str, *sets: str) -> list[str]:
@@ -401,12 +335,12 @@ def test_hung_rank_is_found_dumped_ended_and_named_in_one_line(tmp_path, dataset
     assert "known problem [hang]:" in proc.stderr
     report = json.loads((run / "logs" / "hang-rank1.json").read_text())
     assert report["rank"] == 1 and report["host"] == host and report["step"] == 4 and report["stalled_s"] >= 5
-    assert any(f.startswith("stuck_clip (") for f in report["frames"])   # the innermost frames
+    assert any(f.startswith("faulty_clip (") for f in report["frames"])   # the innermost frames
     if report["collectives"] is not None:                               # gloo's flight recorder (recent torch)
         assert report["collectives"]["pending"] is False
         assert (run / "logs" / report["collectives"]["file"]).is_file()
     log = (run / "logs" / "rank1.log").read_text()
-    assert "Python stacks of every thread follow" in log and "in stuck_clip" in log and "in _train" in log
+    assert "Python stacks of every thread follow" in log and "in faulty_clip" in log and "in _train" in log
     assert json.loads((run / "logs" / "agent-0.json").read_text())["exit_code"] == EXIT_HUNG
     assert json.loads((run / "metadata.json").read_text())["status"] == "failed"
     detected = min(json.loads(Path(p).read_text())["time"] for p in glob.glob(str(run / "logs" / "hang-rank*.json")))

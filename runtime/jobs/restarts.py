@@ -1,0 +1,190 @@
+"""Restart inside the job: a rank that dies, hangs or hits a faulty GPU costs a restart, not a requeue.
+
+train.pretrain's launch (runtime.jobs.training.launch_job) asks `Restarts.after_failure` when an attempt
+ends in a failure. A restart, up to health.max_restarts per run:
+
+- every rank of the attempt has already ended (the agents stop a node's ranks when one fails; the
+  transport ends the other nodes'), and the allocation or the -H hosts are kept;
+- the attempt's agent, hang and fault reports move to logs/attempts/<n>/, so that the next attempt is
+  read on its own (the rank logs go on, in the same files);
+- all ranks start again from the run's newest complete checkpoint (the trainer's integrity checks
+  hold: a damaged one gives way to the one before it), or the one the run was started from;
+- the restart is recorded: metadata.json "restarts" (when, why, which host and rank, the checkpoint
+  and step, the seconds of work lost since that checkpoint was written), metrics.jsonl kind "restart"
+  (train.plot and the report mark it), and a line on the console.
+
+Which node to blame: a faulty GPU's (logs/fault-rank<R>.json), else the rank that hung first, else a
+node that left no report (lost), else the first failing rank's. health.spares holds back the last
+nodes of the list (the -H hosts, the allocation's nodes); a node blamed twice, or once for a faulty
+GPU, is swapped for a spare. Without a spare a node blamed twice ends the run: the world does not
+shrink (the global batch would change).
+
+No restart: a user error (exit 2: the same command fails the same way), no checkpoint to start from
+(checkpoint.interval 0, or a fault before the first save), no restarts left, or a batch job (sbatch:
+Slurm requeues it; the restart runs where inv runs the srun step, inside an allocation).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from core import names
+from core.errors import UserError
+
+#: The reports one attempt leaves in logs/ that the next attempt's would be mixed with.
+ATTEMPT_REPORTS = ("agent-*.json", names.HANG_REPORTS, names.FAULT_REPORTS)
+
+
+@dataclass
+class Restarts:
+    limit: int                                   # health.max_restarts
+    nodes: list[str]                             # every node the launch may use, in node-rank order
+    spares: int = 0                              # held back, from the end of `nodes`
+    checkpoint_dir: str = names.CHECKPOINTS_DIR  # in the run directory (checkpoint.dir)
+    done: list[dict] = field(default_factory=list)
+    blamed: Counter = field(default_factory=Counter)
+    left_out: list[str] = field(default_factory=list)
+    why_not: str = ""                            # why the last failure did not restart ("" : no restarts set)
+
+    @classmethod
+    def of(cls, cfg, nodes: list[str]) -> "Restarts":
+        """From a training config's health: and checkpoint: sections."""
+        return cls(limit=int(cfg.health.max_restarts), nodes=list(nodes), spares=int(cfg.health.spares),
+                   checkpoint_dir=cfg.checkpoint.dir)
+
+    def active(self) -> list[str] | None:
+        """The nodes the next attempt runs on; None: the transport's own (nothing held back or left out)."""
+        if not self.spares and not self.left_out:
+            return None
+        usable = [n for n in self.nodes if n not in self.left_out]
+        return usable[:len(self.nodes) - self.spares]
+
+    def after_failure(self, run_dir: Path, code: int, report, resume_from: str | None, attempt_started: float,
+                      cause: str | None) -> dict | None:
+        """The restart record when this failed attempt restarts (its reports set aside), else None and
+        `self.why_not` says why (for the failure line)."""
+        self.why_not = ""
+        if code == UserError.exit_code:
+            return None
+        if len(self.done) >= self.limit:
+            self.why_not = f"no restarts left (health.max_restarts={self.limit})" if self.limit else ""
+            return None
+        checkpoint = newest_checkpoint(Path(run_dir) / self.checkpoint_dir) or resume_from
+        if not checkpoint:   # (checkpoint.interval 0, or a fault before the first save: said nowhere, as before)
+            return None
+        host, rank, how = blame(run_dir, report, self.active() or self.nodes)
+        left_out = None
+        if host is not None:
+            self.blamed[host] += 2 if how == "faulty GPU" else 1
+            if self.blamed[host] >= 2:
+                if len([n for n in self.nodes if n not in self.left_out]) > len(self.nodes) - self.spares:
+                    self.left_out.append(host)
+                    left_out = host
+                else:
+                    why = "for a faulty GPU" if how == "faulty GPU" else "twice"
+                    self.why_not = (f"{host} failed {why} and there is no spare node to take its place "
+                                    "(health.spares)")
+                    return None
+        attempt = len(self.done) + 1
+        set_aside(run_dir, attempt)
+        step = checkpoint_step(checkpoint)
+        record = {"attempt": attempt, "time": time.time(), "why": cause or f"exit status {code}",
+                  "exit_code": code, "host": host, "rank": rank, "blamed_for": how, "checkpoint": str(checkpoint),
+                  "step": step, "lost_s": round(max(0.0, time.time() - _written(checkpoint, attempt_started)), 1),
+                  **({"left_out": left_out} if left_out else {})}
+        self.done.append(record)
+        _append_metrics(run_dir, {"kind": "restart", **{k: record[k] for k in ("attempt", "time", "step", "host",
+                                                                               "rank", "why")}})
+        return record
+
+    def line(self, record: dict) -> str:
+        """What the console says before a restart."""
+        where = f" (rank {record['rank']} on {record['host']}, {record['blamed_for']})" if record["host"] else ""
+        swap = f"; {record['left_out']} is left out, a spare takes its place" if record.get("left_out") else ""
+        return (f"restart {record['attempt']} of {self.limit}{where}: {record['why']}; every rank starts again "
+                f"from {record['checkpoint']} (step {record['step']}), {record['lost_s']:.0f} s of work "
+                f"lost{swap}")
+
+
+def blame(run_dir: Path, report, nodes: list[str]) -> tuple[str | None, int | None, str]:
+    """(host, rank, how) of the failure to count against a node (the module doc's order)."""
+    from runtime.runs import outcome
+
+    from trainer.numeric import read_fault_reports
+
+    faults = read_fault_reports(run_dir)
+    if faults:
+        first = min(faults, key=lambda r: r.get("rank", 0))
+        return str(first.get("host")), first.get("rank"), "faulty GPU"
+    hung = outcome.hang_reports(run_dir)
+    if hung:
+        first = outcome.first_hung(hung)
+        return str(first.get("host")), first.get("rank"), "hung"
+    seen = {n.node_rank for n in report.nodes}
+    missing = [rank for rank in range(len(nodes)) if rank not in seen]
+    if report.nodes and missing:
+        return nodes[missing[0]], None, "lost"
+    first = report.first_failure()
+    if first is not None:
+        return str(first.get("host")), first.get("rank"), "failed"
+    return None, None, "failed"
+
+
+def newest_checkpoint(folder: Path) -> str | None:
+    """The newest complete checkpoint in a run's checkpoint folder that looks intact, or None."""
+    from trainer.checkpoint import find_latest
+
+    found = find_latest(folder) if Path(folder).is_dir() else None
+    return str(found) if found is not None else None
+
+
+def checkpoint_step(checkpoint: str) -> int | None:
+    from trainer.checkpoint import read_meta
+
+    try:
+        return int(read_meta(Path(checkpoint)).get("step"))
+    except Exception:   # (the ranks' reader says what is wrong with it, if anything)
+        return None
+
+
+def _written(checkpoint: str, fallback: float) -> float:
+    try:
+        return max(os.stat(checkpoint).st_mtime, fallback)
+    except OSError:
+        return fallback
+
+
+def set_aside(run_dir: Path, attempt: int) -> Path:
+    """Move the attempt's reports to logs/attempts/<attempt>/."""
+    logs = Path(run_dir) / names.LOGS_DIR
+    target = logs / names.ATTEMPTS_DIR / str(attempt)
+    target.mkdir(parents=True, exist_ok=True)
+    for pattern in ATTEMPT_REPORTS:
+        for path in logs.glob(pattern):
+            shutil.move(str(path), target / path.name)
+    return target
+
+
+def _append_metrics(run_dir: Path, record: dict) -> None:
+    from core.runfiles import MetricsWriter
+
+    writer = MetricsWriter(run_dir)
+    try:
+        writer.write(record)
+    finally:
+        writer.close()
+
+
+def with_resume(args: list[str]) -> list[str]:
+    """The trainer's arguments for a restart: its --resume as given (its own newer checkpoints come first),
+    or --resume auto (the run's own newest)."""
+    return list(args) if "--resume" in args else [*args, "--resume", "auto"]
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
