@@ -24,7 +24,7 @@ from core.files import seal
 from helpers.cluster import kill_trainers
 from helpers.processes import start_as_from_a_terminal, waited_for
 from helpers.program import INV, REPO, inv_environ, run_inv, runs
-from helpers.training import MOE_ARGS, assert_same_curve, last_step, train_args, train_losses
+from helpers.training import MOE_ARGS, assert_same_curve, last_step, steps_after_restart, train_args, train_losses
 
 pytestmark = pytest.mark.slow
 
@@ -164,6 +164,27 @@ def test_a_node_whose_ranks_die_ends_the_job_and_is_named(slurm_cluster, dataset
     md = json.loads((_only_run(tmp_path) / "metadata.json").read_text())
     assert md["status"] == "failed"
     print(f"node death to job end: {ended:.1f} s")
+
+
+def test_a_node_whose_ranks_die_is_restarted_inside_the_allocation(slurm_cluster, dataset, tmp_path):
+    """With a checkpoint to start from, inv runs a new srun step in the same allocation: no requeue."""
+    env = training_environ(slurm_cluster, tmp_path)
+    proc = subprocess.Popen(["salloc", "-N2", "--quiet", str(INV), "train.pretrain", "--runtime", "slurm",
+                             "--nproc", "1", "--name", "again",
+                             *train_args(dataset, "--set", "checkpoint.interval=10", steps=120)],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        waited_for(lambda: steps_after_restart(tmp_path / "runs", "*_again", 0) >= 13, 300, "thirteen steps")
+        kill_trainers(slurm_cluster.hosts[1].netns)
+        out, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    md = json.loads((_only_run(tmp_path) / "metadata.json").read_text())
+    (restart,) = md["restarts"]
+    assert md["status"] == "ok" and (restart["host"], restart["step"]) == ("node2", 10), restart
+    assert "restart 1 of 2 (rank 1 on node2" in err and max(train_losses(_only_run(tmp_path))) == 120
 
 
 def test_bad_slurm_input_is_one_message(slurm_cluster, dataset, tmp_path):

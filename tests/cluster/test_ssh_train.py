@@ -25,7 +25,7 @@ import pytest
 from helpers.cluster import _cmdline, _netns_pids, kill_trainers
 from helpers.processes import start_as_from_a_terminal, wait_until
 from helpers.program import explain, inv_environ
-from helpers.training import MOE_ARGS, assert_same_curve, last_step, train_args, train_losses
+from helpers.training import MOE_ARGS, assert_same_curve, last_step, steps_after_restart, train_args, train_losses
 from runtime.runs.nodes import failing
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
@@ -202,6 +202,34 @@ def test_a_host_whose_ranks_die_ends_the_job_and_is_named(hosts, dataset):
     assert not [pid for netns in hosts.netns for pid in _netns_pids(netns) if "-m" in _cmdline(pid)
                 and str(run) in " ".join(_cmdline(pid))], "a rank or agent outlived the job"
     print(f"a host's ranks killed to the job's end: {ended:.1f} s")
+
+
+def test_a_host_that_fails_twice_is_swapped_for_the_spare_and_the_run_ends_ok(hosts, dataset):
+    """health.spares=1 holds the last host back: the second host's ranks are killed in two attempts (a
+    restart after each), the spare takes its place, the run finishes. The spare is the second host by
+    another name (root@ADDRESS): to the launcher, another node."""
+    spare = f"root@{hosts.up[1]}"
+    proc = hosts.start([*hosts.up, spare], "train.pretrain", "--nproc", "1", "--name", "spare",
+                       *train_args(dataset, "--set", "checkpoint.interval=10", "--set", "health.spares=1", steps=200))
+    try:
+        for attempt, step in ((0, 13), (1, 23)):   # past a checkpoint of this attempt, then kill the host's ranks
+            assert wait_until(lambda: steps_after_restart(hosts.runs, "*_spare", attempt) >= step, proc,
+                              timeout=300), proc.communicate(timeout=60)
+            kill_trainers(hosts.netns[1])
+        out, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    run = hosts.only_run("*_spare")
+    md = json.loads((run / "metadata.json").read_text())
+    assert md["status"] == "ok" and md["hosts"] == [hosts.up[0], spare] and md["left_out"] == [hosts.up[1]]
+    first, second = md["restarts"]
+    assert (first["host"], first["step"], "left_out" in first) == (hosts.up[1], 10, False), first
+    assert (second["host"], second["step"], second["left_out"]) == (hosts.up[1], 20, hosts.up[1]), second
+    assert f"{hosts.up[1]} is left out, a spare takes its place" in err
+    assert max(train_losses(run)) == 200
 
 
 def test_exclude_from_a_preflight_run_leaves_the_failing_host_out(hosts, dataset):

@@ -54,6 +54,25 @@ def last_step(run: Path) -> int:
         return 0
 
 
+def steps_after_restart(runs: Path, pattern: str, restarts: int) -> int:
+    """The last step the run matching runs/`pattern` logged after its `restarts`-th in-job restart (0 before
+    it, or before the run exists)."""
+    found = sorted(Path(runs).glob(f"{pattern}/metrics.jsonl"))
+    if not found:
+        return 0
+    seen, last = 0, 0
+    for line in found[0].read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("kind") == "restart":
+            seen, last = seen + 1, 0
+        elif record.get("kind", "train") == "train" and seen == restarts:
+            last = max(last, int(record.get("step", 0)))
+    return last
+
+
 def assert_same_curve(losses: dict[int, float], reference: dict[int, float]) -> None:
     """The same steps, each loss within 1e-4 (relative) of the reference's: the same training, however laid out."""
     assert sorted(losses) == sorted(reference), (sorted(losses), sorted(reference))

@@ -134,7 +134,7 @@ class Sessions:
 
         def one(host: str) -> str | None:
             try:
-                with Connection(host, user=self.options.user or None, config=self._fabric_config(),
+                with Connection(host, user=_user(host, self.options), config=self._fabric_config(),
                                 connect_timeout=self.options.connect_timeout,
                                 connect_kwargs=_connect_kwargs(self.options)) as connection:
                     connection.open()
@@ -159,7 +159,7 @@ class Sessions:
             control.close()
         connection = None
         try:
-            connection = Connection(host, user=self.options.user or None, config=self._fabric_config(),
+            connection = Connection(host, user=_user(host, self.options), config=self._fabric_config(),
                                     connect_timeout=self.options.connect_timeout,
                                     connect_kwargs=_connect_kwargs(self.options))
             with self._lock:
@@ -247,3 +247,9 @@ def _quiet_paramiko() -> None:
     if not logger.handlers:
         logger.addHandler(logging.NullHandler())
     logger.propagate = False
+
+
+def _user(host: str, options) -> str | None:
+    """The user to log in as: none from the settings where the host names its own (user@host wins, as
+    with ssh; Fabric refuses both)."""
+    return None if "@" in host else (options.user or None)
