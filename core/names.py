@@ -118,6 +118,9 @@ TEST_CHECKPOINT_DELAY_S = _variable("ANVIL_TEST_CHECKPOINT_DELAY_S", "a checkpoi
                                     "its files are written (to kill it mid-write)", "test")
 TEST_FAULT = _variable("ANVIL_TEST_FAULT", "the fault the tests' injection module makes", "test")
 TEST_FAULT_RANK = _variable("ANVIL_TEST_FAULT_RANK", "the rank the tests' fault injection acts in", "test")
+TEST_FAULT_HOST = _variable("ANVIL_TEST_FAULT_HOST", "the host whose ranks the tests' fault injection acts in",
+                            "test")
+TEST_FAULT_TIMES = _variable("ANVIL_TEST_FAULT_TIMES", "how many processes the tests' fault fires in", "test")
 TESTNET_PREFIX = _variable("ANVIL_TESTNET_PREFIX", "the /16 the test clusters take their subnets from "
                            "(default 10.213)", "test")
 

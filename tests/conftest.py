@@ -274,3 +274,14 @@ def chromium():
         pytest.skip("chromium is not installed (apt-get install chromium)")
     with browser.Browser(1400, 900) as b:
         yield b
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for a test that trains in its own process: on a shared 2-core machine OpenMP
+    spin-waits cost 10x."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -117,6 +117,12 @@ def one_line_error(proc, *fragments, code=2) -> str:
     return lines[0]
 
 
+def failure_line(stderr: str, task: str = "train.pretrain") -> str:
+    """The one "TASK failed: ..." line of a task's stderr."""
+    (line,) = [line for line in stderr.splitlines() if line.startswith(f"{task} failed: ")]
+    return line
+
+
 def assert_output_refused(work: Path, task: str, run: Path, out: str, *fragments: str) -> None:
     """`inv TASK RUN --out OUT` in `work`, beside a file and a folder of the user's, is one line holding
     every fragment, and leaves `work` as it was: nothing of the user's lost, nothing half-written left."""

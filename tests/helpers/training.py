@@ -54,6 +54,19 @@ def last_step(run: Path) -> int:
         return 0
 
 
+def records(run: Path, kind: str = "train") -> list[dict]:
+    """A run's metrics.jsonl records of one kind, in order (a line cut short by a kill is left out)."""
+    out = []
+    for line in (Path(run) / "metrics.jsonl").read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("kind", "train") == kind:
+            out.append(record)
+    return out
+
+
 def steps_after_restart(runs: Path, pattern: str, restarts: int) -> int:
     """The last step the run matching runs/`pattern` logged after its `restarts`-th in-job restart (0 before
     it, or before the run exists)."""

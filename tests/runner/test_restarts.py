@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from helpers.faults import environ_with_fault
-from helpers.program import INV, REPO, metadata, runs
-from helpers.training import TINY_RUN, train_losses
+from helpers.program import INV, REPO, failure_line, metadata, runs
+from helpers.training import TINY_RUN, records, train_losses
 
 pytestmark = pytest.mark.slow
 
@@ -36,23 +36,6 @@ def pretrain(tmp_path: Path, dataset: Path, name: str, *sets: str, fault: str | 
         argv += ["--set", item]
     return subprocess.run(argv, cwd=REPO, env=environ_with_fault(tmp_path, fault, rank=rank, times=times),
                           capture_output=True, text=True, timeout=600)
-
-
-def records(run: Path, kind: str) -> list[dict]:
-    out = []
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if record.get("kind", "train") == kind:
-            out.append(record)
-    return out
-
-
-def failure_line(stderr: str) -> str:
-    (line,) = [line for line in stderr.splitlines() if line.startswith("train.pretrain failed: ")]
-    return line
 
 
 def test_a_killed_rank_costs_one_restart_from_the_checkpoint_and_the_curve_goes_on(tmp_path, dataset):

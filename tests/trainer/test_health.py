@@ -25,7 +25,7 @@ from runtime.runs import diagnose, outcome
 from trainer import health, ranklog
 from trainer.config import ConfigError, load
 from core.signals import EXIT_HUNG
-from helpers.program import INV, REPO, inv_environ
+from helpers.program import INV, REPO, failure_line, inv_environ
 from helpers.faults import environ_with_fault
 from helpers.training import TINY_RUN
 
@@ -288,11 +288,6 @@ def the_run(tmp_path: Path) -> Path:
 def rank_host(run: Path, rank: int) -> str:
     match = re.search(rf"\]\[(\S+) r{rank}/l\d+\]", (run / "logs" / f"rank{rank}.log").read_text())
     return match.group(1)
-
-
-def failure_line(stderr: str) -> str:
-    (line,) = [line for line in stderr.splitlines() if line.startswith("train.pretrain failed: ")]
-    return line
 
 
 @pytest.mark.slow

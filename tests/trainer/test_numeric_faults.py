@@ -11,19 +11,14 @@ from core.signals import EXIT_FAULTY
 from trainer import numeric, train
 from trainer.config import DEFAULT_CONFIG, ConfigError, load
 from trainer.models import Transformer
+from helpers.training import records
 
 SHORT = ["data.seq_len=64", "data.batch_size=8", "schedule.warmup_steps=2", "train.val_batches=0",
          "checkpoint.interval=0", "checkpoint.save_final=false", "logging.progress=false", "train.log_interval=1",
          "train.steps=6", "health.on_nonfinite=rerun"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    import torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def nan_on_calls(monkeypatch, *calls_with_nan: int) -> None:
@@ -37,11 +32,6 @@ def nan_on_calls(monkeypatch, *calls_with_nan: int) -> None:
         calls.append(1)
         return loss * math.nan if len(calls) in calls_with_nan else loss
     monkeypatch.setattr(Transformer, "forward", faulty)
-
-
-def records(run_dir, kind):
-    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in lines if r["kind"] == kind]
 
 
 def test_a_nan_that_comes_back_skips_the_batch_and_lists_its_samples(tmp_path, dataset, monkeypatch):

@@ -7,20 +7,14 @@ import pytest
 
 from trainer import train
 from trainer.config import DEFAULT_CONFIG, load
+from helpers.training import records
 
 # A short tiny run: a few hundred tokens per step so it takes seconds on 2 cores.
 SHORT = ["data.seq_len=64", "data.batch_size=8", "schedule.warmup_steps=5", "train.val_batches=2",
          "checkpoint.interval=0", "checkpoint.save_final=false", "logging.progress=false"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: on a shared 2-core machine OpenMP spin-waits cost 10x."""
-    import torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 
@@ -30,11 +24,6 @@ def train_run(tmp_path, dataset, *sets, name="run"):
     run_dir = tmp_path / name
     assert train.run(cfg, run_dir) == 0
     return run_dir
-
-
-def records(run_dir, kind="train"):
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["kind"] == kind]
 
 
 def test_tiny_config_learns(tmp_path, dataset):
