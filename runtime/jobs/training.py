@@ -277,6 +277,7 @@ def launch_job(run, transport, spec, job: Placement, excluded: dict[str, list[st
               + ", ".join(f"{h} ({'; '.join(r)[:80]})" for h, r in sorted(excluded.items())), file=sys.stderr)
     while True:
         attempt_started = time.time()
+        launched = _launched(transport, spec, run.env if env is None else env, layout, restarts)
         code = _launch_once(run, transport, spec, around, env, restarts)
         job_id = submitted_job_id(run.path)
         if restarts is None or job_id or code == 0:
@@ -286,7 +287,7 @@ def launch_job(run, transport, spec, job: Placement, excluded: dict[str, list[st
                 or report.stop_status() in (EXIT_REQUEUE, EXIT_INTERRUPTED):
             break
         record = restarts.after_failure(run.path, code, report, _resume_of(spec), attempt_started,
-                                        outcome.failure_summary(run.path, expected_nodes=layout.nodes))
+                                        outcome.failure_summary(run.path, layout.nodes, *launched))
         if record is None:
             break
         run.update_metadata(restarts=restarts.done, **({"left_out": restarts.left_out} if restarts.left_out
@@ -309,7 +310,7 @@ def launch_job(run, transport, spec, job: Placement, excluded: dict[str, list[st
     if code in (EXIT_REQUEUE, EXIT_INTERRUPTED) or (code - 128 in STOP_SIGNALS and not report.nodes):
         stopped(code, report)
     if code != 0:
-        cause = outcome.failure_summary(run.path, expected_nodes=layout.nodes)
+        cause = outcome.failure_summary(run.path, layout.nodes, *launched)
         first = report.first_failure()
         if first is not None and killed_outright(first.get("exit_code")):
             code = 137   # 128 + SIGKILL: the rank the line names, though a peer's node ended first
@@ -337,6 +338,16 @@ def _launch_once(run, transport, spec, around, env, restarts) -> int:
             raise
         raise FollowStopped(f"{exc}; continue where it ran with `{resume_command(run.metadata, run.path)}`",
                             exc.status, exc.exit_code) from None
+
+
+def _launched(transport, spec, env, layout, restarts) -> tuple[list[str], int]:
+    """(the nodes an attempt runs on, in node-rank order, and its ranks per node), to name a node that
+    leaves no report; ([], 0) where Slurm chooses them (a part of an allocation, a batch job)."""
+    try:
+        nodes = (restarts.active() if restarts is not None else None) or transport.nodes(env)
+    except AnvilError:
+        return [], 0
+    return (list(nodes), layout.nproc) if len(nodes) == layout.nodes else ([], 0)
 
 
 def _resume_of(spec) -> str | None:

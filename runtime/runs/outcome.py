@@ -20,6 +20,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 from core import names
 
@@ -203,8 +204,10 @@ def first_hung(reports: list[dict]) -> dict:
                                        _number(r.get("last_progress_time")), r["rank"]))
 
 
-def hang_summary(run_dir: Path, outcome: Outcome | None = None) -> str | None:
-    """One line from the hang reports, or None when no rank was ended as hung."""
+def hang_summary(run_dir: Path, outcome: Outcome | None = None, nodes: Sequence[str] = (), nproc: int = 0
+                 ) -> str | None:
+    """One line from the hang reports, or None when no rank was ended as hung. `nodes` (the hosts launched
+    on, in node-rank order) and `nproc` (ranks per node) place the ranks of a node that left no report."""
     outcome = outcome if outcome is not None else read(run_dir)
     starts = [n.start for n in outcome.nodes if n.start]
     reports = hang_reports(run_dir, since=min(starts) if starts else None)
@@ -223,14 +226,16 @@ def hang_summary(run_dir: Path, outcome: Outcome | None = None) -> str | None:
     reported = {r["rank"] for r in reports}
     hosts = {rank: node.host for node in outcome.nodes for rank in node.ranks}
     codes = {rank: code for node in outcome.nodes for rank, code in node.ranks.items()}
+    lost = unreported_ranks(outcome, nodes, nproc)   # a node that said nothing: stopped, frozen or lost
+    hosts.update(lost)
     silent = sorted(set(hosts) - reported)
     coll = _collectives(first)
     if not coll.get("pending") and coll.get("last_enqueued") is None:
         # no collective counts: a silent rank that not even SIGTERM ended (the launcher's SIGKILL,
         # -9) was stuck as well, and said nothing
-        silent = [r for r in silent if codes.get(r) == -9]
+        silent = [r for r in silent if codes.get(r) == -9 or r in lost]
     elif not coll.get("pending"):
-        silent = []
+        silent = [r for r in silent if r in lost]
     if silent:   # the reporting rank waits for ranks that said nothing
         ranks = ", ".join(f"rank {r} on {hosts[r]}" for r in silent)
         op = f" ({coll['last_op']})" if coll.get("last_op") else ""
@@ -259,12 +264,26 @@ def silent_ranks(reports: list[dict]) -> str:
             f"{names.LOGS_DIR}/{names.RANK_LOGS}")
 
 
-def failure_summary(run_dir: Path, expected_nodes: int | None = None) -> str | None:
-    """One line: which rank on which host failed first, and why; None when nothing is known."""
+def unreported_ranks(outcome: Outcome, nodes: Sequence[str], nproc: int) -> dict[int, str]:
+    """{rank: host} of the ranks on launched nodes whose agent left no report (none known without `nodes`
+    and `nproc`)."""
+    if not nodes or nproc <= 0:
+        return {}
+    seen = {n.node_rank for n in outcome.nodes}
+    return {index * nproc + local: host for index, host in enumerate(nodes) if index not in seen
+            for local in range(nproc)}
+
+
+def failure_summary(run_dir: Path, expected_nodes: int | None = None, nodes: Sequence[str] = (),
+                    nproc: int = 0) -> str | None:
+    """One line: which rank on which host failed first, and why; None when nothing is known. `nodes` (the
+    hosts launched on, in node-rank order; else `expected_nodes`, their count) and `nproc` name the hosts of
+    nodes that left no report."""
     outcome = read(run_dir)
     first = outcome.first_failure()
     parts = []
-    hung = hang_summary(run_dir, outcome)
+    expected_nodes = len(nodes) or expected_nodes
+    hung = hang_summary(run_dir, outcome, nodes, nproc)
     if hung:
         parts.append(hung)   # the hang reports know more than which rank exited first
     elif first is not None:
@@ -280,7 +299,7 @@ def failure_summary(run_dir: Path, expected_nodes: int | None = None) -> str | N
                      + (f": {cause}" if cause else ""))
     if expected_nodes and len(outcome.nodes) < expected_nodes:
         seen = {n.node_rank for n in outcome.nodes}
-        missing = [str(i) for i in range(expected_nodes) if i not in seen]
+        missing = [f"{i} ({nodes[i]})" if nodes else str(i) for i in range(expected_nodes) if i not in seen]
         said = launcher_said(run_dir)
         parts.append(f"node rank(s) {', '.join(missing)} left no report (the node or its launcher was killed"
                      + (f"; the launch printed: {said}" if said else "") + ")")

@@ -6,11 +6,12 @@ the namespaces. Covers: two hosts train like one host of the same world size
 (and a replay trains there again); the master named with --master takes node
 rank 0; a preemption signal and Ctrl-C reach every host, which checkpoints, and
 --resume auto continues the same curve; a host whose ranks die ends the job in
-bounded time and is named; --exclude-from a preflight run leaves its failing
+bounded time and is named (a lost host; a frozen rank, not the one that waited for it); a host that fails twice gives its place to a spare; --exclude-from a preflight run leaves its failing
 host out; bad input is one line before any run directory.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -22,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers.cluster import _cmdline, _netns_pids, kill_trainers
+from helpers.cluster import _cmdline, _netns_pids, kill_trainers, trainer_pids
 from helpers.processes import start_as_from_a_terminal, wait_until
-from helpers.program import explain, inv_environ
+from helpers.program import explain, failure_line, inv_environ
 from helpers.training import MOE_ARGS, assert_same_curve, last_step, steps_after_restart, train_args, train_losses
 from runtime.runs.nodes import failing
 
@@ -182,12 +183,17 @@ def test_ctrl_c_checkpoints_on_every_host(hosts, dataset):
         assert json.loads((run / "logs" / f"agent-{node}.json").read_text())["exit_code"] == 130
 
 
-def test_a_host_whose_ranks_die_ends_the_job_and_is_named(hosts, dataset):
+def test_a_lost_host_ends_the_job_and_is_named(hosts, dataset):
+    """Every process of the second host but its sshd killed at once (agent, ranks: a node lost)."""
     proc = hosts.start(hosts.up, "train.pretrain", "--nproc", "2", "--name", "dies", *train_args(dataset, steps=100000))
     try:
         assert wait_until(lambda: _steps_of(hosts.runs, "*_dies") >= 3, proc, timeout=300), \
             proc.communicate(timeout=60)
-        killed = kill_trainers(hosts.netns[1])
+        killed = time.monotonic()
+        for pid in _netns_pids(hosts.netns[1]):
+            if "sshd" not in " ".join(_cmdline(pid)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         out, err = proc.communicate(timeout=240)
         ended = time.monotonic() - killed
     finally:
@@ -195,13 +201,39 @@ def test_a_host_whose_ranks_die_ends_the_job_and_is_named(hosts, dataset):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
     assert proc.returncode not in (0, None), err[-3000:]
-    assert f"on {hosts.up[1]} failed first (signal 9" in err, err[-3000:]    # the host as -H named it
+    line = failure_line(err)
+    assert f"node rank(s) 1 ({hosts.up[1]}) left no report" in line, line   # the host as -H named it
+    assert f"on {hosts.up[0]} failed first" not in line, line                 # not the host that saw it go
     assert "Traceback" not in err and ended < 180
     run = hosts.only_run("*_dies")
     assert json.loads((run / "metadata.json").read_text())["status"] == "failed"
     assert not [pid for netns in hosts.netns for pid in _netns_pids(netns) if "-m" in _cmdline(pid)
                 and str(run) in " ".join(_cmdline(pid))], "a rank or agent outlived the job"
-    print(f"a host's ranks killed to the job's end: {ended:.1f} s")
+    print(f"a host lost to the job's end: {ended:.1f} s")
+
+
+def test_a_frozen_rank_on_another_host_is_the_one_named(hosts, dataset):
+    """A rank of the second host stopped with SIGSTOP: the first host's rank, waiting for it, is ended by
+    its watchdog; the line names the frozen rank and its host, not the one that waited."""
+    proc = hosts.start(hosts.up, "train.pretrain", "--nproc", "1", "--name", "frozen",
+                       *train_args(dataset, "--set", "health.hang_timeout_s=5", steps=100000))
+    try:
+        assert wait_until(lambda: _steps_of(hosts.runs, "*_frozen") >= 3, proc, timeout=300), \
+            proc.communicate(timeout=60)
+        for pid in trainer_pids(hosts.netns[1]):
+            os.kill(pid, signal.SIGSTOP)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        for pid in trainer_pids(hosts.netns[1]):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 4, err[-3000:]
+    line = failure_line(err)
+    assert line.startswith(f"train.pretrain failed: rank 1 on {hosts.up[1]} stopped first and wrote no hang report "
+                           f"(stopped, or stuck where Python cannot run): rank 0 on {hosts.up[0]} waited for it"), line
 
 
 def test_a_host_that_fails_twice_is_swapped_for_the_spare_and_the_run_ends_ok(hosts, dataset):
