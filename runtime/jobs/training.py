@@ -296,6 +296,11 @@ def launch_job(run, transport, spec, job: Placement, excluded: dict[str, list[st
         spec = replace(spec, args=with_resume(spec.args))
     if job_id:
         run.update_metadata(slurm_job_id=job_id)
+    failed_nodes = outcome.node_failures(run.path)
+    if failed_nodes:
+        run.update_metadata(node_failures=failed_nodes)
+        print(f"slurm: node(s) {', '.join(failed_nodes)} failed during the job (srun: Node failure); "
+              + ("Slurm requeued it" if job_id else "its ranks were ended"), file=sys.stderr)
     if job_id and not job.wait:
         # The job runs later, without us: its batch script records the end (runtime.runs.jobend).
         run.end_status = "submitted"

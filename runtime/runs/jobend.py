@@ -67,6 +67,11 @@ def record(run_dir: Path, code: int, requeued: bool = False, environ: dict[str, 
     report = outcome.read(run_dir)
     if report.nodes:
         metadata.update(hosts=report.hosts, world_size=report.world_size, nodes=len(report.nodes))
+    failed_nodes = outcome.node_failures(run_dir)
+    if failed_nodes:   # a node failure, not a preemption, whatever the ranks' exit said
+        metadata["node_failures"] = failed_nodes
+        if status == "requeued":
+            error = f"Slurm declared node(s) {', '.join(failed_nodes)} failed; the job was requeued"
     metadata.update(end_entries(metadata, status, error, code, masker, findings, ended))
     if metadata.get("task") == "train.launch":   # its summary is the runner's, from the metrics the agents parsed
         made = metrics.summary(run_dir, wall_s=metadata.get("duration_s"))
@@ -86,7 +91,7 @@ def resumed(run_dir: Path, restart: int) -> bool:
     metadata = rundir.metadata(run_dir)
     if metadata.get("status") not in UNFOLLOWED:
         return False
-    metadata.update(status="resumed", restarts=restart, end=None, duration_s=None, exit_code=None, error=None)
+    metadata.update(status="resumed", requeues=restart, end=None, duration_s=None, exit_code=None, error=None)
     rundir.write_record(run_dir / rundir.METADATA, metadata)
     return True
 

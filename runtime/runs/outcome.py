@@ -264,6 +264,24 @@ def silent_ranks(reports: list[dict]) -> str:
             f"{names.LOGS_DIR}/{names.RANK_LOGS}")
 
 
+#: What srun prints when Slurm declares a node of the step failed (set DOWN, or not responding).
+_NODE_FAILURE = re.compile(r"srun: error: Node failure on (\S+)")
+
+
+def node_failures(run_dir: Path) -> list[str]:
+    """The nodes Slurm declared failed during the run, in the order it said so, from srun's own words in
+    the launcher's log (an srun step) and the batch job's output (logs/slurm-<job>.out)."""
+    logs = Path(run_dir) / names.LOGS_DIR
+    found: list[str] = []
+    for path in [logs / names.LAUNCHER_LOG, *sorted(logs.glob("slurm-*.out"))]:
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        found += [m.group(1) for m in _NODE_FAILURE.finditer(text)]
+    return list(dict.fromkeys(found))
+
+
 def unreported_ranks(outcome: Outcome, nodes: Sequence[str], nproc: int) -> dict[int, str]:
     """{rank: host} of the ranks on launched nodes whose agent left no report (none known without `nodes`
     and `nproc`)."""
@@ -297,6 +315,9 @@ def failure_summary(run_dir: Path, expected_nodes: int | None = None, nodes: Seq
             cause = f"{said} ({Path(run_dir) / names.LOGS_DIR / names.rank_log(int(first['rank']))})" if said else None
         parts.append(f"rank {first['rank']} on {first['host']} failed first ({how})"
                      + (f": {cause}" if cause else ""))
+    failed_nodes = node_failures(run_dir)
+    if failed_nodes:   # Slurm's verdict first: the ranks' errors follow from it
+        parts.insert(0, f"Slurm declared node(s) {', '.join(failed_nodes)} failed (srun: Node failure)")
     if expected_nodes and len(outcome.nodes) < expected_nodes:
         seen = {n.node_rank for n in outcome.nodes}
         missing = [f"{i} ({nodes[i]})" if nodes else str(i) for i in range(expected_nodes) if i not in seen]

@@ -343,9 +343,9 @@ def test_an_unfollowed_batch_job_records_its_own_end(tmp_path):
     assert md()["status"] == "requeued" and md()["exit_code"] == 3 and md()["end"]
     # the next attempt starts (the batch script's first lines): running again, not "requeued"
     assert jobend.main([str(tmp_path), "--resumed", "1"]) == 0
-    assert (md()["status"], md()["restarts"], md()["end"], md()["exit_code"]) == ("resumed", 1, None, None)
+    assert (md()["status"], md()["requeues"], md()["end"], md()["exit_code"]) == ("resumed", 1, None, None)
     meta.write_text(jsonlib.dumps(seal({**md(), "status": "running"})))
-    assert not jobend.resumed(tmp_path, 2) and md()["restarts"] == 1              # inv follows: its to write
+    assert not jobend.resumed(tmp_path, 2) and md()["requeues"] == 1              # inv follows: its to write
     meta.write_text(jsonlib.dumps(seal({**md(), "status": "resumed"})))
     (tmp_path / "summary.json").write_text(jsonlib.dumps({"final_loss": 1.5}))
     assert jobend.record(tmp_path, 0, environ={})                                  # the resumed attempt
@@ -367,6 +367,14 @@ def test_an_unfollowed_batch_job_records_its_own_end(tmp_path):
     meta.write_text(jsonlib.dumps(seal({**md(), "status": "submitted"})))
     jobend.record(tmp_path, 1, environ={})
     assert "rank 2 on n1 failed first (signal 9, SIGKILL: often the kernel's OOM killer" in md()["error"]
+
+    # srun's words for a node Slurm declared failed (set DOWN, not responding): a node failure, named
+    (logs / "slurm-7.out").write_text("anvil: job 7 start 0 on n[0-1]\nsrun: error: Node failure on n1\n"
+                                      "anvil: step exited with status 3\n")
+    meta.write_text(jsonlib.dumps(seal({**md(), "status": "submitted"})))
+    jobend.record(tmp_path, 3, requeued=True, environ={})
+    assert (md()["status"], md()["node_failures"]) == ("requeued", ["n1"])
+    assert md()["error"] == "Slurm declared node(s) n1 failed; the job was requeued"
 
 
 def test_a_job_that_ended_unrecorded_gets_slurms_verdict_and_nothing_is_guessed(tmp_path):

@@ -4,7 +4,8 @@ Real slurmctld and slurmd in network namespaces, real srun/sbatch, real ranks
 over gloo between the two nodes. Covers: a run inside an allocation matching a
 one-node run of the same world size; sbatch submit-and-follow; a preemption
 signal (scancel --signal=USR2 --full) -> checkpoint, exit 3, requeue, resume,
-with the loss curve of an uninterrupted run; a node whose ranks die; bad input.
+with the loss curve of an uninterrupted run; a node whose ranks die (restarted inside the allocation
+when there is a checkpoint); a node set DOWN (recorded as a node failure); bad input.
 """
 from __future__ import annotations
 
@@ -138,7 +139,7 @@ def test_a_job_submitted_without_waiting_records_its_own_end(slurm_cluster, data
     slurm_cluster.slurm_run("scancel", "--signal=USR2", "--full", job, check=True)
     waited_for(lambda: metadata()["status"] == "resumed", 300, "the requeued job to run again")
     ended = waited_for(lambda: metadata()["status"] != "resumed" and metadata(), 300, "the job's end")
-    assert ended["status"] == "ok" and ended["exit_code"] == 0 and ended["restarts"] == 1, ended
+    assert ended["status"] == "ok" and ended["exit_code"] == 0 and ended["requeues"] == 1, ended
     assert ended["hosts"] == ["node1", "node2"] and ended["world_size"] == 4
     result = json.loads((run / "result.json").read_text())
     assert result["summary"]["steps"] == 8 and max(train_losses(run)) == 8
@@ -185,6 +186,32 @@ def test_a_node_whose_ranks_die_is_restarted_inside_the_allocation(slurm_cluster
     (restart,) = md["restarts"]
     assert md["status"] == "ok" and (restart["host"], restart["step"]) == ("node2", 10), restart
     assert "restart 1 of 2 (rank 1 on node2" in err and max(train_losses(_only_run(tmp_path))) == 120
+
+
+def test_a_node_set_down_mid_job_is_recorded_as_a_node_failure(slurm_cluster, dataset, tmp_path):
+    """scontrol sets node2 DOWN while the batch job trains: Slurm ends the step and requeues the job, which
+    resumes (ReturnToService=2 brings the node back) and finishes; the run records the node failure."""
+    env = training_environ(slurm_cluster, tmp_path)
+    proc = subprocess.Popen([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "2", "--nproc", "1",
+                             "--name", "down", *train_args(dataset, "--set", "checkpoint.interval=10", steps=60)],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        waited_for(lambda: _job_id(tmp_path), 60, "the job id")
+        waited_for(lambda: _steps_done(tmp_path) >= 14, 300, "fourteen steps")
+        subprocess.run(["scontrol", "update", "nodename=node2", "state=DOWN", "reason=anvil-test"], env=env,
+                       check=True, timeout=30)
+        out, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        subprocess.run(["scontrol", "update", "nodename=node2", "state=RESUME"], env=env, capture_output=True,
+                       timeout=30)   # (back already, as it registered: then an error, which is fine)
+    assert proc.returncode == 0, err[-3000:]
+    md = json.loads((_only_run(tmp_path) / "metadata.json").read_text())
+    assert md["status"] == "ok" and md["node_failures"] == ["node2"], md
+    assert "slurm: node(s) node2 failed during the job (srun: Node failure); Slurm requeued it" in err
+    assert max(train_losses(_only_run(tmp_path))) == 60
 
 
 def test_bad_slurm_input_is_one_message(slurm_cluster, dataset, tmp_path):
