@@ -62,6 +62,8 @@ AGENT_GRACE = _variable("ANVIL_AGENT_GRACE", "seconds the node agent waits for i
                         "before it kills them (default 10)")
 PROGRESS_INTERVAL = _variable("ANVIL_PROGRESS_INTERVAL", "seconds between plain progress lines of data.prepare "
                               "(default 5)")
+GPU_WATCH_S = _variable("ANVIL_GPU_WATCH_S", "seconds between the node agent's readings of its GPUs (clocks, "
+                        "power, temperature, ECC, Xid; logs/gpu-<node>.jsonl); 0 = off (default 10)")
 SIGNAL_CHECK_EVERY = _variable("ANVIL_SIGNAL_CHECK_EVERY", "steps between the ranks' agreement on a stop signal "
                                "(default: chosen from the step time)")
 CUBLASLT = _variable("ANVIL_CUBLASLT", "0: the LM head's weight-gradient GEMMs use torch.mm instead of "
@@ -168,6 +170,7 @@ PROFILE_SUMMARY = "summary.json"    # their summary, in PROFILE_DIR
 
 RANK_LOGS = "rank*.log"             # in LOGS_DIR, every rank's log
 HANG_REPORTS = "hang-rank*.json"    # in LOGS_DIR, the hang watchdog's reports
+GPU_LOGS = "gpu-*.jsonl"            # in LOGS_DIR, each node agent's GPU readings (runtime/launch/gpuwatch.py)
 FAULT_REPORTS = "fault-rank*.json"  # in LOGS_DIR, the ranks a rerun step blamed (trainer/numeric.py)
 ATTEMPTS_DIR = "attempts"           # in LOGS_DIR, each failed attempt's agent, hang and fault reports
 
@@ -187,6 +190,10 @@ def hang_report(rank: int) -> str:
 
 def fault_report(rank: int) -> str:
     return f"fault-rank{rank}.json"
+
+
+def gpu_log(node_rank: int) -> str:
+    return f"gpu-{node_rank}.jsonl"
 
 
 def agent_report(node_rank: int) -> str:

@@ -268,7 +268,7 @@ def launch_job(run, transport, spec, job: Placement, excluded: dict[str, list[st
     from core.signals import STOP_SIGNALS, killed_outright
     from runtime.cluster.slurm.batch import submitted_job_id
     from runtime.jobs.restarts import with_resume
-    from runtime.runs import outcome
+    from runtime.runs import gpuhealth, outcome
     from runtime.runs.replay import resume_command
 
     if excluded:
@@ -312,6 +312,7 @@ def launch_job(run, transport, spec, job: Placement, excluded: dict[str, list[st
         code = report.stop_status()   # a clean stop under srun exits 0 (runtime.cluster.slurm.step)
     if report.nodes:
         run.update_metadata(hosts=report.hosts, world_size=report.world_size, nodes=len(report.nodes))
+    gpuhealth.record(run, restarts.left_out if restarts is not None else [])   # the GPUs in trouble, the hosts
     if code in (EXIT_REQUEUE, EXIT_INTERRUPTED) or (code - 128 in STOP_SIGNALS and not report.nodes):
         stopped(code, report)
     if code != 0:

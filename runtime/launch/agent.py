@@ -40,7 +40,9 @@ environment; env:// rendezvous), and what torchrun does not:
   SIGTERM, after which its exit 0 is a clean stop), and with --hang-timeout ends
   ranks that made no progress for that long (runtime.launch.output). --chdir
   runs them in that folder (where inv ran, on a shared file system).
-- With names.RUN_DIR set it writes RUN_DIR/logs/agent-<node rank>.json
+- With names.RUN_DIR set it watches the node's GPUs while the ranks run (runtime.launch.gpuwatch:
+  clocks, power, temperature, ECC, Xid into logs/gpu-<node rank>.jsonl, trouble said and reported),
+  and writes RUN_DIR/logs/agent-<node rank>.json
   (host, ranks, exit statuses, first failure, and what its starter adds: a
   Slurm job id and restart count) for the runner's summary.
 """
@@ -219,6 +221,8 @@ class Agent:
             for local_rank in range(self.nproc):
                 command = tools.wrap(self.command, self.node_rank * self.nproc + local_rank, base, run_dir)
                 self.procs.append(subprocess.Popen(command, env=self.rank_env(base, local_rank)))
+        from runtime.launch.gpuwatch import GpuWatcher
+        watcher = GpuWatcher.start(base, self.nproc, self.node_rank, self.host) if run_dir else None
         kill_at = None
         while len(self.codes) < len(self.procs):
             ended = [(local_rank, proc.returncode) for local_rank, proc in enumerate(self.procs)
@@ -242,6 +246,8 @@ class Agent:
             time.sleep(0.05)
         if self.program is not None:
             self.program.close()
+        if watcher is not None:
+            self.report.update(watcher.stop())
         if self.stop_signal is not None:
             # Every rank has ended: a later copy of the stop signal (scancel's TERM after the
             # warning) must not turn this clean stop into a death by signal, which it would while

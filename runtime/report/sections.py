@@ -62,11 +62,26 @@ def _facts(rec: history.Recorded) -> dict:
             ["world size", md.get("world_size")], ["command", history.argv_text(md, skip_program=False)],
             ["resumed from", md.get("resume") or ""], ["replay of", md.get("replay_of") or ""],
             ["git", f"{rec.git.get('commit') or ''}{' (dirty)' if rec.git.get('dirty') else ''}"]]
+    rows += _faults(md)
     machine = history.machine_summary(rec)
     for key in ("python", "torch", "triton"):
         machine[key] = rec.versions.get(key)
     rows += [[k, v] for k, v in machine.items() if v not in (None, "")]
     return _table("run", ["", ""], [[k, _fmt(v)] for k, v in rows if v not in (None, "")])
+
+
+def _faults(md: dict) -> list[list]:
+    """The rows for what went wrong on the way: in-job restarts, nodes left out, Slurm's node failures, the
+    GPUs the watch saw in trouble (with the step time they cost)."""
+    from runtime.runs.gpuhealth import describe
+
+    rows = [[f"restart {r.get('attempt')}", f"from step {r.get('step')}: {r.get('why')}"
+             + (f" ({r['left_out']} left out)" if r.get("left_out") else "")]
+            for r in md.get("restarts") or [] if isinstance(r, dict)]
+    if md.get("node_failures"):
+        rows.append(["node failures", ", ".join(map(str, md["node_failures"]))])
+    rows += [["GPU trouble", describe(e)] for e in md.get("gpu_events") or [] if isinstance(e, dict)]
+    return rows
 
 
 def _environment(rec: history.Recorded) -> dict | None:

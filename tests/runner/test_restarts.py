@@ -3,7 +3,7 @@ train.pretrain --nproc 2`, gloo on CPU, the real agent, faults put in from outsi
 
 Covers: a rank SIGKILLed mid-run -> the run ends ok after one restart from the newest checkpoint, the steps
 run twice have the same losses (the curve continues from the checkpoint step), the restart is recorded
-(metadata.json, metrics.jsonl, the console) and the first attempt's reports are set aside; a rank frozen
+(metadata.json, metrics.jsonl, the console, the report) and the first attempt's reports are set aside; a rank frozen
 with SIGSTOP -> found by the hang watchdog, restarted, ok; a rank killed in every attempt -> as many restarts
 as allowed, then one line that says so; a NaN that goes away on a rerun (health.on_nonfinite=rerun) -> exit 5
 naming the rank, its host and the fault report, not restarted on one node without a spare; a fault before
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from helpers.faults import environ_with_fault
-from helpers.program import INV, REPO, failure_line, metadata, runs
+from helpers.program import INV, REPO, failure_line, metadata, run_inv, runs
 from helpers.training import TINY_RUN, records, train_losses
 
 pytestmark = pytest.mark.slow
@@ -67,6 +67,10 @@ def test_a_killed_rank_costs_one_restart_from_the_checkpoint_and_the_curve_goes_
     assert (run / "logs" / "attempts" / "1" / "agent-0.json").is_file()          # the first attempt's report
     assert json.loads((run / "logs" / "agent-0.json").read_text())["exit_code"] == 0
     assert json.loads((run / "summary.json").read_text())["steps"] == 12
+    report = run_inv("snapshot.report", run, runs=tmp_path / "runs")        # the report's run table says it
+    assert report.returncode == 0, report.stderr
+    page = Path(report.stdout.strip()).read_text()
+    assert "restart 1" in page and "from step 4: rank 1 on" in page
 
 
 def test_a_frozen_rank_is_found_by_the_watchdog_and_restarted(tmp_path, dataset):
