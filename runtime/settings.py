@@ -43,6 +43,7 @@ DEFAULTS: dict[str, Any] = {
     "container_mounts": "",      # more SRC:DST[:ro] mounts, comma-separated (the checkout and run dir always are)
     "container_python": "python3",   # the interpreter inside the image that runs the agent and ranks
     "container_extra": "",       # more `run` options, space-separated (e.g. "--pull=never")
+    "container_env": "",         # more of this machine's variables to pass in, comma-separated: NAME or PREFIX*
     "megatron_path": "",         # a Megatron-LM checkout: train.launch --backend megatron runs its scripts
     "hooks_dir": "hooks",        # the only folder hooks are taken from
     "hook_timeout": 600,         # seconds a hook may take before it is killed and the task stops; 0 = no limit
@@ -76,6 +77,7 @@ class Settings:
     container_mounts: list[str]
     container_python: str
     container_extra: list[str]
+    container_env: list[str]
     megatron_path: str
     hooks_dir: Path
     hook_timeout: float
@@ -95,7 +97,7 @@ class Settings:
     def container_options(self) -> ContainerOptions:
         return ContainerOptions(engine=self.container_engine or "docker", image=self.container_image,
                                 mounts=list(self.container_mounts), python=self.container_python,
-                                extra=list(self.container_extra))
+                                extra=list(self.container_extra), env=list(self.container_env))
 
     def ssh_options(self) -> SshOptions:
         if self.ssh_flags is not None:
@@ -226,6 +228,7 @@ def from_mapping(values: Mapping[str, Any] | None, root: Path) -> Settings:
         container_mounts=split_list(raw["container_mounts"], "container_mounts"),
         container_python=text("container_python"),
         container_extra=_words("container_extra", raw["container_extra"]),
+        container_env=split_list(raw["container_env"], "container_env"),
         megatron_path=str(under_root("megatron_path")) if _text("megatron_path", raw["megatron_path"]) else "",
         hooks_dir=under_root("hooks_dir"),
         hook_timeout=_number("hook_timeout", raw["hook_timeout"]),

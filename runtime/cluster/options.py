@@ -42,6 +42,7 @@ class ContainerOptions:
     mounts: list[str] = field(default_factory=list)  # "src:dst" or a path mounted at itself
     python: str = "python3"             # the interpreter inside the image
     extra: list[str] = field(default_factory=list)
+    env: list[str] = field(default_factory=list)    # more host variables to pass in: names, or PREFIX*
 
 
 @dataclass

@@ -190,7 +190,7 @@ def collective_spec(env, op: str, sizes: str, iters: int, nproc: int, out, eager
     procs = nproc or (None if env.machine.count else 2)  # a collective needs two ranks
     return LaunchSpec(module="benchmarks.collectives", nproc=procs, gpus=env.machine.count, vendor=env.machine.vendor,
                       args=["--op", op, "--sizes", sizes, "--iters", str(iters), *(["--eager"] if eager else []),
-                            *(["--dtype", dtype] if dtype else []), "--out", str(out)])
+                            *(["--dtype", dtype] if dtype else []), "--out", str(out)], profile=list(env.environ()))
 
 
 def dry_run(env, argv: list[str] | None = None, spec=None, transport=None) -> None:

@@ -99,7 +99,8 @@ def run_launch(c, job: LaunchJob, run_options) -> dict:
     agent_args = ["--backend", backend.name, "--hang-timeout", f"{job.hang_timeout:g}", "--chdir", os.getcwd()]
     agent_args += ["--metrics-regex", job.metrics_regex] if job.metrics_regex else []
     spec = LaunchSpec(program=plan.argv, agent_args=agent_args, nproc=job.nproc or None, gpus=env.machine.count,
-                      vendor=env.machine.vendor, node_local=env.node_local())
+                      vendor=env.machine.vendor, node_local=env.node_local(),
+                      profile=list(env.environ()))
     environ = {**os.environ, **env.environ()}
     layout = transport.layout(spec, environ)
     if job.dry_run:

@@ -432,7 +432,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     spec = LaunchSpec(module="trainer", args=["--config", f"{RUN_DIR}/configs/{CONFIG_FILE}", "--run-dir", RUN_DIR,
                                               *(["--resume", trainer_resume] if resume else [])],
                       nproc=job.nproc or None, gpus=env.machine.count, vendor=env.machine.vendor,
-                      node_local=env.node_local())
+                      node_local=env.node_local(), profile=list(env.environ()))
     if not runtime.spans_nodes:   # (a login node has no GPU; its nodes do)
         _needs_a_gpu_here(cfg, env.machine)
     if job.tool:

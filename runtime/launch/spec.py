@@ -56,6 +56,8 @@ class LaunchSpec:
     python: str = ""                     # interpreter ("" = this one; a container's own inside it)
     workdir: str = ""                    # "" = current directory
     node_local: list[str] = field(default_factory=list)  # variables each node computes for itself
+    profile: list[str] = field(default_factory=list)     # the names the environment profile set (and --env):
+    #                                      what a container gets besides Anvil's own (runtime.cluster.container)
 
     def __post_init__(self):
         self.vendor = Vendor.parse(self.vendor)

@@ -301,6 +301,8 @@ def failure_summary(run_dir: Path, expected_nodes: int | None = None, nodes: Seq
     first = outcome.first_failure()
     parts = []
     expected_nodes = len(nodes) or expected_nodes
+    # A node that left no report (lost, or its launcher killed) comes first: its peers' errors follow from it.
+    lost = bool(expected_nodes and len(outcome.nodes) < expected_nodes)
     hung = hang_summary(run_dir, outcome, nodes, nproc)
     if hung:
         parts.append(hung)   # the hang reports know more than which rank exited first
@@ -313,17 +315,18 @@ def failure_summary(run_dir: Path, expected_nodes: int | None = None, nodes: Seq
         if cause is None:   # another trainer's own words (train.launch), with where the rest is
             said = program_error(run_dir, int(first["rank"]), last_words=code > 0)
             cause = f"{said} ({Path(run_dir) / names.LOGS_DIR / names.rank_log(int(first['rank']))})" if said else None
-        parts.append(f"rank {first['rank']} on {first['host']} failed first ({how})"
+        parts.append(f"rank {first['rank']} on {first['host']} failed {'after it' if lost else 'first'} ({how})"
                      + (f": {cause}" if cause else ""))
-    failed_nodes = node_failures(run_dir)
-    if failed_nodes:   # Slurm's verdict first: the ranks' errors follow from it
-        parts.insert(0, f"Slurm declared node(s) {', '.join(failed_nodes)} failed (srun: Node failure)")
-    if expected_nodes and len(outcome.nodes) < expected_nodes:
+    if lost:
         seen = {n.node_rank for n in outcome.nodes}
         missing = [f"{i} ({nodes[i]})" if nodes else str(i) for i in range(expected_nodes) if i not in seen]
         said = launcher_said(run_dir)
-        parts.append(f"node rank(s) {', '.join(missing)} left no report (the node or its launcher was killed"
-                     + (f"; the launch printed: {said}" if said else "") + ")")
+        gone = (f"node rank(s) {', '.join(missing)} left no report (the node or its launcher was killed"
+                + (f"; the launch printed: {said}" if said else "") + ")")
+        parts.insert(0 if not hung else len(parts), gone)
+    failed_nodes = node_failures(run_dir)
+    if failed_nodes:   # Slurm's verdict first: the ranks' errors follow from it
+        parts.insert(0, f"Slurm declared node(s) {', '.join(failed_nodes)} failed (srun: Node failure)")
     if not parts:
         errors = []
         for rank in sorted({r for n in outcome.nodes for r in n.ranks} or {0}):

@@ -82,7 +82,8 @@ def test_a_frozen_rank_is_found_by_the_watchdog_and_restarted(tmp_path, dataset)
             "health.hang_timeout_s=5", "parallel.timeout_minutes=1"]
     proc = subprocess.Popen([str(INV), "train.pretrain", "--nproc", "2", "--name", "frozen",
                              *[a for item in sets for a in ("--set", item)]],
-                            cwd=REPO, env=environ_with_fault(tmp_path, "slow:0.05", rank=0), stdout=subprocess.PIPE,
+                            cwd=REPO, env={**environ_with_fault(tmp_path, "slow:0.05", rank=0), "ANVIL_AGENT_GRACE": "2"},
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     victim = None
     try:
