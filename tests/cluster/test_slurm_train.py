@@ -172,7 +172,7 @@ def test_a_node_whose_ranks_die_is_restarted_inside_the_allocation(slurm_cluster
     env = training_environ(slurm_cluster, tmp_path)
     proc = subprocess.Popen(["salloc", "-N2", "--quiet", str(INV), "train.pretrain", "--runtime", "slurm",
                              "--nproc", "1", "--name", "again",
-                             *train_args(dataset, "--set", "checkpoint.interval=10", steps=120)],
+                             *train_args(dataset, "--set", "checkpoint.interval=10", steps=30)],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         waited_for(lambda: steps_after_restart(tmp_path / "runs", "*_again", 0) >= 13, 300, "thirteen steps")
@@ -185,7 +185,7 @@ def test_a_node_whose_ranks_die_is_restarted_inside_the_allocation(slurm_cluster
     md = json.loads((_only_run(tmp_path) / "metadata.json").read_text())
     (restart,) = md["restarts"]
     assert md["status"] == "ok" and (restart["host"], restart["step"]) == ("node2", 10), restart
-    assert "restart 1 of 2 (rank 1 on node2" in err and max(train_losses(_only_run(tmp_path))) == 120
+    assert "restart 1 of 2 (rank 1 on node2" in err and max(train_losses(_only_run(tmp_path))) == 30
 
 
 def test_a_node_set_down_mid_job_is_recorded_as_a_node_failure(slurm_cluster, dataset, tmp_path):
@@ -193,7 +193,7 @@ def test_a_node_set_down_mid_job_is_recorded_as_a_node_failure(slurm_cluster, da
     resumes (ReturnToService=2 brings the node back) and finishes; the run records the node failure."""
     env = training_environ(slurm_cluster, tmp_path)
     proc = subprocess.Popen([str(INV), "train.pretrain", "--runtime", "slurm", "--nodes", "2", "--nproc", "1",
-                             "--name", "down", *train_args(dataset, "--set", "checkpoint.interval=10", steps=60)],
+                             "--name", "down", *train_args(dataset, "--set", "checkpoint.interval=10", steps=30)],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         waited_for(lambda: _job_id(tmp_path), 60, "the job id")
@@ -211,7 +211,7 @@ def test_a_node_set_down_mid_job_is_recorded_as_a_node_failure(slurm_cluster, da
     md = json.loads((_only_run(tmp_path) / "metadata.json").read_text())
     assert md["status"] == "ok" and md["node_failures"] == ["node2"], md
     assert "slurm: node(s) node2 failed during the job (srun: Node failure); Slurm requeued it" in err
-    assert max(train_losses(_only_run(tmp_path))) == 60
+    assert max(train_losses(_only_run(tmp_path))) == 30
 
 
 def test_bad_slurm_input_is_one_message(slurm_cluster, dataset, tmp_path):
