@@ -62,7 +62,7 @@ def _training_config(checkpoint: Path):
 
 
 def _dataset_dir(cfg, checkpoint: Path) -> Path | None:
-    datasets = cfg.data.datasets()   # a blend's share one tokenizer (trainer.train.check_data)
+    datasets = cfg.data.datasets()   # a blend's share one tokenizer (trainer.data.check)
     if not datasets:
         return None
     path = Path(datasets[0])

@@ -318,7 +318,7 @@ def fp8_layout(cfg: TrainConfig, dt: Dtypes) -> Fp8 | None:
     recipe = cfg.precision.fp8
     if recipe == "off":
         return None
-    from trainer.fp8 import ALIGN   # the alignment rule of trainer.fp8.convert_filter
+    from trainer.fp8_rules import ALIGN   # the alignment rule of trainer.fp8.convert_filter
     pre = "model.layers.0."
     # One layer's linears, {"q_proj": (out, in), ...}: the 2-D weights of param_shapes.
     linears = {n[len(pre):].split(".")[1]: s for n, s in param_shapes(cfg.model).items()
@@ -345,14 +345,14 @@ def float8_acts(cfg: TrainConfig, dt: Dtypes, fp8: Fp8 | None, n_tokens: int) ->
     t = cfg.train
     if not t.float8_activations:
         return None
-    from trainer.fp8 import stash_fits
+    from trainer.fp8_rules import stash_fits
     stash = bool(stash_fits(cfg) and fp8 and fp8.mlp_in and fp8.down)
     return Float8Acts(stash, n_tokens * dt.c * cfg.model.ffn_dim >= t.float8_activations_min_mib * 2 ** 20)
 
 
 def _stash_on(f8: Float8Acts | None, mode: str) -> bool:
     """Whether SwiGLU keeps gate and up as its own float8 stash under this checkpointing mode."""
-    from trainer.fp8 import STASH_MODES
+    from trainer.fp8_rules import STASH_MODES
     return bool(f8 and f8.stash and mode in STASH_MODES)
 
 

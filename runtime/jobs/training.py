@@ -128,7 +128,7 @@ def _needs_a_gpu_here(cfg, machine) -> None:
                         "(TRITON_INTERPRET=1 runs them in Triton's interpreter, slowly, as the tests do); "
                         "drop --kernels here")
     if not machine.has_gpu and cfg.precision.fp8 != "off":
-        from trainer.fp8 import NEEDS_GPU
+        from trainer.fp8_rules import NEEDS_GPU
         raise UserError(f"{NEEDS_GPU}; this machine has none. Set precision.fp8=off")
     if (not machine.has_gpu or cfg.train.device == "cpu") and cfg.train.attention == "flex":
         raise UserError("train.attention flex needs a GPU: torch's FlexAttention has no backward on the CPU; "
@@ -377,7 +377,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
     from runtime.runs.run import execute
     from trainer import hf
     from trainer.config import DEFAULT_CONFIG, check_world, dump
-    from trainer.train import check_data
+    from trainer.data.check import check_data
 
     if job.config is not None and not str(job.config).strip():
         raise UserError("--config is empty; expected a YAML config such as configs/tiny.yaml")

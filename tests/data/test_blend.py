@@ -281,15 +281,15 @@ def test_training_on_a_blend_logs_each_source_and_the_mix(tmp_path, datasets):
 
 
 def test_check_data_refuses_a_missing_source_or_another_tokenizer(tmp_path, datasets):
-    from trainer import train
+    from trainer.data.check import check_data
     cfg = load(DEFAULT_CONFIG, ["data.path=null", f"data.blend=[{{path: {datasets['big']}, weight: 1}}, "
                                                   f"{{path: {tmp_path / 'none'}, weight: 1}}]"])
     with pytest.raises(DataError, match=r"^data.blend\[1\].path '.*none': no prepared dataset there"):
-        train.check_data(cfg)
+        check_data(cfg)
     cfg = load(DEFAULT_CONFIG, ["data.path=null", f"data.blend=[{{path: {datasets['big']}, weight: 1}}, "
                                                   f"{{path: {datasets['bpe']}, weight: 1}}]"])
     with pytest.raises(DataError, match=r"^data.blend\[1\].path '.*bpe': its tokenizer \(bpe, vocab 300"):
-        train.check_data(cfg)
+        check_data(cfg)
 
 
 def test_inv_train_pretrain_on_a_blend_records_every_source(tmp_path, datasets):

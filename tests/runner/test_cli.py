@@ -267,3 +267,14 @@ def test_a_signal_in_a_task_without_a_run_is_one_line(tmp_path, signum):
     assert_no_traceback(out, err)
     assert code == 128 + signum, err
     assert err.strip().splitlines()[-1] == f"slow.wait interrupted ({SIGNAL_NAME[signum]})", err
+
+
+def test_inv_launches_training_without_importing_torch(tmp_path):
+    """The ranks import torch; inv, which checks the config, the data and the memory plan of a dense model
+    and launches them (on a login node too), does not: a launch starts a second sooner and inv stays small."""
+    task = ["train.pretrain", "--dry-run", "--set", "data.path=synthetic"]
+    proc = subprocess.run([sys.executable, "-X", "importtime", str(INV), *task], cwd=REPO,
+                          env=inv_environ(tmp_path / "runs"), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "trainer.config" in imported and "torch" not in imported, sorted(m for m in imported if "torch" in m)

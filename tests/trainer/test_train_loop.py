@@ -7,6 +7,7 @@ import pytest
 
 from trainer import train
 from trainer.config import DEFAULT_CONFIG, load
+from trainer.data.check import check_data
 from helpers.training import records
 
 # A short tiny run: a few hundred tokens per step so it takes seconds on 2 cores.
@@ -82,7 +83,7 @@ def test_missing_dataset_says_how_to_prepare(tmp_path):
     from trainer.data import DataError
     cfg = load(DEFAULT_CONFIG.parent / "llama3_1b.yaml", [f"data.path={tmp_path / 'llama3'}"])
     with pytest.raises(DataError) as err:
-        train.check_data(cfg)
+        check_data(cfg)
     message = str(err.value)
     assert "inv data.prepare" in message and "tokenizer.json" in message
     assert "data.path=synthetic" in message
@@ -92,7 +93,7 @@ def test_vocab_smaller_than_tokenizer_is_refused(dataset):
     from trainer.data import DataError
     cfg = load(DEFAULT_CONFIG, [f"data.path={dataset}", "model.vocab_size=128"])
     with pytest.raises(DataError, match="model.vocab_size is 128"):
-        train.check_data(cfg)
+        check_data(cfg)
 
 
 def test_kernels_unavailable_is_a_clear_error(monkeypatch):

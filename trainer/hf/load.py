@@ -25,9 +25,6 @@ import hashlib
 import time
 from pathlib import Path
 
-import torch
-from torch import nn
-
 from .config import mapping_for
 from .mapping import TIED_HEAD, HubReader, Source, hub_shapes, sources
 from .weights import HFWeights
@@ -56,6 +53,8 @@ def check_before_launch(cfg) -> dict | None:
     directory = cfg.checkpoint.init_from
     if not directory:
         return None
+    import torch
+
     from trainer.models import Transformer
 
     with torch.device("meta"):
@@ -82,10 +81,16 @@ def tokenizer_warning(cfg) -> str | None:
             f"--out DATASET")
 
 
-@torch.no_grad()
 def load_weights(model: nn.Module, directory: str | Path, log=None) -> dict:
     """Copy the directory's weights into `model` (plain, DDP-wrapped's module, or FSDP2-sharded);
     InitError when the checkpoint does not fit it. Returns the provenance."""
+    import torch
+
+    with torch.no_grad():
+        return _load_weights(model, directory, log)
+
+
+def _load_weights(model: nn.Module, directory: str | Path, log=None) -> dict:
     started = time.perf_counter()
     tensors = model_tensors(model)
     weights, found = _open_checked(directory, model.cfg, tensors)

@@ -33,8 +33,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import torch
-
 from trainer.config import ModelConfig
 
 from .errors import InexpressibleModel, InitError
@@ -290,6 +288,7 @@ class RopeRows(Source):
     @property
     def order(self) -> torch.Tensor:
         """Our row r is the Hub's row order[r]."""
+        import torch
         order = torch.arange(self.shape[0])
         half_split = torch.cat((torch.arange(0, self.rope_dim, 2), torch.arange(1, self.rope_dim, 2)))
         for start in self.starts:
@@ -305,6 +304,7 @@ class RopeRows(Source):
         return hub.slice(self.name)[(slice(low, high), *box[1:])][rows - low]
 
     def write(self, ours):
+        import torch
         hub = torch.empty_like(ours)
         hub[self.order] = ours
         return {self.name: hub}
@@ -324,6 +324,7 @@ class ExpertsGateUp(Source):
         return {name: (ffn, dim) for e in range(experts) for name in self.names(e)}
 
     def read(self, hub, box):
+        import torch
         ffn = self.shape[2] // 2
         cols = range(*box[2].indices(self.shape[2]))
         parts = []
@@ -354,6 +355,7 @@ class ExpertsDown(Source):
         return {f"{self.prefix}.{e}.down_proj.weight": (self.shape[2], self.shape[1]) for e in range(self.shape[0])}
 
     def read(self, hub, box):
+        import torch
         return torch.stack([hub.slice(f"{self.prefix}.{e}.down_proj.weight")[box[2], box[1]].T
                             for e in range(*box[0].indices(self.shape[0]))])
 
