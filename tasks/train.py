@@ -99,6 +99,8 @@ LAUNCH_HELP = {
                      "tokens_per_s, mfu, mem_gib, lr)",
     "hang-timeout": "Seconds without a metric line, once there was one, before the ranks are taken for hung, "
                     "named and stopped (exit 4; 0 = off; default 1800)",
+    "max-restarts": "After a rank fails or hangs, start every rank again from the program's newest checkpoint, "
+                    "this many times (0 = off; as torchrun's --max-restarts)",
     "resume": "auto (newest checkpoint among runs/*_train.launch_<name>) or a run directory or checkpoint: the "
               "program resumes there (the backend's own flags; for command, variables: docs/training.md)",
     **{k: PRETRAIN_HELP[k] for k in ("nproc", "gpu", "site", "runtime", "master", "nodes", "partition",
@@ -110,8 +112,8 @@ LAUNCH_HELP = {
 
 
 @run_task(help=LAUNCH_HELP, iterable=["exclude"], takes_hosts=True)
-def launch(c, backend="command", config="", megatron="", metrics_regex="", hang_timeout=1800.0, nproc=0,
-           resume=None, gpu="", site="", runtime="", hosts=None, master="", nodes=0, partition="", account="",
+def launch(c, backend="command", config="", megatron="", metrics_regex="", hang_timeout=1800.0, max_restarts=0,
+           nproc=0, resume=None, gpu="", site="", runtime="", hosts=None, master="", nodes=0, partition="", account="",
            time="", wait=True, exclude=None, exclude_from="", dry_run=False, json=False, run_options=None):
     """Run another trainer under the runner: `--backend command -- PROGRAM ARGS`, torchtitan (--config FILE.toml),
     megatron (-- pretrain_gpt.py ARGS); run dir, snapshot, hooks, rank logs, metrics, requeue, report."""
@@ -120,7 +122,8 @@ def launch(c, backend="command", config="", megatron="", metrics_regex="", hang_
     from runtime.jobs.launching import LaunchJob, run_launch
 
     job = LaunchJob(backend=backend, program=settings_mod.program_args(c), config=config, megatron=megatron,
-                    metrics_regex=metrics_regex, hang_timeout=float(hang_timeout), nproc=nproc, resume=resume,
+                    metrics_regex=metrics_regex, hang_timeout=float(hang_timeout), max_restarts=int(max_restarts),
+                    nproc=nproc, resume=resume,
                     gpu=gpu, site=site, runtime=Runtime.parse(runtime) if runtime else None, hosts=hosts,
                     master=master, nodes=nodes, partition=partition, account=account, time=time, wait=wait,
                     exclude=list(exclude or []), exclude_from=exclude_from, dry_run=dry_run)

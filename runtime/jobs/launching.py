@@ -41,6 +41,7 @@ class LaunchJob(Placement):
     megatron: str = ""                  # megatron: the checkout ("" = anvil.megatron_path)
     metrics_regex: str = ""             # metric lines of another format
     hang_timeout: float = HANG_TIMEOUT_S   # seconds without a progress line once there was one; 0 = off
+    max_restarts: int = 0               # a failed attempt starts again from the newest checkpoint, this often
 
 
 def _resume(job: LaunchJob, backend, argv: list[str], runs_dir: Path, name: str):
@@ -108,6 +109,7 @@ def run_launch(c, job: LaunchJob, run_options) -> dict:
         transport.launch(spec, environ, run_dir=Path("RUN_DIR"), dry_run=True)
         return {"run_dir": None, "summary": None, "dry_run": True}
     transport.check(os.environ)   # Slurm's commands are there and its controller answers; hosts answer
+    restarts = _restarts(job, backend, plan.argv, transport, environ)
 
     def body(run):
         launch_env = dict(run.env)
@@ -131,7 +133,8 @@ def run_launch(c, job: LaunchJob, run_options) -> dict:
                              exit_code, status)
 
         try:
-            submitted = launch_job(run, transport, spec, job, excluded, layout, stopped, env=launch_env)
+            submitted = launch_job(run, transport, spec, job, excluded, layout, stopped, env=launch_env,
+                                   restarts=restarts)
             if submitted is not None:
                 return submitted
         finally:
@@ -146,6 +149,23 @@ def run_launch(c, job: LaunchJob, run_options) -> dict:
         extra={"resume": str(resume.path) if resume else None, "runtime": str(runtime), "backend": backend.name,
                "program": list(job.program)})
     return execute(c, spec_of_run, body)
+
+
+def _restarts(job: LaunchJob, backend, argv: list[str], transport, environ):
+    """--max-restarts: the program's attempts after a failure, each from its newest checkpoint (the agents
+    pick it, as for a requeued job), or None."""
+    from runtime.jobs.restarts import Restarts, launch_nodes
+
+    if job.max_restarts < 0:
+        raise UserError(f"--max-restarts {job.max_restarts}: expected 0 or more")
+    nodes = launch_nodes(transport, environ) if job.max_restarts else None
+    if nodes is None:
+        return None
+
+    def newest(run_dir: Path) -> str | None:
+        found = backend.latest(backend.checkpoint_dir(argv, run_dir))
+        return str(found.path) if found is not None else None
+    return Restarts(limit=job.max_restarts, nodes=nodes, find=newest)
 
 
 def _summarize(run, metrics) -> dict | None:

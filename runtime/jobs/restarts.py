@@ -25,16 +25,18 @@ Slurm requeues it; the restart runs where inv runs the srun step, inside an allo
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from core import names
 from core.errors import UserError
+from runtime.launch.spec import LaunchSpec
 
 #: The reports one attempt leaves in logs/ that the next attempt's would be mixed with.
 ATTEMPT_REPORTS = ("agent-*.json", names.HANG_REPORTS, names.FAULT_REPORTS)
@@ -45,7 +47,8 @@ class Restarts:
     limit: int                                   # health.max_restarts
     nodes: list[str]                             # every node the launch may use, in node-rank order
     spares: int = 0                              # held back, from the end of `nodes`
-    checkpoint_dir: str = names.CHECKPOINTS_DIR  # in the run directory (checkpoint.dir)
+    find: Callable[[Path], str | None] | None = None   # run dir -> its newest checkpoint (None: the trainer's)
+    respec: Callable[[LaunchSpec], LaunchSpec] | None = None   # the spec of a restart (None: --resume auto)
     done: list[dict] = field(default_factory=list)
     blamed: Counter = field(default_factory=Counter)
     left_out: list[str] = field(default_factory=list)
@@ -53,9 +56,15 @@ class Restarts:
 
     @classmethod
     def of(cls, cfg, nodes: list[str]) -> "Restarts":
-        """From a training config's health: and checkpoint: sections."""
+        """Our trainer's, from a training config's health: and checkpoint: sections: the run's checkpoint.dir,
+        and --resume auto for a restart (its own newer checkpoints come first)."""
+        folder = cfg.checkpoint.dir
         return cls(limit=int(cfg.health.max_restarts), nodes=list(nodes), spares=int(cfg.health.spares),
-                   checkpoint_dir=cfg.checkpoint.dir)
+                   find=lambda run_dir: newest_checkpoint(Path(run_dir) / folder),
+                   respec=lambda spec: dataclasses.replace(spec, args=with_resume(spec.args)))
+
+    def restart_spec(self, spec: LaunchSpec) -> LaunchSpec:
+        return self.respec(spec) if self.respec is not None else spec
 
     def active(self) -> list[str] | None:
         """The nodes the next attempt runs on; None: the transport's own (nothing held back or left out)."""
@@ -74,7 +83,7 @@ class Restarts:
         if len(self.done) >= self.limit:
             self.why_not = f"no restarts left (health.max_restarts={self.limit})" if self.limit else ""
             return None
-        checkpoint = newest_checkpoint(Path(run_dir) / self.checkpoint_dir) or resume_from
+        checkpoint = (self.find(Path(run_dir)) if self.find is not None else None) or resume_from
         if not checkpoint:   # (checkpoint.interval 0, or a fault before the first save: said nowhere, as before)
             return None
         host, rank, how = blame(run_dir, report, self.active() or self.nodes)
@@ -111,6 +120,17 @@ class Restarts:
                 f"lost{swap}")
 
 
+def launch_nodes(transport, environ) -> list[str] | None:
+    """The nodes a launch runs on, or None where inv does not run the launch (a batch job: Slurm requeues
+    it instead)."""
+    from core.errors import AnvilError
+
+    try:
+        return transport.nodes(environ)
+    except AnvilError:
+        return None
+
+
 def blame(run_dir: Path, report, nodes: list[str]) -> tuple[str | None, int | None, str]:
     """(host, rank, how) of the failure to count against a node (the module doc's order)."""
     from runtime.runs import outcome
@@ -144,8 +164,15 @@ def newest_checkpoint(folder: Path) -> str | None:
 
 
 def checkpoint_step(checkpoint: str) -> int | None:
+    """The step a checkpoint was saved at: its step_N folder's name (ours, torchtitan's, the tests'), else
+    what our trainer's metadata says."""
+    import re
+
     from trainer.checkpoint import read_meta
 
+    named = re.fullmatch(r"step[-_](\d+)", Path(checkpoint).name)
+    if named:
+        return int(named.group(1))
     try:
         return int(read_meta(Path(checkpoint)).get("step"))
     except Exception:   # (the ranks' reader says what is wrong with it, if anything)
@@ -184,7 +211,3 @@ def with_resume(args: list[str]) -> list[str]:
     """The trainer's arguments for a restart: its --resume as given (its own newer checkpoints come first),
     or --resume auto (the run's own newest)."""
     return list(args) if "--resume" in args else [*args, "--resume", "auto"]
-
-
-def say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)

@@ -228,15 +228,10 @@ def kept_local(leaving_out: list[str], runtime: Runtime) -> bool:
 def _restarts(cfg, runtime: Runtime, transport, environ):
     """The in-job restarts of a training launch (runtime.jobs.restarts), or None where none can be: a
     batch job (Slurm requeues it) or health.max_restarts 0."""
-    from runtime.jobs.restarts import Restarts
+    from runtime.jobs.restarts import Restarts, launch_nodes
 
-    if not cfg.health.max_restarts:
-        return None
-    try:
-        nodes = transport.nodes(environ)
-    except AnvilError:   # an sbatch job: its nodes are Slurm's to choose
-        return None
-    return Restarts.of(cfg, nodes)
+    nodes = launch_nodes(transport, environ) if cfg.health.max_restarts else None
+    return Restarts.of(cfg, nodes) if nodes is not None else None
 
 
 def _held_back(spares: int, runtime: Runtime, layout, restarts):
@@ -267,7 +262,6 @@ def launch_job(run, transport, spec, job: Placement, excluded: dict[str, list[st
     unless `restarts` (runtime.jobs.restarts.Restarts) starts the ranks again from a checkpoint."""
     from core.signals import STOP_SIGNALS, killed_outright
     from runtime.cluster.slurm.batch import submitted_job_id
-    from runtime.jobs.restarts import with_resume
     from runtime.runs import gpuhealth, outcome
     from runtime.runs.replay import resume_command
 
@@ -293,7 +287,7 @@ def launch_job(run, transport, spec, job: Placement, excluded: dict[str, list[st
         run.update_metadata(restarts=restarts.done, **({"left_out": restarts.left_out} if restarts.left_out
                                                         else {}))
         run.log.warning(restarts.line(record))
-        spec = replace(spec, args=with_resume(spec.args))
+        spec = restarts.restart_spec(spec)
     if job_id:
         run.update_metadata(slurm_job_id=job_id)
     failed_nodes = outcome.node_failures(run.path)

@@ -16,8 +16,8 @@ loss=X", for --metrics-regex) and saves checkpoints into ANVIL_CHECKPOINT_DIR/st
 renamed). SIGUSR2 or SIGTERM on any rank: every rank finishes its step, rank 0 saves, all exit 3. With
 ANVIL_RESUME=1 it loads ANVIL_RESUME_FROM and goes on from that step (--sleep, seconds after each step,
 only until then: a requeued attempt, with the same arguments, goes at once). --fail-rank raises
-ValueError on that rank at that step; --kill-rank kills it with SIGKILL (the others then fail: their peer
-is gone); --hang-at makes every rank stop printing and wait for ever after that step; --garbage prints
+ValueError on that rank at that step; --kill-rank kills it with SIGKILL in a run that did not resume
+(the others then fail: their peer is gone); --hang-at makes every rank stop printing and wait for ever after that step; --garbage prints
 metric lines it cannot have meant (a loss that is no number, a line cut short).
 """
 from __future__ import annotations
@@ -177,7 +177,7 @@ def run_launch_program(argv=None) -> int:
         started = time.perf_counter()
         if rank == args.fail_rank and step == args.fail_at:
             raise ValueError(f"launch_program: rank {rank} fails at step {step} as asked")
-        if rank == args.kill_rank and step == args.kill_at:
+        if rank == args.kill_rank and step == args.kill_at and not start:   # (not again once resumed)
             os.kill(os.getpid(), signal.SIGKILL)
         x, y = _batch(step)
         size = -(-ROWS // world)                       # torch.chunk's shards

@@ -5,7 +5,8 @@ Covers: the rank environment, rank logs, the JSON metric lines in metrics.jsonl 
 never fatal), summary.json, snapshot.show, train.plot and snapshot.report; SIGUSR2 -> checkpoint, exit 3,
 then --resume (ANVIL_RESUME) on the same curve with the summary naming the checkpoint; a killed rank and a
 failing rank named with their host (and the program's own error line, with its log); --metrics-regex; no
-progress for --hang-timeout names the silent ranks; a replay of the program needs --trust-run; bad input is
+progress for --hang-timeout names the silent ranks; --max-restarts starts a killed program again from its
+checkpoint; a replay of the program needs --trust-run; bad input is
 one line before any run directory.
 """
 from __future__ import annotations
@@ -124,6 +125,20 @@ def test_a_killed_rank_and_a_failing_rank_are_named_with_their_host(tmp_path):
     line = one_line_error(failing, "rank 0 on ", "failed first (status 1)", code=1)
     assert "ValueError: launch_program: rank 0 fails at step 2 as asked" in line, line   # its own words
     assert f"rank 0 on {host} " in line and f"({run}/logs/rank0.log)" in line and metadata(run)["status"] == "failed"
+
+
+def test_max_restarts_starts_a_killed_program_again_from_its_checkpoint(tmp_path, six_steps):
+    """--max-restarts 1: rank 1 killed in step 4, after the step-3 checkpoint; the agents start every rank
+    again, resuming there (ANVIL_RESUME), and the run ends ok on the uninterrupted curve."""
+    result = launched(tmp_path, "--name", "again", "--max-restarts", "1",
+                      program=["--save-every", "3", "--kill-rank", "1", "--kill-at", "4"])
+    assert result.returncode == 0, explain(result)
+    (run,) = runs(tmp_path)
+    (restart,) = metadata(run)["restarts"]
+    assert (restart["step"], restart["rank"], restart["blamed_for"]) == (3, 1, "failed"), restart
+    assert restart["checkpoint"].endswith("step_3") and metadata(run)["status"] == "ok"
+    assert "resumed from" in (run / "logs" / "rank0.log").read_text()
+    assert train_losses(run) == train_losses(six_steps[2])          # the same curve, steps 4-6 run again
 
 
 def test_metrics_regex_reads_other_lines(tmp_path):
