@@ -48,7 +48,10 @@ class Restarts:
     nodes: list[str]                             # every node the launch may use, in node-rank order
     spares: int = 0                              # held back, from the end of `nodes`
     find: Callable[[Path], str | None] | None = None   # run dir -> its newest checkpoint (None: the trainer's)
-    respec: Callable[[LaunchSpec], LaunchSpec] | None = None   # the spec of a restart (None: --resume auto)
+    respec: Callable[[LaunchSpec], LaunchSpec] | None = None   # the spec of a restart (None: the same)
+    shrink: Callable[[int, int], list[str] | None] | None = None   # (nodes, fewer) -> the trainer arguments that
+    #                                   keep the global batch on fewer nodes, or None where the config cannot
+    shrunk: list[str] = field(default_factory=list)   # those arguments, once the world shrank
     done: list[dict] = field(default_factory=list)
     blamed: Counter = field(default_factory=Counter)
     left_out: list[str] = field(default_factory=list)
@@ -61,10 +64,22 @@ class Restarts:
         folder = cfg.checkpoint.dir
         return cls(limit=int(cfg.health.max_restarts), nodes=list(nodes), spares=int(cfg.health.spares),
                    find=lambda run_dir: newest_checkpoint(Path(run_dir) / folder),
-                   respec=lambda spec: dataclasses.replace(spec, args=with_resume(spec.args)))
+                   respec=lambda spec: dataclasses.replace(spec, args=with_resume(spec.args)),
+                   shrink=lambda before, after: same_global_batch(cfg, before, after))
 
     def restart_spec(self, spec: LaunchSpec) -> LaunchSpec:
-        return self.respec(spec) if self.respec is not None else spec
+        spec = self.respec(spec) if self.respec is not None else spec
+        if self.shrunk:   # the arguments of the last shrink replace any earlier ones
+            keys = {arg.split("=")[0] for arg in self.shrunk if "=" in arg}
+            args, kept = list(spec.args), []
+            while args:
+                arg = args.pop(0)
+                if arg == "--set" and args and args[0].split("=")[0] in keys:
+                    args.pop(0)
+                    continue
+                kept.append(arg)
+            spec = dataclasses.replace(spec, args=kept + self.shrunk)
+        return spec
 
     def active(self) -> list[str] | None:
         """The nodes the next attempt runs on; None: the transport's own (nothing held back or left out)."""
@@ -91,13 +106,18 @@ class Restarts:
         if host is not None:
             self.blamed[host] += 2 if how == "faulty GPU" else 1
             if self.blamed[host] >= 2:
+                training = self.active() or self.nodes
+                fewer = self.shrink(len(training), len(training) - 1) if self.shrink is not None else None
                 if len([n for n in self.nodes if n not in self.left_out]) > len(self.nodes) - self.spares:
                     self.left_out.append(host)
                     left_out = host
+                elif host in training and fewer is not None:   # no spare: train on without it, same batch
+                    self.left_out.append(host)
+                    self.shrunk, left_out = fewer, host
                 else:
                     why = "for a faulty GPU" if how == "faulty GPU" else "twice"
                     self.why_not = (f"{host} failed {why} and there is no spare node to take its place "
-                                    "(health.spares)")
+                                    "(health.spares), nor a layout without it that keeps the global batch")
                     return None
         attempt = len(self.done) + 1
         set_aside(run_dir, attempt)
@@ -105,7 +125,9 @@ class Restarts:
         record = {"attempt": attempt, "time": time.time(), "why": cause or f"exit status {code}",
                   "exit_code": code, "host": host, "rank": rank, "blamed_for": how, "checkpoint": str(checkpoint),
                   "step": step, "lost_s": round(max(0.0, time.time() - _written(checkpoint, attempt_started)), 1),
-                  **({"left_out": left_out} if left_out else {})}
+                  **({"left_out": left_out} if left_out else {}),
+                  **({"shrunk_to": {"nodes": len(self.active() or []), "args": self.shrunk}}
+                     if left_out and self.shrunk else {})}
         self.done.append(record)
         _append_metrics(run_dir, {"kind": "restart", **{k: record[k] for k in ("attempt", "time", "step", "host",
                                                                                "rank", "why")}})
@@ -115,9 +137,25 @@ class Restarts:
         """What the console says before a restart."""
         where = f" (rank {record['rank']} on {record['host']}, {record['blamed_for']})" if record["host"] else ""
         swap = f"; {record['left_out']} is left out, a spare takes its place" if record.get("left_out") else ""
+        if record.get("shrunk_to"):
+            swap = (f"; {record['left_out']} is left out: {record['shrunk_to']['nodes']} node(s) train on with the "
+                    f"same global batch ({' '.join(a for a in record['shrunk_to']['args'] if a != '--set')})")
         return (f"restart {record['attempt']} of {self.limit}{where}: {record['why']}; every rank starts again "
                 f"from {record['checkpoint']} (step {record['step']}), {record['lost_s']:.0f} s of work "
                 f"lost{swap}")
+
+
+def same_global_batch(cfg, nodes: int, fewer: int) -> list[str] | None:
+    """Our trainer's arguments that keep the global batch (and so the data each step reads, and the
+    learning-rate schedule) when `nodes` nodes become `fewer`: more gradient accumulation; None where the
+    micro-batches of a step do not divide over the nodes left, or experts are split over ranks (parallel.ep:
+    their placement follows the world size)."""
+    if fewer < 1 or nodes <= fewer:
+        return None
+    accum = cfg.data.grad_accum * nodes
+    if accum % fewer or cfg.parallel.ep > 1:
+        return None
+    return ["--set", f"data.grad_accum={accum // fewer}"]
 
 
 def launch_nodes(transport, environ) -> list[str] | None:

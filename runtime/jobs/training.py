@@ -281,7 +281,8 @@ def launch_job(run, transport, spec, job: Placement, excluded: dict[str, list[st
                 or report.stop_status() in (EXIT_REQUEUE, EXIT_INTERRUPTED):
             break
         record = restarts.after_failure(run.path, code, report, _resume_of(spec), attempt_started,
-                                        outcome.failure_summary(run.path, layout.nodes, *launched))
+                                        outcome.failure_summary(run.path, len(launched[0]) or layout.nodes,
+                                                                *launched))
         if record is None:
             break
         run.update_metadata(restarts=restarts.done, **({"left_out": restarts.left_out} if restarts.left_out
@@ -310,7 +311,7 @@ def launch_job(run, transport, spec, job: Placement, excluded: dict[str, list[st
     if code in (EXIT_REQUEUE, EXIT_INTERRUPTED) or (code - 128 in STOP_SIGNALS and not report.nodes):
         stopped(code, report)
     if code != 0:
-        cause = outcome.failure_summary(run.path, layout.nodes, *launched)
+        cause = outcome.failure_summary(run.path, len(launched[0]) or layout.nodes, *launched)
         first = report.first_failure()
         if first is not None and killed_outright(first.get("exit_code")):
             code = 137   # 128 + SIGKILL: the rank the line names, though a peer's node ended first
@@ -343,8 +344,11 @@ def _launch_once(run, transport, spec, around, env, restarts) -> int:
 def _launched(transport, spec, env, layout, restarts) -> tuple[list[str], int]:
     """(the nodes an attempt runs on, in node-rank order, and its ranks per node), to name a node that
     leaves no report; ([], 0) where Slurm chooses them (a part of an allocation, a batch job)."""
+    active = restarts.active() if restarts is not None else None
+    if active:
+        return list(active), layout.nproc
     try:
-        nodes = (restarts.active() if restarts is not None else None) or transport.nodes(env)
+        nodes = transport.nodes(env)
     except AnvilError:
         return [], 0
     return (list(nodes), layout.nproc) if len(nodes) == layout.nodes else ([], 0)

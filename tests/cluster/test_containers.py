@@ -137,7 +137,8 @@ def docker(tmp_path_factory):
             daemon.kill()
             daemon.wait()
         log.close()
-        shutil.rmtree(work / "data", ignore_errors=True)
+        for folder in ("data", "exec"):
+            shutil.rmtree(work / folder, ignore_errors=True)
 
 
 def _train(env, tmp_path, dataset, runtime: str, *extra: str, name: str = "") -> subprocess.CompletedProcess:

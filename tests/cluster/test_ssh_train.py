@@ -264,6 +264,32 @@ def test_a_host_that_fails_twice_is_swapped_for_the_spare_and_the_run_ends_ok(ho
     assert max(train_losses(run)) == 40
 
 
+def test_without_a_spare_the_world_shrinks_and_keeps_its_global_batch(hosts, dataset):
+    """No spare: the second host's ranks killed in two attempts, the run goes on on the first host alone with
+    twice the gradient accumulation (the same global batch, so the same tokens a step) and finishes."""
+    proc = hosts.start(hosts.up, "train.pretrain", "--nproc", "1", "--name", "shrink",
+                       *train_args(dataset, "--set", "checkpoint.interval=10", steps=40))
+    try:
+        for attempt, step in ((0, 13), (1, 23)):
+            assert wait_until(lambda: steps_after_restart(hosts.runs, "*_shrink", attempt) >= step, proc,
+                              timeout=300), proc.communicate(timeout=60)
+            kill_trainers(hosts.netns[1])
+        out, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    run = hosts.only_run("*_shrink")
+    md = json.loads((run / "metadata.json").read_text())
+    assert md["status"] == "ok" and md["hosts"] == [hosts.up[0]] and md["left_out"] == [hosts.up[1]]
+    second = md["restarts"][1]
+    assert second["shrunk_to"] == {"nodes": 1, "args": ["--set", "data.grad_accum=2"]}, second
+    assert f"{hosts.up[1]} is left out: 1 node(s) train on with the same global batch (data.grad_accum=2)" in err
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 40 and summary["tokens"] == 40 * 2 * 4 * 32   # steps x ranks x batch x seq_len
+
+
 def test_exclude_from_a_preflight_run_leaves_the_failing_host_out(hosts, dataset):
     everyone = [*hosts.up, hosts.down]
     preflight = hosts.run(everyone, "preflight.all")
