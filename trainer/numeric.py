@@ -29,8 +29,6 @@ import time
 from collections import deque
 from pathlib import Path
 
-import torch
-
 from core import names
 from core.errors import AnvilError
 from core.signals import EXIT_FAULTY
@@ -98,8 +96,11 @@ def sample_window(loader, before: int, after: int, most: int = 4096) -> dict:
 
 
 def report_fault(run_dir: Path, rank: int, step: int, first: tuple[float, float], second: tuple[float, float],
-                 device: torch.device) -> None:
-    """logs/fault-rank<R>.json: this rank's loss changed between the two runs of `step`."""
+                 device) -> None:
+    """logs/fault-rank<R>.json: this rank's loss changed between the two runs of `step` (on `device`, a
+    torch.device)."""
+    import torch
+
     gpu = None
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()

@@ -282,6 +282,20 @@ def node_failures(run_dir: Path) -> list[str]:
     return list(dict.fromkeys(found))
 
 
+def _faulty_gpu(run_dir: Path) -> dict | None:
+    """The rank a rerun step blamed (trainer.numeric: every rank exits 5, in any order), as a first failure;
+    None without a fault report."""
+    from core.signals import EXIT_FAULTY
+    from trainer.numeric import read_fault_reports
+
+    reports = read_fault_reports(run_dir)
+    if not reports:
+        return None
+    blamed = min(reports, key=lambda r: int(r.get("rank", 0)))
+    return {"rank": int(blamed.get("rank", 0)), "host": blamed.get("host", "?"), "exit_code": EXIT_FAULTY,
+            "time": blamed.get("time", 0)}
+
+
 def unreported_ranks(outcome: Outcome, nodes: Sequence[str], nproc: int) -> dict[int, str]:
     """{rank: host} of the ranks on launched nodes whose agent left no report (none known without `nodes`
     and `nproc`)."""
@@ -298,7 +312,7 @@ def failure_summary(run_dir: Path, expected_nodes: int | None = None, nodes: Seq
     hosts launched on, in node-rank order; else `expected_nodes`, their count) and `nproc` name the hosts of
     nodes that left no report."""
     outcome = read(run_dir)
-    first = outcome.first_failure()
+    first = _faulty_gpu(run_dir) or outcome.first_failure()
     parts = []
     expected_nodes = len(nodes) or expected_nodes
     # A node that left no report (lost, or its launcher killed) comes first: its peers' errors follow from it.
