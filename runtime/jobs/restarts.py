@@ -173,12 +173,9 @@ def blame(run_dir: Path, report, nodes: list[str]) -> tuple[str | None, int | No
     """(host, rank, how) of the failure to count against a node (the module doc's order)."""
     from runtime.runs import outcome
 
-    from trainer.numeric import read_fault_reports
-
-    faults = read_fault_reports(run_dir)
-    if faults:
-        first = min(faults, key=lambda r: r.get("rank", 0))
-        return str(first.get("host")), first.get("rank"), "faulty GPU"
+    faulty = outcome.faulty_gpu(run_dir)
+    if faulty is not None:
+        return str(faulty["host"]), faulty["rank"], "faulty GPU"
     hung = outcome.hang_reports(run_dir)
     if hung:
         first = outcome.first_hung(hung)

@@ -281,8 +281,7 @@ def launch_job(run, transport, spec, job: Placement, excluded: dict[str, list[st
                 or report.stop_status() in (EXIT_REQUEUE, EXIT_INTERRUPTED):
             break
         record = restarts.after_failure(run.path, code, report, _resume_of(spec), attempt_started,
-                                        outcome.failure_summary(run.path, len(launched[0]) or layout.nodes,
-                                                                *launched))
+                                        outcome.failure_summary(run.path, layout.nodes, *launched))
         if record is None:
             break
         run.update_metadata(restarts=restarts.done, **({"left_out": restarts.left_out} if restarts.left_out
@@ -311,7 +310,7 @@ def launch_job(run, transport, spec, job: Placement, excluded: dict[str, list[st
     if code in (EXIT_REQUEUE, EXIT_INTERRUPTED) or (code - 128 in STOP_SIGNALS and not report.nodes):
         stopped(code, report)
     if code != 0:
-        cause = outcome.failure_summary(run.path, len(launched[0]) or layout.nodes, *launched)
+        cause = outcome.failure_summary(run.path, layout.nodes, *launched)
         first = report.first_failure()
         if first is not None and killed_outright(first.get("exit_code")):
             code = 137   # 128 + SIGKILL: the rank the line names, though a peer's node ended first
@@ -344,23 +343,21 @@ def _launch_once(run, transport, spec, around, env, restarts) -> int:
 def _launched(transport, spec, env, layout, restarts) -> tuple[list[str], int]:
     """(the nodes an attempt runs on, in node-rank order, and its ranks per node), to name a node that
     leaves no report; ([], 0) where Slurm chooses them (a part of an allocation, a batch job)."""
+    from runtime.jobs.restarts import launch_nodes
+
     active = restarts.active() if restarts is not None else None
     if active:
         return list(active), layout.nproc
-    try:
-        nodes = transport.nodes(env)
-    except AnvilError:
-        return [], 0
+    nodes = launch_nodes(transport, env) or []
     return (list(nodes), layout.nproc) if len(nodes) == layout.nodes else ([], 0)
 
 
 def _resume_of(spec) -> str | None:
     """The checkpoint path the trainer's --resume names, if it names one (not auto)."""
-    args = list(spec.args)
-    if "--resume" in args:
-        value = args[args.index("--resume") + 1]
-        return value if value not in ("", "auto") else None
-    return None
+    from runtime.backends.base import option_value
+
+    value = option_value(list(spec.args), "--resume")
+    return value if value not in (None, "", "auto") else None
 
 
 def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: list[str] = (), after=None) -> dict:

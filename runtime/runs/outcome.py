@@ -282,7 +282,7 @@ def node_failures(run_dir: Path) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def _faulty_gpu(run_dir: Path) -> dict | None:
+def faulty_gpu(run_dir: Path) -> dict | None:
     """The rank a rerun step blamed (trainer.numeric: every rank exits 5, in any order), as a first failure;
     None without a fault report."""
     from core.signals import EXIT_FAULTY
@@ -312,7 +312,7 @@ def failure_summary(run_dir: Path, expected_nodes: int | None = None, nodes: Seq
     hosts launched on, in node-rank order; else `expected_nodes`, their count) and `nproc` name the hosts of
     nodes that left no report."""
     outcome = read(run_dir)
-    first = _faulty_gpu(run_dir) or outcome.first_failure()
+    first = faulty_gpu(run_dir) or outcome.first_failure()
     parts = []
     expected_nodes = len(nodes) or expected_nodes
     # A node that left no report (lost, or its launcher killed) comes first: its peers' errors follow from it.

@@ -243,16 +243,7 @@ def test_a_host_that_fails_twice_is_swapped_for_the_spare_and_the_run_ends_ok(ho
     spare = f"root@{hosts.up[1]}"
     proc = hosts.start([*hosts.up, spare], "train.pretrain", "--nproc", "1", "--name", "spare",
                        *train_args(dataset, "--set", "checkpoint.interval=10", "--set", "health.spares=1", steps=40))
-    try:
-        for attempt, step in ((0, 13), (1, 23)):   # past a checkpoint of this attempt, then kill the host's ranks
-            assert wait_until(lambda: steps_after_restart(hosts.runs, "*_spare", attempt) >= step, proc,
-                              timeout=300), proc.communicate(timeout=60)
-            kill_trainers(hosts.netns[1])
-        out, err = proc.communicate(timeout=400)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+    err = _second_host_killed_twice(hosts, proc, "*_spare")
     assert proc.returncode == 0, err[-3000:]
     run = hosts.only_run("*_spare")
     md = json.loads((run / "metadata.json").read_text())
@@ -269,16 +260,7 @@ def test_without_a_spare_the_world_shrinks_and_keeps_its_global_batch(hosts, dat
     twice the gradient accumulation (the same global batch, so the same tokens a step) and finishes."""
     proc = hosts.start(hosts.up, "train.pretrain", "--nproc", "1", "--name", "shrink",
                        *train_args(dataset, "--set", "checkpoint.interval=10", steps=40))
-    try:
-        for attempt, step in ((0, 13), (1, 23)):
-            assert wait_until(lambda: steps_after_restart(hosts.runs, "*_shrink", attempt) >= step, proc,
-                              timeout=300), proc.communicate(timeout=60)
-            kill_trainers(hosts.netns[1])
-        out, err = proc.communicate(timeout=400)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+    err = _second_host_killed_twice(hosts, proc, "*_shrink")
     assert proc.returncode == 0, err[-3000:]
     run = hosts.only_run("*_shrink")
     md = json.loads((run / "metadata.json").read_text())
@@ -288,6 +270,21 @@ def test_without_a_spare_the_world_shrinks_and_keeps_its_global_batch(hosts, dat
     assert f"{hosts.up[1]} is left out: 1 node(s) train on with the same global batch (data.grad_accum=2)" in err
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 40 and summary["tokens"] == 40 * 2 * 4 * 32   # steps x ranks x batch x seq_len
+
+
+def _second_host_killed_twice(hosts: Hosts, proc: subprocess.Popen, pattern: str) -> str:
+    """The second host's ranks killed in the first two attempts of the run matching `pattern`, each past a
+    checkpoint of its own (steps 13 and 23, checkpoints every 10); inv's stderr once it ended."""
+    try:
+        for attempt, step in ((0, 13), (1, 23)):
+            assert wait_until(lambda: steps_after_restart(hosts.runs, pattern, attempt) >= step, proc,
+                              timeout=300), proc.communicate(timeout=60)
+            kill_trainers(hosts.netns[1])
+        return proc.communicate(timeout=400)[1]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
 
 
 def test_exclude_from_a_preflight_run_leaves_the_failing_host_out(hosts, dataset):

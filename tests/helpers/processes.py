@@ -65,3 +65,16 @@ def waited_for(predicate, timeout: float, what: str):
             return value
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def rank_process(pid: int, rank: int):
+    """The psutil.Process of a trainer rank (python -m trainer with RANK=`rank`) under process `pid`, or None."""
+    import psutil
+
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            if child.environ().get("RANK") == str(rank) and "trainer" in " ".join(child.cmdline()):
+                return child
+        except psutil.Error:
+            continue
+    return None

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from helpers.faults import environ_with_fault
+from helpers.processes import rank_process
 from helpers.program import INV, REPO, failure_line, metadata, run_inv, runs
 from helpers.training import TINY_RUN, records, train_losses
 
@@ -74,8 +75,6 @@ def test_a_killed_rank_costs_one_restart_from_the_checkpoint_and_the_curve_goes_
 
 
 def test_a_frozen_rank_is_found_by_the_watchdog_and_restarted(tmp_path, dataset):
-    import psutil
-
     # 50 ms steps (rank 0 is slowed, rank 1 waits for it), a checkpoint every 40: the SIGSTOP lands between
     # saves (inside one the watchdog waits as long as a collective may: parallel.timeout_minutes).
     sets = [f"data.path={dataset}", *RESTARTABLE, "train.steps=70", "checkpoint.interval=40",
@@ -93,12 +92,7 @@ def test_a_frozen_rank_is_found_by_the_watchdog_and_restarted(tmp_path, dataset)
             if found and (found[0] / "metrics.jsonl").is_file() and len(records(found[0], "train")) >= 45:
                 break
             time.sleep(0.1)
-        for child in psutil.Process(proc.pid).children(recursive=True):
-            try:
-                if child.environ().get("RANK") == "1" and "trainer" in " ".join(child.cmdline()):
-                    victim = child
-            except psutil.Error:
-                continue
+        victim = rank_process(proc.pid, 1)
         assert victim is not None, "rank 1 not found"
         victim.send_signal(signal.SIGSTOP)          # frozen: the peer's watchdog finds it
         out, err = proc.communicate(timeout=400)

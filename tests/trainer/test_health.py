@@ -27,6 +27,7 @@ from trainer.config import ConfigError, load
 from core.signals import EXIT_HUNG
 from helpers.program import INV, REPO, failure_line, inv_environ
 from helpers.faults import environ_with_fault
+from helpers.processes import rank_process
 from helpers.training import TINY_RUN
 
 
@@ -345,8 +346,6 @@ def test_hung_rank_is_found_dumped_ended_and_named_in_one_line(tmp_path, dataset
 
 @pytest.mark.slow
 def test_stopped_rank_is_named_by_the_peer_that_waits_for_it(tmp_path, dataset):
-    import psutil
-
     started = time.monotonic()
     proc = subprocess.Popen(pretrain_argv(dataset, "stop", "train.steps=5000", "health.hang_timeout_s=5"),
                             cwd=REPO, env=environ_with_fault(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -359,12 +358,7 @@ def test_stopped_rank_is_named_by_the_peer_that_waits_for_it(tmp_path, dataset):
             if runs and len(runs[0].read_text().splitlines()) >= 3:
                 break
             time.sleep(0.05)
-        for child in psutil.Process(proc.pid).children(recursive=True):
-            try:
-                if child.environ().get("RANK") == "1" and "trainer" in " ".join(child.cmdline()):
-                    victim = child
-            except psutil.Error:
-                continue
+        victim = rank_process(proc.pid, 1)
         assert victim is not None, "rank 1 not found"
         victim.send_signal(signal.SIGSTOP)          # frozen: not even its watchdog thread runs
         stopped = time.time()
