@@ -103,6 +103,13 @@ class GpuModel:
     gpu_link: str = ""
     gpu_link_ref: str = ""
     link_exempt: tuple = ()  # substrings of the product name of boards without that link ("PCIe")
+    # Datasheet figures the speed prediction falls back to where nothing was measured (trainer.speed):
+    # HBM bandwidth (GB/s), the dense FP8 peak (TFLOP/s; None: no FP8 matrix cores), and the GPU link's
+    # bandwidth per direction to the other GPUs of its node (GB/s; None: PCIe only).
+    hbm_gbps: Optional[float] = None
+    fp8_tflops: Optional[float] = None
+    link_gbps: Optional[float] = None
+    speed_ref: str = ""
 
     def __post_init__(self):
         object.__setattr__(self, "vendor", Vendor.parse(self.vendor))

@@ -138,7 +138,39 @@ def kernels(c, op="all", json=False, quick=False, out="", force=False, run_optio
     _execute(c, "bench.kernels", run_options, _resolve("", run_options), body, extra={"op": op, "quick": quick})
 
 
+@run_task(iterable=["set_"], help={"config": "The training config whose shapes are measured (default: the embedded "
+                                                "tiny one)",
+                                      "set": "Override a config value KEY=VALUE (repeatable)",
+                                      "quick": "Fewer repetitions, no FlexAttention (a rough record fast)",
+                                      "json": "Print the measured figures as JSON"})
+def rates(c, config="", set_=None, quick=False, json=False, run_options=None):
+    """Measure what the speed prediction needs at a config's shapes (GEMMs, attention, memory-bound ops, HBM,
+    launches) and record it for this GPU model: `inv train.plan` and `train.pretrain` predict with it."""
+    from runtime import settings as settings_mod
+    from runtime.jobs import benchmarks
+    from trainer import flags, hf
+
+    hf.load_config(config or None, flags.overrides(set_ or []))   # a bad config: one line before any run
+    settings = settings_mod.load(c)
+
+    def body(run, env):
+        done = benchmarks.rates(run, settings, env, config, list(set_ or []), quick)
+        r = done["rates"]
+        if json:
+            print(jsonlib.dumps(done, indent=2))
+        else:
+            gemms = [row[3] for rows in r["gemm"].values() for row in rows]
+            print(f"{done['model']} ({r['device']}): GEMM {min(gemms):,.1f}-{max(gemms):,.1f} TFLOP/s over "
+                  f"{len(gemms)} shapes; attention " + ", ".join(f"{k} {v:,.1f}" for k, v in r["attention"].items())
+                  + f" TFLOP/s; HBM copy {r['hbm_gbps']:,.0f} GB/s; launch {r['launch_us']:.1f} us")
+            print(f"recorded in {done['recorded']}: `inv train.plan` predicts with it")
+        return {"model": done["model"], "recorded": done["recorded"]}
+    _execute(c, "bench.rates", run_options, _resolve("", run_options), body,
+             extra={"config": config, "set": list(set_ or []), "quick": quick})
+
+
 ns = Collection("bench")
 ns.add_task(gemm)
 ns.add_task(allreduce)
 ns.add_task(kernels)
+ns.add_task(rates)

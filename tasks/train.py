@@ -180,16 +180,23 @@ PLAN_HELP = {
     "nodes": "Nodes (default 1); the data-parallel world is gpus x nodes",
     "gpu": "Plan for this GPU model: H100, H200, MI300X, MI250X, A100-40GB ... (default: detect)",
     "json": "Print the plan as JSON",
+    "predict": "Predict the speed even without measured figures for the GPU (its datasheet at stated efficiencies)",
+    "tokens": "Time to train this many tokens (300B, 1T, 2.5e9) at the predicted speed",
+    "search": "Rank the layouts that fit (batch, accumulation, checkpointing, ep) by predicted tokens/s",
+    "net-gbps": "Network bandwidth per GPU each way across nodes, GB/s (default 50: a 400 Gb/s NIC a GPU)",
 }
 
 
 @task(auto_shortflags=False, iterable=["set_"], help=PLAN_HELP)
-def plan(c, config="", set_=None, init_from=None, gpus=None, nodes=1, gpu="", json=False):
-    """Plan before launch: parameters, FLOPs/token, per-GPU memory; does it fit, largest batch."""
+def plan(c, config="", set_=None, init_from=None, gpus=None, nodes=1, gpu="", json=False, predict=False,
+         tokens="", search=False, net_gbps=None):
+    """Plan before launch: parameters, FLOPs/token, per-GPU memory, does it fit; predicted tokens/s and MFU."""
     import envs
     from runtime.jobs import planning
     from trainer import config as trainer_config
     from trainer import flags, hf
+    from runtime import settings as settings_mod
+    from trainer import speed
     from trainer.plan import PlanError, make_plan, render
 
     if gpus is not None and not re.fullmatch(r"\s*-?\d+\s*", str(gpus)):
@@ -197,10 +204,32 @@ def plan(c, config="", set_=None, init_from=None, gpus=None, nodes=1, gpu="", js
     cfg = hf.load_config(config or None, flags.overrides(set_ or [], init_from=init_from))
     model, memory_gib = planning.split_gpu_size(gpu)      # A100-40GB: the A100 profile with 40 GiB
     device, count = planning.plan_device(envs.resolve(gpu=model or None, config_env=cfg.env), memory_gib)
-    result = make_plan(cfg, gpus=count if gpus is None else int(gpus), nodes=nodes, device=device,
+    per_node, nodes = planning.nodes_of(count if gpus is None else int(gpus), int(nodes), device)
+    result = make_plan(cfg, gpus=per_node, nodes=nodes, device=device,
                        config_path=config or str(trainer_config.DEFAULT_CONFIG.relative_to(
                            trainer_config.DEFAULT_CONFIG.parents[1])))
-    print(jsonlib.dumps(result.to_dict(), indent=2) if json else render(result))
+    target = speed.parse_tokens(tokens) if tokens else None
+    settings = settings_mod.load(c)
+    net = planning.positive(net_gbps, "--net-gbps")
+    prediction = planning.speed_of(cfg, device, per_node, nodes, settings.runs_dir,
+                                   always=predict or bool(tokens) or search, net_gbps=net)
+    searched = planning.speed_search(cfg, device, per_node, nodes, settings.runs_dir, net) if search else None
+    if json:
+        out = result.to_dict()
+        if prediction:
+            out["prediction"] = {**prediction.to_dict(), **({"tokens": target, "time_to_tokens_s":
+                                                             prediction.time_to(target)} if target else {})}
+        if searched is not None:
+            out["search"] = searched
+        print(jsonlib.dumps(out, indent=2))
+        return
+    body, _, verdict = render(result).rpartition("\n\n")
+    if prediction:
+        body += "\n\n" + speed.render(prediction, target, searched)
+    elif predict or tokens or search:
+        body += ("\n\nspeed: nothing known of this device's speed; name a GPU with --gpu, or measure this machine "
+                 "with `inv bench.rates`")
+    print(body + "\n\n" + verdict)      # the verdict stays the last line
 
 
 ns = Collection("train")

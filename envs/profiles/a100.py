@@ -14,6 +14,8 @@ MODEL = GpuModel(
     gpu_link_ref=("NVIDIA A100 datasheet: HGX A100 boards join 8 GPUs through NVSwitch (NVLink 3, 600 GB/s per "
                   "GPU); the PCIe card pairs at most two with a bridge"),
     link_exempt=("PCIe",),
+    hbm_gbps=2039, fp8_tflops=None, link_gbps=300,
+    speed_ref="NVIDIA A100 datasheet: 2,039 GB/s HBM2e (80 GB SXM), no FP8; NVLink 3 600 GB/s per GPU (300 each way)",
 )
 
 PROFILE = model_profile(MODEL)

@@ -15,6 +15,8 @@ MODEL = GpuModel(
                       "not measured by Anvil"),
     gpu_link="NVLink",
     gpu_link_ref="NVIDIA HGX B200: 8 GPUs through NVSwitch (NVLink 5, 1.8 TB/s per GPU)",
+    hbm_gbps=8000, fp8_tflops=4500, link_gbps=900,
+    speed_ref="NVIDIA Blackwell datasheet: 8 TB/s HBM3e, FP8 9 PFLOP/s with sparsity = 4,500 dense; NVLink 5 1.8 TB/s per GPU (900 each way)",
 )
 
 PROFILE = model_profile(

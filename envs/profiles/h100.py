@@ -18,6 +18,8 @@ MODEL = GpuModel(
     gpu_link_ref=("NVIDIA H100 datasheet: HGX H100 joins 8 SXM GPUs through NVSwitch (NVLink 4, 900 GB/s per "
                   "GPU); H100 PCIe and NVL pair GPUs through bridges"),
     link_exempt=("PCIe", "NVL"),
+    hbm_gbps=3350, fp8_tflops=1979, link_gbps=450,
+    speed_ref="NVIDIA H100 datasheet: 3.35 TB/s HBM3 (SXM), FP8 3,958 TFLOP/s with sparsity = 1,979 dense; NVLink 4 900 GB/s per GPU (450 each way)",
 )
 
 PROFILE = model_profile(MODEL)

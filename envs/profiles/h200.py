@@ -18,6 +18,8 @@ MODEL = GpuModel(
     gpu_link_ref=("NVIDIA H200 datasheet: HGX H200 joins 8 SXM GPUs through NVSwitch (NVLink 4, 900 GB/s per "
                   "GPU); H200 NVL pairs or quads GPUs through bridges"),
     link_exempt=("NVL",),
+    hbm_gbps=4800, fp8_tflops=1979, link_gbps=450,
+    speed_ref="NVIDIA H200 datasheet: 4.8 TB/s HBM3e, FP8 3,958 TFLOP/s with sparsity = 1,979 dense; NVLink 4 900 GB/s (450 each way)",
 )
 
 PROFILE = model_profile(MODEL)

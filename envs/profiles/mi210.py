@@ -10,6 +10,8 @@ MODEL = GpuModel(
     floors=Floors(gemm_tflops=100, hbm_gbps=1000, h2d_gbps=20, allreduce_gbps=None,
                    ref="estimates: about 55% of the 181 TFLOP/s peak and 63% of the 1.6 TB/s HBM2e figure; "
                        "PCIe Gen4 x16 for H2D; no local all-reduce floor"),
+    hbm_gbps=1638, fp8_tflops=None, link_gbps=None,
+    speed_ref="AMD Instinct MI210 datasheet: 1.6 TB/s HBM2e, no FP8; a PCIe card (bridges optional)",
 )
 
 PROFILE = model_profile(MODEL)

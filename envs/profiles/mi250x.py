@@ -21,6 +21,8 @@ MODEL = GpuModel(
     gpu_link="XGMI",
     gpu_link_ref=("AMD MI200 system optimization guide (rocm.docs.amd.com): the GCDs of an MI250X node reach "
                   "each other over Infinity Fabric (rocm-smi --showtopo: XGMI)"),
+    hbm_gbps=1638, fp8_tflops=None, link_gbps=100,
+    speed_ref="AMD Instinct MI250X datasheet: 3.2 TB/s HBM2e per module = 1.6 per GCD, no FP8; Infinity Fabric 50 GB/s a link each way, about two per GCD pair",
 )
 
 PROFILE = model_profile(MODEL)

@@ -14,6 +14,8 @@ MODEL = GpuModel(
     gpu_link="XGMI",
     gpu_link_ref=("AMD Instinct MI300X platform (OAM, UBB): 8 GPUs fully connected by Infinity Fabric links, "
                   "128 GB/s each way per pair"),
+    hbm_gbps=5300, fp8_tflops=2614.9, link_gbps=448,
+    speed_ref="AMD Instinct MI300X datasheet: 5.3 TB/s HBM3, FP8 2,614.9 TFLOP/s dense; 7 Infinity Fabric links of 64 GB/s each way",
 )
 
 PROFILE = model_profile(MODEL, *rocm.CDNA3_PLUS)

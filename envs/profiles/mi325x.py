@@ -13,6 +13,8 @@ MODEL = GpuModel(
                         "Azure node health checks' MI300X thresholds"),
     gpu_link="XGMI",
     gpu_link_ref="AMD Instinct MI325X platform: the MI300X board (8 OAMs fully connected by Infinity Fabric)",
+    hbm_gbps=6000, fp8_tflops=2614.9, link_gbps=448,
+    speed_ref="AMD Instinct MI325X datasheet: 6 TB/s HBM3E, FP8 2,614.9 TFLOP/s dense; 7 Infinity Fabric links of 64 GB/s each way",
 )
 
 PROFILE = model_profile(MODEL, *rocm.CDNA3_PLUS)

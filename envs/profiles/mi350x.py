@@ -17,6 +17,8 @@ MODEL = GpuModel(
                         "thresholds found, so these are MI300X-level and loose for this GPU"),
     gpu_link="XGMI",
     gpu_link_ref="AMD Instinct MI350 series platform: 8 GPUs fully connected by Infinity Fabric links",
+    hbm_gbps=8000, fp8_tflops=4600, link_gbps=538,
+    speed_ref="AMD Instinct MI350X datasheet: 8 TB/s HBM3E, FP8 4.6 PFLOP/s dense; 7 Infinity Fabric links of 76.8 GB/s each way",
 )
 
 PROFILE = model_profile(MODEL, *rocm.CDNA3_PLUS, *GFX950)

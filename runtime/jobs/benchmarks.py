@@ -222,3 +222,33 @@ def collective(settings, run, env, op: str, sizes: str, iters: int, nproc: int, 
     report["measurements"] = [{"name": f"{r['op']} {r['bytes']} B x {r['ranks']} busbw", "value": r["busbw_GBps"],
                                "unit": "GB/s"} for r in report.get("results", [])]
     return report
+
+
+def rates_argv(config: str, sets: list[str], quick: bool) -> list[str]:
+    return [sys.executable, "-m", "benchmarks.rates", *(["--config", config] if config else []),
+            *[x for item in sets for x in ("--set", item)], *(["--quick"] if quick else [])]
+
+
+def rates(run, settings, env, config: str, sets: list[str], quick: bool) -> dict:
+    """benchmarks.rates in a child process with the run's environment, at the config's shapes; the result
+    kept with the run (rates.json) and merged into the figures for this machine's GPU model (or "CPU")
+    that `inv train.plan` and `inv train.pretrain` predict with. Returns {"rates", "model", "recorded"}."""
+    from runtime.jobs import figures
+    from runtime.launch.process import open_log, run_streaming
+    from core.signals import STOP_SIGNALS, Interrupt
+
+    argv = rates_argv(config, sets, quick)
+    result_text, said = io.StringIO(), _LastLine(sys.stderr)
+    code = run_streaming(argv, run.env, open_log(run.path, "rates.log", argv, run.masker), stdout=result_text,
+                         stderr=said, masker=run.masker)
+    if code - 128 in STOP_SIGNALS:
+        raise Interrupt(code - 128)
+    if code != 0:
+        raise AnvilError(f"the measurement failed: {said.last or f'exit status {code}'}", 1)
+    measured = json.loads(result_text.getvalue().strip().splitlines()[-1])
+    run.write_json("rates.json", measured)
+    machine = where_it_runs(env)
+    model = (machine.model or machine.name) if machine.has_gpu and not measured.get("host_is_device") \
+        else figures.CPU
+    path = figures.record(settings.runs_dir, model, measured)
+    return {"rates": measured, "model": model, "recorded": str(path)}

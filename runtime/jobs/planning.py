@@ -128,3 +128,87 @@ def fit_warning(cfg, resolved, procs_per_node: int, nodes: int, on_this_machine:
 def _gib(value: float) -> str:
     """45.3, 1,234.5, 1.97e+17: a size in GiB that reads at any magnitude."""
     return f"{value:,.1f}" if value < 1e6 else f"{value:.3g}"
+
+
+
+def rates_for(device, runs_dir, net_gbps: float | None = None):
+    """trainer.speed.Rates for a trainer.plan.Device (runtime.jobs.figures: measured, shipped or the
+    datasheet; this machine's own where no GPU is named), or None where nothing is known."""
+    from runtime.jobs import figures
+
+    cpu = not device.memory_gib or (device.vendor is not None and Vendor.parse(device.vendor) is Vendor.CPU)
+    return figures.for_device(runs_dir, None if cpu else device.name, net_gbps=net_gbps)
+
+
+def speed_of(cfg, device, gpus: int, nodes: int, runs_dir, always: bool = False, net_gbps: float | None = None):
+    """trainer.speed's Prediction of the run on `device`, or None: where no figures were measured for it
+    unless `always` (then its datasheet), and where nothing at all is known."""
+    from trainer import speed
+
+    rates = rates_for(device, runs_dir, net_gbps)
+    if rates is None or not (rates.measured or always):
+        return None
+    try:
+        return speed.predict(cfg, rates, gpus=gpus, nodes=nodes)
+    except speed.SpeedError:
+        return None
+
+
+def speed_search(cfg, device, gpus: int, nodes: int, runs_dir, net_gbps: float | None = None) -> list[dict]:
+    """trainer.speed.search's layouts, fastest first ([] where nothing is known of the device)."""
+    from trainer import speed
+
+    rates = rates_for(device, runs_dir, net_gbps)
+    return speed.search(cfg, rates, device, gpus, nodes) if rates else []
+
+
+def nodes_of(gpus: int, nodes: int, device) -> tuple[int, int]:
+    """(GPUs a node, nodes): --gpus 512 on one node of a model built as 8-GPU boards is 64 nodes of 8."""
+    from envs import profiles
+
+    model = profiles.MODELS.get((device.name or "").lower())
+    per_node = model.default_count if model else 8
+    if nodes == 1 and gpus > per_node and gpus % per_node == 0 and device.memory_gib:
+        return per_node, gpus // per_node
+    return gpus, nodes
+
+
+def positive(value, flag: str) -> float | None:
+    """A positive number given as text, or None when not given; UserError otherwise."""
+    from core.errors import UserError
+
+    if value in (None, ""):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = 0.0
+    if not number > 0:
+        raise UserError(f"{flag} {value!r}: expected a positive number")
+    return number
+
+
+def predicted(cfg, resolved, procs_per_node: int, nodes: int, runs_dir) -> dict | None:
+    """What a training run records before it starts (metadata.json `prediction`): its predicted speed from
+    figures measured on its GPU model (none from a datasheet: a guess is not recorded as a prediction)."""
+    device, _count = plan_device(resolved)
+    p = speed_of(cfg, device, max(1, procs_per_node), max(1, nodes), runs_dir)
+    if p is None:
+        return None
+    return {"tokens_per_s_per_gpu": round(p.tokens_per_s_per_gpu, 1), "step_s": round(p.step_s, 5),
+            "mfu": round(p.mfu, 4) if p.mfu is not None else None, "rates": p.rates_source,
+            "parts_s": {k: round(v, 5) for k, v in p.parts.items()}}
+
+
+def compared(prediction: dict, summary: dict) -> dict:
+    """The prediction with the run's measured tokens/s per GPU beside it, their ratio, and the line the
+    console shows."""
+    measured = summary.get("tokens_per_s_per_device") or summary.get("tokens_per_s")
+    out = dict(prediction)
+    if not measured:
+        return out
+    ratio = prediction["tokens_per_s_per_gpu"] / measured
+    out.update(measured_tokens_per_s_per_gpu=round(measured, 1), predicted_over_measured=round(ratio, 3))
+    out["line"] = (f"speed: {measured:,.0f} tokens/s per device measured, {prediction['tokens_per_s_per_gpu']:,.0f} "
+                   f"predicted ({ratio:.2f}x; figures {prediction['rates']})")
+    return out

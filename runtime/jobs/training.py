@@ -447,6 +447,7 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
         forced = "--force launches it anyway" if task_name == "train.pretrain" else \
             "`inv train.pretrain --force` launches it anyway"
         raise UserError(f"{too_big.message}; {forced}")
+    predicted = planning.predicted(cfg, env, layout.nproc, layout.nodes, settings.runs_dir)
     if too_big:
         print_warnings([too_big.message + ("; a launch is refused without --force"
                                            if too_big.certain and job.dry_run else "")])
@@ -457,6 +458,8 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
         return {"run_dir": None, "summary": None, "dry_run": True}
 
     def body(run):
+        if predicted:
+            run.update_metadata(prediction=predicted)
         if started_from:
             run.update_metadata(init_from=started_from)
             run.log.info(f"started from {started_from['path']}: its weights; the optimizer and the step count start "
@@ -481,6 +484,12 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
         if submitted is not None:
             return submitted
         summary = runfiles.read_summary(run.path) if (run.path / names.SUMMARY).is_file() else None
+        if predicted and summary:
+            compared = planning.compared(predicted, summary)
+            line = compared.pop("line", None)
+            run.update_metadata(prediction=compared)
+            if line:
+                print(line, file=sys.stderr)
         return {"run_dir": run.path, "summary": summary, **({"after": after(run)} if after else {})}
 
     spec_of_run = run_options.spec(task_name, name=name, configs={CONFIG_FILE: cfg.to_dict()},
