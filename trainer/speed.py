@@ -27,7 +27,8 @@ and a step adds the optimizer (AdamW's bytes at its measured bandwidth) and the 
 overlap does not hide: DDP's gradient all-reduce runs under the backward (its last bucket after it);
 FSDP2's all-gathers and reduce-scatters run under the compute (the first gather and the last reduce
 exposed); expert parallelism's all-to-alls stop the compute. Bus bandwidths are measured ones where
-recorded, else the link's datasheet figure inside a node and the network's per GPU across nodes.
+recorded, else the link's datasheet figure inside a node; across nodes the rings run one on each NIC (a
+NIC a GPU), so their bus bandwidth is the node's NICs together, and an all-to-all gets its GPU's own NIC.
 """
 from __future__ import annotations
 
@@ -99,9 +100,17 @@ class Rates:
         return {f: getattr(self, f) for f in self.__dataclass_fields__}
 
     def merged(self, newer: "Rates") -> "Rates":
-        """These figures with a newer measurement's added (its shapes replace the same shapes)."""
-        out = Rates.from_dict({**self.to_dict(), **{k: v for k, v in newer.to_dict().items()
-                                                     if k not in ("gemm", "fp8", "attention", "op_gbps")}})
+        """These figures with a newer measurement's added: its shapes replace the same shapes, its kernels and
+        ops the same ones, and what it measured of the rest (a field left at its default was not measured)."""
+        import dataclasses
+
+        out = Rates.from_dict(self.to_dict())
+        for f in dataclasses.fields(self):
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            value = getattr(newer, f.name)
+            if f.name in ("gemm", "fp8", "attention", "op_gbps", "bus_gbps") or value == default:
+                continue
+            setattr(out, f.name, value)
         gemm = {dt: {tuple(r[:3]): r for r in rows} for dt, rows in self.gemm.items()}
         for dt, rows in newer.gemm.items():
             gemm.setdefault(dt, {}).update({tuple(r[:3]): r for r in rows})
@@ -111,6 +120,8 @@ class Rates:
         out.fp8 = sorted(fp8.values())
         out.attention = {**self.attention, **newer.attention}
         out.op_gbps = {**self.op_gbps, **newer.op_gbps}
+        if newer.bus_gbps:   # a measurement of another GPU count replaces the old one
+            out.bus_gbps = {**(self.bus_gbps if newer.bus_gpus == self.bus_gpus else {}), **newer.bus_gbps}
         return out
 
     # ---- lookups
@@ -158,9 +169,14 @@ class Rates:
         network and the node's own links (a ring passes through both)."""
         inside = self._inside(op, gpus)
         if nodes > 1:
-            net = self.net_gbps * BUS_EFFICIENCY
+            # Rings (all-reduce, all-gather, reduce-scatter) run one a NIC, each crossing between nodes once:
+            # their bus bandwidth is the node's NICs together. An all-to-all sends each GPU's share to the
+            # other nodes through its own NIC.
+            rails = 1 if op == "all_to_all" else gpus
+            net = self.net_gbps * rails * BUS_EFFICIENCY
             if net <= inside[0]:
-                return net, f"the network: {self.net_gbps:g} GB/s a GPU each way x {BUS_EFFICIENCY:.0%}"
+                return net, (f"the network: {rails} x {self.net_gbps:g} GB/s each way (a NIC a GPU"
+                             + (", a ring on each" if rails > 1 else "") + f") x {BUS_EFFICIENCY:.0%}")
         return inside
 
     def _inside(self, op: str, gpus: int) -> tuple[float, str]:

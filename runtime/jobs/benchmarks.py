@@ -221,7 +221,25 @@ def collective(settings, run, env, op: str, sizes: str, iters: int, nproc: int, 
     report = json.loads(out.read_text())
     report["measurements"] = [{"name": f"{r['op']} {r['bytes']} B x {r['ranks']} busbw", "value": r["busbw_GBps"],
                                "unit": "GB/s"} for r in report.get("results", [])]
+    recorded = record_bus(settings, env, report)
+    if recorded:
+        report["recorded"] = recorded
     return report
+
+
+def record_bus(settings, env, report: dict) -> str | None:
+    """On GPUs, the bus bandwidth of the largest message size kept in the speed figures for this GPU model
+    and GPU count (trainer.speed predicts the data-parallel collectives with it); the file's path."""
+    from runtime.jobs import figures
+
+    machine = where_it_runs(env)
+    results = [r for r in report.get("results", []) if r.get("busbw_GBps")]
+    if not machine.has_gpu or not results:
+        return None
+    largest = max(results, key=lambda r: r["bytes"])
+    path = figures.record(settings.runs_dir, machine.model or machine.name,
+                          {"bus_gbps": {largest["op"]: largest["busbw_GBps"]}, "bus_gpus": largest["ranks"]})
+    return str(path)
 
 
 def rates_argv(config: str, sets: list[str], quick: bool) -> list[str]:

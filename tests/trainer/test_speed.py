@@ -102,6 +102,9 @@ def test_a_newer_measurement_adds_shapes_and_replaces_the_same_ones():
     merged = old.merged(new)
     assert sorted(map(tuple, merged.gemm["bf16"])) == [(1, 2, 3, 10.0), (4, 5, 6, 30.0), (7, 8, 9, 40.0)]
     assert merged.op_gbps == {"norm/eager": 1.0, "rope/eager": 2.0} and merged.hbm_gbps == 9.0
+    # what a later measurement did not measure stays as it was
+    bus = merged.merged(speed.Rates(bus_gbps={"all_reduce": 300.0}, bus_gpus=8))
+    assert (bus.hbm_gbps, bus.gemm, bus.bus_gbps, bus.bus_gpus) == (9.0, merged.gemm, {"all_reduce": 300.0}, 8)
     assert speed.Rates.from_dict(merged.to_dict()) == merged
 
 
