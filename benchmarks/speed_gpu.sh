@@ -15,14 +15,16 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit --format=csv
 python3 -c "import sys, torch, triton, torchao; print('python', sys.version.split()[0], 'torch', torch.__version__,
                                                       'triton', triton.__version__, 'torchao', torchao.__version__)"
 L8="--set model.n_layers=8"
-python3 -m benchmarks.rates --config configs/llama3_1b.yaml --set precision.fp8=tensorwise \
+QUICK=${QUICK-}   # QUICK=--quick: fewer repetitions, no FlexAttention
+python3 -m benchmarks.rates --config configs/llama3_1b.yaml --set precision.fp8=tensorwise $QUICK \
     --out "$OUT/rates_llama3_1b.json" > /dev/null || exit 1
 echo "rates llama3_1b after $((SECONDS - start)) s"
 python3 -m benchmarks.rates --config configs/llama3_8b.yaml $L8 --set data.batch_size=1 \
-    --set precision.fp8=tensorwise --out "$OUT/rates_llama3_8b_l8.json" > /dev/null || exit 1
+    --set precision.fp8=tensorwise $QUICK --out "$OUT/rates_llama3_8b_l8.json" > /dev/null || exit 1
 echo "rates llama3_8b_l8 after $((SECONDS - start)) s"
 for mode in none selective; do
-    python3 -m benchmarks.train_throughput --config configs/llama3_1b.yaml --batch 4 --seq 4096 --steps 12 \
+    PROFILE=""; [ "$mode" = none ] && [ -z "$QUICK" ] && PROFILE="--profile-steps 2"   # the step by category
+    python3 -m benchmarks.train_throughput --config configs/llama3_1b.yaml --batch 4 --seq 4096 --steps 12 $PROFILE \
         --variants kernels_fp32,kernels_fp32_fp8 --sets "train.activation_checkpoint=$mode" \
         --out "/tmp/speed_out/llama3_1b_$mode" --run-root /tmp/speed_runs --timeout 150 | tail -8
     echo "llama3_1b $mode after $((SECONDS - start)) s"

@@ -135,6 +135,9 @@ class Rates:
             return float(self.gemm_tflops[dtype])
         if rows:   # a device measured at other shapes only: its best rate is the nearer guess
             return float(max(r[3] for r in rows))
+        other = [r for rows in self.gemm.values() for r in rows]
+        if other:  # measured in another dtype only (a CPU runs what it is given in fp32)
+            return float(max(r[3] for r in other))
         raise SpeedError(f"no GEMM rate for {dtype} on {self.gpu}")
 
     def fp8_rate(self, tokens: int, n_in: int, n_out: int) -> float | None:
@@ -413,6 +416,10 @@ def predict(cfg: TrainConfig, rates: Rates, gpus: int = 1, nodes: int = 1, batch
     if mode != "none":
         recomputed += memory_f
     memory = memory_f + memory_b + loss
+    if dt.casts and not dt.fsdp and rates.hbm_gbps:
+        # fp32 weights under autocast: each forward casts them to 16 bits (4 read, 2 written a parameter) and
+        # each backward adds the 16-bit gradients into the fp32 ones (2 + 4 read, 4 written)
+        memory += ParamCount.of(m).total * 16 / (rates.hbm_gbps * HBM_EFFICIENCY * 1e9)
 
     # ---- the host's kernel launches
     launches = m.n_layers * KERNELS_PER_LAYER[impl] * 3
