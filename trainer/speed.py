@@ -41,9 +41,10 @@ from trainer.config import TrainConfig
 # Datasheet fallbacks: the share of a peak a well-tuned stack reaches, stated with every prediction
 # that uses one. GEMM: H100's bf16 8192^3 product measures 70-76% of its dense peak (BENCHMARKS.md);
 # FP8 linears lose part to their casts; flash attention forward + backward reaches about half.
-GEMM_EFFICIENCY = 0.70
-FP8_EFFICIENCY = 0.45
-ATTENTION_EFFICIENCY = 0.45
+GEMM_EFFICIENCY = 0.70          # where a model has no node-screen floor
+GEMM_FLOOR_SHARE = 0.50          # ... and the least share of the peak a floor is taken for
+ATTENTION_OF_GEMM = 0.65         # flash attention forward + backward against the GEMM rate
+FP8_OF_GEMM = 0.65               # FP8 linears (their casts in) against their peak x the GEMM's share
 HBM_EFFICIENCY = 0.80            # a fused elementwise kernel against the datasheet bandwidth
 EAGER_PASSES = {"norm": 4.0, "rope": 3.0, "swiglu": 2.5, "loss": 2.0, "residual": 1.0, "adamw": 1.0}
 BUS_EFFICIENCY = 0.80            # NCCL/RCCL bus bandwidth against the link's datasheet figure
@@ -198,21 +199,32 @@ def _distance(a, b) -> float:
 
 
 def datasheet(model, memory_gib: float | None = None, net_gbps: float = NET_GBPS) -> Rates:
-    """Rates from an envs.spec.GpuModel's datasheet peaks at the stated efficiencies."""
+    """Rates from an envs.spec.GpuModel's datasheet, at its node-screen floors where it has them (what a
+    healthy GPU of the model measures at least: bf16 GEMM, at least half the peak; HBM copy), else at the
+    stated efficiencies;
+    attention and FP8 linears at the share of their peak the GEMM reaches, times theirs."""
     if not model.hbm_gbps:
         raise SpeedError(f"{model.name}: no datasheet bandwidth in envs/profiles/{model.key}.py")
+    floors = model.floors
+    # a floor below half the peak is a borrowed one (gfx950 has the MI300X's): half the peak then
+    gemm = max(floors.gemm_tflops, model.peak_tflops * GEMM_FLOOR_SHARE) if floors else \
+        model.peak_tflops * GEMM_EFFICIENCY
+    fused = floors.hbm_gbps if floors else model.hbm_gbps * HBM_EFFICIENCY
+    share = gemm / model.peak_tflops
+    fp8 = model.fp8_tflops * share * FP8_OF_GEMM if model.fp8_tflops else None
+    where = f"node-screen floors (envs/profiles/{model.key}.py)" if floors else \
+        f"stated efficiencies of the datasheet (envs/profiles/{model.key}.py)"
     return Rates(
         gpu=model.name, measured=False, peak_tflops=model.peak_tflops, net_gbps=net_gbps,
-        source=f"{model.name} datasheet (envs/profiles/{model.key}.py) at stated efficiencies: GEMM "
-               f"{GEMM_EFFICIENCY:.0%} of {model.peak_tflops:g} TFLOP/s, attention {ATTENTION_EFFICIENCY:.0%}, "
-               + (f"FP8 {FP8_EFFICIENCY:.0%} of {model.fp8_tflops:g}, " if model.fp8_tflops else "")
-               + f"memory-bound ops {HBM_EFFICIENCY:.0%} of {model.hbm_gbps:g} GB/s",
-        gemm_tflops={"bf16": model.peak_tflops * GEMM_EFFICIENCY, "fp32": model.peak_tflops * GEMM_EFFICIENCY / 8},
-        fp8_tflops=model.fp8_tflops * FP8_EFFICIENCY if model.fp8_tflops else None,
-        attention_tflops=model.peak_tflops * ATTENTION_EFFICIENCY, hbm_gbps=model.hbm_gbps,
-        link_gbps=model.link_gbps,
-        notes=[f"{model.name}: no measured figures; datasheet peaks at stated efficiencies "
-               "(`inv bench.rates` on one of its nodes records measured ones)"])
+        source=f"{model.name} {where}: GEMM {gemm:g} TFLOP/s ({share:.0%} of {model.peak_tflops:g}), attention "
+               f"{ATTENTION_OF_GEMM:.2f}x that, " + (f"FP8 linears {fp8:,.0f}, " if fp8 else "")
+               + f"memory-bound ops {fused:,.0f} GB/s",
+        gemm_tflops={"bf16": gemm, "fp32": gemm / 8}, fp8_tflops=fp8, attention_tflops=gemm * ATTENTION_OF_GEMM,
+        hbm_gbps=model.hbm_gbps, link_gbps=model.link_gbps,
+        op_gbps={f"{op}/{impl}": round(fused / (EAGER_PASSES[op] if impl == "eager" else 1.0), 1)
+                 for op in OPS for impl in ("eager", "kernels")},
+        notes=[f"{model.name}: no measured figures; its datasheet at the rates above (`inv bench.rates` on one of "
+               "its nodes records measured ones)"])
 
 
 # --------------------------------------------------------------------------- the step

@@ -47,11 +47,11 @@ def test_a_named_gpu_without_figures_is_predicted_from_its_datasheet_on_a_cluste
                  "--tokens", "1T")
     assert (plan["run"]["gpus"], plan["run"]["nodes"]) == (8, 64)
     p = plan["prediction"]
-    assert not p["measured_rates"] and "MI300X datasheet" in p["rates"]
+    assert not p["measured_rates"] and "MI300X node-screen floors" in p["rates"]
     assert p["time_to_tokens_s"] == 1e12 / p["tokens_per_s"]
     assert "network" in p["communication"]["all_gather"]["source"]
     text = inv(tmp_path, "train.plan", "--config", REPO / "configs" / "llama3_8b.yaml", "--gpu", "H100", "--predict")
-    assert "tokens/s per GPU" in text.stdout and "(predicted)" in text.stdout and "datasheet" in text.stdout
+    assert "tokens/s per GPU" in text.stdout and "(predicted)" in text.stdout and "node-screen floors" in text.stdout
 
 
 def test_search_lists_layouts_that_fit_fastest_first(tmp_path):
