@@ -24,16 +24,17 @@ python3 -m benchmarks.rates --config configs/llama3_8b.yaml $L8 --set data.batch
 echo "rates llama3_8b_l8 after $((SECONDS - start)) s"
 for mode in none selective; do
     PROFILE=""; [ "$mode" = none ] && [ -z "$QUICK" ] && PROFILE="--profile-steps 2"   # the step by category
-    python3 -m benchmarks.train_throughput --config configs/llama3_1b.yaml --batch 4 --seq 4096 --steps 12 $PROFILE \
+    python3 -m benchmarks.train_throughput --config configs/llama3_1b.yaml --batch 4 --seq 4096 --steps ${STEPS:-12} $PROFILE \
         --variants kernels_fp32,kernels_fp32_fp8 --sets "train.activation_checkpoint=$mode" \
         --out "/tmp/speed_out/llama3_1b_$mode" --run-root /tmp/speed_runs --timeout 150 | tail -8
+    cp /tmp/speed_out/llama3_1b_$mode/results.json "$OUT/llama3_1b_$mode.json"   # kept if the call is cut short
     echo "llama3_1b $mode after $((SECONDS - start)) s"
-    python3 -m benchmarks.train_throughput --config configs/llama3_8b.yaml --batch 1 --seq 8192 --steps 12 \
+    python3 -m benchmarks.train_throughput --config configs/llama3_8b.yaml --batch 1 --seq 8192 --steps ${STEPS:-12} \
         --variants kernels_fp32,kernels_fp32_fp8 --sets "train.activation_checkpoint=$mode" --sets model.n_layers=8 \
         --out "/tmp/speed_out/llama3_8b_l8_$mode" --run-root /tmp/speed_runs --timeout 150 | tail -8
+    cp /tmp/speed_out/llama3_8b_l8_$mode/results.json "$OUT/llama3_8b_l8_$mode.json"
     echo "llama3_8b_l8 $mode after $((SECONDS - start)) s"
 done
-# at most 8 files come back: one results file per case and mode, the logs in one archive
-for d in /tmp/speed_out/*/; do cp "$d/results.json" "$OUT/$(basename "$d").json"; done
+# at most 8 files come back: one results file per case and mode (above), the logs in one archive
 tar -czf "$OUT/logs.tgz" -C /tmp/speed_out . 2>/dev/null
 echo "done after $((SECONDS - start)) s"
