@@ -113,6 +113,15 @@ def measure(cfg, quick: bool = False, say=print) -> dict:
         o = F.scaled_dot_product_attention(q, k_, v, is_causal=True, enable_gqa=kv != heads)
         o.backward(torch.ones_like(o))
     out["attention"]["sdpa_causal"] = round(flops / timed(sdpa, iters) / 1e12, 3)
+    # documents of seq/4 tokens through SDPA's additive mask (train.attention=sdpa; the CPU's path)
+    doc_ids = torch.arange(t_, device=device) // max(1, t_ // 4)
+    allowed = (doc_ids[:, None] == doc_ids[None, :]) & torch.ones(t_, t_, dtype=torch.bool, device=device).tril()
+    additive = torch.zeros(t_, t_, device=device, dtype=dtype).masked_fill(~allowed, float("-inf"))
+
+    def sdpa_docs():
+        o = F.scaled_dot_product_attention(q, k_, v, attn_mask=additive, enable_gqa=kv != heads)
+        o.backward(torch.ones_like(o))
+    out["attention"]["sdpa_docs"] = round(flops / timed(sdpa_docs, iters) / 1e12, 3)
     if gpu and not quick:
         try:
             from torch.nn.attention.flex_attention import create_block_mask, flex_attention

@@ -54,6 +54,7 @@ LAUNCH_US = 6.0                  # host time to issue one kernel from eager PyTo
 DDP_BUCKET_BYTES = 25 * 2 ** 20  # torch DDP's default bucket: what is left to reduce after the backward
 FLASH_BACKWARD = 2.5             # flash attention backward / forward work
 KERNELS_PER_LAYER = {"eager": 40, "kernels": 24, "compile": 10}   # forward; backward issues twice as many
+MOE_KERNELS_PER_LAYER = 40       # a MoE layer's routing, load count and permutation, forward
 
 OPS = ("norm", "rope", "swiglu", "residual", "loss", "adamw")
 
@@ -425,6 +426,12 @@ def predict(cfg: TrainConfig, rates: Rates, gpus: int = 1, nodes: int = 1, batch
         memory_b += m.n_layers * n_tok * bb / rate
     loss_impl = "kernels" if cfg.train.kernels else ("compile" if cfg.train.compile else "eager")
     loss = n_tok * loss_bytes(cfg, c, loss_impl) / (rates.op_rate("loss", loss_impl) * 1e9)
+    if m.moe is not None:
+        # tokens gathered into their experts' order and the outputs scattered back weighted, both ways:
+        # index copies, taken at half the rate of the residual's plain elementwise passes
+        moe_layers = sum(m.moe_layer(i) for i in range(m.n_layers))
+        permute = moe_layers * n_tok * (2 * m.moe.top_k + 2) * m.dim * c / (rates.op_rate("residual", impl) / 2 * 1e9)
+        memory_f, memory_b = memory_f + permute, memory_b + permute
     if mode != "none":
         recomputed += memory_f
     memory = memory_f + memory_b + loss
@@ -435,6 +442,10 @@ def predict(cfg: TrainConfig, rates: Rates, gpus: int = 1, nodes: int = 1, batch
 
     # ---- the host's kernel launches
     launches = m.n_layers * KERNELS_PER_LAYER[impl] * 3
+    if m.moe is not None:   # routing and permutation; without a grouped GEMM (a CPU) a product per expert
+        moe_layers = sum(m.moe_layer(i) for i in range(m.n_layers))
+        per_expert = 0 if not rates.host_is_device else 4 * m.moe.n_routed_experts // ep
+        launches += moe_layers * (MOE_KERNELS_PER_LAYER + per_expert) * 3
     host = launches * rates.launch_us * 1e-6
     device_s = fwd + bwd + attention + memory + recomputed
     micro = device_s + host if rates.host_is_device else max(device_s, host)

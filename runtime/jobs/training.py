@@ -447,7 +447,9 @@ def run_training(c, task_name: str, job: TrainingJob, run_options, extra_env: li
         forced = "--force launches it anyway" if task_name == "train.pretrain" else \
             "`inv train.pretrain --force` launches it anyway"
         raise UserError(f"{too_big.message}; {forced}")
-    predicted = planning.predicted(cfg, env, layout.nproc, layout.nodes, settings.runs_dir)
+    # a training run's own speed (a profile's steps run under the profiler: not what was predicted)
+    predicted = planning.predicted(cfg, env, layout.nproc, layout.nodes, settings.runs_dir) \
+        if task_name == "train.pretrain" else None
     if too_big:
         print_warnings([too_big.message + ("; a launch is refused without --force"
                                            if too_big.certain and job.dry_run else "")])
