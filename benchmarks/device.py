@@ -24,7 +24,7 @@ import sys
 import time
 
 
-def _timed(fn, device, warmup: int = 2, iters: int = 5) -> float:
+def timed(fn, device, warmup: int = 2, iters: int = 5) -> float:
     """Median seconds of fn() on `device` (CUDA/HIP events on a GPU, wall clock on a CPU)."""
     import torch
 
@@ -73,15 +73,15 @@ def perf(device) -> dict:
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     out = torch.empty(n, n, device=device, dtype=torch.bfloat16)
-    gemm_s = _timed(lambda: torch.matmul(a, b, out=out), device, iters=10 if gpu else 3)
+    gemm_s = timed(lambda: torch.matmul(a, b, out=out), device, iters=10 if gpu else 3)
     copy_bytes = 2 ** 30 if gpu else 32 * 2 ** 20
     src = torch.empty(copy_bytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    copy_s = _timed(lambda: dst.copy_(src), device)
+    copy_s = timed(lambda: dst.copy_(src), device)
     h2d_bytes = 256 * 2 ** 20 if gpu else 32 * 2 ** 20
     host = torch.empty(h2d_bytes, dtype=torch.uint8, pin_memory=gpu)
     target = torch.empty(h2d_bytes, dtype=torch.uint8, device=device)
-    h2d_s = _timed(lambda: target.copy_(host, non_blocking=gpu), device)
+    h2d_s = timed(lambda: target.copy_(host, non_blocking=gpu), device)
     name = torch.cuda.get_device_name(device) if gpu else "cpu"
     return {"device": str(device), "name": name,
             "gemm_tflops": round(2 * n ** 3 / gemm_s / 1e12, 3),

@@ -17,35 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
-
-
-def _timer(device):
-    import torch
-
-    def timed(fn, iters: int, warmup: int = 2) -> float:
-        """Median seconds of fn()."""
-        for _ in range(warmup):
-            fn()
-        times = []
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-            for _ in range(iters):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) / 1e3)
-        else:
-            for _ in range(iters):
-                t0 = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t0)
-        return statistics.median(times)
-    return timed
 
 
 def measure(cfg, quick: bool = False, say=print) -> dict:
@@ -54,10 +27,15 @@ def measure(cfg, quick: bool = False, say=print) -> dict:
 
     from trainer import speed
 
+    from benchmarks.device import timed as timed_on
+
     gpu = torch.cuda.is_available()
     device = torch.device("cuda" if gpu else "cpu")
-    timed = _timer(device)
     iters = 5 if quick else 10
+
+    def timed(fn, n: int) -> float:
+        """Median seconds of fn() on this device, after two warm-up calls."""
+        return timed_on(fn, device, iters=n)
     dtype = torch.bfloat16 if gpu and cfg.precision.compute != "fp32" else torch.float32
     dname = "bf16" if dtype == torch.bfloat16 else "fp32"
     c = 2 if dtype == torch.bfloat16 else 4
