@@ -191,8 +191,16 @@ def positive(value, flag: str) -> float | None:
 def predicted(cfg, resolved, procs_per_node: int, nodes: int, runs_dir) -> dict | None:
     """What a training run records before it starts (metadata.json `prediction`): its predicted speed from
     figures measured on its GPU model (none from a datasheet: a guess is not recorded as a prediction)."""
+    import sys
+
+    from core.errors import UserError
+
     device, _count = plan_device(resolved)
-    p = speed_of(cfg, device, max(1, procs_per_node), max(1, nodes), runs_dir)
+    try:
+        p = speed_of(cfg, device, max(1, procs_per_node), max(1, nodes), runs_dir)
+    except UserError as exc:   # unreadable figures: said, and the run goes on without a prediction
+        print(f"warning: {exc}; this run records no speed prediction", file=sys.stderr)
+        return None
     if p is None:
         return None
     return {"tokens_per_s_per_gpu": round(p.tokens_per_s_per_gpu, 1), "step_s": round(p.step_s, 5),

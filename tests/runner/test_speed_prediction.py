@@ -71,3 +71,15 @@ def test_bad_prediction_input_is_one_line(tmp_path):
     broken.write_text("{not json")
     one_line_error(inv(tmp_path, "train.plan", "--gpu", "H100"), "h100.json", "unreadable speed figures")
     assert broken.read_text() == "{not json"      # named, not replaced
+
+
+def test_unreadable_figures_never_stop_a_training_run(tmp_path, dataset):
+    broken = tmp_path / "runs" / ".figures" / "cpu.json"
+    broken.parent.mkdir(parents=True)
+    broken.write_text("[1, 2")
+    trained = inv(tmp_path, "train.pretrain", *TINY, "--set", f"data.path={dataset}", "--set", "train.steps=2",
+                  no_traceback=True)
+    assert trained.returncode == 0, explain(trained)
+    assert "unreadable speed figures" in trained.stderr and "no speed prediction" in trained.stderr
+    run = [r for r in runs(tmp_path) if "train.pretrain" in r.name][-1]
+    assert "prediction" not in metadata(run)
