@@ -9,6 +9,10 @@ from helpers.program import REPO, explain, inv, metadata, one_line_error, runs, 
 from helpers.training import TINY_RUN
 
 TINY = sets(*TINY_RUN)
+# configs/tiny.yaml as it is (16 x 256 tokens a step): large enough that the step is its operations, not
+# the loop's own Python, which the prediction does not count
+AS_SHIPPED = sets("train.val_batches=0", "checkpoint.interval=0", "logging.progress=false",
+                  "logging.tensorboard=false", "logging.gpu_stats=false")
 
 
 def _plan(work, *args):
@@ -18,18 +22,18 @@ def _plan(work, *args):
 
 
 def test_this_machine_measured_then_planned_then_trained_records_prediction_beside_measurement(tmp_path, dataset):
-    assert "prediction" not in _plan(tmp_path, *TINY)          # nothing measured yet: nothing guessed
-    measured = inv(tmp_path, "bench.rates", "--quick", *TINY, no_traceback=True)
+    assert "prediction" not in _plan(tmp_path, *AS_SHIPPED)    # nothing measured yet: nothing guessed
+    measured = inv(tmp_path, "bench.rates", "--quick", *AS_SHIPPED, no_traceback=True)
     assert measured.returncode == 0, explain(measured)
     figures = json.loads((tmp_path / "runs" / ".figures" / "cpu.json").read_text())
     assert figures["host_is_device"] and figures["gemm"]["fp32"] and figures["op_gbps"]["norm/eager"] > 0
     assert "recorded in" in measured.stdout
 
-    planned = _plan(tmp_path, *TINY)["prediction"]
+    planned = _plan(tmp_path, *AS_SHIPPED)["prediction"]
     assert planned["measured_rates"] and "measured here" in planned["rates"]
     assert planned["tokens_per_s_per_gpu"] > 0 and planned["parts_s"]["gemm"] > 0
 
-    trained = inv(tmp_path, "train.pretrain", *TINY, "--set", f"data.path={dataset}", "--set", "train.steps=24",
+    trained = inv(tmp_path, "train.pretrain", *AS_SHIPPED, "--set", f"data.path={dataset}", "--set", "train.steps=20",
                   "--set", "train.log_interval=4", no_traceback=True)
     assert trained.returncode == 0, explain(trained)
     run = [r for r in runs(tmp_path) if "train.pretrain" in r.name][-1]
@@ -37,8 +41,9 @@ def test_this_machine_measured_then_planned_then_trained_records_prediction_besi
     assert recorded["tokens_per_s_per_gpu"] == round(planned["tokens_per_s_per_gpu"], 1)
     measured_tps = json.loads((run / "summary.json").read_text())["tokens_per_s_per_device"]
     assert recorded["measured_tokens_per_s_per_gpu"] == round(measured_tps, 1)
-    # the tiny model on a shared 2-core machine: the model is no better than this, and not worse
-    assert 1 / 3 < recorded["predicted_over_measured"] < 3, recorded
+    # within 11% on an idle 2-core machine (BENCHMARKS.md); the suite runs two tests at once on its two
+    # cores, and the rates were measured in another moment than the run: a wide band, still a real one
+    assert 1 / 4 < recorded["predicted_over_measured"] < 4, recorded
     assert "predicted" in trained.stderr and "tokens/s per device measured" in trained.stderr
 
 
