@@ -211,9 +211,9 @@ def plan(c, config="", set_=None, init_from=None, gpus=None, nodes=1, gpu="", js
     target = speed.parse_tokens(tokens) if tokens else None
     settings = settings_mod.load(c)
     net = planning.positive(net_gbps, "--net-gbps")
-    prediction = planning.speed_of(cfg, device, per_node, nodes, settings.runs_dir,
-                                   always=predict or bool(tokens) or search, net_gbps=net)
-    searched = planning.speed_search(cfg, device, per_node, nodes, settings.runs_dir, net) if search else None
+    rates = planning.rates_for(device, settings.runs_dir, net)
+    prediction = planning.speed_of(cfg, rates, per_node, nodes, always=predict or bool(tokens) or search)
+    searched = (speed.search(cfg, rates, device, per_node, nodes) if rates else []) if search else None
     if json:
         out = result.to_dict()
         if prediction:

@@ -56,7 +56,6 @@ FLASH_BACKWARD = 2.5             # flash attention backward / forward work
 KERNELS_PER_LAYER = {"eager": 40, "kernels": 24, "compile": 10}   # forward; backward issues twice as many
 MOE_KERNELS_PER_LAYER = 40       # a MoE layer's routing, load count and permutation, forward
 
-OPS = ("norm", "rope", "swiglu", "residual", "loss", "adamw")
 
 
 class SpeedError(UserError):
@@ -81,6 +80,7 @@ class Rates:
     attention: dict = field(default_factory=dict)
     attention_tflops: float | None = None
     hbm_gbps: float | None = None
+    fused_gbps: float | None = None                     # a fused op's bandwidth where none was measured
     op_gbps: dict = field(default_factory=dict)
     launch_us: float = LAUNCH_US
     bus_gbps: dict = field(default_factory=dict)
@@ -113,13 +113,9 @@ class Rates:
             if f.name in ("gemm", "fp8", "attention", "op_gbps", "bus_gbps") or value == default:
                 continue
             setattr(out, f.name, value)
-        gemm = {dt: {tuple(r[:3]): r for r in rows} for dt, rows in self.gemm.items()}
-        for dt, rows in newer.gemm.items():
-            gemm.setdefault(dt, {}).update({tuple(r[:3]): r for r in rows})
-        out.gemm = {dt: sorted(rows.values()) for dt, rows in gemm.items()}
-        fp8 = {tuple(r[:3]): r for r in self.fp8}
-        fp8.update({tuple(r[:3]): r for r in newer.fp8})
-        out.fp8 = sorted(fp8.values())
+        out.gemm = {dt: _by_shape(self.gemm.get(dt, []), newer.gemm.get(dt, []))
+                    for dt in {**self.gemm, **newer.gemm}}
+        out.fp8 = _by_shape(self.fp8, newer.fp8)
         out.attention = {**self.attention, **newer.attention}
         out.op_gbps = {**self.op_gbps, **newer.op_gbps}
         if newer.bus_gbps:   # a measurement of another GPU count replaces the old one
@@ -129,10 +125,9 @@ class Rates:
     # ---- lookups
     def gemm_rate(self, m: int, n: int, k: int, dtype: str) -> float:
         rows = self.gemm.get(dtype) or []
-        if rows:
-            best = min(rows, key=lambda r: _distance(r[:3], (m, n, k)))
-            if _distance(best[:3], (m, n, k)) < 2.0:   # within a factor of ~2 in each dimension
-                return float(best[3])
+        near = _nearest(rows, (m, n, k))
+        if near is not None:
+            return near
         if dtype in self.gemm_tflops:
             return float(self.gemm_tflops[dtype])
         if rows:   # a device measured at other shapes only: its best rate is the nearer guess
@@ -143,11 +138,10 @@ class Rates:
         raise SpeedError(f"no GEMM rate for {dtype} on {self.gpu}")
 
     def fp8_rate(self, tokens: int, n_in: int, n_out: int) -> float | None:
-        if self.fp8:
-            best = min(self.fp8, key=lambda r: _distance(r[:3], (tokens, n_in, n_out)))
-            if _distance(best[:3], (tokens, n_in, n_out)) < 2.0 or not self.fp8_tflops:
-                return float(best[3])
-        return self.fp8_tflops
+        near = _nearest(self.fp8, (tokens, n_in, n_out))
+        if near is None and self.fp8 and not self.fp8_tflops:   # measured at other shapes only
+            near = _nearest(self.fp8, (tokens, n_in, n_out), within=math.inf)
+        return near if near is not None else self.fp8_tflops
 
     def attention_rate(self, kernel: str) -> float:
         if kernel in self.attention:
@@ -164,9 +158,9 @@ class Rates:
             return float(self.op_gbps[key])
         if impl == "compile" and f"{op}/kernels" in self.op_gbps:   # Inductor fuses as our kernels do
             return float(self.op_gbps[f"{op}/kernels"])
-        if not self.hbm_gbps:
+        fused = self.fused_gbps or (self.hbm_gbps or 0) * HBM_EFFICIENCY
+        if not fused:
             raise SpeedError(f"no bandwidth for {op} on {self.gpu}")
-        fused = self.hbm_gbps * HBM_EFFICIENCY
         return fused / (EAGER_PASSES.get(op, 1.0) if impl == "eager" else 1.0)
 
     def bus(self, op: str, gpus: int, nodes: int) -> tuple[float, str]:
@@ -199,7 +193,23 @@ def _distance(a, b) -> float:
     return max(abs(math.log(max(x, 1) / max(y, 1))) for x, y in zip(a, b)) / math.log(2)
 
 
-def datasheet(model, memory_gib: float | None = None, net_gbps: float = NET_GBPS) -> Rates:
+def _nearest(rows: list, shape: tuple, within: float = 2.0) -> float | None:
+    """The rate (last column) of the measured shape nearest `shape`, if it is within a factor of about 2**within
+    in every dimension; None otherwise."""
+    if not rows:
+        return None
+    best = min(rows, key=lambda r: _distance(r[:3], shape))
+    return float(best[3]) if _distance(best[:3], shape) < within else None
+
+
+def _by_shape(old: list, new: list) -> list:
+    """Rows [shape..., rate] of both, a shape in `new` replacing the same one in `old`."""
+    rows = {tuple(r[:3]): r for r in old}
+    rows.update({tuple(r[:3]): r for r in new})
+    return sorted(rows.values())
+
+
+def datasheet(model, net_gbps: float = NET_GBPS) -> Rates:
     """Rates from an envs.spec.GpuModel's datasheet, at its node-screen floors where it has them (what a
     healthy GPU of the model measures at least: bf16 GEMM, at least half the peak; HBM copy), else at the
     stated efficiencies;
@@ -221,9 +231,7 @@ def datasheet(model, memory_gib: float | None = None, net_gbps: float = NET_GBPS
                f"{ATTENTION_OF_GEMM:.2f}x that, " + (f"FP8 linears {fp8:,.0f}, " if fp8 else "")
                + f"memory-bound ops {fused:,.0f} GB/s",
         gemm_tflops={"bf16": gemm, "fp32": gemm / 8}, fp8_tflops=fp8, attention_tflops=gemm * ATTENTION_OF_GEMM,
-        hbm_gbps=model.hbm_gbps, link_gbps=model.link_gbps,
-        op_gbps={f"{op}/{impl}": round(fused / (EAGER_PASSES[op] if impl == "eager" else 1.0), 1)
-                 for op in OPS for impl in ("eager", "kernels")},
+        hbm_gbps=model.hbm_gbps, fused_gbps=fused, link_gbps=model.link_gbps,
         notes=[f"{model.name}: no measured figures; its datasheet at the rates above (`inv bench.rates` on one of "
                "its nodes records measured ones)"])
 
@@ -281,15 +289,15 @@ def implementation(cfg: TrainConfig) -> str:
 
 def attention_kind(cfg: TrainConfig, rates: Rates) -> str:
     """sdpa_causal, flex_docs (FlexAttention with a document mask) or sdpa_docs (SDPA's additive mask)."""
+    from core.vendor import Vendor
+    from trainer.plan import Device, attention_kernel
+
     if not cfg.data.document_mask:
         return "sdpa_causal"
-    kernel = cfg.train.attention
-    if kernel == "auto":
-        kernel = "sdpa" if rates.host_is_device else "flex"
-    return f"{kernel}_docs"
+    return attention_kernel(cfg, Device(vendor=Vendor.CPU if rates.host_is_device else None)) + "_docs"
 
 
-def linears(cfg: TrainConfig, world: int) -> list[tuple[str, int, int, int]]:
+def linears(cfg: TrainConfig) -> list[tuple[str, int, int, int]]:
     """(name, rows per token, in, out) of every product a token's micro-batch runs: each layer's 2-D
     weights on every token, the routed experts' stacked weights on top_k rows a token, the LM head."""
     from trainer.plan import is_expert, param_shapes
@@ -312,7 +320,7 @@ def gemm_shapes(cfg: TrainConfig, batch: int | None = None) -> list[tuple[int, i
     measures these)."""
     n_tok = (batch or cfg.data.batch_size) * cfg.data.seq_len
     shapes = set()
-    for name, rows, n_in, n_out in linears(cfg, 1):
+    for name, rows, n_in, n_out in linears(cfg):
         tokens = n_tok * rows
         if rows > 1:    # one expert's share of the rows
             tokens = max(1, tokens // cfg.model.moe.n_routed_experts)
@@ -322,7 +330,7 @@ def gemm_shapes(cfg: TrainConfig, batch: int | None = None) -> list[tuple[int, i
 
 def fp8_shapes(cfg: TrainConfig, batch: int | None = None) -> list[tuple[int, int, int]]:
     n_tok = (batch or cfg.data.batch_size) * cfg.data.seq_len
-    return sorted({(n_tok, n_in, n_out) for name, rows, n_in, n_out in linears(cfg, 1)
+    return sorted({(n_tok, n_in, n_out) for name, rows, n_in, n_out in linears(cfg)
                    if rows == 1 and name != "lm_head.weight"})
 
 
@@ -386,15 +394,18 @@ def predict(cfg: TrainConfig, rates: Rates, gpus: int = 1, nodes: int = 1, batch
     n_tok = d.batch_size * d.seq_len
     fp8 = cfg.precision.fp8 != "off" and not rates.host_is_device
     ep = cfg.parallel.ep if world > 1 else 1
+    moe_layers = sum(m.moe_layer(i) for i in range(m.n_layers))
+    count = ParamCount.of(m)
     assumptions = list(rates.notes)
 
     # ---- GEMMs of a micro-batch, forward and backward, and what recompute adds
     fwd = bwd = recomputed = 0.0
     lean = {"self_attn.k_proj.weight", "self_attn.o_proj.weight", "mlp.up_proj.weight"}
-    for name, rows, n_in, n_out in linears(cfg, world):
+    for name, rows, n_in, n_out in linears(cfg):
         tokens = n_tok * rows
-        if fp8 and rows == 1 and name != "lm_head.weight" and rates.fp8_rate(tokens, n_in, n_out):
-            whole = 6.0 * tokens * n_in * n_out / (rates.fp8_rate(tokens, n_in, n_out) * 1e12)
+        fp8_rate = rates.fp8_rate(tokens, n_in, n_out) if fp8 and rows == 1 and name != "lm_head.weight" else None
+        if fp8_rate:
+            whole = 6.0 * tokens * n_in * n_out / (fp8_rate * 1e12)
             f, b = whole / 3, whole * 2 / 3
         else:
             per = max(1, tokens // m.moe.n_routed_experts) if rows > 1 else tokens
@@ -424,12 +435,11 @@ def predict(cfg: TrainConfig, rates: Rates, gpus: int = 1, nodes: int = 1, batch
         rate = rates.op_rate(op, impl) * 1e9
         memory_f += m.n_layers * n_tok * fb / rate
         memory_b += m.n_layers * n_tok * bb / rate
-    loss_impl = "kernels" if cfg.train.kernels else ("compile" if cfg.train.compile else "eager")
+    loss_impl = "kernels" if cfg.train.kernels else impl   # the fused loss, compiled or not
     loss = n_tok * loss_bytes(cfg, c, loss_impl) / (rates.op_rate("loss", loss_impl) * 1e9)
     if m.moe is not None:
         # tokens gathered into their experts' order and the outputs scattered back weighted, both ways:
         # index copies, taken at half the rate of the residual's plain elementwise passes
-        moe_layers = sum(m.moe_layer(i) for i in range(m.n_layers))
         permute = moe_layers * n_tok * (2 * m.moe.top_k + 2) * m.dim * c / (rates.op_rate("residual", impl) / 2 * 1e9)
         memory_f, memory_b = memory_f + permute, memory_b + permute
     if mode != "none":
@@ -438,12 +448,11 @@ def predict(cfg: TrainConfig, rates: Rates, gpus: int = 1, nodes: int = 1, batch
     if dt.casts and not dt.fsdp and rates.hbm_gbps:
         # fp32 weights under autocast: each forward casts them to 16 bits (4 read, 2 written a parameter) and
         # each backward adds the 16-bit gradients into the fp32 ones (2 + 4 read, 4 written)
-        memory += ParamCount.of(m).total * 16 / (rates.hbm_gbps * HBM_EFFICIENCY * 1e9)
+        memory += count.total * 16 / (rates.hbm_gbps * HBM_EFFICIENCY * 1e9)
 
     # ---- the host's kernel launches
     launches = m.n_layers * KERNELS_PER_LAYER[impl] * 3
     if m.moe is not None:   # routing and permutation; without a grouped GEMM (a CPU) a product per expert
-        moe_layers = sum(m.moe_layer(i) for i in range(m.n_layers))
         per_expert = 0 if not rates.host_is_device else 4 * m.moe.n_routed_experts // ep
         launches += moe_layers * (MOE_KERNELS_PER_LAYER + per_expert) * 3
     host = launches * rates.launch_us * 1e-6
@@ -452,7 +461,6 @@ def predict(cfg: TrainConfig, rates: Rates, gpus: int = 1, nodes: int = 1, batch
 
     # ---- the optimizer step over this rank's parameters
     shapes = param_shapes(m)
-    count = ParamCount.of(m)
     if dt.fsdp:
         from trainer.plan import _rank_numel
         on_rank = sum(_rank_numel(n, s, world, ep) for n, s in shapes.items())
@@ -486,10 +494,9 @@ def predict(cfg: TrainConfig, rates: Rates, gpus: int = 1, nodes: int = 1, batch
             ar = grad_bytes * 2 * (world - 1) / world / (ar_bw * 1e9)
             comm["all_reduce"] = (ar, ar_bw, ar_src)
             last = min(grad_bytes, DDP_BUCKET_BYTES) * 2 * (world - 1) / world / (ar_bw * 1e9)
-            exposed += max(0.0, ar - bwd * (accum and 1)) + last
+            exposed += max(0.0, ar - bwd) + last   # under the last micro-batch's backward
         if ep > 1:
             a2a_bw, a2a_src = rates.bus("all_to_all", gpus, nodes)
-            moe_layers = sum(m.moe_layer(i) for i in range(m.n_layers))
             a2a_bytes = 4 * moe_layers * n_tok * m.moe.top_k * m.dim * c * (ep - 1) / ep * accum
             a2a = a2a_bytes / (a2a_bw * 1e9)
             comm["all_to_all"] = (a2a, a2a_bw, a2a_src)
@@ -505,8 +512,6 @@ def predict(cfg: TrainConfig, rates: Rates, gpus: int = 1, nodes: int = 1, batch
              "recompute": recomputed * accum, "host launches": (host * accum if rates.host_is_device
                                                                 else max(0.0, host - device_s) * accum),
              "optimizer": optimizer, "communication (exposed)": exposed}
-    if world > 1 and not dt.fsdp and cfg.parallel.strategy == "fsdp":
-        assumptions.append("parallel.strategy fsdp on one rank shards nothing: planned as one process")
     return Prediction(gpus, nodes, tokens * world, step, tps, fpt * tps / (peak * 1e12) if peak else None,
                       fpt * tps / 1e12, parts, comm, rates.source, rates.measured, assumptions)
 
@@ -516,7 +521,7 @@ def predict(cfg: TrainConfig, rates: Rates, gpus: int = 1, nodes: int = 1, batch
 def search(cfg: TrainConfig, rates: Rates, device, gpus: int, nodes: int, limit: int = 8) -> list[dict]:
     """Layouts that fit, fastest first: data.batch_size (the global batch kept with grad_accum where it
     divides), activation checkpointing, and for a mixture of experts parallel.ep."""
-    from trainer.plan import AC_MODES, memory, with_changes
+    from trainer.plan import AC_MODES, GIB, memory, with_changes
 
     world = gpus * nodes
     global_rows = cfg.data.batch_size * cfg.data.grad_accum
@@ -537,7 +542,7 @@ def search(cfg: TrainConfig, rates: Rates, device, gpus: int, nodes: int, limit:
                 p = predict(layout, rates, gpus, nodes)
                 rows.append({"batch_size": batch, "grad_accum": global_rows // batch, "activation_checkpoint": mode,
                              "ep": ep, "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu, "mfu": p.mfu,
-                             "step_s": p.step_s, "needed_gib": mem.needed_bytes(world) / 2 ** 30,
+                             "step_s": p.step_s, "needed_gib": mem.needed_bytes(world) / GIB,
                              "sets": _sets(cfg, layout)})
     rows.sort(key=lambda r: -r["tokens_per_s_per_gpu"])
     return rows[:limit]

@@ -117,23 +117,30 @@ def gemm(run, m: int, n: int | None, k: int | None, dtype: str, iters: int) -> d
     """benchmarks.gemm in a child process that gets the run's environment (TunableOp, hipBLASLt, ...).
     Its stderr (a long CPU run's progress) is shown as it comes and kept in RUN/logs/gemm.log."""
     from runtime.jobs import tuning
-    from runtime.launch.process import open_log, run_streaming
-    from core.signals import STOP_SIGNALS, Interrupt
 
-    argv = gemm_argv(m, n, k, dtype, iters)
-    result_text, said = io.StringIO(), _LastLine(sys.stderr)
     with tuning.kept(run):   # --tune-gemm: which TunableOp results file, recorded with the run
-        code = run_streaming(argv, run.env, open_log(run.path, "gemm.log", argv, run.masker), stdout=result_text,
-                             stderr=said, masker=run.masker)
-    if code - 128 in STOP_SIGNALS:   # the product was stopped (inv passed its signal on): interrupted
-        raise Interrupt(code - 128)
-    if code != 0:
-        raise AnvilError(f"the benchmark failed: {said.last or f'exit status {code}'}", 1)
-    result = json.loads(result_text.getvalue().strip().splitlines()[-1])
+        result = _child_json(run, gemm_argv(m, n, k, dtype, iters), "gemm.log", "the benchmark")
     result["measurements"] = [{"name": f"gemm {result['m']}x{result['n']}x{result['k']} {result['dtype']}",
                                "value": result["tflops"], "unit": "TFLOP/s"}]
     run.write_json(names.GEMM, result)
     return result
+
+
+def _child_json(run, argv: list[str], log: str, what: str) -> dict:
+    """A benchmark program in a child process with the run's environment: its stderr (a long CPU run's
+    progress) shown as it comes and kept in RUN/logs/<log>, its last stdout line read as JSON. Stopped by a
+    signal inv passed on: Interrupt; failed: AnvilError with its last line."""
+    from runtime.launch.process import open_log, run_streaming
+    from core.signals import STOP_SIGNALS, Interrupt
+
+    result_text, said = io.StringIO(), _LastLine(sys.stderr)
+    code = run_streaming(argv, run.env, open_log(run.path, log, argv, run.masker), stdout=result_text,
+                         stderr=said, masker=run.masker)
+    if code - 128 in STOP_SIGNALS:
+        raise Interrupt(code - 128)
+    if code != 0:
+        raise AnvilError(f"{what} failed: {said.last or f'exit status {code}'}", 1)
+    return json.loads(result_text.getvalue().strip().splitlines()[-1])
 
 
 class _LastLine:
@@ -252,18 +259,8 @@ def rates(run, settings, env, config: str, sets: list[str], quick: bool) -> dict
     kept with the run (rates.json) and merged into the figures for this machine's GPU model (or "CPU")
     that `inv train.plan` and `inv train.pretrain` predict with. Returns {"rates", "model", "recorded"}."""
     from runtime.jobs import figures
-    from runtime.launch.process import open_log, run_streaming
-    from core.signals import STOP_SIGNALS, Interrupt
 
-    argv = rates_argv(config, sets, quick)
-    result_text, said = io.StringIO(), _LastLine(sys.stderr)
-    code = run_streaming(argv, run.env, open_log(run.path, "rates.log", argv, run.masker), stdout=result_text,
-                         stderr=said, masker=run.masker)
-    if code - 128 in STOP_SIGNALS:
-        raise Interrupt(code - 128)
-    if code != 0:
-        raise AnvilError(f"the measurement failed: {said.last or f'exit status {code}'}", 1)
-    measured = json.loads(result_text.getvalue().strip().splitlines()[-1])
+    measured = _child_json(run, rates_argv(config, sets, quick), "rates.log", "the measurement")
     run.write_json("rates.json", measured)
     machine = where_it_runs(env)
     model = (machine.model or machine.name) if machine.has_gpu and not measured.get("host_is_device") \

@@ -140,26 +140,17 @@ def rates_for(device, runs_dir, net_gbps: float | None = None):
     return figures.for_device(runs_dir, None if cpu else device.name, net_gbps=net_gbps)
 
 
-def speed_of(cfg, device, gpus: int, nodes: int, runs_dir, always: bool = False, net_gbps: float | None = None):
-    """trainer.speed's Prediction of the run on `device`, or None: where no figures were measured for it
-    unless `always` (then its datasheet), and where nothing at all is known."""
+def speed_of(cfg, rates, gpus: int, nodes: int, always: bool = False):
+    """trainer.speed's Prediction of the run with `rates` (rates_for), or None: without figures measured on the
+    device unless `always` (then its datasheet), and where nothing at all is known."""
     from trainer import speed
 
-    rates = rates_for(device, runs_dir, net_gbps)
     if rates is None or not (rates.measured or always):
         return None
     try:
         return speed.predict(cfg, rates, gpus=gpus, nodes=nodes)
     except speed.SpeedError:
         return None
-
-
-def speed_search(cfg, device, gpus: int, nodes: int, runs_dir, net_gbps: float | None = None) -> list[dict]:
-    """trainer.speed.search's layouts, fastest first ([] where nothing is known of the device)."""
-    from trainer import speed
-
-    rates = rates_for(device, runs_dir, net_gbps)
-    return speed.search(cfg, rates, device, gpus, nodes) if rates else []
 
 
 def nodes_of(gpus: int, nodes: int, device) -> tuple[int, int]:
@@ -197,7 +188,7 @@ def predicted(cfg, resolved, procs_per_node: int, nodes: int, runs_dir) -> dict 
 
     device, _count = plan_device(resolved)
     try:
-        p = speed_of(cfg, device, max(1, procs_per_node), max(1, nodes), runs_dir)
+        p = speed_of(cfg, rates_for(device, runs_dir), max(1, procs_per_node), max(1, nodes))
     except UserError as exc:   # unreadable figures: said, and the run goes on without a prediction
         print(f"warning: {exc}; this run records no speed prediction", file=sys.stderr)
         return None
