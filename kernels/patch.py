@@ -35,8 +35,8 @@ from kernels.swiglu import swiglu
 # --- trainer.models.Transformer ------------------------------------------------------------------
 
 def _trainer_rms_norm_forward(self, x: torch.Tensor) -> torch.Tensor:
-    # trainer.models.RMSNorm returns x's dtype: the weight is cast to it first.
-    return rms_norm(x, self.weight.to(x.dtype), self.eps)
+    # trainer.models.RMSNorm returns x's dtype: its weight_as casts the weight to it first.
+    return rms_norm(x, self.weight_as(x.dtype), self.eps)
 
 
 def _trainer_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
@@ -115,7 +115,7 @@ def _patch_trainer(model: nn.Module, rms: bool, rope: bool, mlp: bool, loss: boo
 def _trainer_rms_norm_float8_forward(self, x: torch.Tensor) -> torch.Tensor:
     from kernels.rms_norm import rms_norm_float8
 
-    return rms_norm_float8(x, self.weight.to(x.dtype), self.eps, self._anvil_float8_target)
+    return rms_norm_float8(x, self.weight_as(x.dtype), self.eps, self._anvil_float8_target)
 
 
 def _swiglu_float8_for(target, grad_target, stash):

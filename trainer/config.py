@@ -202,6 +202,12 @@ class ParallelConfig:
     timeout_minutes: int = 30
     ep: int = 1                    # expert parallelism: each rank holds n_routed_experts / ep experts, and
     #                                tokens travel to their experts' ranks (all-to-all); needs strategy fsdp
+    tp: int = 1                    # tensor parallelism with sequence parallelism: each of tp ranks holds
+    #                                1/tp of every attention and MLP projection and 1/tp of the row's tokens
+    #                                between them (trainer/models/tensor_parallel.py); needs strategy fsdp
+    cp: int = 1                    # context parallelism: each of cp ranks holds 1/cp of every row's tokens
+    #                                and attends over all of them (keys and values gathered,
+    #                                trainer/models/context_parallel.py). Ranks: data x cp x tp, tp innermost
 
 
 @dataclass
@@ -503,6 +509,7 @@ def _check_values(cfg: TrainConfig, src: str) -> None:
         need(rs.original_max_position_embeddings > 0,
              "model.rope_scaling.original_max_position_embeddings", "a positive integer")
     _check_family(m, cfg.parallel, need)
+    _check_model_parallel(cfg, need)
     d = cfg.data
     if d.blend:
         _check_blend(d, src)
@@ -610,8 +617,36 @@ def _check_family(m: ModelConfig, p: ParallelConfig, need) -> None:
         need(p.strategy == "fsdp", "parallel.ep", "1 unless parallel.strategy is fsdp (experts shard with FSDP2)")
 
 
+def _check_model_parallel(cfg: TrainConfig, need) -> None:
+    """parallel.tp and parallel.cp: what each splits must divide evenly, and what does not compose yet."""
+    m, p, T = cfg.model, cfg.parallel, cfg.data.seq_len
+    need(p.tp > 0, "parallel.tp", "a positive integer")
+    need(p.cp > 0, "parallel.cp", "a positive integer")
+    if p.tp > 1:
+        need(m.family == "llama", "parallel.tp", f"1 for model.family {m.family!r} (tensor parallelism splits "
+             "the Llama family's attention and MLP; experts split with parallel.ep)")
+        need(p.strategy == "fsdp", "parallel.tp", "1 unless parallel.strategy is fsdp (the tensor-parallel "
+             "weights shard with FSDP2 over the data ranks)")
+        for key, size in (("model.n_heads", m.n_heads), ("model.n_kv_heads", m.n_kv_heads),
+                          ("model.ffn_dim", m.ffn_dim)):
+            need(size % p.tp == 0, "parallel.tp", f"a divisor of {key} ({size})")
+        need(cfg.precision.fp8 == "off", "parallel.tp", "1 with precision.fp8 (torchao's float8 linears are not "
+             "wired to the tensor-parallel plan yet)")
+    if p.tp > 1 or p.cp > 1:
+        need(p.ep == 1, "parallel.ep", "1 with parallel.tp or parallel.cp above 1 (not combined yet)")
+        # each cp rank holds two of 2 x cp chunks of a row (the causal work balanced), split again over tp
+        share = 2 * p.cp * p.tp if p.cp > 1 else p.tp
+        need(T % share == 0, "data.seq_len", f"a multiple of {share} ("
+             + ("2 x parallel.cp x parallel.tp: each rank holds two chunks of every row)" if p.cp > 1
+                else "parallel.tp: each rank holds 1/tp of every row)"))
+
+
 def check_world(cfg: TrainConfig, world_size: int, src: str = "the config") -> None:
     """ConfigError when the parallel layout does not fit `world_size` processes (known at launch)."""
+    model_ranks = cfg.parallel.tp * cfg.parallel.cp
+    if world_size % model_ranks:
+        raise ConfigError(f"{src}: parallel.tp x parallel.cp: expected a divisor of the {world_size} process(es) "
+                          f"(the rest are data-parallel ranks), got {cfg.parallel.tp} x {cfg.parallel.cp}")
     ep = cfg.parallel.ep
     if ep > 1 and world_size % ep:
         raise ConfigError(f"{src}: parallel.ep: expected a divisor of the {world_size} process(es) (and of "

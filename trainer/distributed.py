@@ -1,14 +1,19 @@
-"""Process group, device and model wrapping (DDP or FSDP2).
+"""Process group, device, the ranks' layout and model wrapping (DDP or FSDP2, with tensor parallelism).
 
 Reads the rank layout that torchrun (RANK, WORLD_SIZE, LOCAL_RANK) or srun
 (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID) put in the environment; started
 directly it runs as a single process without a process group.
+
+With parallel.tp or parallel.cp above 1 the ranks form data x cp x tp (tp innermost, so that a
+tensor-parallel group shares a node's links, as torchtitan orders them): the ranks of one data index
+read the same batch and split its rows (trainer/sequence.py), FSDP2 shards over data x cp, and the
+tensor-parallel plan (trainer/models/tensor_parallel.py) splits the layers over tp.
 """
 from __future__ import annotations
 
 import datetime
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -24,12 +29,47 @@ class DistributedError(UserError):
 
 
 @dataclass
+class Layout:
+    """Where this rank sits among data x cp x tp. `mesh`: their DeviceMesh ("dp", "cp", "tp") when cp or
+    tp is above 1 (None otherwise: every rank is a data rank)."""
+
+    dp: int = 1
+    cp: int = 1
+    tp: int = 1
+    dp_rank: int = 0
+    cp_rank: int = 0
+    tp_rank: int = 0
+    mesh: object | None = None
+
+    @property
+    def model_ranks(self) -> int:
+        """The ranks that share one batch (its rows split between them)."""
+        return self.cp * self.tp
+
+    @property
+    def cp_group(self):
+        return self.mesh["cp"].get_group() if self.cp > 1 else None
+
+    @property
+    def tp_mesh(self):
+        return self.mesh["tp"] if self.tp > 1 else None
+
+    def fsdp_mesh(self, device_type: str, world_size: int):
+        """What FSDP2 shards over: data x cp (cp ranks hold the same weights), never tp."""
+        if self.mesh is None or self.tp == 1:
+            from torch.distributed.device_mesh import init_device_mesh
+            return init_device_mesh(device_type, (world_size,))
+        return self.mesh["dp", "cp"]._flatten("dp_cp") if self.cp > 1 else self.mesh["dp"]
+
+
+@dataclass
 class DistInfo:
     rank: int
     local_rank: int
     world_size: int
     device: torch.device
     backend: str | None      # None when no process group was created
+    layout: Layout = field(default_factory=Layout)
 
     @property
     def is_main(self) -> bool:
@@ -75,6 +115,7 @@ def select_device(requested: str, local_rank: int) -> torch.device:
 
 def init(cfg: TrainConfig) -> DistInfo:
     rank, local_rank, world = rank_layout()
+    config.check_world(cfg, world)
     device = select_device(cfg.train.device, local_rank)
     if world == 1:
         return DistInfo(rank, local_rank, world, device, None)
@@ -94,7 +135,18 @@ def init(cfg: TrainConfig) -> DistInfo:
         backend=backend, rank=rank, world_size=world,
         timeout=datetime.timedelta(minutes=cfg.parallel.timeout_minutes),
         device_id=device if device.type == "cuda" else None)
-    return DistInfo(rank, local_rank, world, device, backend)
+    return DistInfo(rank, local_rank, world, device, backend, layout_of(cfg, rank, world, device))
+
+
+def layout_of(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> Layout:
+    """This rank's place in data x cp x tp (a collective where cp or tp is above 1: the mesh's groups)."""
+    cp, tp = cfg.parallel.cp, cfg.parallel.tp
+    if cp * tp == 1:
+        return Layout(dp=world, dp_rank=rank)
+    from torch.distributed.device_mesh import init_device_mesh
+    dp = world // (cp * tp)
+    mesh = init_device_mesh(device.type, (dp, cp, tp), mesh_dim_names=("dp", "cp", "tp"))
+    return Layout(dp, cp, tp, rank // (cp * tp), rank // tp % cp, rank % tp, mesh)
 
 
 def shutdown(info: DistInfo) -> None:
@@ -120,8 +172,10 @@ def wrap(model: nn.Module, cfg: TrainConfig, info: DistInfo) -> nn.Module:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         mesh = None
         if info.distributed:
-            from torch.distributed.device_mesh import init_device_mesh
-            mesh = init_device_mesh(info.device.type, (info.world_size,))
+            mesh = info.layout.fsdp_mesh(info.device.type, info.world_size)
+        if info.layout.tp > 1:   # before FSDP2, which then shards each tensor-parallel piece over the data ranks
+            from trainer.models import tensor_parallel
+            tensor_parallel.apply(model, info.layout.tp_mesh)
         # Gradients are reduced in fp32 so the sum over ranks does not lose bits.
         mp = MixedPrecisionPolicy(param_dtype=compute_dtype(cfg, info.device),
                                   reduce_dtype=torch.float32)

@@ -5,6 +5,9 @@ in each document (data.position_reset).
     rows = Rows(cut=(bos, eos), position_reset=False)
     x, y, layout = rows(x, y)          # on the device, once per micro-batch
 
+Under context or tensor parallelism (`shard`: a SequenceShard) the ranks that share a batch each take
+their tokens of every row, inputs and labels alike, after the documents were cut on the whole row.
+
 A dataset stores each document as BOS, its tokens, EOS (trainer/data/dataset.py), so a document begins
 where an EOS is followed by a BOS, and a window's first token begins one (the document it cuts into:
 what came before the window is out of reach anyway). Without a BOS id, every token after an EOS
@@ -13,8 +16,11 @@ that says nothing about that document.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import torch
 
+from trainer.models import context_parallel
 from trainer.models.masking import SequenceLayout
 
 
@@ -52,15 +58,47 @@ class Rows:
     skipped (trainer/guards.py); nor on a GPU, where the test would wait for the stream."""
 
     def __init__(self, cut: tuple[int | None, int] | None = None, position_reset: bool = False,
-                 causal_when_whole: bool = False):
+                 causal_when_whole: bool = False, shard: "SequenceShard | None" = None):
         self.cut, self.position_reset, self.causal_when_whole = cut, position_reset, causal_when_whole
+        self.shard = shard
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor):
+        x, y, layout = self._whole(x, y)
+        return (x, y, layout) if self.shard is None else self.shard(x, y, layout)
+
+    def _whole(self, x: torch.Tensor, y: torch.Tensor):
         if self.cut is None:
             return x, y, None
         documents = document_ids(x, *self.cut)
         if self.causal_when_whole and x.device.type == "cpu" and not bool(documents[:, -1].any()):
             return x, y, None   # every row one document: its positions are its places, its mask causal
         positions = restarting_positions(documents) if self.position_reset else None
-        split = self.causal_when_whole and x.device.type == "cpu"
+        split = self.causal_when_whole and x.device.type == "cpu" and self.shard is None
         return x, y, SequenceLayout(x.shape[1], documents, positions, split_rows=split)
+
+
+@dataclass
+class SequenceShard:
+    """This rank's tokens of every row: under context parallelism two of the row's 2 x cp chunks
+    (trainer/models/context_parallel.py), of those under tensor parallelism the tp_rank-th of tp equal
+    slices. The layout keeps the whole row's length, documents and positions, with the places of the
+    queries and keys under cp."""
+
+    cp: int = 1
+    cp_rank: int = 0
+    tp: int = 1
+    tp_rank: int = 0
+    cp_group: object | None = None
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, layout: SequenceLayout | None):
+        T = x.shape[1]
+        layout = layout or SequenceLayout(T)
+        if self.cp > 1:
+            mine = context_parallel.places(T, self.cp, self.cp_rank, x.device)
+            layout = replace(layout, queries=mine, keys=context_parallel.gathered_places(T, self.cp, x.device),
+                             context=self.cp_group)
+            x, y = x[:, mine], y[:, mine]
+        if self.tp > 1:
+            n = x.shape[1] // self.tp
+            x, y = x[:, self.tp_rank * n:(self.tp_rank + 1) * n], y[:, self.tp_rank * n:(self.tp_rank + 1) * n]
+        return x, y, layout

@@ -57,23 +57,26 @@ def make_loader(cfg: TrainConfig, split: str, info: distributed.DistInfo, shuffl
         return _dataset_loader(cfg, cfg.data.path, split, info, shuffle)
     from trainer.data import BlendLoader
     return BlendLoader([(s.name, s.path, s.weight) for s in cfg.data.blend], split, cfg.data.seq_len,
-                       cfg.data.batch_size, info.rank, info.world_size, cfg.train.seed,
+                       cfg.data.batch_size, info.layout.dp_rank, info.layout.dp, cfg.train.seed,
                        vocab_size=cfg.model.vocab_size)
 
 
 def _dataset_loader(cfg: TrainConfig, path: str, split: str, info: distributed.DistInfo, shuffle: bool = True):
     from trainer.data import TokenLoader
     return TokenLoader(path, split, cfg.data.seq_len, cfg.data.batch_size,
-                       info.rank, info.world_size, cfg.train.seed, shuffle=shuffle,
+                       info.layout.dp_rank, info.layout.dp, cfg.train.seed, shuffle=shuffle,
                        vocab_size=cfg.model.vocab_size, documents=cfg.data.document_mask)
 
 
-def make_rows(cfg: TrainConfig, loader):
+def make_rows(cfg: TrainConfig, loader, info: distributed.DistInfo):
     """What turns each batch into the model's input (trainer/sequence.py): documents cut by the loader's
-    BOS/EOS ids with data.document_mask; without it each row goes through as it is."""
-    from trainer.sequence import Rows
+    BOS/EOS ids with data.document_mask; without it each row goes through as it is. Under context or
+    tensor parallelism each rank then takes its tokens of the rows."""
+    from trainer.sequence import Rows, SequenceShard
     cut = loader.document_tokens() if cfg.data.document_mask else None
-    return Rows(cut, cfg.data.position_reset, causal_when_whole=not cfg.train.compile)
+    at = info.layout
+    shard = SequenceShard(at.cp, at.cp_rank, at.tp, at.tp_rank, at.cp_group) if at.model_ranks > 1 else None
+    return Rows(cut, cfg.data.position_reset, causal_when_whole=not cfg.train.compile, shard=shard)
 
 
 def attention_kernel(cfg: TrainConfig, device: torch.device) -> str:
@@ -174,7 +177,7 @@ def evaluate(model, cfg: TrainConfig, info, autocast) -> tuple[float, dict[str, 
 def _val_loss(model, loader, cfg: TrainConfig, info, autocast) -> float:
     n_batches = min(cfg.train.val_batches, max(1, len(loader)))
     total = torch.zeros(2, dtype=torch.float64, device=info.device)
-    rows = make_rows(cfg, loader)
+    rows = make_rows(cfg, loader, info)
     model.eval()
     for _ in range(n_batches):
         x, y = next(loader)
@@ -230,6 +233,9 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
     n_params = model.num_params()
     fpt = flops_per_token(cfg.model, model.num_params(exclude_embedding=True), cfg.data.seq_len)
     strategy = cfg.parallel.strategy if info.distributed else "single process"
+    if info.layout.model_ranks > 1:
+        at = info.layout
+        strategy += f" over data {at.dp} x cp {at.cp} x tp {at.tp}"
     log.info(f"model {cfg.model.name}: {n_params:,} parameters, {fpt / 1e9:.3f} GFLOP/token; "
              f"{strategy}, compute {distributed.compute_dtype(cfg, info.device)}, "
              f"params {cfg.precision.params}, fp8 {cfg.precision.fp8}, activation checkpointing "
@@ -240,10 +246,10 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
     loader = make_loader(cfg, "train", info)
     if cfg.data.path == SYNTHETIC:
         log.warning("data: SYNTHETIC random tokens: throughput figures only, the loss means nothing")
-    rows = make_rows(cfg, loader)
+    rows = make_rows(cfg, loader, info)
     log.info(f"data: {data_label}; {loader.describe()}; micro batch {cfg.data.batch_size} x "
              f"{cfg.data.seq_len}, grad accum {cfg.data.grad_accum}, global batch "
-             f"{cfg.data.batch_size * cfg.data.grad_accum * info.world_size * cfg.data.seq_len:,} tokens"
+             f"{cfg.data.batch_size * cfg.data.grad_accum * info.layout.dp * cfg.data.seq_len:,} tokens"
              + (f"; attention inside documents ({model.model.attention_kernel}"
                 + (", positions restart per document)" if cfg.data.position_reset else ")")
                 if cfg.data.document_mask else ""))
@@ -348,15 +354,21 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
             with sync:
                 with autocast():
                     loss = train_model(x, y, row_layout)
-                (loss / step_tokens).backward()
+                # step_tokens are the whole rows' (each of cp x tp ranks computes its share of them); the
+                # cp ranks' gradients add up, where FSDP2 / DDP average over data x cp ranks: x cp
+                (loss * info.layout.cp / step_tokens).backward()
             loss_sum += loss.detach()
         return loss_sum
+
+    def mean_loss(loss_sum, step_tokens: int) -> torch.Tensor:
+        """The step's mean token loss over all ranks (the ranks that share rows each hold a part of it)."""
+        return distributed.all_reduce_mean(loss_sum / step_tokens, info) * info.layout.model_ranks
 
     def readings_of(loss_sum, step_tokens: int, grad_norm) -> tuple[float, float, float]:
         """(mean loss of all ranks, gradient norm, this rank's own mean loss), read on the host."""
         own = loss_sum / step_tokens
         norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm   # (FSDP: a DTensor)
-        return (float(distributed.all_reduce_mean(own, info)), float(norm), float(own))
+        return (float(mean_loss(loss_sum, step_tokens)), float(norm), float(own))
 
     def faulty_ranks(changed: bool) -> list[int]:
         """The ranks whose own loss changed between a step's two runs (a collective)."""
@@ -427,8 +439,8 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
                     stashed = model.fp8_state.fused_inputs.count("swiglu_float8_stash") if model.fp8_state else 0
                     log.info(saved_activations.describe(cfg.train.float8_activations_min_mib, stashed))
             watchdog.beat(step)
-            tokens_seen += step_tokens * info.world_size
-            interval_tokens += step_tokens * info.world_size
+            tokens_seen += step_tokens * info.layout.dp
+            interval_tokens += step_tokens * info.layout.dp
             interval_steps += 1
             met.progress(step)
             if profiler is not None:
@@ -439,7 +451,7 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
             # The previous log step's loss and grad norm: its kernels ran while this step's were queued.
             interval_start = log_reading(readings.take(), interval_start)
             if (step % cfg.train.log_interval == 0 or step == cfg.train.steps) and not skip_update:   # (a NaN)
-                readings.put([distributed.all_reduce_mean(loss_sum / step_tokens, info), grad_norm]
+                readings.put([mean_loss(loss_sum, step_tokens), grad_norm]
                              + ([moe.collect_load(model)] if experts else []),
                              step=step, lr=lr, tokens=tokens_seen, interval_tokens=interval_tokens,
                              interval_steps=interval_steps, by_source=loader.tokens_by_source(),

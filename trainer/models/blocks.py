@@ -21,6 +21,16 @@ from trainer.config import ModelConfig, RopeScaling
 IGNORE_INDEX = -100
 
 
+def local_weight(weight: torch.Tensor) -> torch.Tensor:
+    """The tensor an op computes with. A weight kept whole on every tensor-parallel rank is a replicated
+    DTensor (trainer/models/tensor_parallel.py) whose rank computes on its own tokens: its local copy,
+    with a gradient that is this rank's part of the sum (DTensor adds the parts up over the ranks)."""
+    from torch.distributed.tensor import DTensor, Partial
+    if isinstance(weight, DTensor):
+        return weight.to_local(grad_placements=[Partial()] * weight.device_mesh.ndim)
+    return weight
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
@@ -31,7 +41,11 @@ class RMSNorm(nn.Module):
         dtype = x.dtype
         x = x.float()  # normalise in fp32, like HF and Meta's reference
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return x.to(dtype) * self.weight.to(dtype)
+        return x.to(dtype) * self.weight_as(dtype)
+
+    def weight_as(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weight to multiply by, in `dtype` (the kernel forward of kernels/patch.py reads it here too)."""
+        return local_weight(self.weight).to(dtype)
 
     def reset_parameters(self):
         nn.init.ones_(self.weight)
@@ -274,15 +288,22 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
     return F.cross_entropy(logits.float(), labels, ignore_index=ignore_index, reduction="sum")
 
 
+class Embedding(nn.Embedding):
+    """The token embedding; its table may be whole on every tensor-parallel rank (local_weight)."""
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, local_weight(self.weight))
+
+
 class LMHead(nn.Linear):
     """The output layer. With labels it returns loss_fn(hidden, its weight, labels) instead of the
     logits: the loss reads the weight inside this module's forward, so FSDP2 can shard the head as a
     group of its own (trainer/distributed.py) and free its gradient right after the loss backward."""
 
     def forward(self, h: torch.Tensor, labels: torch.Tensor | None = None, loss_fn=None) -> torch.Tensor:
+        weight = local_weight(self.weight)
         if labels is None:
-            return super().forward(h)
-        weight = self.weight
+            return F.linear(h, weight, self.bias)
         if torch.is_autocast_enabled(h.device.type):
             # A fused loss bypasses autocast's F.linear: hand it compute-dtype operands,
             # else the LM head runs in fp32 (fp32 master weights, fp32 residual stream).

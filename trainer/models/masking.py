@@ -17,6 +17,11 @@ to the compute dtype). torch 2.13's FlexAttention has no backward on the CPU, so
 the SDPA mask. A layout always gives its kernel's mask, whatever the documents, so a compiled layer sees
 one signature (trainer/sequence.py's Rows alone may drop the layout, or split a batch's rows into those
 of one document, on the causal kernel, and the others, and only when not compiled).
+
+Under context parallelism (parallel.cp) a rank holds some of each row's tokens: `queries` are their
+places in the row, `keys` the places of every token in the order the ranks gather keys and values
+(trainer/models/context_parallel.py), and the mask says which of those a query sees, by place and
+document, for either kernel.
 """
 from __future__ import annotations
 
@@ -37,49 +42,67 @@ class AttentionMask:
     dense: torch.Tensor | None = None      # SDPA's additive mask [B, 1, T, T]: 0 where a query sees a key
     cut: torch.Tensor | None = None        # with split rows: the rows `dense` is for ([C, 1, T, T]) ...
     whole: torch.Tensor | None = None      # ... and the rows of one document, causal
+    context: object | None = None          # context parallelism: the group keys and values are gathered over
 
 
 @dataclass
 class SequenceLayout:
     """Where a batch's tokens sit in their rows. `seq_len`: a row's tokens. `documents`: [B, seq_len] the
     document index of every token of each row (None: each row is one document). `positions`: [B, seq_len]
-    RoPE positions (None: their places in the row)."""
+    RoPE positions (None: their places in the row). `queries`, `keys`, `context`: under context parallelism,
+    the places of this rank's tokens, those of all tokens in gathered order, and the group they are
+    gathered over (None: the whole row, in order)."""
 
     seq_len: int
     documents: torch.Tensor | None = None
     positions: torch.Tensor | None = None
     split_rows: bool = False   # SDPA: the rows of one document apart, on the causal kernel (not compiled)
+    queries: torch.Tensor | None = None
+    keys: torch.Tensor | None = None
+    context: object | None = None
+
+    def query_positions(self) -> torch.Tensor | None:
+        """The RoPE positions of the queries this rank computes ([T] or [B, T]; None: 0 .. seq_len - 1)."""
+        if self.positions is None or self.queries is None:
+            return self.positions if self.queries is None else self.queries
+        return self.positions[:, self.queries]
 
     def mask(self, kernel: Kernel, device: torch.device, dtype: torch.dtype = torch.float32) -> AttentionMask | None:
         """The mask of this layout for `kernel`: a key is seen when it is not after the query in the row
         and is in the query's document. None (SDPA's causal kernel) without documents. `dtype`: the
         SDPA mask's, that of the queries (the compute dtype)."""
         docs = self.documents
-        if docs is None:
+        if docs is None and self.keys is None:
             return None
+        if self.keys is None:
+            queries = keys = torch.arange(self.seq_len, device=docs.device)
+        else:
+            queries, keys = self.queries, self.keys
         if kernel == "flex":
-            return AttentionMask(block_mask=_block_mask(docs, device))
-        places = torch.arange(self.seq_len, device=docs.device)
-        causal = places[None, :] <= places[:, None]                   # [T, T]
+            return AttentionMask(block_mask=_block_mask(docs, queries, keys, device), context=self.context)
+        causal = keys[None, :] <= queries[:, None]                    # [Tq, Tk]
         cut = whole = None
         if self.split_rows:   # (reads the documents on the host: for the CPU, uncompiled)
             several = docs[:, -1] > 0
             cut, whole = several.nonzero().flatten(), (~several).nonzero().flatten()
             docs = docs[cut]
-        same = docs[:, :, None] == docs[:, None, :]                   # [B, T, T]
-        seen, hidden = (torch.full((), value, dtype=dtype, device=docs.device) for value in (0.0, float("-inf")))
-        return AttentionMask(dense=torch.where(causal & same, seen, hidden)[:, None], cut=cut, whole=whole)
+        seen = causal[None] if docs is None else causal & (docs[:, queries, None] == docs[:, None, keys])
+        zero, hidden = (torch.full((), value, dtype=dtype, device=keys.device) for value in (0.0, float("-inf")))
+        return AttentionMask(dense=torch.where(seen, zero, hidden)[:, None], cut=cut, whole=whole,
+                             context=self.context)
 
 
-def _block_mask(docs: torch.Tensor, device: torch.device):
+def _block_mask(docs: torch.Tensor | None, queries: torch.Tensor, keys: torch.Tensor, device: torch.device):
     from torch.nn.attention.flex_attention import create_block_mask
 
     def in_document(b, h, q, k):
-        return (k <= q) & (docs[b, k] == docs[b, q])
+        seen = keys[k] <= queries[q]
+        return seen if docs is None else seen & (docs[b, keys[k]] == docs[b, queries[q]])
 
-    # compiled on a GPU, it visits 128 x 128 blocks instead of materialising the T x T mask
-    T = docs.shape[1]
-    return create_block_mask(in_document, docs.shape[0], None, T, T, device=device, _compile=device.type == "cuda")
+    # compiled on a GPU, it visits 128 x 128 blocks instead of materialising the Tq x Tk mask
+    rows = None if docs is None else docs.shape[0]
+    return create_block_mask(in_document, rows, None, len(queries), len(keys), device=device,
+                             _compile=device.type == "cuda")
 
 
 _COMPILED_FLEX = None
@@ -98,7 +121,11 @@ def _flex(q, k, v, **kwargs):
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask | None,
            scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
-    """Attention of q [B, H, T, D] over k, v [B, Hkv, T, D(v)]: causal over the row without a mask."""
+    """Attention of q [B, H, T, D] over k, v [B, Hkv, T, D(v)]: causal over the row without a mask. Under
+    context parallelism (mask.context) k and v are this rank's tokens', gathered here from every rank."""
+    if mask is not None and mask.context is not None:
+        from trainer.models.context_parallel import gather_sequence
+        k, v = gather_sequence(k, mask.context), gather_sequence(v, mask.context)
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=enable_gqa)
     if mask.block_mask is not None:

@@ -14,7 +14,7 @@ from torch import nn
 
 from trainer.config import ModelConfig
 from trainer.models import deepseek, llama, qwen3_moe
-from trainer.models.blocks import LMHead, RMSNorm, RotaryEmbedding, linear_cross_entropy
+from trainer.models.blocks import Embedding, LMHead, RMSNorm, RotaryEmbedding, linear_cross_entropy
 from trainer.models.masking import SequenceLayout
 
 #: model.family -> the module whose layer(cfg, layer_id) builds a decoder layer.
@@ -24,7 +24,7 @@ FAMILIES = {"llama": llama, "deepseek_v2": deepseek, "deepseek_v3": deepseek, "q
 class DecoderModel(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.dim)
         self.layers = nn.ModuleList(FAMILIES[cfg.family].layer(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.rotary_emb = RotaryEmbedding(cfg)
@@ -35,10 +35,12 @@ class DecoderModel(nn.Module):
         if layout is None:
             cos, sin = self.rotary_emb(input_ids.shape[1])
             mask = None
-        else:   # the row's tables, read per token where positions restart; the mask built once for every layer
+        else:   # the row's tables, read per token where positions restart or the row is split over ranks;
+            # the mask built once for every layer
             cos, sin = self.rotary_emb(layout.seq_len)
-            if layout.positions is not None:
-                cos, sin = cos[layout.positions], sin[layout.positions]
+            positions = layout.query_positions()
+            if positions is not None:
+                cos, sin = cos[positions], sin[positions]
             device = input_ids.device
             dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else h.dtype
             mask = layout.mask(self.attention_kernel, device, dtype)
