@@ -2,7 +2,12 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
 
 # A model small enough to build and train in seconds on a CPU.
 TINY_MODEL = ["model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2", "model.ffn_dim=160"]
@@ -91,3 +96,25 @@ def assert_same_curve(losses: dict[int, float], reference: dict[int, float]) -> 
     assert sorted(losses) == sorted(reference), (sorted(losses), sorted(reference))
     for step, loss in reference.items():
         assert abs(losses[step] - loss) < 1e-4 * max(1.0, abs(loss)), (step, losses[step], loss)
+
+
+def trainer_losses(config: Path, run_dir: Path, nproc: int, sets: list[str], resume: str | None = None) -> dict[int, float]:
+    """`python -m trainer` on `config` with `sets`, in one process or under torchrun with `nproc` (gloo, one
+    thread each, rank 0's log); asserts it finished and returns its {step: train loss}."""
+    from core import names
+    trainer = ["-m", "trainer", "--config", str(config), "--run-dir", str(run_dir)]
+    for item in sets:
+        trainer += ["--set", item]
+    if resume:
+        trainer += ["--resume", resume]
+    argv = [sys.executable, *trainer] if nproc == 1 else \
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *trainer]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", names.LOG_RANK: "0"}
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return train_losses(run_dir)
+
+
+def same_curve(a: dict[int, float], b: dict[int, float], tolerance: float) -> bool:
+    """The same steps, each loss within `tolerance` (relative) of the other's."""
+    return a.keys() == b.keys() and all(abs(a[s] - b[s]) <= tolerance * abs(b[s]) for s in a)

@@ -14,6 +14,7 @@ import pytest
 
 from core import names, runfiles
 from helpers.program import REPO
+from helpers.training import same_curve, trainer_losses
 
 CONFIG = REPO / "configs" / "deepseek_v2_debug.yaml"
 SETS = ["data.seq_len=64", "train.steps=4", "train.log_interval=1", "train.val_batches=0",
@@ -24,21 +25,11 @@ TOLERANCE = 1e-4
 
 
 def train_moe(run_dir: Path, dataset: Path, nproc: int, *sets: str, resume: str | None = None) -> dict[int, float]:
-    trainer = ["-m", "trainer", "--config", str(CONFIG), "--run-dir", str(run_dir)]
-    for item in [f"data.path={dataset}", *SETS, *sets]:
-        trainer += ["--set", item]
-    if resume:
-        trainer += ["--resume", resume]
-    argv = [sys.executable, *trainer] if nproc == 1 else \
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *trainer]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", names.LOG_RANK: "0"}
-    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return {r["step"]: r["loss"] for r in runfiles.metrics_records(run_dir) if r["kind"] == "train"}
+    return trainer_losses(CONFIG, run_dir, nproc, [f"data.path={dataset}", *SETS, *sets], resume)
 
 
 def close(a: dict[int, float], b: dict[int, float]) -> bool:
-    return a.keys() == b.keys() and all(abs(a[s] - b[s]) <= TOLERANCE * abs(b[s]) for s in a)
+    return same_curve(a, b, TOLERANCE)
 
 
 @pytest.fixture(scope="module")
