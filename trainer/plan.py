@@ -109,6 +109,16 @@ profile), 10% without; CUDA context 0.75 GiB, ROCm (HIP runtime and code objects
 NCCL / RCCL buffers 1.0 GiB when W > 1. torch.compile lowers activation and loss memory
 (Inductor fuses the upcast and recomputes); the plan counts eager, an upper bound there.
 
+Tensor and context parallelism (parallel.tp, parallel.cp; trainer/models/tensor_parallel.py and
+context_parallel.py): the layers' q, k, v, gate and up are split by rows over tp, o and down by columns;
+the embedding, norms and LM head stay whole; FSDP2 shards what a rank holds over the W / tp data x cp
+ranks. A rank computes N = batch_size * T / (cp * tp) tokens, so every per-token term above counts
+those (attention's and the MLP's inner tensors hold T / cp tokens of H / tp heads and F / tp units: the
+same bytes). On top: without checkpointing, the gathered inputs of attention and the MLP (2cD per
+token of the T / cp, less the rank's own); under cp, the keys and values gathered from the other ranks
+(2c Dkv / tp per token of the other cp ranks'), kept by every mode but full, which holds one layer's
+in its backward. parallel_traffic() counts the bytes each rank sends a step.
+
 Why one module of this size: each memory term mirrors one choice of the trainer (what autograd
 saves per block, the checkpointing policy, FSDP2's shards and windows, the loss), and keeping them
 side by side is what lets a reader check the plan against trainer/models/ and trainer/train.py.
@@ -206,6 +216,60 @@ def _numel(shape) -> int:
 def _shard_numel(shape, world: int) -> int:
     """Elements of one rank's FSDP2 shard: dim 0 split in `world` padded chunks."""
     return -(-shape[0] // world) * _numel(shape[1:])
+
+
+#: The layers' linears tensor parallelism splits by rows (ColwiseParallel) and by columns (RowwiseParallel).
+TP_ROWS = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+           "mlp.gate_proj.weight", "mlp.up_proj.weight")
+TP_COLUMNS = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
+
+
+def tp_shapes(shapes: dict[str, tuple[int, ...]], tp: int) -> dict[str, tuple[int, ...]]:
+    """The shapes a tensor-parallel rank holds: the split linears' 1/tp, everything else whole."""
+    if tp == 1:
+        return shapes
+    out = {}
+    for name, shape in shapes.items():
+        if name.endswith(TP_ROWS):
+            shape = (shape[0] // tp, *shape[1:])
+        elif name.endswith(TP_COLUMNS):
+            shape = (shape[0], shape[1] // tp)
+        out[name] = shape
+    return out
+
+
+def kv_gathered_bytes(cfg: TrainConfig, batch: int) -> int:
+    """One layer's keys and values from the other cp ranks (trainer/models/context_parallel.py), in the
+    compute dtype: this rank's kv heads (n_kv_heads / tp) for the (cp - 1) / cp of the row it does not hold."""
+    m, p = cfg.model, cfg.parallel
+    c = 4 if cfg.precision.compute == "fp32" else 2
+    if m.mla is not None:   # latent attention gathers whole heads: nope + rope keys and the values
+        width = m.n_heads * (m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim + m.mla.v_head_dim)
+    else:
+        width = 2 * m.n_kv_heads * m.head_dim
+    T = cfg.data.seq_len
+    return c * batch * (T - T // p.cp) * width // p.tp
+
+
+def parallel_traffic(cfg: TrainConfig, batch: int | None = None) -> dict[str, int]:
+    """Bytes one rank sends a step for tensor and context parallelism (forward and backward, every
+    micro-batch; ring collectives: a rank sends (n - 1) / n of the gathered size): tp's two all-gathers
+    and two reduce-scatters of the T / cp tokens' B x D a layer each way, and the replicated weights'
+    gradients all-reduced (embedding, norms, head); cp's all-gather of keys and values a layer and its
+    reduce-scatter in backward. {} without either."""
+    m, p, d = cfg.model, cfg.parallel, cfg.data
+    batch = d.batch_size if batch is None else batch
+    c = 4 if cfg.precision.compute == "fp32" else 2
+    out = {}
+    if p.tp > 1:
+        rows = batch * d.seq_len // p.cp
+        per_layer = 4 * c * rows * m.dim * (p.tp - 1) // p.tp     # 2 gathers + 2 reduce-scatters
+        whole = sum(_numel(s) for n, s in param_shapes(m).items()
+                    if not n.endswith(TP_ROWS + TP_COLUMNS))
+        out["tp_bytes"] = d.grad_accum * 2 * m.n_layers * per_layer + 2 * 4 * whole * (p.tp - 1) // p.tp
+    if p.cp > 1:
+        out["cp_bytes"] = d.grad_accum * 2 * m.n_layers * kv_gathered_bytes(cfg, batch)
+    return out
 
 
 def is_expert(name: str) -> bool:
@@ -529,11 +593,14 @@ def memory(cfg: TrainConfig, world: int, device: Device, batch_size: int | None 
     dt = dtypes(cfg, world)
     fp8 = fp8_layout(cfg, dt)
     p, c = dt.p, dt.c
-    shapes = param_shapes(m)
+    tp, cp = cfg.parallel.tp, cfg.parallel.cp
+    shapes = tp_shapes(param_shapes(m), tp)
+    world //= tp   # FSDP2 shards over the data x cp ranks; tp splits the shapes themselves
     count = ParamCount.of(m)
+    held = sum(_numel(s) for s in shapes.values())   # parameters a rank holds before FSDP2 (count.total / tp-ish)
     ep = cfg.parallel.ep if dt.fsdp else 1
     T = cfg.data.seq_len
-    N = batch * T
+    N = batch * T // (cp * tp)   # the tokens a rank computes
     V, D, L = m.vocab_size, m.dim, m.n_layers
     notes: list[str] = []
 
@@ -551,9 +618,16 @@ def memory(cfg: TrainConfig, world: int, device: Device, batch_size: int | None 
     all_layers, per_token_layer = _layers_bytes(m, T, mode, dt, kernels, fp8, f8)
     none_layer = _layers_bytes(m, T, "none", dt, kernels, fp8, f8)[1]
     acts = N * all_layers
+    gathered_acts = 0
+    if tp > 1 and mode == "none":   # attention's and the MLP's gathered inputs, beyond the rank's own tokens
+        gathered_acts += L * 2 * c * D * N * (tp - 1)
+    if cp > 1 and mode != "full":   # the other cp ranks' keys and values, kept for attention's backward
+        gathered_acts += L * kv_gathered_bytes(cfg, batch)
+    acts += gathered_acts
     act_term = Term("activations", f"activations ({L} layers, checkpointing {mode})", acts,
                     f"{all_layers // L:,} B per token per layer x {N:,} tokens" + ("" if m.family == "llama" else
-                    f" (the largest layer {per_token_layer:,} B; {m.family}: estimated)"))
+                    f" (the largest layer {per_token_layer:,} B; {m.family}: estimated)")
+                    + (f" + {_gib(gathered_acts)} gathered over tp / cp" if gathered_acts else ""))
     if kernels:
         final = Term("final", "final norm", N * (dt.r * D + 4))
         chunk, why = _flce_chunk(N, m)
@@ -582,6 +656,8 @@ def memory(cfg: TrainConfig, world: int, device: Device, batch_size: int | None 
     if _stash_on(f8, mode):
         recompute += N * m.ffn_dim     # SwiGLU's float8 output, rebuilt from the stash under none too
     transient = N * (3 * c * m.ffn_dim + 2 * c * D)
+    if cp > 1 and mode == "full":   # the layer's gathered keys and values, rebuilt for its backward
+        transient += kv_gathered_bytes(cfg, batch)
     if m.moe is not None:   # a MoE layer's gradients: its top_k rows of gate, up and their SwiGLU, and the input
         transient = max(transient, N * (m.moe.top_k * (3 * c * m.moe.ffn_dim + 2 * c * D) + 2 * c * D))
     # Eager float8 casts (torchao: x.float() * scale, then a clamp) hold two fp32 copies of the
@@ -653,7 +729,7 @@ def memory(cfg: TrainConfig, world: int, device: Device, batch_size: int | None 
                               "and the first layer's reduce-scatter input"))
         if cfg.data.grad_accum > 1:
             shared.append(Term("carry", "gradients between micro-batches (FSDP2 no-sync: unsharded fp32)",
-                               4 * count.total, f"data.grad_accum {cfg.data.grad_accum}"))
+                               4 * held, f"data.grad_accum {cfg.data.grad_accum}"))
             notes.append("FSDP2 accumulates unsharded fp32 gradients of the whole model between "
                          "micro-batches (set_requires_gradient_sync(False)); data.grad_accum 1 with a "
                          "larger batch_size avoids that")
@@ -674,11 +750,11 @@ def memory(cfg: TrainConfig, world: int, device: Device, batch_size: int | None 
                                         c * L * cast_matmul))
         layer_extra.append(Term("head_grad", "LM head gradient", p * V * D))
         if dt.ddp:
-            buckets = Term("ddp", "DDP gradient buckets (a second copy of the gradients)", p * count.total)
+            buckets = Term("ddp", "DDP gradient buckets (a second copy of the gradients)", p * held)
             shared.append(buckets)
             end_extra.append(buckets)
         if cfg.data.grad_accum > 1:
-            shared.append(Term("carry", "gradients between micro-batches", p * count.total,
+            shared.append(Term("carry", "gradients between micro-batches", p * held,
                                f"data.grad_accum {cfg.data.grad_accum}"))
 
     mask = attention_mask_term(cfg, batch, device)
@@ -697,7 +773,7 @@ def memory(cfg: TrainConfig, world: int, device: Device, batch_size: int | None 
     ]
     if dt.fsdp and not cfg.parallel.meta_init:
         moments.append(Moment("init", "model built on each GPU before sharding (meta_init off)",
-                              [Term("init", "full model on each GPU", p * count.total,
+                              [Term("init", "full model on each GPU", p * held,
                                     "parallel.meta_init=true builds it on the meta device")]))
     if c == 4:
         notes.append("fp32 compute: SDPA runs its math kernel (flash needs bf16/fp16), which keeps "
@@ -719,18 +795,19 @@ def attention_mask_term(cfg: TrainConfig, batch: int, device: Device) -> Term | 
     CPU); and RoPE's tables read at restarting
     positions (cos and sin, fp32, per row). None without document masking."""
     d, m = cfg.data, cfg.model
-    if not d.document_mask:
+    if not d.document_mask and cfg.parallel.cp == 1:
         return None
     T = d.seq_len
+    Tq = T // cfg.parallel.cp   # under cp the rank's queries against every key
     kernel = attention_kernel(cfg, device)
     if kernel == "flex":
-        blocks = -(-T // 128)
-        mask, what = 16 * batch * blocks * blocks, f"FlexAttention block mask, {blocks} x {blocks} blocks a row"
+        blocks, q_blocks = -(-T // 128), -(-Tq // 128)
+        mask, what = 16 * batch * q_blocks * blocks, f"FlexAttention block mask, {q_blocks} x {blocks} blocks a row"
     else:
         cpu = device.vendor is not None and Vendor.parse(device.vendor) is Vendor.CPU
         c = 4 if cfg.precision.compute == "fp32" or cpu else 2
-        mask, what = c * batch * T * T, f"SDPA additive mask, {T:,} x {T:,} a row, {c} bytes each"
-    tables = 2 * 4 * batch * T * m.head_dim if d.position_reset else 0
+        mask, what = c * batch * Tq * T, f"SDPA additive mask, {Tq:,} x {T:,} a row, {c} bytes each"
+    tables = 2 * 4 * batch * Tq * m.head_dim if d.position_reset else 0
     return Term("attention_mask", "attention inside documents: mask" + (" + RoPE tables" if tables else ""),
                 mask + tables, what + (", positions restart per document" if tables else ""))
 
@@ -762,18 +839,20 @@ class Plan:
     @property
     def strategy(self) -> str:
         dt = dtypes(self.cfg, self.world)
+        p = self.cfg.parallel
+        layout = (f" (data {self.world // (p.tp * p.cp)} x cp {p.cp} x tp {p.tp})" if p.tp * p.cp > 1 else "")
         if dt.fsdp:
-            return f"FSDP2 over {self.world} ranks"
+            return f"FSDP2 over {self.world // p.tp} ranks" + layout
         if dt.ddp:
-            return f"DDP over {self.world} ranks"
+            return f"DDP over {self.world} ranks" + layout
         if self.cfg.parallel.strategy == "fsdp":
             return "one process (parallel.strategy fsdp needs 2+ GPUs: nothing is sharded)"
         return "one process"
 
     @property
     def tokens_per_step(self) -> int:
-        d = self.cfg.data
-        return d.batch_size * d.seq_len * d.grad_accum * self.world
+        d, p = self.cfg.data, self.cfg.parallel
+        return d.batch_size * d.seq_len * d.grad_accum * (self.world // (p.tp * p.cp))
 
     def verdict(self) -> str:
         mem, world = self.memory, self.world
@@ -811,6 +890,8 @@ class Plan:
                     "compute_dtype": "fp32" if self.cfg.precision.compute == "fp32" else "bf16",
                     "batch_size": mem.batch_size, "seq_len": self.cfg.data.seq_len,
                     "grad_accum": self.cfg.data.grad_accum, "tokens_per_step": self.tokens_per_step,
+                    "tp": self.cfg.parallel.tp, "cp": self.cfg.parallel.cp,
+                    "traffic_bytes_per_step": parallel_traffic(self.cfg, mem.batch_size),
                     "activation_checkpoint": mem.mode, "kernels": self.cfg.train.kernels,
                     "compile": self.cfg.train.compile, "document_mask": self.cfg.data.document_mask,
                     "position_reset": self.cfg.data.position_reset,
@@ -921,6 +1002,9 @@ def _hints(cfg: TrainConfig, gpus: int, nodes: int, device: Device) -> list[str]
             ac = "" if mode == cfg.train.activation_checkpoint else f" --set train.activation_checkpoint={mode}"
             hints.append(((f"--gpus {g}" if g != gpus else "") + (f" --nodes {n}" if n != nodes else "")
                           + switch + ep + ac).strip())
+    split = model_parallel_layout(fsdp, gpus, nodes, device)
+    if split is not None:
+        hints.append((switch + "".join(f" --set {k}={v}" for k, v in split.items())).strip())
     order = AC_MODES[AC_MODES.index(cfg.train.activation_checkpoint) + 1:]
     for mode in order:
         if memory(cfg, world, device, mode=mode).fits(world):
@@ -933,6 +1017,30 @@ def _hints(cfg: TrainConfig, gpus: int, nodes: int, device: Device) -> list[str]
     return hints
 
 
+def model_parallel_layout(cfg: TrainConfig, gpus: int, nodes: int, device: Device) -> dict[str, object] | None:
+    """The fewest ranks sharing each row (cp x tp) with which `cfg` fits these GPUs, at its checkpointing
+    mode or the next that fits, or None: tp within a node (its collectives run every layer) and only
+    where the heads and the MLP divide; cp where the row cuts into 2 x cp x tp chunks. Long rows lean on
+    cp (its traffic is the keys and values alone), short ones on tp (which also splits the weights).
+    {"tp": 2, "cp": 4, "train.activation_checkpoint": "full"}: the keys that change."""
+    world, m, T = gpus * nodes, cfg.model, cfg.data.seq_len
+    if world == 1 or cfg.parallel.ep > 1 or not device.memory_gib:
+        return None
+    tps = [t for t in (1, 2, 4, 8) if t <= gpus and gpus % t == 0 and m.family == "llama"
+           and m.n_heads % t == 0 and m.n_kv_heads % t == 0 and m.ffn_dim % t == 0 and cfg.precision.fp8 == "off"]
+    cps = [c for c in (1, 2, 4, 8, 16, 32, 64) if world % c == 0]
+    options = [(t * c, -c if T >= 32768 else c, t, c) for t in tps for c in cps
+               if t * c > 1 and world % (t * c) == 0 and T % (2 * c * t if c > 1 else t) == 0]
+    modes = AC_MODES[AC_MODES.index(cfg.train.activation_checkpoint):]
+    for mode in modes:
+        for _, _, t, c in sorted(options):
+            layout = with_changes(cfg, **{"parallel.tp": t, "parallel.cp": c})
+            if memory(layout, world, device, mode=mode).fits(world):
+                return {**{f"parallel.{k}": v for k, v in (("tp", t), ("cp", c)) if v > 1},
+                        **({} if mode == cfg.train.activation_checkpoint else {"train.activation_checkpoint": mode})}
+    return None
+
+
 def make_plan(cfg: TrainConfig, gpus: int = 1, nodes: int = 1, device: Device = Device(),
               config_path: str = "") -> Plan:
     """The plan of `cfg` on `nodes` nodes of `gpus` GPUs each (raises PlanError on bad counts)."""
@@ -941,8 +1049,10 @@ def make_plan(cfg: TrainConfig, gpus: int = 1, nodes: int = 1, device: Device = 
             raise PlanError(f"--{name} {value!r}: expected a positive integer")
     if device.memory_gib is not None and device.memory_gib <= 0:
         raise PlanError(f"GPU memory {device.memory_gib!r} GiB: expected a positive number")
+    from trainer.config import check_world
     from trainer.models import flops_per_token   # torch: only once the input is known to be good
     world = gpus * nodes
+    check_world(cfg, world, config_path or "the config")
     count = ParamCount.of(cfg.model)
     fpt = flops_per_token(cfg.model, count.non_embedding, cfg.data.seq_len)
     mem = memory(cfg, world, device)
@@ -975,12 +1085,26 @@ def attention_line(cfg: TrainConfig, device: Device) -> str:
     return f"inside documents ({kernel}" + (", positions restart per document)" if cfg.data.position_reset else ")")
 
 
+def traffic_line(cfg: TrainConfig, batch: int) -> str:
+    """"tp: 12.3 GiB sent per GPU a step (...); cp: 28.0 GiB (...)"."""
+    t = parallel_traffic(cfg, batch)
+    parts = []
+    if "tp_bytes" in t:
+        parts.append(f"tp {cfg.parallel.tp}: {_gib(t['tp_bytes'])} GiB sent per GPU a step (activations gathered and "
+                     "reduce-scattered twice a layer each way, the whole weights' gradients all-reduced)")
+    if "cp_bytes" in t:
+        parts.append(f"cp {cfg.parallel.cp}: {_gib(t['cp_bytes'])} GiB (keys and values gathered a layer, their "
+                     "gradients reduce-scattered)")
+    return "; ".join(parts)
+
+
 def render(plan: Plan) -> str:
     """The plan as text: a header, the memory table, the checkpointing table, notes, the verdict."""
     from tabulate import tabulate
 
     cfg, mem, world = plan.cfg, plan.memory, plan.world
     m = cfg.model
+    shared = cfg.parallel.tp * cfg.parallel.cp
     dev = plan.device
     if dev.name and dev.memory_gib:
         gpu = f"{plan.gpus} x {dev.name} ({dev.memory_gib:g} GiB{', ' + dev.source if dev.source else ''})"
@@ -1000,7 +1124,10 @@ def render(plan: Plan) -> str:
                   f"of {plan.tokens_per_step:,} tokens"),
         *([("experts", experts_line(cfg, world))] if m.moe else []),
         ("batch", f"data.batch_size {mem.batch_size} x seq_len {cfg.data.seq_len} = "
-                  f"{mem.batch_size * cfg.data.seq_len:,} tokens per GPU, grad_accum {cfg.data.grad_accum}"),
+                  f"{mem.batch_size * cfg.data.seq_len:,} tokens per data rank"
+                  + (f", {mem.batch_size * cfg.data.seq_len // shared:,} per GPU (each row over cp x tp = {shared})"
+                     if shared > 1 else "") + f", grad_accum {cfg.data.grad_accum}"),
+        *([("traffic", traffic_line(cfg, mem.batch_size))] if shared > 1 else []),
         ("precision", f"params {cfg.precision.params}, compute {compute}; activation checkpointing "
                       f"{mem.mode}; kernels {'on' if cfg.train.kernels else 'off'}"),
         ("attention", attention_line(cfg, dev)),

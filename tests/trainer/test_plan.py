@@ -536,3 +536,45 @@ def test_fit_tells_certain_from_probable(monkeypatch):
     monkeypatch.setattr(planning, "host_memory_gib", lambda: peak * 2)
     assert planning.fit(cfg, cpu, 1, 1, on_this_machine=True) is None
     assert planning.fit(cfg, cpu, 1, 1, on_this_machine=False) is None   # Slurm nodes, unseen from here
+
+
+# --------------------------------------------------------------------------- tensor and context parallelism
+
+def test_tensor_parallelism_splits_the_layers_weights_and_the_tokens():
+    cfg = load(REPO / "configs" / "llama3_8b.yaml", ["parallel.strategy=fsdp", "data.batch_size=1"])
+    split = load(REPO / "configs" / "llama3_8b.yaml", ["parallel.strategy=fsdp", "data.batch_size=1", "parallel.tp=8"])
+    whole, tp = memory(cfg, 8, H100), memory(split, 8, H100)
+    count = ParamCount.of(cfg.model)
+    layers = count.total - 2 * cfg.model.vocab_size * cfg.model.dim   # the untied embedding and head stay whole
+    # FSDP2 over 8 data ranks holds 1/8 of everything; tp 8 holds 1/8 of the layers and all of the rest
+    assert whole.state[0].bytes == pytest.approx(4 * count.total / 8, rel=1e-3)
+    assert tp.state[0].bytes == pytest.approx(4 * (layers / 8 + count.total - layers), rel=1e-2)
+    # each GPU computes 1/8 of the row's tokens: the layers' activations shrink by 8 (with checkpointing)
+    assert tp.activations == pytest.approx(whole.activations / 8, rel=1e-6)
+    traffic = planner.parallel_traffic(split)
+    # 2 all-gathers + 2 reduce-scatters of 8192 x 4096 bf16 a layer each way, 7/8 of it sent
+    per_layer = 4 * 2 * 8192 * 4096 * 7 // 8
+    assert traffic["tp_bytes"] > 2 * 32 * per_layer and "cp_bytes" not in traffic
+
+
+def test_128k_tokens_of_llama3_8b_fit_8_h100s_with_cp_8_and_not_without():
+    sets = ["parallel.strategy=fsdp", "data.batch_size=1", "data.seq_len=131072", "model.max_seq_len=131072",
+            "train.kernels=true", "train.activation_checkpoint=selective_lean"]
+    alone = make_plan(load(REPO / "configs" / "llama3_8b.yaml", sets), gpus=8, device=H100)
+    assert alone.fits is False
+    assert "--set parallel.cp=8" in alone.hints, alone.hints   # the plan's own suggestion
+    split = make_plan(load(REPO / "configs" / "llama3_8b.yaml", sets + ["parallel.cp=8"]), gpus=8, device=H100)
+    assert split.fits, split.verdict()
+    assert "data 1 x cp 8 x tp 1" in split.strategy and split.tokens_per_step == 131072
+    # the other ranks' keys and values: 2 x 8 heads x 128 x 2 bytes for 7/8 of the row, one layer at a time
+    kv = planner.kv_gathered_bytes(split.cfg, 1)
+    assert kv == 2 * 2 * 8 * 128 * (131072 - 131072 // 8)
+    assert split.to_dict()["run"]["traffic_bytes_per_step"] == {"cp_bytes": 2 * 32 * kv}
+    assert "cp 8:" in planner.render(split)
+
+
+def test_a_layout_that_does_not_fit_the_gpus_is_a_config_error():
+    from trainer.config import ConfigError
+    cfg = load(REPO / "configs" / "llama3_8b.yaml", ["parallel.strategy=fsdp", "parallel.tp=8"])
+    with pytest.raises(ConfigError, match="parallel.tp x parallel.cp: expected a divisor of the 4 process"):
+        make_plan(cfg, gpus=4, device=H100)
