@@ -378,7 +378,8 @@ def optimizer_bytes(cfg: TrainConfig, params_on_rank: int) -> float:
 def predict(cfg: TrainConfig, rates: Rates, gpus: int = 1, nodes: int = 1, batch: int | None = None,
             mode: str | None = None) -> Prediction:
     """The step of `cfg` on nodes x gpus ranks at data.batch_size `batch` and checkpointing `mode`."""
-    from trainer.plan import ParamCount, dtypes, is_expert, param_shapes, with_changes
+    from trainer.plan import (TP_COLUMNS, TP_ROWS, ParamCount, dtypes, is_expert, param_shapes, parallel_traffic,
+                              tp_shapes, with_changes)
     from trainer.models.transformer import flops_per_token
 
     if batch is not None or mode is not None:
@@ -391,7 +392,10 @@ def predict(cfg: TrainConfig, rates: Rates, gpus: int = 1, nodes: int = 1, batch
     c = 4 if dtype == "fp32" else 2
     impl = implementation(cfg)
     mode = cfg.train.activation_checkpoint
-    n_tok = d.batch_size * d.seq_len
+    tp, cp = cfg.parallel.tp, cfg.parallel.cp
+    share = tp * cp                              # ranks that split each row (trainer/models/tensor_parallel.py)
+    n_tok = d.batch_size * d.seq_len             # a data rank's micro-batch
+    n_own = n_tok // share                       # the tokens a GPU computes outside attention and the MLP
     fp8 = cfg.precision.fp8 != "off" and not rates.host_is_device
     ep = cfg.parallel.ep if world > 1 else 1
     moe_layers = sum(m.moe_layer(i) for i in range(m.n_layers))
@@ -403,6 +407,13 @@ def predict(cfg: TrainConfig, rates: Rates, gpus: int = 1, nodes: int = 1, batch
     lean = {"self_attn.k_proj.weight", "self_attn.o_proj.weight", "mlp.up_proj.weight"}
     for name, rows, n_in, n_out in linears(cfg):
         tokens = n_tok * rows
+        if share > 1:   # tp splits the layers' linears by rows or columns over the T / cp tokens; the rest
+            if name.endswith(TP_ROWS):      # (the head) computes the GPU's own tokens
+                tokens, n_out = tokens // cp, n_out // tp
+            elif name.endswith(TP_COLUMNS):
+                tokens, n_in = tokens // cp, n_in // tp
+            else:
+                tokens //= share
         fp8_rate = rates.fp8_rate(tokens, n_in, n_out) if fp8 and rows == 1 and name != "lm_head.weight" else None
         if fp8_rate:
             whole = 6.0 * tokens * n_in * n_out / (fp8_rate * 1e12)
@@ -421,7 +432,8 @@ def predict(cfg: TrainConfig, rates: Rates, gpus: int = 1, nodes: int = 1, batch
 
     # ---- attention
     kind = attention_kind(cfg, rates)
-    attention = m.n_layers * attention_flops(cfg, n_tok) * (1 + FLASH_BACKWARD) / (rates.attention_rate(kind) * 1e12)
+    # (under cp and tp: T / cp queries of H / tp heads against the whole row, the causal work balanced)
+    attention = m.n_layers * attention_flops(cfg, n_tok) / share * (1 + FLASH_BACKWARD) / (rates.attention_rate(kind) * 1e12)
     att_f = attention / (1 + FLASH_BACKWARD)
     if mode == "full":
         recomputed += att_f
@@ -433,14 +445,14 @@ def predict(cfg: TrainConfig, rates: Rates, gpus: int = 1, nodes: int = 1, batch
     memory_f = memory_b = 0.0
     for op, (fb, bb) in op_bytes(cfg, c).items():
         rate = rates.op_rate(op, impl) * 1e9
-        memory_f += m.n_layers * n_tok * fb / rate
-        memory_b += m.n_layers * n_tok * bb / rate
+        memory_f += m.n_layers * n_own * fb / rate
+        memory_b += m.n_layers * n_own * bb / rate
     loss_impl = "kernels" if cfg.train.kernels else impl   # the fused loss, compiled or not
-    loss = n_tok * loss_bytes(cfg, c, loss_impl) / (rates.op_rate("loss", loss_impl) * 1e9)
+    loss = n_own * loss_bytes(cfg, c, loss_impl) / (rates.op_rate("loss", loss_impl) * 1e9)
     if m.moe is not None:
         # tokens gathered into their experts' order and the outputs scattered back weighted, both ways:
         # index copies, taken at half the rate of the residual's plain elementwise passes
-        permute = moe_layers * n_tok * (2 * m.moe.top_k + 2) * m.dim * c / (rates.op_rate("residual", impl) / 2 * 1e9)
+        permute = moe_layers * n_own * (2 * m.moe.top_k + 2) * m.dim * c / (rates.op_rate("residual", impl) / 2 * 1e9)
         memory_f, memory_b = memory_f + permute, memory_b + permute
     if mode != "none":
         recomputed += memory_f
@@ -460,10 +472,11 @@ def predict(cfg: TrainConfig, rates: Rates, gpus: int = 1, nodes: int = 1, batch
     micro = device_s + host if rates.host_is_device else max(device_s, host)
 
     # ---- the optimizer step over this rank's parameters
-    shapes = param_shapes(m)
+    shapes = tp_shapes(param_shapes(m), tp)
+    shard_world = world // tp                    # FSDP2 shards over data x cp
     if dt.fsdp:
         from trainer.plan import _rank_numel
-        on_rank = sum(_rank_numel(n, s, world, ep) for n, s in shapes.items())
+        on_rank = sum(_rank_numel(n, s, shard_world, ep) for n, s in shapes.items())
     else:
         on_rank = count.total
     optimizer = optimizer_bytes(cfg, on_rank) / (rates.op_rate("adamw", "kernels" if cfg.train.kernels else "eager")
@@ -475,20 +488,20 @@ def predict(cfg: TrainConfig, rates: Rates, gpus: int = 1, nodes: int = 1, batch
     accum = d.grad_accum
     compute = micro * accum
     dense = sum(math.prod(s) for n, s in shapes.items() if not is_expert(n))
-    experts = count.total - dense
+    experts = sum(math.prod(s) for n, s in shapes.items()) - dense
     if world > 1:
-        if dt.fsdp:
+        if dt.fsdp and shard_world > 1:
             gathered = dense + (experts // ep if ep > 1 else experts)
             ag_bw, ag_src = rates.bus("all_gather", gpus, nodes)
             rs_bw, rs_src = rates.bus("reduce_scatter", gpus, nodes)
             gathers = (2 if cfg.parallel.reshard_after_forward else 1) * accum
-            ag = gathers * gathered * c * (world - 1) / world / (ag_bw * 1e9)
-            rs = gathered * 4 * (world - 1) / world / (rs_bw * 1e9)   # fp32 gradients (reduce_dtype)
+            ag = gathers * gathered * c * (shard_world - 1) / shard_world / (ag_bw * 1e9)
+            rs = gathered * 4 * (shard_world - 1) / shard_world / (rs_bw * 1e9)   # fp32 gradients (reduce_dtype)
             comm["all_gather"] = (ag, ag_bw, ag_src)
             comm["reduce_scatter"] = (rs, rs_bw, rs_src)
             per_layer = (ag / gathers + rs) / max(1, m.n_layers)
             exposed += max(0.0, ag + rs - compute) + per_layer
-        else:
+        elif not dt.fsdp:
             ar_bw, ar_src = rates.bus("all_reduce", gpus, nodes)
             grad_bytes = count.total * (2 if cfg.precision.params == "bf16" else 4)
             ar = grad_bytes * 2 * (world - 1) / world / (ar_bw * 1e9)
@@ -503,8 +516,20 @@ def predict(cfg: TrainConfig, rates: Rates, gpus: int = 1, nodes: int = 1, batch
             exposed += a2a
             assumptions.append("expert parallelism: tokens spread evenly over the experts; the all-to-alls "
                                "are not overlapped")
+        # tp and cp: every layer waits for its gathers (no async TP); tp within a node, cp there too while
+        # cp x tp fits one node's GPUs
+        for key, kind, ranks in (("tp_bytes", "all_gather", tp), ("cp_bytes", "all_gather", cp)):
+            sent = parallel_traffic(cfg).get(key)
+            if sent:
+                inside = (tp if key == "tp_bytes" else share) <= gpus
+                bw, src = rates.bus(kind, ranks, 1) if inside else rates.bus(kind, gpus, nodes)
+                comm[key[:2]] = (sent / (bw * 1e9), bw, src)
+                exposed += sent / (bw * 1e9)
+        if share > 1:
+            assumptions.append("tensor / context parallelism: the work split evenly over cp x tp, their "
+                               "collectives not overlapped with compute")
     step = compute + optimizer + exposed
-    tokens = n_tok * accum
+    tokens = n_own * accum
     fpt = flops_per_token(m, count.non_embedding, d.seq_len)
     tps = tokens / step
     peak = rates.peak_tflops

@@ -85,6 +85,20 @@ def test_expert_parallelism_adds_all_to_all_that_is_not_hidden():
     assert apart.parts["communication (exposed)"] >= apart.comm["all_to_all"][0]
 
 
+def test_tensor_and_context_parallelism_split_the_work_and_add_their_collectives():
+    cfg = with_changes(load(LLAMA_8B), **{"parallel.strategy": "fsdp", "data.batch_size": 1, "data.document_mask": False})
+    one = speed.predict(with_changes(cfg, **{"parallel.strategy": "ddp"}), measured())
+    for tp, cp in ((8, 1), (2, 4), (1, 8)):
+        split = speed.predict(with_changes(cfg, **{"parallel.tp": tp, "parallel.cp": cp}), measured(), gpus=8)
+        # one rate for every shape: a GPU runs 1/8 of the row's products and of its attention
+        assert split.parts["gemm"] == pytest.approx(one.parts["gemm"] / 8, rel=1e-6)
+        assert split.parts["attention"] == pytest.approx(one.parts["attention"] / 8, rel=1e-6)
+        assert {"tp", "cp"} & set(split.comm) == {k for k, n in (("tp", tp), ("cp", cp)) if n > 1}
+        assert split.parts["communication (exposed)"] >= sum(split.comm[k][0] for k in ("tp", "cp") if k in split.comm)
+        assert split.tokens_per_step == 8192   # one data rank: the row is the step's
+        assert split.tokens_per_s_per_gpu < one.tokens_per_s_per_gpu   # the collectives are not free
+
+
 def test_a_device_measured_at_some_shapes_takes_the_nearest_and_the_fallback_beyond_them():
     rates = speed.Rates(gemm={"bf16": [[4096, 4096, 4096, 700.0], [128, 128, 128, 20.0]]},
                         gemm_tflops={"bf16": 500.0})
