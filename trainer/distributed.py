@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -69,7 +69,11 @@ class DistInfo:
     world_size: int
     device: torch.device
     backend: str | None      # None when no process group was created
-    layout: Layout = field(default_factory=Layout)
+    layout: Layout | None = None   # None: every rank a data rank
+
+    def __post_init__(self):
+        if self.layout is None:
+            self.layout = Layout(dp=self.world_size, dp_rank=self.rank)
 
     @property
     def is_main(self) -> bool:
@@ -138,11 +142,12 @@ def init(cfg: TrainConfig) -> DistInfo:
     return DistInfo(rank, local_rank, world, device, backend, layout_of(cfg, rank, world, device))
 
 
-def layout_of(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> Layout:
-    """This rank's place in data x cp x tp (a collective where cp or tp is above 1: the mesh's groups)."""
+def layout_of(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> Layout | None:
+    """This rank's place in data x cp x tp (a collective where cp or tp is above 1: the mesh's groups);
+    None where every rank is a data rank."""
     cp, tp = cfg.parallel.cp, cfg.parallel.tp
     if cp * tp == 1:
-        return Layout(dp=world, dp_rank=rank)
+        return None
     from torch.distributed.device_mesh import init_device_mesh
     dp = world // (cp * tp)
     mesh = init_device_mesh(device.type, (dp, cp, tp), mesh_dim_names=("dp", "cp", "tp"))
