@@ -478,6 +478,11 @@ def _build(cls, raw: dict, prefix: str, src: str):
     return cls(**kwargs)
 
 
+def validate(cfg: TrainConfig, src: str = "the config") -> None:
+    """ConfigError where a config changed in code (trainer/speed.py's search) breaks a rule load() checks."""
+    _check_values(cfg, src)
+
+
 def _check_values(cfg: TrainConfig, src: str) -> None:
     def need(ok: bool, key: str, expected: str):
         if not ok:

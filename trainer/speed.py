@@ -545,37 +545,65 @@ def predict(cfg: TrainConfig, rates: Rates, gpus: int = 1, nodes: int = 1, batch
 
 def search(cfg: TrainConfig, rates: Rates, device, gpus: int, nodes: int, limit: int = 8) -> list[dict]:
     """Layouts that fit, fastest first: data.batch_size (the global batch kept with grad_accum where it
-    divides), activation checkpointing, and for a mixture of experts parallel.ep."""
+    divides), activation checkpointing, for a mixture of experts parallel.ep, and under FSDP2 for the Llama
+    family the ranks that split each row (parallel.tp within a node, parallel.cp)."""
     from trainer.plan import AC_MODES, GIB, memory, with_changes
 
     world = gpus * nodes
-    global_rows = cfg.data.batch_size * cfg.data.grad_accum
+    global_rows = cfg.data.batch_size * cfg.data.grad_accum * world // (cfg.parallel.tp * cfg.parallel.cp)
     eps = [cfg.parallel.ep]
     if cfg.model.moe is not None and world > 1 and cfg.parallel.strategy == "fsdp":
         eps = [e for e in range(1, world + 1) if world % e == 0 and cfg.model.moe.n_routed_experts % e == 0]
     rows = []
-    for ep in eps:
+    for ep, tp, cp in [(ep, 1, 1) for ep in eps] + _row_splits(cfg, gpus, nodes):
+        dp = world // (tp * cp)
+        if global_rows % dp:
+            continue
         for mode in AC_MODES:
             for batch in (1, 2, 4, 8, 16, 32, 64):
-                if global_rows % batch:
+                if (global_rows // dp) % batch:
                     continue
-                layout = with_changes(cfg, **{"data.batch_size": batch, "data.grad_accum": global_rows // batch,
-                                              "train.activation_checkpoint": mode, "parallel.ep": ep})
+                layout = with_changes(cfg, **{"data.batch_size": batch, "data.grad_accum": global_rows // dp // batch,
+                                              "train.activation_checkpoint": mode, "parallel.ep": ep,
+                                              "parallel.tp": tp, "parallel.cp": cp})
                 mem = memory(layout, world, device)
                 if mem.fits(world) is False:
                     continue
                 p = predict(layout, rates, gpus, nodes)
-                rows.append({"batch_size": batch, "grad_accum": global_rows // batch, "activation_checkpoint": mode,
-                             "ep": ep, "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu, "mfu": p.mfu,
+                rows.append({"batch_size": batch, "grad_accum": global_rows // dp // batch,
+                             "activation_checkpoint": mode, "ep": ep, "tp": tp, "cp": cp,
+                             "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu, "mfu": p.mfu,
                              "step_s": p.step_s, "needed_gib": mem.needed_bytes(world) / GIB,
                              "sets": _sets(cfg, layout)})
     rows.sort(key=lambda r: -r["tokens_per_s_per_gpu"])
     return rows[:limit]
 
 
+def _row_splits(cfg: TrainConfig, gpus: int, nodes: int) -> list[tuple[int, int, int]]:
+    """(ep 1, tp, cp) beside the config's own: what trainer/config.py accepts on these GPUs, tp within a node."""
+    from trainer.config import ConfigError, check_world, validate
+    from trainer.plan import with_changes
+    if cfg.parallel.strategy != "fsdp" or cfg.model.family != "llama" or gpus * nodes == 1:
+        return []
+    out = []
+    for tp in (1, 2, 4, 8):
+        for cp in (1, 2, 4, 8, 16):
+            if tp * cp == 1 or tp > gpus or (tp, cp) == (cfg.parallel.tp, cfg.parallel.cp):
+                continue
+            try:
+                layout = with_changes(cfg, **{"parallel.tp": tp, "parallel.cp": cp, "parallel.ep": 1})
+                validate(layout)
+                check_world(layout, gpus * nodes)
+            except ConfigError:
+                continue
+            out.append((1, tp, cp))
+    return out
+
+
 def _sets(cfg: TrainConfig, layout: TrainConfig) -> str:
     pairs = []
-    for key in ("data.batch_size", "data.grad_accum", "train.activation_checkpoint", "parallel.ep"):
+    for key in ("data.batch_size", "data.grad_accum", "train.activation_checkpoint", "parallel.ep", "parallel.tp",
+                "parallel.cp"):
         section, name = key.split(".")
         if getattr(getattr(cfg, section), name) != getattr(getattr(layout, section), name):
             pairs.append(f"--set {key}={getattr(getattr(layout, section), name)}")
@@ -627,9 +655,10 @@ def render(p: Prediction, tokens: float | None = None, searched: list[dict] | No
                             disable_numparse=True, colalign=("left", "right", "right", "left")))
     if searched is not None:
         out.append(tabulate([[f"{r['tokens_per_s_per_gpu']:,.0f}", f"{r['mfu']:.1%}" if r["mfu"] else "",
-                              r["batch_size"], r["grad_accum"], r["activation_checkpoint"], r["ep"],
+                              r["batch_size"], r["grad_accum"], r["activation_checkpoint"], r["ep"], r["tp"], r["cp"],
                               f"{r['needed_gib']:.1f}", r["sets"]] for r in searched],
-                            headers=["tokens/s/GPU", "MFU", "batch", "accum", "checkpointing", "ep", "GiB", "as"],
+                            headers=["tokens/s/GPU", "MFU", "batch", "accum", "checkpointing", "ep", "tp", "cp", "GiB",
+                                     "as"],
                             tablefmt="simple", disable_numparse=True) if searched else
                    "search: no layout fits")
     for a in p.assumptions:

@@ -143,10 +143,23 @@ def test_search_ranks_only_layouts_that_fit_fastest_first():
     cfg = with_changes(load(LLAMA_8B), **{"parallel.strategy": "fsdp", "data.batch_size": 4, "data.grad_accum": 1})
     device = Device("H100", 80, None)
     rows = speed.search(cfg, measured(), device, gpus=8, nodes=1)
-    assert rows and all(r["batch_size"] * r["grad_accum"] == 4 for r in rows)
+    # the global batch kept: 4 rows on each of 8 data ranks, or as many over the ranks that split rows
+    assert rows and all(r["batch_size"] * r["grad_accum"] * 8 // (r["tp"] * r["cp"]) == 32 for r in rows)
     assert [r["tokens_per_s_per_gpu"] for r in rows] == sorted((r["tokens_per_s_per_gpu"] for r in rows), reverse=True)
     assert all(r["needed_gib"] <= 80 for r in rows)
     assert not any(r["activation_checkpoint"] == "none" and r["batch_size"] == 4 for r in rows)   # 4 x 8192: too big
+
+
+def test_search_splits_long_rows_over_ranks_where_one_gpu_cannot_hold_them():
+    cfg = with_changes(load(LLAMA_8B), **{"parallel.strategy": "fsdp", "data.batch_size": 1, "data.seq_len": 131072,
+                                          "train.kernels": True})
+    cfg.model.max_seq_len = 131072
+    rows = speed.search(cfg, measured(), Device("H100", 80, None), gpus=8, nodes=1)
+    assert rows and all(r["needed_gib"] <= 80 for r in rows)
+    # at selective_lean and above only a split row fits; full checkpointing fits whole rows too
+    assert all(r["tp"] * r["cp"] > 1 for r in rows if r["activation_checkpoint"] != "full")
+    assert any(r["tp"] * r["cp"] > 1 for r in rows)
+    assert all(f"parallel.cp={r['cp']}" in r["sets"] for r in rows if r["cp"] > 1)
 
 
 @pytest.mark.parametrize("text, tokens", [("1T", 1e12), ("300B", 3e11), ("2.5e9", 2.5e9), ("500m", 5e8)])
