@@ -65,7 +65,9 @@ def test_search_lists_layouts_that_fit_fastest_first(tmp_path):
     rows = plan["search"]
     assert rows and [r["tokens_per_s_per_gpu"] for r in rows] == sorted((r["tokens_per_s_per_gpu"] for r in rows),
                                                                         reverse=True)
-    assert all(r["needed_gib"] <= 80 and r["batch_size"] * r["grad_accum"] == 4 for r in rows)
+    gpus = plan["run"]["world_size"]   # the global batch kept, over the data ranks left by tp x cp
+    assert all(r["needed_gib"] <= 80 and r["batch_size"] * r["grad_accum"] * gpus // (r["tp"] * r["cp"]) == 4 * gpus
+               for r in rows)
 
 
 def test_bad_prediction_input_is_one_line(tmp_path):
