@@ -58,6 +58,14 @@ def test_two_processes_at_ep2_give_the_one_process_losses(one_process, dataset, 
     assert close(back, {3: single[3], 4: single[4]}), (back, single)
 
 
+def test_latent_attention_and_experts_with_the_row_split_over_cp_give_the_one_process_losses(one_process, dataset,
+                                                                                          tmp_path):
+    # every rank holds half of each row: its keys and values gathered, its tokens routed on their own
+    _, single = one_process
+    losses = train_moe(tmp_path / "cp2", dataset, 2, "data.batch_size=8", "parallel.cp=2")
+    assert close(losses, single), (losses, single)
+
+
 WORKER = """
 import json, sys, torch, torch.distributed as dist
 from trainer import config, distributed
