@@ -205,6 +205,8 @@ class ParallelConfig:
     tp: int = 1                    # tensor parallelism with sequence parallelism: each of tp ranks holds
     #                                1/tp of every attention and MLP projection and 1/tp of the row's tokens
     #                                between them (trainer/models/tensor_parallel.py); needs strategy fsdp
+    async_tp: bool = False         # with tp, compile and GPUs: Inductor overlaps the tp collectives with the
+    #                                matmuls next to them (symmetric memory; torchtitan's async TP)
     cp: int = 1                    # context parallelism: each of cp ranks holds 1/cp of every row's tokens
     #                                and attends over all of them (keys and values gathered,
     #                                trainer/models/context_parallel.py). Ranks: data x cp x tp, tp innermost
@@ -637,6 +639,8 @@ def _check_model_parallel(cfg: TrainConfig, need) -> None:
             need(size % p.tp == 0, "parallel.tp", f"a divisor of {key} ({size})")
         need(cfg.precision.fp8 == "off", "parallel.tp", "1 with precision.fp8 (torchao's float8 linears are not "
              "wired to the tensor-parallel plan yet)")
+    need(not p.async_tp or (p.tp > 1 and cfg.train.compile), "parallel.async_tp",
+         "false unless parallel.tp is above 1 and train.compile is on (Inductor rewrites the compiled layers)")
     if p.tp > 1 or p.cp > 1:
         need(p.ep == 1, "parallel.ep", "1 with parallel.tp or parallel.cp above 1 (not combined yet)")
         # each cp rank holds two of 2 x cp chunks of a row (the causal work balanced), split again over tp

@@ -181,6 +181,8 @@ def wrap(model: nn.Module, cfg: TrainConfig, info: DistInfo) -> nn.Module:
         if info.layout.tp > 1:   # before FSDP2, which then shards each tensor-parallel piece over the data ranks
             from trainer.models import tensor_parallel
             tensor_parallel.apply(model, info.layout.tp_mesh)
+            if cfg.parallel.async_tp:
+                tensor_parallel.enable_async(info.layout.tp_mesh)
         # Gradients are reduced in fp32 so the sum over ranks does not lose bits.
         mp = MixedPrecisionPolicy(param_dtype=compute_dtype(cfg, info.device),
                                   reduce_dtype=torch.float32)

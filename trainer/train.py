@@ -108,6 +108,9 @@ def apply_kernels(model: Transformer) -> Transformer:
 def build_model(cfg: TrainConfig, info: distributed.DistInfo, log):
     """Returns (model, train_model): the plain module (checkpoints, eval) and what to call."""
     fp8.check_supported(cfg, info.device)  # before building: a CPU run fails at once (exit 2)
+    if cfg.parallel.async_tp and info.device.type != "cuda":
+        raise TrainError("parallel.async_tp needs GPUs (symmetric memory over the tp group); "
+                         "set parallel.async_tp=false on this machine")
     use_fsdp = cfg.parallel.strategy == "fsdp" and info.distributed
     meta = use_fsdp and cfg.parallel.meta_init
     torch.manual_seed(cfg.train.seed)  # same initial weights on every rank

@@ -66,6 +66,8 @@ def test_data2_tp2_and_its_checkpoint_resumed_at_cp2_tp2(one_process_curve, shor
     (["parallel.strategy=fsdp", "parallel.tp=2", "precision.fp8=tensorwise"], 2, "parallel.tp: expected 1 with "
                                                                                   "precision.fp8"),
     (["parallel.cp=4"], 2, "parallel.tp x parallel.cp: expected a divisor of the 2 process(es)"),
+    (["parallel.strategy=fsdp", "parallel.tp=2", "parallel.async_tp=true"], 2,
+     "parallel.async_tp: expected false unless parallel.tp is above 1 and train.compile is on"),
     (["parallel.cp=2", "parallel.tp=2", "parallel.strategy=fsdp"], 6,
      "parallel.tp x parallel.cp: expected a divisor of the 6 process(es)"),
 ])
@@ -73,6 +75,20 @@ def test_a_layout_that_cannot_run_says_why(sets, world, says):
     with pytest.raises(ConfigError) as err:
         check_world(load(CONFIG, sets), world)
     assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_async_tp_on_a_machine_without_gpus_is_one_line(short_documents, tmp_path):
+    import sys
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "trainer",
+            "--config", str(CONFIG), "--run-dir", str(tmp_path / "run")]
+    for item in [f"data.path={short_documents}", "parallel.strategy=fsdp", "parallel.tp=2", "parallel.async_tp=true",
+                 "train.compile=true", "train.device=cpu"]:
+        argv += ["--set", item]
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", names.LOG_RANK: "0"})
+    assert proc.returncode != 0
+    assert "parallel.async_tp needs GPUs (symmetric memory over the tp group)" in proc.stderr
+    assert "trainer/train.py\", line" not in proc.stderr   # the ranks' one line (torchrun adds its own report)
 
 
 def test_a_layout_that_does_not_fit_the_processes_is_refused_before_launch(inv_bin, dataset, tmp_path):

@@ -15,6 +15,7 @@ tokens splits its GEMMs over tp just the same; what it costs is V x D weights ke
 (sharded again by FSDP2 over the data ranks) and one all-reduce of their gradient a step.
 
     tensor_parallel.apply(model, tp_mesh)     # before FSDP2 (trainer/distributed.py)
+    tensor_parallel.enable_async(tp_mesh)     # parallel.async_tp: GPUs, compiled layers
 
 Every module computes on local tensors (the plan's outputs are local), so --kernels' Triton kernels run
 unchanged. FP8 (torchao's float8 linears) is refused with tp > 1 (trainer/config.py).
@@ -54,3 +55,15 @@ def apply(model: nn.Module, tp_mesh) -> None:
                 module.register_parameter(name, nn.Parameter(whole, requires_grad=param.requires_grad))
     if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
+
+
+def enable_async(tp_mesh) -> None:
+    """Async TP (parallel.async_tp): Inductor's micro-pipelining splits each all-gather + matmul and
+    matmul + reduce-scatter of the compiled layers into chunks that overlap, over symmetric memory
+    registered for the tp group (CUDA only; as torchtitan enables it). Written from torch's and
+    torchtitan's source; not yet run on GPUs here."""
+    import torch._inductor.config
+    from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+    torch._inductor.config._micro_pipeline_tp = True
+    enable_symm_mem_for_group(tp_mesh.get_group().group_name)
