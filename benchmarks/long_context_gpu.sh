@@ -4,15 +4,7 @@
 # --kernels eager and compiled, causal over the row / inside documents through FlexAttention (_docs) /
 # through SDPA with a mask (_docsdpa); tokens/s and peak memory of each (benchmarks.train_throughput).
 # Synthetic rows hold documents of 2048 tokens on average (seq / 4). About 5 minutes on one H100.
-OUT=${OUT:-out}; mkdir -p "$OUT"
-exec > >(tee "$OUT/long_context_gpu.txt") 2>&1
-start=$SECONDS
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit --format=csv,noheader
-python3 -c "import sys, torch, triton; print('python', sys.version.split()[0], 'torch', torch.__version__,
-                                             'triton', triton.__version__)"
+LOG=long_context_gpu.txt; . benchmarks/gpu_setup.sh   # wheels, PYTHONPATH, multicast off, GPU and versions
 python3 -m benchmarks.train_throughput --config configs/llama3_1b.yaml --batch 1 --seq 8192 --steps ${STEPS:-12} \
     --variants ${VARIANTS:-kernels,kernels_docs,kernels_docsdpa,compile_kernels,compile_kernels_docs} \
     --out /tmp/long_out --run-root /tmp/long_runs --timeout 150 | tail -12

@@ -13,16 +13,7 @@
 # torchtitan imports them at module level and never uses them here, and the benchmark stubs them.)
 # ARGS go to the benchmark (e.g. ARGS=--quick: the headline pair of each case, 6 steps). Output in
 # $OUT (default ./out): moe_throughput.txt (this log and the table), moe/results.json, moe/<case>/bench.log.
-OUT=${OUT:-out}; mkdir -p "$OUT"
-exec > >(tee "$OUT/moe_throughput.txt") 2>&1
-start=$SECONDS
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # multicast stays off
-nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit --format=csv,noheader
-python3 -c "import sys, torch, triton, torchao; print('python', sys.version.split()[0], 'torch', torch.__version__,
-                                                      'triton', triton.__version__, 'torchao', torchao.__version__)"
+LOG=moe_throughput.txt; . benchmarks/gpu_setup.sh   # wheels, PYTHONPATH, multicast off, GPU and versions
 # The run dirs stay in /tmp: only 8 files come back from $OUT. results.json is rewritten after each
 # variant, so what ran is there even if the call is cut short.
 python3 -m benchmarks.moe_throughput --budget "${BUDGET:-420}" --out "$OUT/moe" --run-root /tmp/moe_runs $ARGS

@@ -5,15 +5,7 @@
 # (benchmarks.train_throughput, --kernels, fp32 master weights) in bf16 and FP8 under two checkpointing
 # modes. Predicted against measured: python -m benchmarks.speed_check OUT (on any machine, after).
 # About 7 minutes on one H100. Output in $OUT: rates_*.json, <case>_<mode>.json, logs.tgz, speed_gpu.txt.
-OUT=${OUT:-out}; mkdir -p "$OUT"
-exec > >(tee "$OUT/speed_gpu.txt") 2>&1
-start=$SECONDS
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit --format=csv,noheader
-python3 -c "import sys, torch, triton, torchao; print('python', sys.version.split()[0], 'torch', torch.__version__,
-                                                      'triton', triton.__version__, 'torchao', torchao.__version__)"
+LOG=speed_gpu.txt; . benchmarks/gpu_setup.sh   # wheels, PYTHONPATH, multicast off, GPU and versions
 L8="--set model.n_layers=8"
 QUICK=${QUICK-}   # QUICK=--quick: fewer repetitions, no FlexAttention
 python3 -m benchmarks.rates --config configs/llama3_1b.yaml --set precision.fp8=tensorwise $QUICK \
