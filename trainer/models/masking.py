@@ -69,8 +69,9 @@ class SequenceLayout:
 
     def mask(self, kernel: Kernel, device: torch.device, dtype: torch.dtype = torch.float32) -> AttentionMask | None:
         """The mask of this layout for `kernel`: a key is seen when it is not after the query in the row
-        and is in the query's document. None (SDPA's causal kernel) without documents. `dtype`: the
-        SDPA mask's, that of the queries (the compute dtype)."""
+        and is in the query's document. None (SDPA's causal kernel) without documents, unless the row is
+        split over cp ranks (their queries and keys are not in the row's order). `dtype`: the SDPA mask's,
+        that of the queries (the compute dtype)."""
         docs = self.documents
         if docs is None and self.keys is None:
             return None
