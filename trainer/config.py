@@ -211,6 +211,11 @@ class ParallelConfig:
     #                                and attends over all of them (keys and values gathered,
     #                                trainer/models/context_parallel.py). Ranks: data x cp x tp, tp innermost
 
+    @property
+    def model_ranks(self) -> int:
+        """The ranks that split each row between them (cp x tp); the others are data ranks."""
+        return self.cp * self.tp
+
 
 @dataclass
 class PrecisionConfig:
@@ -652,8 +657,7 @@ def _check_model_parallel(cfg: TrainConfig, need) -> None:
 
 def check_world(cfg: TrainConfig, world_size: int, src: str = "the config") -> None:
     """ConfigError when the parallel layout does not fit `world_size` processes (known at launch)."""
-    model_ranks = cfg.parallel.tp * cfg.parallel.cp
-    if world_size % model_ranks:
+    if world_size % cfg.parallel.model_ranks:
         raise ConfigError(f"{src}: parallel.tp x parallel.cp: expected a divisor of the {world_size} process(es) "
                           f"(the rest are data-parallel ranks), got {cfg.parallel.tp} x {cfg.parallel.cp}")
     ep = cfg.parallel.ep

@@ -242,7 +242,7 @@ def kv_gathered_bytes(cfg: TrainConfig, batch: int) -> int:
     """One layer's keys and values from the other cp ranks (trainer/models/context_parallel.py), in the
     compute dtype: this rank's kv heads (n_kv_heads / tp) for the (cp - 1) / cp of the row it does not hold."""
     m, p = cfg.model, cfg.parallel
-    c = 4 if cfg.precision.compute == "fp32" else 2
+    c = compute_bytes(cfg)
     if m.mla is not None:   # latent attention gathers whole heads: nope + rope keys and the values
         width = m.n_heads * (m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim + m.mla.v_head_dim)
     else:
@@ -259,7 +259,7 @@ def parallel_traffic(cfg: TrainConfig, batch: int | None = None) -> dict[str, in
     reduce-scatter in backward. {} without either."""
     m, p, d = cfg.model, cfg.parallel, cfg.data
     batch = d.batch_size if batch is None else batch
-    c = 4 if cfg.precision.compute == "fp32" else 2
+    c = compute_bytes(cfg)
     out = {}
     if p.tp > 1:
         rows = batch * d.seq_len // p.cp
@@ -349,9 +349,14 @@ class Dtypes:
         return self.r != self.c
 
 
+def compute_bytes(cfg: TrainConfig) -> int:
+    """Bytes of an activation in the compute dtype on a GPU (auto is bf16 there)."""
+    return 4 if cfg.precision.compute == "fp32" else 2
+
+
 def dtypes(cfg: TrainConfig, world: int) -> Dtypes:
     p = 2 if cfg.precision.params == "bf16" else 4
-    c = 4 if cfg.precision.compute == "fp32" else 2   # auto is bf16 on a GPU
+    c = compute_bytes(cfg)
     fsdp = cfg.parallel.strategy == "fsdp" and world > 1
     ddp = cfg.parallel.strategy == "ddp" and world > 1
     if fsdp:
@@ -793,7 +798,8 @@ def attention_mask_term(cfg: TrainConfig, batch: int, device: Device) -> Term | 
     FlexAttention's block mask (four int32 tables of 128 x 128 blocks a row: kept and partly kept
     blocks, forward and backward) or SDPA's additive T x T mask a row in the compute dtype (fp32 on the
     CPU); and RoPE's tables read at restarting
-    positions (cos and sin, fp32, per row). None without document masking."""
+    positions (cos and sin, fp32, per row). Under cp, the rank's queries against every key, documents or
+    not (a split row's places are not in order). None without document masking or cp."""
     d, m = cfg.data, cfg.model
     if not d.document_mask and cfg.parallel.cp == 1:
         return None
@@ -808,7 +814,8 @@ def attention_mask_term(cfg: TrainConfig, batch: int, device: Device) -> Term | 
         c = 4 if cfg.precision.compute == "fp32" or cpu else 2
         mask, what = c * batch * Tq * T, f"SDPA additive mask, {Tq:,} x {T:,} a row, {c} bytes each"
     tables = 2 * 4 * batch * Tq * m.head_dim if d.position_reset else 0
-    return Term("attention_mask", "attention inside documents: mask" + (" + RoPE tables" if tables else ""),
+    what_for = "attention inside documents" if d.document_mask else "context parallelism's attention"
+    return Term("attention_mask", f"{what_for}: mask" + (" + RoPE tables" if tables else ""),
                 mask + tables, what + (", positions restart per document" if tables else ""))
 
 
@@ -840,7 +847,7 @@ class Plan:
     def strategy(self) -> str:
         dt = dtypes(self.cfg, self.world)
         p = self.cfg.parallel
-        layout = (f" (data {self.world // (p.tp * p.cp)} x cp {p.cp} x tp {p.tp})" if p.tp * p.cp > 1 else "")
+        layout = f" (data {self.world // p.model_ranks} x cp {p.cp} x tp {p.tp})" if p.model_ranks > 1 else ""
         if dt.fsdp:
             return f"FSDP2 over {self.world // p.tp} ranks" + layout
         if dt.ddp:
@@ -851,8 +858,8 @@ class Plan:
 
     @property
     def tokens_per_step(self) -> int:
-        d, p = self.cfg.data, self.cfg.parallel
-        return d.batch_size * d.seq_len * d.grad_accum * (self.world // (p.tp * p.cp))
+        d = self.cfg.data
+        return d.batch_size * d.seq_len * d.grad_accum * (self.world // self.cfg.parallel.model_ranks)
 
     def verdict(self) -> str:
         mem, world = self.memory, self.world
@@ -1017,20 +1024,35 @@ def _hints(cfg: TrainConfig, gpus: int, nodes: int, device: Device) -> list[str]
     return hints
 
 
+def row_splits(cfg: TrainConfig, gpus: int, nodes: int) -> list[tuple[int, int]]:
+    """Every (tp, cp) that splits rows, tp within a node (a divisor of its GPUs, at most 8), that
+    trainer/config.py accepts for `cfg` (ep 1) on these GPUs."""
+    from trainer.config import ConfigError, check_world, validate
+    world, out = gpus * nodes, []
+    for tp in (t for t in (1, 2, 4, 8) if gpus % t == 0):
+        for cp in (c for c in (1, 2, 4, 8, 16, 32, 64) if world % c == 0):
+            if tp * cp == 1:
+                continue
+            layout = with_changes(cfg, **{"parallel.tp": tp, "parallel.cp": cp, "parallel.ep": 1})
+            try:
+                validate(layout)
+                check_world(layout, world)
+            except ConfigError:
+                continue
+            out.append((tp, cp))
+    return out
+
+
 def model_parallel_layout(cfg: TrainConfig, gpus: int, nodes: int, device: Device) -> dict[str, object] | None:
     """The fewest ranks sharing each row (cp x tp) with which `cfg` fits these GPUs, at its checkpointing
     mode or the next that fits, or None: tp within a node (its collectives run every layer) and only
     where the heads and the MLP divide; cp where the row cuts into 2 x cp x tp chunks. Long rows lean on
     cp (its traffic is the keys and values alone), short ones on tp (which also splits the weights).
     {"tp": 2, "cp": 4, "train.activation_checkpoint": "full"}: the keys that change."""
-    world, m, T = gpus * nodes, cfg.model, cfg.data.seq_len
-    if world == 1 or cfg.parallel.ep > 1 or not device.memory_gib:
+    world, T = gpus * nodes, cfg.data.seq_len
+    if cfg.parallel.ep > 1 or not device.memory_gib:
         return None
-    tps = [t for t in (1, 2, 4, 8) if t <= gpus and gpus % t == 0 and m.family == "llama"
-           and m.n_heads % t == 0 and m.n_kv_heads % t == 0 and m.ffn_dim % t == 0 and cfg.precision.fp8 == "off"]
-    cps = [c for c in (1, 2, 4, 8, 16, 32, 64) if world % c == 0]
-    options = [(t * c, -c if T >= 32768 else c, t, c) for t in tps for c in cps
-               if t * c > 1 and world % (t * c) == 0 and T % (2 * c * t if c > 1 else t) == 0]
+    options = [(t * c, -c if T >= 32768 else c, t, c) for t, c in row_splits(cfg, gpus, nodes)]
     modes = AC_MODES[AC_MODES.index(cfg.train.activation_checkpoint):]
     for mode in modes:
         for _, _, t, c in sorted(options):
@@ -1086,7 +1108,7 @@ def attention_line(cfg: TrainConfig, device: Device) -> str:
 
 
 def traffic_line(cfg: TrainConfig, batch: int) -> str:
-    """"tp: 12.3 GiB sent per GPU a step (...); cp: 28.0 GiB (...)"."""
+    """"tp 8: 12.30 GiB sent per GPU a step (...); cp 2: 28.00 GiB (...)"."""
     t = parallel_traffic(cfg, batch)
     parts = []
     if "tp_bytes" in t:
@@ -1104,7 +1126,7 @@ def render(plan: Plan) -> str:
 
     cfg, mem, world = plan.cfg, plan.memory, plan.world
     m = cfg.model
-    shared = cfg.parallel.tp * cfg.parallel.cp
+    shared = cfg.parallel.model_ranks
     dev = plan.device
     if dev.name and dev.memory_gib:
         gpu = f"{plan.gpus} x {dev.name} ({dev.memory_gib:g} GiB{', ' + dev.source if dev.source else ''})"

@@ -393,7 +393,7 @@ def predict(cfg: TrainConfig, rates: Rates, gpus: int = 1, nodes: int = 1, batch
     impl = implementation(cfg)
     mode = cfg.train.activation_checkpoint
     tp, cp = cfg.parallel.tp, cfg.parallel.cp
-    share = tp * cp                              # ranks that split each row (trainer/models/tensor_parallel.py)
+    share = cfg.parallel.model_ranks             # ranks that split each row (trainer/models/tensor_parallel.py)
     n_tok = d.batch_size * d.seq_len             # a data rank's micro-batch
     n_own = n_tok // share                       # the tokens a GPU computes outside attention and the MLP
     fp8 = cfg.precision.fp8 != "off" and not rates.host_is_device
@@ -518,12 +518,12 @@ def predict(cfg: TrainConfig, rates: Rates, gpus: int = 1, nodes: int = 1, batch
                                "are not overlapped")
         # tp and cp: every layer waits for its gathers (no async TP); tp within a node, cp there too while
         # cp x tp fits one node's GPUs
-        for key, kind, ranks in (("tp_bytes", "all_gather", tp), ("cp_bytes", "all_gather", cp)):
-            sent = parallel_traffic(cfg).get(key)
+        traffic = parallel_traffic(cfg)
+        for key, ranks, inside in (("tp", tp, tp <= gpus), ("cp", cp, share <= gpus)):
+            sent = traffic.get(f"{key}_bytes")
             if sent:
-                inside = (tp if key == "tp_bytes" else share) <= gpus
-                bw, src = rates.bus(kind, ranks, 1) if inside else rates.bus(kind, gpus, nodes)
-                comm[key[:2]] = (sent / (bw * 1e9), bw, src)
+                bw, src = rates.bus("all_gather", ranks, 1) if inside else rates.bus("all_gather", gpus, nodes)
+                comm[key] = (sent / (bw * 1e9), bw, src)
                 exposed += sent / (bw * 1e9)
         if share > 1:
             assumptions.append("tensor / context parallelism: the work split evenly over cp x tp, their "
@@ -547,15 +547,17 @@ def search(cfg: TrainConfig, rates: Rates, device, gpus: int, nodes: int, limit:
     """Layouts that fit, fastest first: data.batch_size (the global batch kept with grad_accum where it
     divides), activation checkpointing, for a mixture of experts parallel.ep, and under FSDP2 for the Llama
     family the ranks that split each row (parallel.tp within a node, parallel.cp)."""
-    from trainer.plan import AC_MODES, GIB, memory, with_changes
+    from trainer.plan import AC_MODES, GIB, memory, row_splits, with_changes
 
     world = gpus * nodes
-    global_rows = cfg.data.batch_size * cfg.data.grad_accum * world // (cfg.parallel.tp * cfg.parallel.cp)
+    global_rows = cfg.data.batch_size * cfg.data.grad_accum * world // cfg.parallel.model_ranks
     eps = [cfg.parallel.ep]
     if cfg.model.moe is not None and world > 1 and cfg.parallel.strategy == "fsdp":
         eps = [e for e in range(1, world + 1) if world % e == 0 and cfg.model.moe.n_routed_experts % e == 0]
     rows = []
-    for ep, tp, cp in [(ep, 1, 1) for ep in eps] + _row_splits(cfg, gpus, nodes):
+    splits = row_splits(cfg, gpus, nodes) if cfg.parallel.strategy == "fsdp" and cfg.model.family == "llama" else []
+    for ep, tp, cp in [(ep, 1, 1) for ep in eps] + [(1, tp, cp) for tp, cp in splits
+                                                    if (tp, cp) != (cfg.parallel.tp, cfg.parallel.cp)]:
         dp = world // (tp * cp)
         if global_rows % dp:
             continue
@@ -577,27 +579,6 @@ def search(cfg: TrainConfig, rates: Rates, device, gpus: int, nodes: int, limit:
                              "sets": _sets(cfg, layout)})
     rows.sort(key=lambda r: -r["tokens_per_s_per_gpu"])
     return rows[:limit]
-
-
-def _row_splits(cfg: TrainConfig, gpus: int, nodes: int) -> list[tuple[int, int, int]]:
-    """(ep 1, tp, cp) beside the config's own: what trainer/config.py accepts on these GPUs, tp within a node."""
-    from trainer.config import ConfigError, check_world, validate
-    from trainer.plan import with_changes
-    if cfg.parallel.strategy != "fsdp" or cfg.model.family != "llama" or gpus * nodes == 1:
-        return []
-    out = []
-    for tp in (1, 2, 4, 8):
-        for cp in (1, 2, 4, 8, 16):
-            if tp * cp == 1 or tp > gpus or (tp, cp) == (cfg.parallel.tp, cfg.parallel.cp):
-                continue
-            try:
-                layout = with_changes(cfg, **{"parallel.tp": tp, "parallel.cp": cp, "parallel.ep": 1})
-                validate(layout)
-                check_world(layout, gpus * nodes)
-            except ConfigError:
-                continue
-            out.append((1, tp, cp))
-    return out
 
 
 def _sets(cfg: TrainConfig, layout: TrainConfig) -> str:
