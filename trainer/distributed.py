@@ -145,13 +145,13 @@ def init(cfg: TrainConfig) -> DistInfo:
 def layout_of(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> Layout | None:
     """This rank's place in data x cp x tp (a collective where cp or tp is above 1: the mesh's groups);
     None where every rank is a data rank."""
-    cp, tp = cfg.parallel.cp, cfg.parallel.tp
-    if cp * tp == 1:
+    cp, tp, shared = cfg.parallel.cp, cfg.parallel.tp, cfg.parallel.model_ranks
+    if shared == 1:
         return None
     from torch.distributed.device_mesh import init_device_mesh
-    dp = world // (cp * tp)
+    dp = world // shared
     mesh = init_device_mesh(device.type, (dp, cp, tp), mesh_dim_names=("dp", "cp", "tp"))
-    return Layout(dp, cp, tp, rank // (cp * tp), rank // tp % cp, rank % tp, mesh)
+    return Layout(dp, cp, tp, rank // shared, rank // tp % cp, rank % tp, mesh)
 
 
 def shutdown(info: DistInfo) -> None:
