@@ -286,7 +286,8 @@ def sweep_cases(device: str = "cuda", products=PRODUCTS, shapes=SHAPES) -> list[
 
 def permute_profile(device: str = "cuda", rounds: int = 5) -> list[str]:
     """Where moe_permute's forward + backward spends its time: each GPU kernel's mean microseconds a round
-    trip (torch.profiler), and the round trip's wall time with the CPU's share (launch and autograd)."""
+    trip (torch.profiler), the round trip replayed from a CUDA graph (GPU time alone) and the CPU's time
+    to launch it (kernel launches and autograd)."""
     import time
 
     import torch
@@ -318,8 +319,14 @@ def permute_profile(device: str = "cuda", rounds: int = 5) -> list[str]:
                    for e in prof.key_averages()]
         kernels = [k for k in kernels if k[2] > 0]
         total = sum(us for _, _, us in kernels)
+        graph = ""
+        if gpu:   # the round trip replayed from a CUDA graph: its GPU time with no host in between
+            import triton.testing
+            graph_ms = triton.testing.do_bench_cudagraph(fn, rep=50, grad_to_none=case.grad_to_none(state),
+                                                         return_mode="median")
+            graph = f", {graph_ms:.3f} ms replayed from a CUDA graph"
         lines.append(f"{case.shape}: GPU kernels {total / 1e3:.3f} ms a round trip (floor "
-                     f"{case.bytes_moved / 3.0e12 * 1e3:.3f} ms at 3.0 TB/s), CPU {cpu_ms:.3f} ms to launch it")
+                     f"{case.bytes_moved / 3.0e12 * 1e3:.3f} ms at 3.0 TB/s){graph}, CPU {cpu_ms:.3f} ms to launch it")
         lines += [f"    {us:8.1f} us  x{n}  {name[:70]}" for name, n, us in sorted(kernels, key=lambda k: -k[2])]
     return lines
 
