@@ -106,6 +106,9 @@ class ModelConfig:
     head_dim_size: Optional[int] = None   # null: dim / n_heads (Qwen3 sets 128 for every size)
     mla: Optional[MLAConfig] = None       # the DeepSeek families' attention (null: their defaults)
     moe: Optional[MoEConfig] = None       # experts (the DeepSeek and Qwen3-MoE families)
+    mtp_depth: int = 0                    # multi-token prediction (DeepSeek-V3): decoder layers after the last,
+    #                                       the k-th predicting the token k+1 ahead (trainer/models/multi_token.py)
+    mtp_loss_weight: float = 0.3          # their mean loss's weight in the objective (V3: 0.3, later 0.1)
 
     def __post_init__(self):
         if self.family.startswith("deepseek") and self.mla is None:
@@ -117,6 +120,11 @@ class ModelConfig:
         if self.mla is not None:
             return self.mla.qk_rope_head_dim
         return self.head_dim_size or self.dim // self.n_heads
+
+    @property
+    def decoder_layers(self) -> int:
+        """Decoder layers a training step runs: the model's and one per multi-token prediction depth."""
+        return self.n_layers + self.mtp_depth
 
     def moe_layer(self, layer_id: int) -> bool:
         """Whether layer `layer_id` is a mixture-of-experts layer (else a dense MLP)."""
@@ -522,6 +530,9 @@ def _check_values(cfg: TrainConfig, src: str) -> None:
              "model.rope_scaling.original_max_position_embeddings", "a positive integer")
     _check_family(m, cfg.parallel, need)
     _check_model_parallel(cfg, need)
+    need(0 <= m.mtp_depth < cfg.data.seq_len, "model.mtp_depth",
+         f"an integer from 0 (off) to below data.seq_len ({cfg.data.seq_len})")
+    need(m.mtp_loss_weight > 0, "model.mtp_loss_weight", "a positive number, e.g. 0.3")
     d = cfg.data
     if d.blend:
         _check_blend(d, src)
@@ -648,6 +659,8 @@ def _check_model_parallel(cfg: TrainConfig, need) -> None:
          "false unless parallel.tp is above 1 and train.compile is on (Inductor rewrites the compiled layers)")
     if p.tp > 1 or p.cp > 1:
         need(p.ep == 1, "parallel.ep", "1 with parallel.tp or parallel.cp above 1 (not combined yet)")
+        need(m.mtp_depth == 0, "model.mtp_depth", "0 with parallel.tp or parallel.cp above 1 (multi-token "
+             "prediction reads the tokens after each of a row's, which another rank may hold: not combined yet)")
         # each cp rank holds two of 2 x cp chunks of a row (the causal work balanced), split again over tp
         share = 2 * p.cp * p.tp if p.cp > 1 else p.tp
         need(T % share == 0, "data.seq_len", f"a multiple of {share} ("

@@ -208,10 +208,11 @@ class Metrics:
 
     def train_step(self, step: int, *, loss: float, lr: float, grad_norm: float, tokens: int,
                    interval_tokens: int, interval_steps: int, interval_s: float,
-                   by_source: dict[str, int] | None = None, at: float | None = None) -> dict:
+                   by_source: dict[str, int] | None = None, at: float | None = None,
+                   mtp_loss: float | None = None) -> dict:
         """Record one log interval (interval_tokens over all ranks, interval_s wall seconds); a blend's
         tokens so far from each source (by_source) as tokens/<name>; `at`: the step's wall time when it
-        is logged later (default now)."""
+        is logged later (default now); `mtp_loss`: multi-token prediction's mean loss over the interval."""
         tps = interval_tokens / interval_s if interval_s > 0 else 0.0
         tps_device = tps / self.world_size
         tflops = self.flops_per_token * tps_device / 1e12
@@ -222,6 +223,8 @@ class Metrics:
                   "tflops": tflops if self.device.type == "cuda" else None,
                   "mfu": tflops / self.peak_tflops if self.peak_tflops and self.device.type == "cuda"
                   else None}
+        if mtp_loss is not None:
+            record["mtp_loss"] = mtp_loss
         record.update({f"tokens/{name}": n for name, n in (by_source or {}).items()})
         record.update(self._memory())
         if not self.history:
@@ -310,8 +313,10 @@ class Metrics:
                              f"listed in {names.METRICS})")
 
     def _console_line(self, r: dict) -> str:
-        parts = [f"step {r['step']}/{self.total_steps}", f"loss {r['loss']:.4f}",
-                 f"lr {r['lr']:.2e}", f"gnorm {r['grad_norm']:.3f}",
+        parts = [f"step {r['step']}/{self.total_steps}", f"loss {r['loss']:.4f}"]
+        if r.get("mtp_loss") is not None:
+            parts.append(f"mtp_loss {r['mtp_loss']:.4f}")
+        parts += [f"lr {r['lr']:.2e}", f"gnorm {r['grad_norm']:.3f}",
                  f"{_si(r['tokens_per_s'])} tok/s", f"{r['step_time_s'] * 1000:.0f} ms/step"]
         if r["mfu"] is not None:
             parts.append(f"mfu {r['mfu']:.1%}")

@@ -25,7 +25,7 @@ from trainer.data.check import check_data
 from core.errors import UserError
 from trainer.guards import GuardSkip
 from trainer.models import IGNORE_INDEX, Transformer, flops_per_token, linear_cross_entropy
-from trainer.models import moe
+from trainer.models import moe, multi_token
 from trainer.plan import ParamCount
 
 
@@ -233,6 +233,7 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
     model, train_model = build_model(cfg, info, log)
     moe.configure(model, cfg.data.grad_accum)
     experts = bool(moe.moe_layers(model))
+    predicts_ahead = cfg.model.mtp_depth > 0   # multi-token prediction: its loss is logged too
     n_params = model.num_params()
     fpt = flops_per_token(cfg.model, model.num_params(exclude_embedding=True), cfg.data.seq_len)
     strategy = cfg.parallel.strategy if info.distributed else "single process"
@@ -331,11 +332,13 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
             return started
         values, at = reading
         mean_loss, gnorm = values[:2]
+        load = values[4:] if predicts_ahead else values[2:]
         met.train_step(at["step"], loss=mean_loss, lr=at["lr"], grad_norm=gnorm, tokens=at["tokens"],
                        interval_tokens=at["interval_tokens"], interval_steps=at["interval_steps"],
-                       interval_s=time.perf_counter() - started, by_source=at["by_source"], at=at["time"])
+                       interval_s=time.perf_counter() - started, by_source=at["by_source"], at=at["time"],
+                       mtp_loss=multi_token.read_loss(values[2:4]) if predicts_ahead else None)
         if experts:
-            met.moe_step(at["step"], moe.read_load(model, values[2:]))
+            met.moe_step(at["step"], moe.read_load(model, load))
         if mean_loss != mean_loss:  # NaN: stop rather than burn GPU hours
             raise TrainError(f"loss is NaN at step {at['step']}; lower optim.lr or check the data")
         return time.perf_counter()
@@ -455,6 +458,7 @@ def _train(cfg, run_dir, resume, info, log, started, checkpoint, signals) -> int
             interval_start = log_reading(readings.take(), interval_start)
             if (step % cfg.train.log_interval == 0 or step == cfg.train.steps) and not skip_update:   # (a NaN)
                 readings.put([mean_loss(loss_sum, step_tokens), grad_norm]
+                             + ([multi_token.collect_loss(model)] if predicts_ahead else [])
                              + ([moe.collect_load(model)] if experts else []),
                              step=step, lr=lr, tokens=tokens_seen, interval_tokens=interval_tokens,
                              interval_steps=interval_steps, by_source=loader.tokens_by_source(),

@@ -23,10 +23,11 @@ MULTI_NODE_RUN = ["data.seq_len=32", "data.batch_size=4", "train.steps=16", "tra
                   "parallel.timeout_minutes=1"]
 
 
-#: The seed's model in miniature (DeepSeek-V2: latent attention, shared + routed experts), split over 2
-#: ranks by expert parallelism: what the multi-node tests train where they check the experts' path.
-MOE_ARGS = ["--config", str(Path(__file__).resolve().parents[2] / "configs" / "deepseek_v2_debug.yaml"),
-            "--set", "parallel.ep=2"]
+#: The seed's model in miniature (DeepSeek-V2: latent attention, shared + routed experts).
+SEED_CONFIG = REPO / "configs" / "deepseek_v2_debug.yaml"
+#: ... split over 2 ranks by expert parallelism: what the multi-node tests train where they check the
+#: experts' path.
+MOE_ARGS = ["--config", str(SEED_CONFIG), "--set", "parallel.ep=2"]
 
 
 def train_args(dataset, *extra, steps=None) -> list[str]:

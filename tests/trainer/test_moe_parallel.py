@@ -14,9 +14,8 @@ import pytest
 
 from core import names, runfiles
 from helpers.program import REPO
-from helpers.training import same_curve, trainer_losses
+from helpers.training import SEED_CONFIG as CONFIG, same_curve, trainer_losses
 
-CONFIG = REPO / "configs" / "deepseek_v2_debug.yaml"
 SETS = ["data.seq_len=64", "train.steps=4", "train.log_interval=1", "train.val_batches=0",
         "schedule.warmup_steps=2", "checkpoint.save_final=false", "logging.progress=false",
         "model.moe.aux_loss_alpha=0.01"]

@@ -1,7 +1,7 @@
 """The model families, beside each other: llama.py, deepseek.py (V2 and V3), qwen3_moe.py. Each is a
 layer recipe over the shared blocks (blocks.py: norms, RoPE, MLP, decoder layer, LM head;
-attention.py: grouped-query and latent attention; moe.py: router and experts), assembled by
-transformer.py; model.family picks one.
+attention.py: grouped-query and latent attention; moe.py: router and experts; multi_token.py:
+DeepSeek-V3's multi-token prediction layers), assembled by transformer.py; model.family picks one.
 
     from trainer.models import Transformer
     model = Transformer(cfg.model)

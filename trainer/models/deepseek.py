@@ -9,8 +9,6 @@ Hugging Face mapping (the machinery is trainer/hf), RoPE rows permuted (LatentAt
 """
 from __future__ import annotations
 
-import re
-
 from trainer.config import ModelConfig
 from trainer.hf.errors import InitError
 from trainer.hf.mapping import COMMON_FIXED, OMITTED, HFFamily, Key, RopeRows, Source, stacked_experts
@@ -62,13 +60,6 @@ def _write_v2_routing(m: ModelConfig, config: dict) -> None:
                   n_group=m.moe.n_group, topk_group=m.moe.topk_group)
 
 
-def _multi_token_prediction(m: ModelConfig, name: str) -> bool:
-    """V3's checkpoints carry its multi-token prediction modules as layers after the last
-    (model.layers.61 of DeepSeek-V3); Anvil does not build them, and transformers skips them too."""
-    match = re.match(r"model\.layers\.(\d+)\.", name)
-    return match is not None and int(match[1]) >= m.n_layers
-
-
 MLA_KEYS = (Key("mla.q_lora_rank", "q_lora_rank", null=0), Key("mla.kv_lora_rank", "kv_lora_rank"),
             Key("mla.qk_nope_head_dim", "qk_nope_head_dim"), Key("mla.qk_rope_head_dim", "qk_rope_head_dim"),
             Key("mla.v_head_dim", "v_head_dim"))
@@ -95,5 +86,5 @@ HF_MAPPINGS = {
         # rope_interleave false would be half-split weights already: not the Hub's layout, refused
         fixed={**DEEPSEEK_FIXED, "scoring_func": "sigmoid", "topk_method": "noaux_tc", "rope_interleave": True},
         implied={"moe.score_func": "sigmoid"}, rope_types=("yarn",),
-        weight_rules=(rope_rows, stacked_experts), not_loaded=_multi_token_prediction),
+        weight_rules=(rope_rows, stacked_experts)),
 }

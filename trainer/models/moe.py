@@ -222,6 +222,8 @@ class MoE(nn.Module):
         self.experts.init_weights(std, depth_std)
         if self.shared_experts is not None:
             self.shared_experts.init_weights(std, depth_std)
+        for counter in (self.load, self.step_load, self.aux_loss_sum, self.aux_loss_count):
+            counter.zero_()   # built on the meta device, they hold whatever memory to_empty got
 
     def capacity(self, tokens: int) -> int | None:
         e = self.moe
