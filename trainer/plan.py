@@ -171,8 +171,9 @@ class Device:
 
 def param_shapes(m: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every parameter of trainer.models.Transformer, by its name in named_parameters(). Llama's are
-    written out below; the other families' are read off the model built on the meta device."""
-    if m.family != "llama":
+    written out below; the other families' (and a model with multi-token prediction layers) are read off
+    the model built on the meta device."""
+    if m.family != "llama" or m.mtp_depth:
         if repr(m) not in _META_SHAPES:
             _META_SHAPES[repr(m)] = _meta_shapes(m)
         return dict(_META_SHAPES[repr(m)])
@@ -324,7 +325,7 @@ class ParamCount:
     def _count(cls, m: ModelConfig) -> "ParamCount":
         shapes = param_shapes(m)
         total = sum(_numel(s) for s in shapes.values())
-        layers = [list(layer.values()) for layer in by_layer(shapes, m.n_layers)]
+        layers = [list(layer.values()) for layer in by_layer(shapes, m.decoder_layers)]
         largest = max(layers, key=lambda layer: sum(_numel(s) for s in layer))
         embed = m.vocab_size * m.dim
         return cls(total=total, non_embedding=total if m.tie_embeddings else total - embed,
@@ -501,8 +502,8 @@ def _layers_bytes(m: ModelConfig, seq_len: int, mode: str, dt: Dtypes, kernels: 
     """(bytes per token all layers keep, the largest layer's): Llama's exact rule, the others' estimate."""
     if m.family == "llama":
         one = layer_activation_bytes(m, seq_len, mode, dt, kernels, fp8, f8)
-        return m.n_layers * one, one
-    each = [family_layer_bytes(m, i, mode, dt) for i in range(m.n_layers)]
+        return m.decoder_layers * one, one
+    each = [family_layer_bytes(m, i, mode, dt) for i in range(m.decoder_layers)]
     return sum(each), max(each)
 
 
@@ -606,7 +607,7 @@ def memory(cfg: TrainConfig, world: int, device: Device, batch_size: int | None 
     ep = cfg.parallel.ep if dt.fsdp else 1
     T = cfg.data.seq_len
     N = batch * T // (cp * tp)   # the tokens a rank computes
-    V, D, L = m.vocab_size, m.dim, m.n_layers
+    V, D, L = m.vocab_size, m.dim, m.decoder_layers   # (multi-token prediction's layers are layers)
     notes: list[str] = []
 
     # State: full on every rank, or the rank's FSDP2 shard.
@@ -643,18 +644,22 @@ def memory(cfg: TrainConfig, world: int, device: Device, batch_size: int | None 
         # precision.fp8_lm_head: hidden, the weight twice (per row, per column) and a chunk's gradient
         # in float8, one byte each, for the length of the loss
         head_f8 = N * D + 2 * V * D + min(chunk, N) * V if fp8 and cfg.precision.fp8_lm_head else 0
+        ahead = m.mtp_depth * (gx + gw)   # each prediction depth's loss keeps its own two gradients
         loss_fwd = Term("loss", "loss: fused linear cross-entropy (forward)",
-                        c * min(chunk, N) * V + gx + gw + head_cast + head_f8,
+                        c * min(chunk, N) * V + gx + gw + head_cast + head_f8 + ahead,
                         f"chunk {min(chunk, N):,} x {V:,} + grad of hidden and head"
-                        + (" + float8 operands of the head" if head_f8 else ""))
+                        + (" + float8 operands of the head" if head_f8 else "")
+                        + (f", x {1 + m.mtp_depth} with multi-token prediction" if ahead else ""))
         loss_bwd = Term("loss", "loss: fused linear cross-entropy (backward)",
-                        gx + gw + (p * V * D if (p != c and not dt.fsdp) else 0),
+                        gx + gw + ahead + (p * V * D if (p != c and not dt.fsdp) else 0),
                         "grad of hidden and head, computed in forward")
     else:
         final = Term("final", "final norm + LM head input", N * (4 * D + dt.r * D + 4 + c * D))
         fwd_per = (8 if c == 4 else c + 8) * V
-        loss_fwd = Term("loss", "loss: logits (forward)", N * fwd_per,
-                        f"{'' if c == 4 else 'bf16 logits + '}fp32 logits + log-probs, {N:,} x {V:,}")
+        ahead = m.mtp_depth * 4 * N * V   # each prediction depth's loss keeps its log-probs for backward
+        loss_fwd = Term("loss", "loss: logits (forward)", N * fwd_per + ahead,
+                        f"{'' if c == 4 else 'bf16 logits + '}fp32 logits + log-probs, {N:,} x {V:,}"
+                        + (f", and the log-probs of {m.mtp_depth} prediction depth(s)" if ahead else ""))
         loss_bwd = Term("loss", "loss: logits (backward)", 12 * N * V,
                         f"log-probs + 2 fp32 gradients, 12 B x {N:,} tokens x {V:,} vocab")
     recompute = (none_layer - per_token_layer) * N
@@ -1092,10 +1097,10 @@ def experts_line(cfg: TrainConfig, world: int) -> str:
     from trainer.models.transformer import inactive_expert_params
     m, e = cfg.model, cfg.model.moe
     ep = cfg.parallel.ep if world > 1 else 1
-    layers = sum(m.moe_layer(i) for i in range(m.n_layers))
+    layers = sum(m.moe_layer(i) for i in range(m.decoder_layers))
     active = ParamCount.of(m).total - inactive_expert_params(m)
     return (f"{e.n_routed_experts} routed (top {e.top_k})" + (f" + {e.n_shared_experts} shared" if e.n_shared_experts
-            else "") + f" in {layers} of {m.n_layers} layers; ep {ep}: {e.n_routed_experts // ep} experts a rank, "
+            else "") + f" in {layers} of {m.decoder_layers} layers; ep {ep}: {e.n_routed_experts // ep} experts a rank, "
             f"{_count(active).replace(' G', ' B')} parameters active a token")
 
 
@@ -1139,8 +1144,9 @@ def render(plan: Plan) -> str:
         ("config", f"{plan.config_path or cfg.name} ({cfg.name})"),
         ("GPUs", f"{gpu} per node, {nodes}: {plan.strategy}"),
         ("model", f"{_count(plan.params.total).replace(' G', ' B')} parameters ({plan.params.total:,}; "
-                  f"{plan.params.non_embedding:,} {embedding}), {m.n_layers} layers, "
-                  f"dim {m.dim}, vocab {m.vocab_size}"),
+                  f"{plan.params.non_embedding:,} {embedding}), {m.n_layers} layers"
+                  + (f" + {m.mtp_depth} multi-token prediction" if m.mtp_depth else "")
+                  + f", dim {m.dim}, vocab {m.vocab_size}"),
         ("FLOPs", f"{_count(plan.flops_per_token)}FLOP per token (trainer.models.flops_per_token, the MFU "
                   f"count); {_count(plan.flops_per_token * plan.tokens_per_step)}FLOP per optimizer step "
                   f"of {plan.tokens_per_step:,} tokens"),

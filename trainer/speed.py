@@ -311,7 +311,7 @@ def linears(cfg: TrainConfig) -> list[tuple[str, int, int, int]]:
             out.append((name, m.moe.top_k, shape[1], shape[2]))
         else:
             out.append((name, 1, shape[1], shape[0]))
-    out.append(("lm_head.weight", 1, m.dim, m.vocab_size))
+    out += [("lm_head.weight", 1, m.dim, m.vocab_size)] * (1 + m.mtp_depth)   # (each prediction depth again)
     return out
 
 
@@ -398,7 +398,7 @@ def predict(cfg: TrainConfig, rates: Rates, gpus: int = 1, nodes: int = 1, batch
     n_own = n_tok // share                       # the tokens a GPU computes outside attention and the MLP
     fp8 = cfg.precision.fp8 != "off" and not rates.host_is_device
     ep = cfg.parallel.ep if world > 1 else 1
-    moe_layers = sum(m.moe_layer(i) for i in range(m.n_layers))
+    moe_layers = sum(m.moe_layer(i) for i in range(m.decoder_layers))
     count = ParamCount.of(m)
     assumptions = list(rates.notes)
 
@@ -433,7 +433,7 @@ def predict(cfg: TrainConfig, rates: Rates, gpus: int = 1, nodes: int = 1, batch
     # ---- attention
     kind = attention_kind(cfg, rates)
     # (under cp and tp: T / cp queries of H / tp heads against the whole row, the causal work balanced)
-    attention = m.n_layers * attention_flops(cfg, n_tok) / share * (1 + FLASH_BACKWARD) / (rates.attention_rate(kind) * 1e12)
+    attention = m.decoder_layers * attention_flops(cfg, n_tok) / share * (1 + FLASH_BACKWARD) / (rates.attention_rate(kind) * 1e12)
     att_f = attention / (1 + FLASH_BACKWARD)
     if mode == "full":
         recomputed += att_f
@@ -445,10 +445,10 @@ def predict(cfg: TrainConfig, rates: Rates, gpus: int = 1, nodes: int = 1, batch
     memory_f = memory_b = 0.0
     for op, (fb, bb) in op_bytes(cfg, c).items():
         rate = rates.op_rate(op, impl) * 1e9
-        memory_f += m.n_layers * n_own * fb / rate
-        memory_b += m.n_layers * n_own * bb / rate
+        memory_f += m.decoder_layers * n_own * fb / rate
+        memory_b += m.decoder_layers * n_own * bb / rate
     loss_impl = "kernels" if cfg.train.kernels else impl   # the fused loss, compiled or not
-    loss = n_own * loss_bytes(cfg, c, loss_impl) / (rates.op_rate("loss", loss_impl) * 1e9)
+    loss = (1 + m.mtp_depth) * n_own * loss_bytes(cfg, c, loss_impl) / (rates.op_rate("loss", loss_impl) * 1e9)
     if m.moe is not None:
         # tokens gathered into their experts' order and the outputs scattered back weighted, both ways:
         # index copies, taken at half the rate of the residual's plain elementwise passes
@@ -463,7 +463,7 @@ def predict(cfg: TrainConfig, rates: Rates, gpus: int = 1, nodes: int = 1, batch
         memory += count.total * 16 / (rates.hbm_gbps * HBM_EFFICIENCY * 1e9)
 
     # ---- the host's kernel launches
-    launches = m.n_layers * KERNELS_PER_LAYER[impl] * 3
+    launches = m.decoder_layers * KERNELS_PER_LAYER[impl] * 3
     if m.moe is not None:   # routing and permutation; without a grouped GEMM (a CPU) a product per expert
         per_expert = 0 if not rates.host_is_device else 4 * m.moe.n_routed_experts // ep
         launches += moe_layers * (MOE_KERNELS_PER_LAYER + per_expert) * 3
@@ -499,7 +499,7 @@ def predict(cfg: TrainConfig, rates: Rates, gpus: int = 1, nodes: int = 1, batch
             rs = gathered * 4 * (shard_world - 1) / shard_world / (rs_bw * 1e9)   # fp32 gradients (reduce_dtype)
             comm["all_gather"] = (ag, ag_bw, ag_src)
             comm["reduce_scatter"] = (rs, rs_bw, rs_src)
-            per_layer = (ag / gathers + rs) / max(1, m.n_layers)
+            per_layer = (ag / gathers + rs) / max(1, m.decoder_layers)
             exposed += max(0.0, ag + rs - compute) + per_layer
         elif not dt.fsdp:
             ar_bw, ar_src = rates.bus("all_reduce", gpus, nodes)

@@ -163,7 +163,8 @@ def test_a_shard_reads_its_own_box(tmp_path, variant):
 
 def test_v3_multi_token_prediction_layers_are_not_loaded(tmp_path):
     """DeepSeek-V3's checkpoints carry its multi-token prediction module as the layer after the last:
-    Anvil does not build it and skips it, as transformers does; any other stray tensor is refused."""
+    a run without model.mtp_depth does not build it and skips it, as transformers does; any other stray
+    tensor is refused."""
     hub = write_hub(tmp_path, "deepseek_v3-sharded")
     extra = {"model.layers.3.eh_proj.weight": torch.zeros(32, 64), "model.layers.3.enorm.weight": torch.ones(32)}
     save_file(extra, tmp_path / "mtp.safetensors")
@@ -176,6 +177,36 @@ def test_v3_multi_token_prediction_layers_are_not_loaded(tmp_path):
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(InitError, match=r"1 tensor unexpected \(model\.norm\.bias\)"):
         ours_from(tmp_path)
+
+
+def test_v3_multi_token_prediction_out_and_back(tmp_path):
+    """With model.mtp_depth 1 a transformers checkpoint (which saves no prediction layer) starts the layer
+    fresh; the export writes it as DeepSeek-V3's checkpoint does (model.layers.3: enorm, hnorm, eh_proj, the
+    decoder layer, shared_head.norm, and copies of the embedding and the head), transformers still loads it
+    to the same logits, and Anvil reads it back to the same tensors, or skips it at depth 0."""
+    from trainer.export import export_hf
+
+    hub_model = write_hub(tmp_path / "hf", "deepseek_v3-sharded")
+    cfg, model = start_from(tmp_path / "hf", f"data.path={tmp_path / 'none'}", "model.mtp_depth=1")
+    torch.testing.assert_close(logits(model), logits(hub_model), rtol=1e-5, atol=1e-6)
+    ck.save(tmp_path / "run" / "checkpoints", 1, model=model, optimizer=torch.optim.AdamW(model.parameters()),
+            config=cfg.to_dict())
+    out = export_hf(tmp_path / "run", tmp_path / "back", dtype="float32")
+    back = hub_tensors(out)
+    layer = {name[len("model.layers.3."):] for name in back if name.startswith("model.layers.3.")}
+    assert {"enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight", "shared_head.head.weight",
+            "embed_tokens.weight", "self_attn.q_b_proj.weight", "mlp.gate.weight"} <= layer
+    assert torch.equal(back["model.layers.3.shared_head.head.weight"], back["lm_head.weight"])
+    assert torch.equal(back["model.layers.3.embed_tokens.weight"], back["model.embed_tokens.weight"])
+    assert json.loads((out / "config.json").read_text())["num_nextn_predict_layers"] == 1
+    torch.testing.assert_close(logits(transformers.AutoModelForCausalLM.from_pretrained(out)), logits(hub_model),
+                               rtol=1e-5, atol=1e-6)
+    _, again = start_from(out, f"data.path={tmp_path / 'none'}", "model.mtp_depth=1")
+    ours = dict(model.named_parameters())
+    assert all(torch.equal(p, ours[name]) for name, p in again.named_parameters()), "not the same tensors"
+    _, without = start_from(out, f"data.path={tmp_path / 'none'}")
+    assert len(without.model.layers) == 3
+    torch.testing.assert_close(logits(without), logits(hub_model), rtol=1e-5, atol=1e-6)
 
 
 # --------------------------------------------------------------------------- Anvil -> transformers

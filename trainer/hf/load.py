@@ -40,13 +40,18 @@ def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def _open_checked(directory, cfg, tensors: dict[str, torch.Tensor]) -> tuple[HFWeights, dict[str, Source]]:
+def _open_checked(directory, cfg, tensors: dict[str, torch.Tensor]) -> tuple[HFWeights, dict[str, Source], list[int]]:
     """The directory's weights, checked against the Hub's names and shapes of the model's tensors
-    (a DTensor's global shape)."""
+    (a DTensor's global shape), and the multi-token prediction layers the checkpoint has none of: they keep
+    their fresh initialisation (transformers saves DeepSeek-V3 without them, its config saying it has one)."""
     found = sources(mapping_for(cfg.family), cfg, {name: tuple(t.shape) for name, t in tensors.items()})
     weights = HFWeights.open(directory)
+    fresh = [layer for layer in range(cfg.n_layers, cfg.decoder_layers)
+             if not any(name.startswith(f"model.layers.{layer}.") for name in weights.tensors)]
+    found = {name: source for name, source in found.items()
+             if not any(name.startswith(f"model.layers.{layer}.") for layer in fresh)}
     weights.check(hub_shapes(found), (TIED_HEAD,) if cfg.tie_embeddings else (), mapping_for(cfg.family).skipped(cfg))
-    return weights, found
+    return weights, found, fresh
 
 
 def check_before_launch(cfg) -> dict | None:
@@ -59,7 +64,7 @@ def check_before_launch(cfg) -> dict | None:
 
     with torch.device("meta"):
         model = Transformer(cfg.model)
-    weights, _ = _open_checked(directory, cfg.model, model_tensors(model))
+    weights, _, _ = _open_checked(directory, cfg.model, model_tensors(model))
     return weights.provenance()
 
 
@@ -93,7 +98,7 @@ def load_weights(model: nn.Module, directory: str | Path, log=None) -> dict:
 def _load_weights(model: nn.Module, directory: str | Path, log=None) -> dict:
     started = time.perf_counter()
     tensors = model_tensors(model)
-    weights, found = _open_checked(directory, model.cfg, tensors)
+    weights, found, fresh = _open_checked(directory, model.cfg, tensors)
     hub = HubReader({name: weights.tensors[name].file for name in weights.loaded})
     first_file = {name: min(str(hub.files[n]) for n in source.hub_shapes()) for name, source in found.items()}
     for name in sorted(found, key=lambda name: first_file[name]):   # file by file, as they lie on disk
@@ -102,7 +107,9 @@ def _load_weights(model: nn.Module, directory: str | Path, log=None) -> dict:
     if log is not None:
         log.info(f"initialised from {provenance['path']}: {provenance['tensors']} tensors, "
                  f"{provenance['parameters']:,} parameters ({', '.join(provenance['dtypes'])}) in "
-                 f"{time.perf_counter() - started:.1f} s; the optimizer and the step count start fresh")
+                 f"{time.perf_counter() - started:.1f} s; the optimizer and the step count start fresh"
+                 + (f"; multi-token prediction layer(s) {', '.join(map(str, fresh))} are not in the checkpoint: "
+                    "they start from their own initialisation" if fresh else ""))
     return provenance
 
 

@@ -42,6 +42,9 @@ OMITTED = object()    # Key.default: without it, the training config's value (or
 
 # Read from config.json only where the training config leaves them out: a limit on data.seq_len (RoPE
 # does not depend on it), an init scale unused once the weights are loaded, the balance loss's weight.
+# (model.mtp_depth is the run's choice, not read from config.json: transformers writes DeepSeek-V3's
+# num_nextn_predict_layers 1 and saves no such layer; a checkpoint's layers the run does not build are
+# skipped, not_built)
 UNCHECKED = ("max_seq_len", "init_std", "moe.aux_loss_alpha")
 SECTIONS = ("mla", "moe")   # ModelConfig fields that are sections: their keys are compared one by one
 
@@ -96,9 +99,10 @@ class HFFamily:
             self.read(raw, fields, source)
         return fields
 
-    def skipped(self, m: ModelConfig) -> Callable[[str], bool] | None:
+    def skipped(self, m: ModelConfig) -> Callable[[str], bool]:
         """Which of the Hub's tensors a checkpoint of this shape may hold that are not loaded."""
-        return None if self.not_loaded is None else functools.partial(self.not_loaded, m)
+        own = functools.partial(self.not_loaded, m) if self.not_loaded is not None else (lambda name: False)
+        return lambda name: not_built(m, name) or own(name)
 
     def hf_key(self, ours: str) -> str:
         """The config.json key(s) a field comes from, for messages."""
@@ -123,6 +127,8 @@ class HFFamily:
         for key in (*COMMON_KEYS, *self.keys):
             value = _get(m, key.ours)
             out[key.hf] = None if key.null is not REQUIRED and value == key.null else value
+        if m.mtp_depth or self.family == "deepseek_v3":   # DeepSeek-V3's key (transformers' default: 1)
+            out["num_nextn_predict_layers"] = m.mtp_depth
         out.update(self.fixed)
         out["rope_theta"] = m.rope_theta
         out["rope_scaling"] = None if rs is None else {"rope_type": rs.type, **rs.fields()}
@@ -375,6 +381,9 @@ def stacked_experts(name: str, shape: tuple[int, ...], m: ModelConfig) -> Source
 
 
 TIED_HEAD = "lm_head.weight"
+TIED_EMBEDDING = "model.embed_tokens.weight"
+# A multi-token prediction layer's tensors on the Hub that are the model's own here: part -> ours.
+PREDICTION_COPIES = {"embed_tokens.weight": TIED_EMBEDDING, "shared_head.head.weight": TIED_HEAD}
 # Exported in fp32 whatever the dtype: DeepSeek-V3's balancing bias moves by bias_update_speed (1e-3)
 # a step, which bf16's 8-bit mantissa rounds away next to scores near 1
 KEPT_FP32 = (".mlp.gate.e_score_correction_bias",)
@@ -397,9 +406,25 @@ def hub_shapes(found: dict[str, Source]) -> dict[str, tuple[int, ...]]:
 
 
 def hub_tensors(table: HFFamily, m: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Our full state dict (a checkpoint's) as the Hub's tensors, contiguous."""
+    """Our full state dict (a checkpoint's) as the Hub's tensors, contiguous; each multi-token prediction
+    layer with its copies of the embedding and the head, as DeepSeek-V3's checkpoint has them."""
     found = sources(table, m, {name: tuple(t.shape) for name, t in state.items()})
-    return {hub: t.contiguous() for name, source in found.items() for hub, t in source.write(state[name]).items()}
+    out = {hub: t.contiguous() for name, source in found.items() for hub, t in source.write(state[name]).items()}
+    for layer in range(m.n_layers, m.decoder_layers):
+        for part, ours in PREDICTION_COPIES.items():
+            ours = TIED_EMBEDDING if m.tie_embeddings and ours == TIED_HEAD else ours
+            out[f"model.layers.{layer}.{part}"] = state[ours].clone()   # (safetensors keeps no shared tensors)
+    return out
+
+
+def not_built(m: ModelConfig, name: str) -> bool:
+    """A tensor of a multi-token prediction layer the model does not build: a depth past model.mtp_depth
+    (DeepSeek-V3's model.layers.61 where the run trains without it), or a depth's copy of the embedding or
+    the head (the model's own serve every depth)."""
+    match = re.match(r"model\.layers\.(\d+)\.(.*)", name)
+    if match is None or int(match[1]) < m.n_layers:
+        return False
+    return int(match[1]) >= m.decoder_layers or match[2] in PREDICTION_COPIES
 
 
 class HubReader:
