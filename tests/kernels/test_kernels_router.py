@@ -1,6 +1,6 @@
 """MoE router (kernels/router.py): both implementations against transformers' gates, and gradients."""
 
-from helpers.kernels import DEVICE, ON_GPU, assert_close, fresh_seed, poisoned_allocations, sizes  # noqa: I001
+from helpers.kernels import DEVICE, ON_GPU, assert_close, fresh_seed, poisoned_allocations, sizes, tolerance  # noqa: I001
 
 import pytest
 import torch
@@ -126,13 +126,16 @@ def test_triton_gradients_match_the_reference(spec, logits_dtype):
         torch.autograd.backward((ours.weights, ours.scores), (per_expert.gather(1, ours.indices), d_scores))
     torch.autograd.backward((ref.weights, ref.scores), (per_expert.gather(1, ref.indices), d_scores))
     assert x.grad.dtype == logits_dtype
-    assert_close(x.grad, x_ref.grad, "router", logits_dtype, "d logits", seed)
+    # the gradient, and with it exp's ulp-level differences (Triton's against torch's), scale with routed_scaling_factor;
+    # the softmax's backward subtracts near-equal terms, so they show as absolute, not relative, errors
+    slack = {"accumulation": tolerance("router", logits_dtype)["atol"] * spec.routed_scaling_factor}
+    assert_close(x.grad, x_ref.grad, "router", logits_dtype, "d logits", seed, **slack)
     # the weights' gradient alone (the scores unused: no aux loss)
     x.grad = None
     router_triton(x, spec, bias).weights.backward(per_expert.gather(1, ours.indices))
     x_ref.grad = None
     router_reference(x_ref, spec, bias).weights.backward(per_expert.gather(1, ref.indices))
-    assert_close(x.grad, x_ref.grad, "router", logits_dtype, "d logits, weights only", seed)
+    assert_close(x.grad, x_ref.grad, "router", logits_dtype, "d logits, weights only", seed, **slack)
 
 
 def test_a_missing_bias_is_caught():
@@ -202,5 +205,9 @@ def test_torch_compile_fullgraph_and_opcheck(entry):
     grad_c = torch.autograd.grad(out_c.weights, logits, d_weights)
     out_e = entry(logits, spec, bias)
     grad_e = torch.autograd.grad(out_e.weights, logits, d_weights)
-    torch.testing.assert_close((*out_c, *grad_c), (*out_e, *grad_e), atol=0, rtol=0)
+    # router_triton is one custom op either way: bit for bit. route() takes the plain-torch router at this size
+    # on a GPU (Triton only where it was measured to win), whose math Inductor fuses: an ulp apart.
+    exact = entry is router_triton or not ON_GPU
+    torch.testing.assert_close((*out_c, *grad_c), (*out_e, *grad_e),
+                               **({"atol": 0, "rtol": 0} if exact else tolerance("router", torch.float32)))
     torch.library.opcheck(torch.ops.anvil.router_fwd, (logits, bias, 4, "sigmoid", 4, 2, True, 2.5))
