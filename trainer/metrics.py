@@ -370,6 +370,8 @@ class Metrics:
                "peak_mem_gib": max(peaks) if peaks else None,
                "peak_rss_gib": max((r["rss_gib"] for r in self.history if r.get("rss_gib")),
                                    default=None)}
+        if last.get("mtp_loss") is not None:
+            out["final_mtp_loss"] = last["mtp_loss"]
         experts = self.experts_summary()
         if experts:
             out["experts"] = experts
@@ -410,7 +412,8 @@ def summary_table(summary: dict) -> str:
     from tabulate import tabulate
 
     labels = [("status", "status", "{}"), ("steps", "steps", "{}"),
-              ("final_loss", "final train loss", "{:.4f}"), ("val_loss", "val loss", "{:.4f}"),
+              ("final_loss", "final train loss", "{:.4f}"),
+              ("final_mtp_loss", "final multi-token prediction loss", "{:.4f}"), ("val_loss", "val loss", "{:.4f}"),
               ("tokens", "tokens", "{:,}"), ("tokens_per_s", "tokens/s", "{:,.0f}"),
               ("tokens_per_s_per_device", "tokens/s per device (median)", "{:,.0f}"),
               ("step_time_s", "step time", "{:.3f} s"), ("tflops", "TFLOP/s per device", "{:.1f}"),

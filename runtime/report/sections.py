@@ -173,7 +173,10 @@ def training_figures(curves: metrics.Curves, label: str = "") -> list[dict]:
                           charts.line(*_series(val, "val_loss"), f"{prefix}validation", mode="lines+markers",
                                       color=charts.PALETTE[1])]
                          + [charts.line(*_series(val, k), k.split("/", 1)[1], mode="lines+markers", dash="dot")
-                            for k in val_keys],
+                            for k in val_keys]
+                         + ([charts.line(*_series(train, "mtp_loss"), f"{prefix}multi-token prediction",
+                                         dash="dash", color=charts.PALETTE[3])]
+                            if _series(train, "mtp_loss")[0] else []),
                          "Loss (train and validation)", "loss (nats/token)", marks=marks)
     throughput = charts.figure([charts.line(*_series(train, "tokens_per_s"), "tokens/s (all ranks)",
                                             color=charts.PALETTE[2]),

@@ -199,9 +199,15 @@ def test_bad_output_paths_are_one_line_exit_2_and_leave_nothing(report_runs, tmp
 
 def test_experts_load_is_drawn_and_labels_from_the_run_stay_text(report_runs, chromium, tmp_path):
     """A mixture-of-experts run's load (its "moe" records): the layer x expert heatmap, the step x expert
-    one and the balance curves are drawn. A metrics key holding markup (a blend source named
-    <a href=...>, written into the run directory by anyone) reaches the page as text: no link."""
+    one and the balance curves are drawn, and multi-token prediction's loss beside the train loss. A
+    metrics key holding markup (a blend source named <a href=...>, written into the run directory by
+    anyone) reaches the page as text: no link."""
     run = _copy_run(report_runs["seg1"], tmp_path / "runs" / "moe_train.pretrain_rep")
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for record in lines:
+        if record.get("kind") == "train":
+            record["mtp_loss"] = record["loss"] + 0.1
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     link = '<a href="https://example.invalid/x">click</a>'
     with open(run / "metrics.jsonl", "a") as f:
         for step in (2, 4, 6, 8):
@@ -219,3 +225,4 @@ def test_experts_load_is_drawn_and_labels_from_the_run_stay_text(report_runs, ch
     assert page.evaluate("document.querySelectorAll('.chart a[href]').length") == 0
     legend = page.evaluate("Array.from(document.querySelectorAll('.chart .legendtext')).map(e => e.textContent)")
     assert link in legend, legend
+    assert "multi-token prediction" in legend, legend

@@ -3,6 +3,8 @@ that truncates the rows instead of rolling them, what is logged and validated, t
 resume and over 2 ranks with the experts split, what the plan counts, and the keys it refuses."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -91,6 +93,7 @@ def test_training_logs_both_losses_and_resumes_on_the_same_curve(dataset, tmp_pa
     train = records(run)
     assert all(r["mtp_loss"] > 0 for r in train) and train[-1]["mtp_loss"] < train[0]["mtp_loss"]
     assert [r["layers"] for r in runfiles.metrics_records(run) if r["kind"] == "moe"][0] == [1, 2, 3, 4]
+    assert json.loads((run / "summary.json").read_text())["final_mtp_loss"] == train[-1]["mtp_loss"]
     resumed = trainer_losses(CONFIG, tmp_path / "resumed", 1, [f"data.path={dataset}", *SETS, "train.steps=6"],
                              resume=str(run / "checkpoints" / "step_3"))
     assert same_curve(resumed, {s: losses[s] for s in (4, 5, 6)}, 1e-5), (resumed, losses)
