@@ -1,6 +1,6 @@
 """Multi-token prediction (model.mtp_depth, trainer/models/multi_token.py): the objective against a reference
 that truncates the rows instead of rolling them, what is logged and validated, the trainer's curve across a
-resume and over 2 ranks with the experts split, what the plan counts, and the keys it refuses."""
+resume and over 2 ranks with the experts or the rows split, what the plan counts, and the keys it refuses."""
 from __future__ import annotations
 
 import json
@@ -39,8 +39,8 @@ def reference_objective(model: Transformer, x: torch.Tensor, y: torch.Tensor) ->
     losses = []
     for k, layer in enumerate(core.prediction_layers(), start=1):
         T = x.shape[1] - k
-        hidden = layer(hidden[:, :T], embedded[:, k:], cos[:T], sin[:T])
-        logits = model.lm_head(layer.shared_head.norm(hidden))
+        hidden, normed = layer(hidden[:, :T], embedded[:, k:], cos[:T], sin[:T])
+        logits = model.lm_head(normed)
         losses.append(F.cross_entropy(logits.flatten(0, 1).float(), y[:, k:].flatten(), reduction="sum"))
     return main + m.mtp_loss_weight / m.mtp_depth * sum(losses), losses
 
@@ -99,18 +99,26 @@ def test_training_logs_both_losses_and_resumes_on_the_same_curve(dataset, tmp_pa
     assert same_curve(resumed, {s: losses[s] for s in (4, 5, 6)}, 1e-5), (resumed, losses)
 
 
-def test_two_ranks_with_the_experts_split_give_the_one_process_losses(dataset, tmp_path):
-    sets = [f"data.path={dataset}", *SETS, "train.steps=3", "checkpoint.interval=0"]
+def test_two_ranks_with_the_experts_or_the_rows_split_give_the_one_process_losses(dataset, tmp_path):
+    """Two depths (FSDP2 reshards the first after its forward: its head's norm runs inside it), over 2 ranks
+    with the experts split (ep 2), or with each row split (cp 2, documents masked: the tokens ahead of a
+    rank's last ones are on the other rank)."""
+    sets = [f"data.path={dataset}", *SETS, "model.mtp_depth=2", "train.steps=3", "checkpoint.interval=0",
+            "data.document_mask=true"]
     single = trainer_losses(CONFIG, tmp_path / "one", 1, [*sets, "data.batch_size=8"])
-    split = trainer_losses(CONFIG, tmp_path / "ep2", 2, [*sets, "data.batch_size=4", "parallel.ep=2"])
-    assert same_curve(split, single, 1e-4), (split, single)
+    for name, layout in (("ep2", ["data.batch_size=4", "parallel.ep=2"]), ("cp2", ["data.batch_size=8", "parallel.cp=2"])):
+        split = trainer_losses(CONFIG, tmp_path / name, 2, [*sets, *layout])
+        assert same_curve(split, single, 1e-4), (name, split, single)
+        ahead = [r["mtp_loss"] for r in records(tmp_path / name)]
+        assert ahead == pytest.approx([r["mtp_loss"] for r in records(tmp_path / "one")], rel=1e-4), name
 
 
 @pytest.mark.parametrize("sets, expected", [
     (["model.mtp_depth=-1"], "model.mtp_depth: expected an integer from 0"),
     (["model.mtp_depth=64"], "model.mtp_depth: expected an integer from 0 .off. to below data.seq_len .64."),
     (["model.mtp_loss_weight=0"], "model.mtp_loss_weight: expected a positive number"),
-    (["model.mtp_depth=1", "parallel.cp=2"], "model.mtp_depth: expected 0 with parallel.tp or parallel.cp"),
+    (["model.mtp_depth=1", "parallel.tp=2", "parallel.strategy=fsdp", "model.family=llama", "model.moe=null",
+      "model.mla=null", "model.n_heads=4", "model.n_kv_heads=4"], "model.mtp_depth: expected 0 with parallel.tp"),
 ])
 def test_bad_keys_are_one_line(sets, expected):
     with pytest.raises(ConfigError, match=expected):

@@ -10,7 +10,8 @@ k = 1) with the embedding of token i + k, and runs one decoder layer of the fami
 The embedding and the LM head are the model's own (shared, as in V3). Token i + k's embedding is the
 row's embeddings moved k places left, so the table is read once; the last k positions of a row have no
 token k + 1 ahead: their labels are ignored, and causal attention keeps what wrapped round to them from
-reaching any earlier position. The objective adds mtp_loss_weight / mtp_depth x the depths' summed
+reaching any earlier position (under context parallelism the row's embeddings and labels are gathered
+from the cp ranks first: Ahead). The objective adds mtp_loss_weight / mtp_depth x the depths' summed
 losses to the language model's (AddWeightedLoss: the same normalisation as the language-model loss,
 whatever the loop divides it by), while the loss the model returns, logs and validates stays the
 language model's own; the prediction loss is logged beside it (mtp_loss). Training only: evaluation and
@@ -29,6 +30,7 @@ from torch import nn
 
 from trainer.config import ModelConfig
 from trainer.models.blocks import IGNORE_INDEX, DecoderLayer, RMSNorm
+from trainer.models.masking import SequenceLayout
 
 
 class SharedHead(nn.Module):
@@ -56,10 +58,13 @@ class PredictionLayer(DecoderLayer):
         for norm in (self.enorm, self.hnorm, self.shared_head.norm):
             norm.reset_parameters()
 
-    def forward(self, hidden, embedded, cos, sin, mask=None):
-        """The depth's hidden states [B, T, D] from the previous depth's and the embeddings moved left."""
+    def forward(self, hidden, embedded, cos, sin, mask=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the depth's hidden states [B, T, D], the same through shared_head.norm for the head), from the
+        previous depth's and the embeddings of the tokens ahead. The norm runs here, inside the layer's
+        forward, where FSDP2 has its weight gathered."""
         joined = torch.cat([self.enorm(embedded), self.hnorm(hidden)], dim=-1)
-        return super().forward(self.eh_proj(joined), cos, sin, mask)
+        out = super().forward(self.eh_proj(joined), cos, sin, mask)
+        return out, self.shared_head.norm(out)
 
 
 class AddWeightedLoss(torch.autograd.Function):
@@ -83,14 +88,50 @@ def labels_ahead(labels: torch.Tensor, k: int) -> torch.Tensor:
     return torch.cat([labels[:, k:], pad], dim=1)
 
 
-def prediction_loss(layers, hidden, embedded, cos, sin, mask, labels, head) -> tuple[torch.Tensor, torch.Tensor]:
+class Ahead:
+    """The embeddings and labels k places after each of this rank's tokens in their rows. A whole row: its
+    own, moved left. Under context parallelism (the layout's queries, keys and group: the rank holds two
+    chunks of each row, trainer/models/context_parallel.py) the row's embeddings are gathered from the cp
+    ranks once for every depth (their gradients summed back to their ranks), and its labels too."""
+
+    def __init__(self, embedded: torch.Tensor, labels: torch.Tensor, layout: SequenceLayout | None):
+        self.embedded, self.labels_here = embedded, labels
+        self.split = layout is not None and layout.context is not None
+        if self.split:
+            import torch.distributed as dist
+
+            from trainer.models.context_parallel import gather_sequence
+
+            group, order = layout.context, torch.argsort(layout.keys)     # each place's index in gathered order
+            self.row = gather_sequence(embedded.unsqueeze(1), group).squeeze(1).index_select(1, order)
+            parts = [torch.empty_like(labels) for _ in range(dist.get_world_size(group))]
+            dist.all_gather(parts, labels.contiguous(), group=group)
+            self.row_labels = torch.cat(parts, dim=1).index_select(1, order)
+            self.places, self.seq_len = layout.queries, layout.seq_len
+
+    def embeddings(self, k: int) -> torch.Tensor:
+        if not self.split:
+            return torch.roll(self.embedded, -k, dims=1)   # the last k wrap round: their labels are ignored
+        return self.row.index_select(1, (self.places + k).clamp(max=self.seq_len - 1))
+
+    def labels(self, k: int) -> torch.Tensor:
+        if not self.split:
+            return labels_ahead(self.labels_here, k)
+        later = self.places + k
+        found = self.row_labels.index_select(1, later.clamp(max=self.seq_len - 1))
+        return torch.where(later < self.seq_len, found, IGNORE_INDEX)
+
+
+def prediction_loss(layers, hidden, embedded, cos, sin, mask, labels, head,
+                    layout: SequenceLayout | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed loss of every depth, tokens predicted): `head(h, labels)` is the model's LM head and loss."""
     total = hidden.new_zeros((), dtype=torch.float32)
     count = torch.zeros((), dtype=torch.long, device=labels.device)
+    ahead = Ahead(embedded, labels, layout)
     for k, layer in enumerate(layers, start=1):
-        hidden = layer(hidden, torch.roll(embedded, -k, dims=1), cos, sin, mask)
-        target = labels_ahead(labels, k)
-        total = total + head(layer.shared_head.norm(hidden), target).float()
+        hidden, normed = layer(hidden, ahead.embeddings(k), cos, sin, mask)
+        target = ahead.labels(k)
+        total = total + head(normed, target).float()
         count = count + (target != IGNORE_INDEX).sum()
     return total, count
 

@@ -113,7 +113,7 @@ class Transformer(nn.Module):
         loss = self.lm_head(d.hidden, labels, self.loss_fn)
         extra, tokens = multi_token.prediction_loss(
             self.model.prediction_layers(), d.hidden, d.embedded, d.cos, d.sin, d.mask, labels,
-            lambda h, target: self.lm_head(h, target, self.loss_fn))
+            lambda h, target: self.lm_head(h, target, self.loss_fn), layout)
         with torch.no_grad():
             self.mtp_loss_sum += extra.detach()
             self.mtp_tokens += tokens
