@@ -77,6 +77,15 @@ class _ConsoleFormatter(logging.Formatter):
         return text + (" (traceback in the rank's log file)" if saved[0] else "")
 
 
+class _LogFile(logging.FileHandler):
+    """The rank's log file. A record it cannot write (a full disk) is dropped there, not answered with the
+    traceback logging prints by default ("--- Logging error ---"): the console still shows the record,
+    and the run's own error says what filled up."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        pass
+
+
 def setup(run_dir: Path | str | None, rank: int | None = None, local_rank: int | None = None,
           host: str | None = None, console_rank: int | str = 0, name: str = "anvil",
           file_name: str | None = None, level: int = logging.INFO) -> logging.Logger:
@@ -101,7 +110,7 @@ def setup(run_dir: Path | str | None, rank: int | None = None, local_rank: int |
     if run_dir is not None:
         log_dir = Path(run_dir) / names.LOGS_DIR
         log_dir.mkdir(parents=True, exist_ok=True)
-        file_handler = logging.FileHandler(log_dir / (file_name or names.rank_log(rank)), encoding="utf-8")
+        file_handler = _LogFile(log_dir / (file_name or names.rank_log(rank)), encoding="utf-8")
         file_handler.setFormatter(formatter)
         logger.addHandler(file_handler)
     if console_shows(rank, console_rank):

@@ -110,6 +110,23 @@ def test_ranklog_format_files_and_console_rank(tmp_path, capsys, monkeypatch):
             handler.close()
 
 
+def test_a_log_file_that_cannot_be_written_prints_no_traceback(tmp_path, capsys, monkeypatch):
+    """A full disk under the run's logs: the record still reaches the console, and nothing else does
+    (logging's own handler would print "--- Logging error ---" and a traceback)."""
+    monkeypatch.delenv("ANVIL_LOG_RANK", raising=False)
+    log = ranklog.setup(tmp_path, rank=0, host="h", name="t.full")
+    (file_handler,) = [h for h in log.handlers if isinstance(h, logging.FileHandler)]
+
+    def full(_text):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(file_handler.stream, "write", full)
+    log.info("still shown")
+    err = capsys.readouterr().err
+    assert "still shown" in err and "Traceback" not in err and "Logging error" not in err, err
+    for handler in log.handlers:
+        handler.close()
+
+
 def test_atomic_writes_get_the_mode_open_would_give(tmp_path):
     """Not mkstemp's 0600: run directories on a shared file system are readable by the team."""
     import os
