@@ -46,10 +46,11 @@ def _open_checked(directory, cfg, tensors: dict[str, torch.Tensor]) -> tuple[HFW
     their fresh initialisation (transformers saves DeepSeek-V3 without them, its config saying it has one)."""
     found = sources(mapping_for(cfg.family), cfg, {name: tuple(t.shape) for name, t in tensors.items()})
     weights = HFWeights.open(directory)
-    fresh = [layer for layer in range(cfg.n_layers, cfg.decoder_layers)
-             if not any(name.startswith(f"model.layers.{layer}.") for name in weights.tensors)]
-    found = {name: source for name, source in found.items()
-             if not any(name.startswith(f"model.layers.{layer}.") for layer in fresh)}
+    prefixes = {layer: f"model.layers.{layer}." for layer in range(cfg.n_layers, cfg.decoder_layers)}
+    fresh = [layer for layer, prefix in prefixes.items()
+             if not any(name.startswith(prefix) for name in weights.tensors)]
+    unread = tuple(prefixes[layer] for layer in fresh)
+    found = {name: source for name, source in found.items() if not name.startswith(unread)}
     weights.check(hub_shapes(found), (TIED_HEAD,) if cfg.tie_embeddings else (), mapping_for(cfg.family).skipped(cfg))
     return weights, found, fresh
 

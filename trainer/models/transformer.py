@@ -84,7 +84,7 @@ class Transformer(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.loss_fn = linear_cross_entropy  # kernel hook: fused linear cross-entropy
-        # multi-token prediction's loss since the trainer last read it (collect_prediction_loss)
+        # multi-token prediction's loss since the trainer last read it (multi_token.collect_loss)
         self.register_buffer("mtp_loss_sum", torch.zeros(()), persistent=False)
         self.register_buffer("mtp_tokens", torch.zeros((), dtype=torch.long), persistent=False)
         self.init_weights()
